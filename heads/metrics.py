@@ -1,0 +1,205 @@
+"""Evaluation metrics: IR from one top-k pass (sliced per k), STS correlations, pair classification,
+and bootstrap confidence intervals. Energies: lower = better everywhere.
+
+IR definitions (the trec_eval / BEIR forms, relevance = grade > 0):
+- nDCG@k: sum_{r <= k} grade(d_r) / log2(r + 1), divided by the same sum over the ideal ranking of
+  all judged grades (grades <= 0 count as gain 0);
+- MRR@k: 1 / rank of the first relevant doc within the top k, else 0;
+- Recall@k: |relevant in top k| / |relevant|;
+- MAP@k: sum over relevant docs at rank r <= k of precision@r, divided by |relevant| (map_cut).
+Only queries with at least one relevant judgement are scored (as trec_eval does).
+"""
+from __future__ import annotations
+
+import warnings
+from typing import Callable, Iterable, Mapping, NamedTuple, Optional, Sequence, Union
+
+import numpy as np
+import torch
+from scipy import stats
+from sklearn.metrics import roc_auc_score
+
+EnergySource = Union[torch.Tensor, Iterable[torch.Tensor], Callable[[int, int], torch.Tensor]]
+
+
+def topk_ranking(energies: EnergySource, k: int = 100, *, n_queries: Optional[int] = None,
+                 chunk_size: int = 1024, exclude: Optional[Sequence[Sequence[int]]] = None,
+                 return_energies: bool = False):
+    """Exact top-k lowest-energy docs per query, chunked over queries to bound memory.
+
+    energies: a (Q, N) tensor; an iterable of (q_chunk, N) tensors in query order; or a callable
+      fn(start, stop) -> (stop - start, N) energies (then give n_queries).
+    exclude: optional per-query lists of doc indices never to return (e.g. the query itself).
+    Returns indices (Q, min(k, N)) int64, best first; with return_energies also their energies."""
+    if isinstance(energies, torch.Tensor):
+        if energies.dim() != 2:
+            raise ValueError(f"topk_ranking: energies must be (Q, N); got {tuple(energies.shape)}")
+        chunks = (energies[s:s + chunk_size] for s in range(0, energies.shape[0], chunk_size))
+    elif callable(energies):
+        if n_queries is None:
+            raise ValueError("topk_ranking: a callable energy source needs n_queries")
+        chunks = (energies(s, min(s + chunk_size, n_queries)) for s in range(0, n_queries, chunk_size))
+    else:
+        chunks = iter(energies)
+    all_idx, all_val, start = [], [], 0
+    for chunk in chunks:
+        chunk = chunk.detach()
+        if exclude is not None:
+            chunk = chunk.clone()
+            for r in range(chunk.shape[0]):
+                drop = list(exclude[start + r])
+                if drop:
+                    chunk[r, drop] = float("inf")
+        kk = min(k, chunk.shape[1])
+        val, idx = torch.topk(chunk, kk, dim=1, largest=False, sorted=True)
+        all_idx.append(idx.cpu())
+        all_val.append(val.cpu())
+        start += chunk.shape[0]
+    if n_queries is not None and start != n_queries:
+        raise ValueError(f"topk_ranking: energy source gave {start} queries, expected {n_queries}")
+    indices = torch.cat(all_idx) if all_idx else torch.zeros(0, 0, dtype=torch.long)
+    return (indices, torch.cat(all_val)) if return_energies else indices
+
+
+def _ranked_lists(ranked, query_ids, doc_ids) -> dict[str, list[str]]:
+    if isinstance(ranked, Mapping):
+        return {str(q): [str(d) for d in docs] for q, docs in ranked.items()}
+    if query_ids is None:
+        raise ValueError("ir_metrics: give query_ids (one per ranked row) or ranked as {qid: [docid, ...]}")
+    if isinstance(ranked, torch.Tensor):
+        ranked = ranked.cpu().numpy()
+    if isinstance(ranked, np.ndarray) and np.issubdtype(ranked.dtype, np.integer):
+        if doc_ids is None:
+            raise ValueError("ir_metrics: integer rankings need doc_ids to map indices to document ids")
+        doc_ids = np.asarray(doc_ids)
+        ranked = [[str(d) for d in doc_ids[row]] for row in ranked]
+    if len(ranked) != len(query_ids):
+        raise ValueError(f"ir_metrics: {len(ranked)} ranked rows but {len(query_ids)} query ids")
+    return {str(q): [str(d) for d in row] for q, row in zip(query_ids, ranked)}
+
+
+def ir_metrics_per_query(ranked, qrels: Mapping[str, Mapping[str, int]], ks: Sequence[int] = (1, 10, 100), *,
+                         query_ids: Optional[Sequence[str]] = None, doc_ids=None):
+    """Per-query metric values: (scored query ids, {metric: array (n_scored,)}).
+
+    ranked: {qid: [docid, ...]} best first; or rows aligned with query_ids, either lists of doc ids or
+    an integer (Q, k) index array / tensor into doc_ids (e.g. from topk_ranking).
+    Metrics: ndcg@k, mrr@k, recall@k for k in ks (plus ndcg@10 / mrr@10 always) and map@max(ks)."""
+    lists = _ranked_lists(ranked, query_ids, doc_ids)
+    cut_ks = sorted(set(ks) | {10})
+    map_k = max(ks)
+    names = [f"{m}@{k}" for m in ("ndcg", "mrr", "recall") for k in cut_ks] + [f"map@{map_k}"]
+    values = {n: [] for n in names}
+    scored = []
+    for qid, docs in lists.items():
+        judged = {str(d): int(g) for d, g in qrels.get(qid, {}).items()}
+        n_rel = sum(g > 0 for g in judged.values())
+        if n_rel == 0:
+            continue
+        if len(set(docs)) != len(docs):
+            raise ValueError(f"ir_metrics: query {qid} ranks a document twice")
+        scored.append(qid)
+        grades = np.array([max(judged.get(d, 0), 0) for d in docs], dtype=np.float64)  # (k_run,)
+        rel = grades > 0
+        discounts = 1.0 / np.log2(np.arange(2, len(docs) + 2))
+        ideal = np.sort(np.array([g for g in judged.values() if g > 0], dtype=np.float64))[::-1]
+        ideal_disc = 1.0 / np.log2(np.arange(2, len(ideal) + 2))
+        first = int(np.argmax(rel)) + 1 if rel.any() else None  # 1-based rank of first relevant
+        for k in cut_ks:
+            dcg = float((grades[:k] * discounts[:k]).sum())
+            idcg = float((ideal[:k] * ideal_disc[:k]).sum())
+            values[f"ndcg@{k}"].append(dcg / idcg)
+            values[f"mrr@{k}"].append(1.0 / first if first is not None and first <= k else 0.0)
+            values[f"recall@{k}"].append(float(rel[:k].sum()) / n_rel)
+        hits = rel[:map_k]
+        precision_at = np.cumsum(hits) / np.arange(1, len(hits) + 1)
+        values[f"map@{map_k}"].append(float((precision_at * hits).sum()) / n_rel)
+    if not scored:
+        raise ValueError("ir_metrics: no ranked query has a relevant judgement in qrels (check query ids)")
+    return scored, {n: np.asarray(v) for n, v in values.items()}
+
+
+class IRResult(NamedTuple):
+    metrics: dict[str, float]  # mean over scored queries
+    per_query: np.ndarray  # the primary metric per scored query (for bootstrap CIs)
+
+
+def ir_metrics(ranked, qrels: Mapping[str, Mapping[str, int]], ks: Sequence[int] = (1, 10, 100), *,
+               query_ids: Optional[Sequence[str]] = None, doc_ids=None, primary: str = "ndcg@10") -> IRResult:
+    """Aggregated IR metrics and the per-query values of `primary`; see ir_metrics_per_query."""
+    _, per_query = ir_metrics_per_query(ranked, qrels, ks, query_ids=query_ids, doc_ids=doc_ids)
+    if primary not in per_query:
+        raise ValueError(f"primary metric {primary!r} not computed; valid: {sorted(per_query)}")
+    return IRResult({n: float(v.mean()) for n, v in per_query.items()}, per_query[primary])
+
+
+def sts_metrics(scores_pred, gold) -> dict[str, float]:
+    """Pearson and Spearman correlation of predicted similarities with gold scores.
+
+    Pass a similarity (higher = more similar), e.g. -energy: correlation signs follow it."""
+    pred, gold = np.asarray(scores_pred, dtype=np.float64), np.asarray(gold, dtype=np.float64)
+    if pred.shape != gold.shape or pred.ndim != 1 or len(pred) < 2:
+        raise ValueError(f"sts_metrics: need two 1-D arrays of equal length >= 2; got {pred.shape}, {gold.shape}")
+    return {"pearson": float(stats.pearsonr(pred, gold)[0]), "spearman": float(stats.spearmanr(pred, gold)[0])}
+
+
+def pair_metrics(energy, labels) -> dict[str, float]:
+    """Pair classification from energies (lower = positive): ROC AUC, and the best accuracy and F1
+    over thresholds t (predict positive iff energy <= t), with the thresholds that reach them."""
+    e, y = np.asarray(energy, dtype=np.float64), np.asarray(labels)
+    if e.shape != y.shape or e.ndim != 1 or not np.isin(y, (0, 1)).all():
+        raise ValueError(f"pair_metrics: need 1-D energies and 0/1 labels of equal length; got {e.shape}, {y.shape}")
+    y = y.astype(bool)
+    if y.all() or not y.any():
+        raise ValueError("pair_metrics: labels must contain both classes")
+    order = np.argsort(e, kind="stable")
+    e_sorted, y_sorted = e[order], y[order]
+    last_of_value = np.r_[e_sorted[1:] != e_sorted[:-1], True]  # cut only between distinct energies
+    tp = np.cumsum(y_sorted)[last_of_value]  # predicted positive = all with energy <= t
+    fp = np.cumsum(~y_sorted)[last_of_value]
+    thresholds = e_sorted[last_of_value]
+    n_pos, n = int(y.sum()), len(y)
+    tn = (n - n_pos) - fp
+    acc = (tp + tn) / n
+    f1 = 2 * tp / (2 * tp + fp + (n_pos - tp))
+    acc_all_negative = (n - n_pos) / n  # threshold below every energy
+    best_acc = int(np.argmax(acc))
+    best_f1 = int(np.argmax(f1))
+    accuracy, acc_t = (acc[best_acc], thresholds[best_acc]) if acc[best_acc] >= acc_all_negative \
+        else (acc_all_negative, e_sorted[0] - 1.0)
+    return {"auc": float(roc_auc_score(y, -e)), "accuracy": float(accuracy), "accuracy_threshold": float(acc_t),
+            "f1": float(f1[best_f1]), "f1_threshold": float(thresholds[best_f1])}
+
+
+def bootstrap_ci(values, n_boot: int = 1000, seed: int = 0, *, gold=None, statistic: str = "mean",
+                 confidence: float = 0.95) -> tuple[float, float]:
+    """Percentile bootstrap interval, resampling items with replacement.
+
+    values: per-item values (e.g. IRResult.per_query) -> CI of their mean; or predictions with
+    gold= the gold scores -> CI of statistic "spearman" or "pearson" over resampled pairs.
+    A (pred, gold) tuple as `values` is accepted too (statistic defaults to spearman then)."""
+    if gold is None and isinstance(values, tuple) and len(values) == 2:
+        values, gold = values
+        statistic = "spearman" if statistic == "mean" else statistic
+    x = np.asarray(values, dtype=np.float64)
+    if x.ndim != 1 or len(x) < 2:
+        raise ValueError(f"bootstrap_ci: need a 1-D array of >= 2 items; got shape {x.shape}")
+    rng = np.random.default_rng(seed)
+    idx = rng.integers(0, len(x), size=(n_boot, len(x)))  # (n_boot, n)
+    if gold is None:
+        if statistic != "mean":
+            raise ValueError(f"bootstrap_ci: statistic {statistic!r} needs gold=; without it: 'mean'")
+        boots = x[idx].mean(axis=1)
+    else:
+        g = np.asarray(gold, dtype=np.float64)
+        if g.shape != x.shape:
+            raise ValueError(f"bootstrap_ci: gold shape {g.shape} != values shape {x.shape}")
+        funcs = {"spearman": lambda a, b: stats.spearmanr(a, b)[0], "pearson": lambda a, b: stats.pearsonr(a, b)[0]}
+        if statistic not in funcs:
+            raise ValueError(f"bootstrap_ci: statistic {statistic!r}; valid with gold: {sorted(funcs)}")
+        with warnings.catch_warnings():  # a resample with a constant side warns and gives NaN
+            warnings.simplefilter("ignore")
+            boots = np.array([funcs[statistic](x[i], g[i]) for i in idx])
+        boots = boots[np.isfinite(boots)]  # resamples with a constant side have no correlation
+    alpha = (1.0 - confidence) / 2
+    return float(np.quantile(boots, alpha)), float(np.quantile(boots, 1 - alpha))

@@ -1,0 +1,53 @@
+"""Hard negatives: exact nearest neighbours of each training anchor over the stored corpus.
+
+Mined once in the feature space (cosine over the stored features), or re-mined each epoch in each
+head's own space with its own energy. Known positives of the anchor are never returned.
+"""
+from __future__ import annotations
+
+from typing import Callable, Optional
+
+import numpy as np
+import torch
+
+from heads.energy import pairwise_energy
+from heads.metrics import topk_ranking
+
+CHUNK = 512  # anchors per block of the (chunk, N) energy matrix
+
+
+def mine_negatives(features: torch.Tensor, anchors: np.ndarray, corpus_rows: np.ndarray,
+                   relevant: set[tuple[int, int]], k: int,
+                   embed: Optional[Callable[[np.ndarray], torch.Tensor]] = None, n_heads: int = 1,
+                   energy: str = "cosine") -> torch.Tensor:
+    """Store rows of the k lowest-energy corpus documents of each anchor that are not its positives.
+
+    features (N, D); anchors (P,) store rows; corpus_rows (M,) store rows. With `embed` (rows ->
+    (H, n, d)) the search runs in each head's space; otherwise once in feature space, shared by all
+    n_heads. Returns (H, P, k) int64 store rows."""
+    uniq, inverse = np.unique(anchors, return_inverse=True)
+    positives: dict[int, set[int]] = {}
+    corpus_index = {int(r): i for i, r in enumerate(corpus_rows)}
+    for a, p in relevant:
+        if p in corpus_index:
+            positives.setdefault(a, set()).add(corpus_index[p])
+    exclude = [sorted(positives.get(int(a), ())) for a in uniq]
+    extra = max((len(e) for e in exclude), default=0)
+    kk = min(k, len(corpus_rows) - extra)
+    if kk < k:
+        raise ValueError(f"cannot mine {k} negatives from a corpus of {len(corpus_rows)} documents")
+    if embed is None:
+        spaces = [(features[torch.as_tensor(uniq)], features[torch.as_tensor(corpus_rows)])]
+        energy_used = "cosine"
+    else:
+        za, zd = embed(uniq), embed(corpus_rows)  # (H, U, d), (H, M, d)
+        spaces = [(za[h], zd[h]) for h in range(za.shape[0])]
+        energy_used = energy
+    out = []
+    corpus_t = torch.as_tensor(corpus_rows)
+    for q, d in spaces:
+        idx = topk_ranking(lambda s, e: pairwise_energy(energy_used, q[s:e], d), k=k, n_queries=len(uniq),
+                           chunk_size=CHUNK, exclude=exclude)  # (U, k) corpus positions
+        out.append(corpus_t[idx][torch.as_tensor(inverse)])  # (P, k) store rows
+    mined = torch.stack(out)  # (H or 1, P, k)
+    return mined.expand(n_heads, -1, -1) if mined.shape[0] == 1 else mined

@@ -1,0 +1,172 @@
+"""Stacked MLP heads: H independent small MLPs whose parameters carry a leading head axis.
+
+Layer l of every head is one `(H, in, out)` weight and one `(H, out)` bias, so a forward pass over all
+H heads is one batched matmul per layer (`torch.baddbmm`). Head h is initialised from its own seed
+exactly like a one-head stack built with that seed, so training H heads stacked equals training
+them one by one (with dropout 0: dropout masks are drawn for the whole stack at once and differ from
+the masks separate runs would draw).
+"""
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass
+from typing import Optional, Sequence
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from safetensors.torch import load_file, save_file
+from safetensors import safe_open
+
+ACTIVATIONS = {
+    "gelu": F.gelu,
+    "relu": F.relu,
+    "tanh": torch.tanh,
+    "identity": lambda x: x,
+}
+INITS = ("default", "identity")
+HEADS_FORMAT = "headstore.heads/1"  # safetensors metadata tag; bump when the layout changes
+
+
+@dataclass(frozen=True)
+class HeadConfig:
+    depth: int = 2  # number of linear layers; 0 = the identity head (no parameters), 1 = one linear map
+    hidden: int = 512  # width of hidden layers (depth >= 2); ~1.3x MiniLM's 384 keeps heads small
+    out_dim: Optional[int] = 256  # output dim; None -> in_dim. Ignored at depth 0 (output = input)
+    activation: str = "gelu"  # between layers: gelu | relu | tanh | identity (GELU as in the encoder)
+    dropout: float = 0.0  # on hidden activations; 0 so stacked and separate training agree exactly
+    layer_norm: bool = False  # LayerNorm on hidden pre-activations; off: features are already pooled
+    residual: bool = False  # f(x) = x + g(x), g's last layer zero-initialised: starts at the identity
+    init: str = "default"  # "default": nn.Linear's U(+-1/sqrt(fan_in)); "identity": W = I, b = 0 (depth 1)
+    in_dim: Optional[int] = None  # feature dim of the store; must be set before building a head
+
+    def __post_init__(self):
+        if self.activation not in ACTIVATIONS:
+            raise ValueError(f"activation={self.activation!r}; valid: {sorted(ACTIVATIONS)}")
+        if self.init not in INITS:
+            raise ValueError(f"init={self.init!r}; valid: {list(INITS)}")
+        if self.depth < 0 or self.hidden < 1 or not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"need depth >= 0, hidden >= 1, 0 <= dropout < 1; got {self}")
+
+    @property
+    def out_features(self) -> int:
+        """The dimension a head outputs."""
+        assert self.in_dim is not None
+        if self.depth == 0:
+            return self.in_dim
+        return self.in_dim if self.out_dim is None else self.out_dim
+
+    def layer_dims(self) -> list[int]:
+        """[in_dim, hidden, ..., out]: depth + 1 sizes (just [in_dim] at depth 0)."""
+        assert self.in_dim is not None
+        if self.depth == 0:
+            return [self.in_dim]
+        return [self.in_dim] + [self.hidden] * (self.depth - 1) + [self.out_features]
+
+
+def _check_buildable(cfg: HeadConfig) -> None:
+    if cfg.in_dim is None or cfg.in_dim < 1:
+        raise ValueError(f"HeadConfig.in_dim must be set to the feature dim (got {cfg.in_dim})")
+    if cfg.residual and cfg.depth > 0 and cfg.out_features != cfg.in_dim:
+        raise ValueError(f"residual heads need out_dim == in_dim ({cfg.in_dim}); got out_dim={cfg.out_dim}")
+    if cfg.init == "identity" and (cfg.depth != 1 or cfg.out_features != cfg.in_dim):
+        raise ValueError(f"init='identity' needs depth 1 and out_dim == in_dim ({cfg.in_dim}); "
+                         f"got depth={cfg.depth}, out_dim={cfg.out_dim}")
+
+
+def _init_head(cfg: HeadConfig, seed: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """(weight (in, out), bias (out,)) of every layer of one head, drawn from its own generator."""
+    gen = torch.Generator().manual_seed(int(seed))
+    dims = cfg.layer_dims()
+    layers = []
+    for fan_in, fan_out in zip(dims[:-1], dims[1:]):
+        bound = 1.0 / math.sqrt(fan_in)  # the distribution nn.Linear's reset_parameters gives
+        w = (torch.rand(fan_in, fan_out, generator=gen) * 2 - 1) * bound
+        b = (torch.rand(fan_out, generator=gen) * 2 - 1) * bound
+        layers.append((w, b))
+    if cfg.init == "identity":
+        layers = [(torch.eye(dims[0]), torch.zeros(dims[0]))]
+    if cfg.residual and layers:
+        w, b = layers[-1]
+        layers[-1] = (torch.zeros_like(w), torch.zeros_like(b))  # g starts at 0: f(x) = x exactly
+    return layers
+
+
+class StackedMLP(nn.Module):
+    """H heads f_h: (B, D) shared or (H, B, D) per-head input -> (H, B, out_features)."""
+
+    def __init__(self, n_heads: int, cfg: HeadConfig, seeds: Optional[Sequence[int]] = None):
+        super().__init__()
+        _check_buildable(cfg)
+        seeds = list(range(n_heads)) if seeds is None else [int(s) for s in seeds]
+        if n_heads < 1 or len(seeds) != n_heads:
+            raise ValueError(f"need n_heads >= 1 and one seed per head; got n_heads={n_heads}, {len(seeds)} seeds")
+        self.n_heads, self.cfg, self.seeds = n_heads, cfg, seeds
+        per_head = [_init_head(cfg, s) for s in seeds]  # [h][layer] -> (w, b)
+        self.weights = nn.ParameterList(
+            [nn.Parameter(torch.stack([per_head[h][l][0] for h in range(n_heads)])) for l in range(cfg.depth)])
+        self.biases = nn.ParameterList(
+            [nn.Parameter(torch.stack([per_head[h][l][1] for h in range(n_heads)])) for l in range(cfg.depth)])
+        n_norms = max(cfg.depth - 1, 0) if cfg.layer_norm else 0
+        self.ln_weights = nn.ParameterList([nn.Parameter(torch.ones(n_heads, cfg.hidden)) for _ in range(n_norms)])
+        self.ln_biases = nn.ParameterList([nn.Parameter(torch.zeros(n_heads, cfg.hidden)) for _ in range(n_norms)])
+
+    @property
+    def out_features(self) -> int:
+        return self.cfg.out_features
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        H, cfg = self.n_heads, self.cfg
+        if x.dim() == 2:
+            x = x.unsqueeze(0).expand(H, *x.shape)  # shared input, a view: (H, B, D)
+        if x.dim() != 3 or x.shape[0] != H or x.shape[-1] != cfg.in_dim:
+            raise ValueError(f"StackedMLP input must be (B, {cfg.in_dim}) or ({H}, B, {cfg.in_dim}); got {tuple(x.shape)}")
+        act = ACTIVATIONS[cfg.activation]
+        h = x
+        for l in range(cfg.depth):
+            h = torch.baddbmm(self.biases[l].unsqueeze(1), h, self.weights[l])  # (H, B, out_l)
+            if l < cfg.depth - 1:
+                if cfg.layer_norm:
+                    h = F.layer_norm(h, h.shape[-1:]) * self.ln_weights[l].unsqueeze(1) + self.ln_biases[l].unsqueeze(1)
+                h = F.dropout(act(h), cfg.dropout, self.training)
+        return x + h if cfg.residual and cfg.depth > 0 else h
+
+    def select_heads(self, heads: Sequence[int]) -> "StackedMLP":
+        """A new stack holding copies of the given heads, in that order."""
+        idx = torch.as_tensor(list(heads), dtype=torch.long)
+        out = StackedMLP(len(idx), self.cfg, seeds=[self.seeds[i] for i in idx.tolist()])
+        with torch.no_grad():
+            for name, p in self.named_parameters():
+                out.get_parameter(name).copy_(p.detach().index_select(0, idx.to(p.device)))
+        return out.to(next(self.parameters(), torch.empty(0)).device)
+
+    def head_slice(self, h: int) -> "StackedMLP":
+        """Head h alone as a one-head stack (a copy)."""
+        if not 0 <= h < self.n_heads:
+            raise ValueError(f"head {h} out of range 0..{self.n_heads - 1}")
+        return self.select_heads([h])
+
+
+def save_heads(path, model: StackedMLP, cfg: Optional[HeadConfig] = None) -> None:
+    """Write the stack's parameters to safetensors with the HeadConfig, seeds and H in the metadata."""
+    cfg = model.cfg if cfg is None else cfg
+    if cfg != model.cfg:
+        raise ValueError(f"save_heads: cfg {cfg} differs from the model's {model.cfg}")
+    tensors = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
+    meta = {"format": HEADS_FORMAT, "head_config": json.dumps(asdict(cfg)),
+            "n_heads": str(model.n_heads), "seeds": json.dumps(model.seeds)}
+    save_file(tensors, str(path), metadata=meta)
+
+
+def load_heads(path, device: str | torch.device = "cpu") -> StackedMLP:
+    """Rebuild a StackedMLP saved by `save_heads` (config from the metadata, weights from the file)."""
+    with safe_open(str(path), framework="pt") as f:
+        meta = f.metadata() or {}
+    if meta.get("format") != HEADS_FORMAT:
+        raise ValueError(f"{path}: not a headstore heads file (metadata format={meta.get('format')!r}, "
+                         f"expected {HEADS_FORMAT!r})")
+    cfg = HeadConfig(**json.loads(meta["head_config"]))
+    model = StackedMLP(int(meta["n_heads"]), cfg, seeds=json.loads(meta["seeds"]))
+    model.load_state_dict(load_file(str(path)), strict=True)
+    return model.to(device)

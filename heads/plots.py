@@ -1,0 +1,76 @@
+"""PNG plots: a head's training curve, a grid's primary metric by setting, the best heads' curves."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")  # files only; no display on the machines this runs on
+import matplotlib.pyplot as plt  # noqa: E402
+
+
+def plot_curve(history: list[dict], path: Path, title: str = "") -> None:
+    """Loss (left axis) and dev metric (right axis) per epoch."""
+    if not history:
+        return
+    epochs = [h["epoch"] for h in history]
+    dev_key = next(k for k in history[0] if k.startswith("dev_"))
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    ax.plot(epochs, [h["loss"] for h in history], "o-", color="tab:blue", label="train loss")
+    ax.set_xlabel("epoch")
+    ax.set_ylabel("train loss", color="tab:blue")
+    ax2 = ax.twinx()
+    ax2.plot(epochs, [h[dev_key] for h in history], "s-", color="tab:orange", label=dev_key)
+    ax2.set_ylabel(dev_key, color="tab:orange")
+    ax.set_title(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def plot_by_setting(rows: list[dict], settings: list[str], metric: str, baseline: float | None, path: Path) -> None:
+    """One panel per grid setting: the primary metric of every head against that setting's values."""
+    settings = [s for s in settings if len({str(r[s]) for r in rows}) > 1]
+    if not settings:
+        return
+    n = len(settings)
+    cols = min(3, n)
+    fig, axes = plt.subplots((n + cols - 1) // cols, cols, figsize=(4.2 * cols, 3.2 * ((n + cols - 1) // cols)),
+                             squeeze=False)
+    for ax, s in zip(axes.flat, settings):
+        values = sorted({str(r[s]) for r in rows})
+        for i, v in enumerate(values):
+            ys = [r[metric] for r in rows if str(r[s]) == v and r.get(metric) is not None]
+            ax.scatter([i] * len(ys), ys, alpha=0.6, s=14)
+        ax.set_xticks(range(len(values)), values, rotation=30, fontsize=8)
+        if baseline is not None:
+            ax.axhline(baseline, color="gray", ls="--", lw=1, label="frozen baseline")
+        ax.set_title(s, fontsize=9)
+        ax.set_ylabel(metric, fontsize=8)
+    for ax in list(axes.flat)[n:]:
+        ax.axis("off")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def plot_best_curves(curves: dict[str, list[dict]], path: Path) -> None:
+    """Dev metric per epoch of the best heads, one line each."""
+    if not curves:
+        return
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.6))
+    for name, history in curves.items():
+        if not history:
+            continue
+        dev_key = next(k for k in history[0] if k.startswith("dev_"))
+        epochs = [h["epoch"] for h in history]
+        axes[0].plot(epochs, [h["loss"] for h in history], label=name)
+        axes[1].plot(epochs, [h[dev_key] for h in history], label=name)
+        axes[1].set_ylabel(dev_key)
+    axes[0].set_ylabel("train loss")
+    for ax in axes:
+        ax.set_xlabel("epoch")
+    axes[1].legend(fontsize=6)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

@@ -1,0 +1,135 @@
+"""Grid results -> a leaderboard: seeds aggregated (mean ± std), selection on dev, test reported once,
+a bootstrap 95% CI over queries (IR) or pairs (STS) for the primary metric, the frozen baseline in
+every table, and PNG plots."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+
+from heads.metrics import bootstrap_ci
+from heads.plots import plot_best_curves, plot_by_setting
+from heads.tasks import Task
+
+N_BOOT = 1000  # bootstrap resamples for the 95% CIs
+TOP = 15  # configurations listed in the leaderboard
+# result columns that are not settings (left out when grouping seeds into configurations)
+VARIED_EXCLUDE = {"head_id", "stack", "status", "reason", "best_epoch", "train_seconds", "primary", "history"}
+
+
+def _ci(task: Task, items: list[np.ndarray], split: str = "test") -> tuple[float, float]:
+    """CI of the primary metric of the seed-averaged per-item values (queries or pairs)."""
+    mean_items = np.mean(np.stack(items), axis=0)
+    if task.kind == "sts":
+        return bootstrap_ci(mean_items, gold=task.eval_sets[split].labels, statistic="spearman", n_boot=N_BOOT)
+    if task.kind == "ir":
+        return bootstrap_ci(mean_items, n_boot=N_BOOT)
+    return (float("nan"), float("nan"))
+
+
+def aggregate(frame: pl.DataFrame, task: Task) -> tuple[pl.DataFrame, list[str]]:
+    """One row per configuration (all settings but the seed): dev/test mean ± std over seeds, test CI."""
+    ok = frame.filter(pl.col("status") == "ok")
+    settings = [c for c in ok.columns if c not in VARIED_EXCLUDE and not c.startswith(("dev_", "test_"))]
+    varied = [c for c in settings if c != "seed" and ok[c].n_unique() > 1]
+    if ok.is_empty():
+        return ok, varied
+    keys = [c for c in settings if c != "seed"]
+    rows = []
+    for _, g in ok.group_by(keys, maintain_order=True):
+        r = {k: g[k][0] for k in keys}
+        r["seeds"] = g.height
+        for split in ("dev", "test"):
+            col = f"{split}_primary"
+            if col in g.columns and g[col].null_count() < g.height:
+                vals = g[col].drop_nulls().to_numpy()
+                r[f"{split}_mean"], r[f"{split}_std"] = float(vals.mean()), float(vals.std(ddof=1)) if len(vals) > 1 else 0.0
+        if "test_items" in g.columns and g["test_items"].null_count() == 0:
+            lo, hi = _ci(task, [np.asarray(json.loads(x)) for x in g["test_items"]])
+            r["test_ci_lo"], r["test_ci_hi"] = lo, hi
+        r["train_seconds"] = float(g["train_seconds"].sum())
+        r["head_ids"] = ",".join(g["head_id"].to_list())
+        rows.append(r)
+    agg = pl.DataFrame(rows, infer_schema_length=None).sort("dev_mean", descending=True, nulls_last=True)
+    return agg, varied
+
+
+def _baseline_rows(task: Task, baselines: dict) -> list[dict]:
+    out = []
+    b = baselines.get("features") or next(iter(baselines.values()))
+    name = {"ir": "ndcg@10", "sts": "spearman", "pairs": "auc"}[task.kind]
+    for prefix in ("cosine", "manhattan"):
+        key = f"{prefix}_{name}" if task.kind != "sts" else f"spearman_{prefix}"
+        row = {"config": f"frozen baseline ({prefix})"}
+        for split in ("dev", "test"):
+            if split in b:
+                row[f"{split}_mean"] = b[split]["metrics"][key]
+        if "test" in b and task.kind in ("ir", "sts"):
+            items = np.asarray(b["test"]["items"][prefix])
+            row["test_ci_lo"], row["test_ci_hi"] = _ci(task, [items])
+        out.append(row)
+    return out
+
+
+def _fmt(v, digits=4) -> str:
+    return "" if v is None or (isinstance(v, float) and np.isnan(v)) else f"{v:.{digits}f}"
+
+
+def leaderboard_markdown(agg: pl.DataFrame, varied: list[str], task: Task, baselines: dict, frame: pl.DataFrame) -> str:
+    metric = frame["primary"].drop_nulls()[0] if "primary" in frame.columns and frame["primary"].drop_nulls().len() else "primary"
+    lines = [f"# Leaderboard: {task.name} ({task.kind})", "",
+             f"Selected on dev ({task.dev_note or 'the dataset dev split'}); test reported once. "
+             f"Primary metric: `{metric}` (head energy); mean ± std over seeds; 95% bootstrap CI over "
+             f"{'queries' if task.kind == 'ir' else 'pairs'} of the seed-averaged test values.", ""]
+    cols = ["config"] + varied
+    lines.append("| rank | " + " | ".join(cols + ["seeds", "dev", "test mean ± std", "test 95% CI"]) + " |")
+    lines.append("|" + "---|" * (len(cols) + 5))
+    for b in _baseline_rows(task, baselines):
+        lines.append(f"| – | {b['config']} | " + " | ".join([""] * len(varied)) + f"{' | ' if varied else ''}– | "
+                     f"{_fmt(b.get('dev_mean'))} | {_fmt(b.get('test_mean'))} | "
+                     f"[{_fmt(b.get('test_ci_lo'))}, {_fmt(b.get('test_ci_hi'))}] |")
+    for i, r in enumerate(agg.head(TOP).iter_rows(named=True)):
+        vals = [str(r[v]) for v in varied]
+        lines.append(f"| {i + 1} | head | " + " | ".join(vals) + f"{' | ' if vals else ''}{r['seeds']} | "
+                     f"{_fmt(r.get('dev_mean'))} | {_fmt(r.get('test_mean'))} ± {_fmt(r.get('test_std'))} | "
+                     f"[{_fmt(r.get('test_ci_lo'))}, {_fmt(r.get('test_ci_hi'))}] |")
+    if "loss" in agg.columns and agg["loss"].n_unique() > 1:
+        lines += ["", "## Best configuration of each loss (selected on dev)", "",
+                  "| loss | dev | test mean ± std | test 95% CI | settings |", "|---|---|---|---|---|"]
+        for loss in sorted(agg["loss"].unique().to_list()):
+            r = agg.filter(pl.col("loss") == loss).row(0, named=True)
+            s = ", ".join(f"{v}={r[v]}" for v in varied if v != "loss")
+            lines.append(f"| {loss} | {_fmt(r.get('dev_mean'))} | {_fmt(r.get('test_mean'))} ± {_fmt(r.get('test_std'))} "
+                         f"| [{_fmt(r.get('test_ci_lo'))}, {_fmt(r.get('test_ci_hi'))}] | {s} |")
+    failed = frame.filter(pl.col("status") != "ok")
+    if failed.height:
+        lines += ["", f"## Not trained / failed ({failed.height})", ""]
+        for r in failed.select("head_id", "loss", "status", "reason").unique("reason").iter_rows(named=True):
+            n = failed.filter(pl.col("reason") == r["reason"]).height
+            lines.append(f"- {r['status']} ×{n}: {r['reason']}")
+    return "\n".join(lines) + "\n"
+
+
+def write_report(frame: pl.DataFrame, task: Task, baselines: dict, out: Path, print_it: bool = True) -> str:
+    if frame.is_empty():
+        return ""
+    agg, varied = aggregate(frame, task)
+    md = leaderboard_markdown(agg, varied, task, baselines, frame)
+    (out / "leaderboard.md").write_text(md)
+    if not agg.is_empty():
+        agg.write_csv(out / "configs.csv")
+    ok = frame.filter(pl.col("status") == "ok")
+    if ok.height:
+        b = baselines.get("features") or next(iter(baselines.values()))
+        metric = "dev_primary"
+        base_key = {"ir": "cosine_ndcg@10", "sts": "spearman_cosine", "pairs": "cosine_auc"}[task.kind]
+        base = b.get("dev", {}).get("metrics", {}).get(base_key)
+        plot_by_setting(ok.to_dicts(), [v for v in varied], metric, base, out / "by_setting.png")
+        best = ok.sort("dev_primary", descending=True).head(6)
+        curves = {f"{r['loss']} lr={r['lr']} s{r['seed']}": json.loads(r["history"]) for r in best.iter_rows(named=True)}
+        plot_best_curves(curves, out / "best_curves.png")
+    if print_it:
+        print(md)
+    return md

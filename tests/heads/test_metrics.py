@@ -1,0 +1,158 @@
+import math
+
+import numpy as np
+import pytest
+import torch
+from scipy import stats
+from sklearn.metrics import ndcg_score
+
+from heads.metrics import bootstrap_ci, ir_metrics, ir_metrics_per_query, pair_metrics, sts_metrics, topk_ranking
+
+
+def random_ir(Q=12, N=40, seed=0):
+    rng = np.random.default_rng(seed)
+    energies = torch.tensor(rng.random((Q, N)))  # continuous: no ties
+    grades = rng.choice([0, 0, 0, 0, 1, 2, 3], size=(Q, N))
+    grades[0] = 0
+    grades[0, 5] = 2  # every scored query needs a relevant doc; query 0 has exactly one
+    doc_ids = np.array([f"d{j}" for j in range(N)])
+    qids = [f"q{i}" for i in range(Q)]
+    qrels = {qids[i]: {doc_ids[j]: int(grades[i, j]) for j in range(N) if grades[i, j] > 0 or j % 7 == 0}
+             for i in range(Q)}  # also judged-0 docs, which must count as non-relevant
+    return energies, grades, doc_ids, qids, qrels
+
+
+def brute(ranked, rel_set, k):
+    """MRR@k, recall@k, AP@k by loops."""
+    mrr = 0.0
+    for r, d in enumerate(ranked[:k], start=1):
+        if d in rel_set:
+            mrr = 1.0 / r
+            break
+    recall = sum(d in rel_set for d in ranked[:k]) / len(rel_set)
+    hits, ap = 0, 0.0
+    for r, d in enumerate(ranked[:k], start=1):
+        if d in rel_set:
+            hits += 1
+            ap += hits / r
+    return mrr, recall, ap / len(rel_set)
+
+
+def test_chunked_topk_equals_full_sort():
+    E = torch.randn(37, 50)
+    full = torch.argsort(E, dim=1)[:, :10]
+    assert torch.equal(topk_ranking(E, k=10, chunk_size=8), full)
+    assert torch.equal(topk_ranking([E[:20], E[20:]], k=10), full)
+    assert torch.equal(topk_ranking(lambda s, t: E[s:t], k=10, n_queries=37, chunk_size=5), full)
+    assert topk_ranking(E, k=500).shape == (37, 50)
+    idx, val = topk_ranking(E, k=3, return_energies=True)
+    torch.testing.assert_close(val, torch.gather(E, 1, idx))
+
+
+def test_topk_exclude():
+    E = torch.randn(5, 5)
+    idx = topk_ranking(E, k=4, exclude=[[i] for i in range(5)])
+    for i in range(5):
+        assert i not in idx[i].tolist()
+        assert idx[i].tolist() == [j for j in torch.argsort(E[i]).tolist() if j != i]
+
+
+def test_ndcg_matches_sklearn():
+    energies, grades, doc_ids, qids, qrels = random_ir()
+    idx = topk_ranking(energies, k=40)
+    res = ir_metrics(idx, qrels, ks=(1, 10, 40), query_ids=qids, doc_ids=doc_ids)
+    assert len(res.per_query) == 12
+    for i in range(12):
+        expected = ndcg_score(grades[i:i + 1], -energies[i:i + 1].numpy(), k=10)
+        assert res.per_query[i] == pytest.approx(expected, rel=1e-9)
+    assert res.metrics["ndcg@10"] == pytest.approx(np.mean(
+        [ndcg_score(grades[i:i + 1], -energies[i:i + 1].numpy(), k=10) for i in range(12)]))
+
+
+def test_mrr_recall_map_match_brute_force():
+    energies, grades, doc_ids, qids, qrels = random_ir(seed=1)
+    idx = topk_ranking(energies, k=25)  # run depth 25 < N: metrics at 100 see only 25 docs
+    scored, per = ir_metrics_per_query(idx, qrels, ks=(1, 10, 100), query_ids=qids, doc_ids=doc_ids)
+    assert scored == qids
+    for i, q in enumerate(qids):
+        ranked = [doc_ids[j] for j in idx[i].tolist()]
+        rel = {d for d, g in qrels[q].items() if g > 0}
+        for k in (1, 10, 100):
+            mrr, recall, ap = brute(ranked, rel, k)
+            assert per[f"mrr@{k}"][i] == pytest.approx(mrr)
+            assert per[f"recall@{k}"][i] == pytest.approx(recall)
+        assert per["map@100"][i] == pytest.approx(brute(ranked, rel, 100)[2])
+
+
+def test_graded_qrels_and_hand_ndcg():
+    qrels = {"q": {"a": 1, "b": 2, "c": 0, "x": -1}}
+    # ranking b, a: ideal order -> 1.0
+    assert ir_metrics({"q": ["b", "a", "c"]}, qrels).metrics["ndcg@10"] == pytest.approx(1.0)
+    # ranking c, a, b: dcg = 1/log2(3) + 2/log2(4); idcg = 2 + 1/log2(3)
+    got = ir_metrics({"q": ["c", "a", "b", "x"]}, qrels)
+    assert got.metrics["ndcg@10"] == pytest.approx((1 / math.log2(3) + 2 / 2) / (2 + 1 / math.log2(3)))
+    assert got.metrics["mrr@10"] == pytest.approx(0.5)
+    assert got.metrics["recall@1"] == 0.0 and got.metrics["recall@10"] == 1.0
+    # negative grade is non-relevant: x first changes nothing but ranks
+    only_x = ir_metrics({"q": ["x"]}, qrels).metrics
+    assert only_x["ndcg@10"] == 0.0 and only_x["mrr@10"] == 0.0
+
+
+def test_queries_without_relevant_docs_are_not_scored_and_errors():
+    qrels = {"q1": {"a": 1}, "q2": {"b": 0}}
+    res = ir_metrics({"q1": ["a"], "q2": ["b"], "q3": ["a"]}, qrels)
+    assert len(res.per_query) == 1 and res.metrics["ndcg@10"] == 1.0
+    with pytest.raises(ValueError, match="no ranked query"):
+        ir_metrics({"q2": ["b"]}, qrels)
+    with pytest.raises(ValueError, match="twice"):
+        ir_metrics({"q1": ["a", "a"]}, qrels)
+    with pytest.raises(ValueError, match="doc_ids"):
+        ir_metrics(np.array([[0]]), qrels, query_ids=["q1"])
+    with pytest.raises(ValueError, match="valid"):
+        ir_metrics({"q1": ["a"]}, qrels, primary="ndcg@7")
+
+
+def test_sts_metrics():
+    rng = np.random.default_rng(0)
+    gold = rng.random(50)
+    pred = gold + 0.3 * rng.standard_normal(50)
+    got = sts_metrics(pred, gold)
+    assert got["pearson"] == pytest.approx(np.corrcoef(pred, gold)[0, 1])
+    rank = lambda v: np.argsort(np.argsort(v))
+    assert got["spearman"] == pytest.approx(np.corrcoef(rank(pred), rank(gold))[0, 1])
+
+
+def test_pair_metrics_against_brute_force():
+    rng = np.random.default_rng(2)
+    y = rng.integers(0, 2, 60)
+    e = np.round(rng.random(60) + 0.5 * (1 - y), 1)  # rounded: ties in energies
+    got = pair_metrics(e, y)
+    best_acc, best_f1 = 0.0, 0.0
+    for t in [-np.inf] + sorted(set(e.tolist())):
+        pred = e <= t
+        tp, fp, fn = np.sum(pred & (y == 1)), np.sum(pred & (y == 0)), np.sum(~pred & (y == 1))
+        best_acc = max(best_acc, np.mean(pred == (y == 1)))
+        best_f1 = max(best_f1, 2 * tp / (2 * tp + fp + fn))
+    assert got["accuracy"] == pytest.approx(best_acc)
+    assert got["f1"] == pytest.approx(best_f1)
+    assert np.mean((e <= got["accuracy_threshold"]) == (y == 1)) == pytest.approx(best_acc)
+    pos, neg = e[y == 1], e[y == 0]
+    auc = np.mean([(p < n) + 0.5 * (p == n) for p in pos for n in neg])
+    assert got["auc"] == pytest.approx(auc)
+
+
+def test_bootstrap_ci():
+    rng = np.random.default_rng(3)
+    v = rng.random(200)
+    lo, hi = bootstrap_ci(v, n_boot=500, seed=1)
+    assert lo < v.mean() < hi
+    assert (lo, hi) == bootstrap_ci(v, n_boot=500, seed=1)
+    se = v.std() / math.sqrt(len(v))
+    assert hi - lo == pytest.approx(2 * 1.96 * se, rel=0.2)
+    gold = rng.random(80)
+    pred = gold + 0.5 * rng.standard_normal(80)
+    lo, hi = bootstrap_ci((pred, gold), n_boot=300)
+    assert lo < stats.spearmanr(pred, gold)[0] < hi and -1 <= lo < hi <= 1
+    assert bootstrap_ci(pred, n_boot=300, gold=gold, statistic="spearman") == (lo, hi)
+    with pytest.raises(ValueError, match="gold"):
+        bootstrap_ci(v, statistic="spearman")

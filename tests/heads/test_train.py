@@ -1,0 +1,100 @@
+import dataclasses
+
+import numpy as np
+import pytest
+import torch
+
+from heads.config import TrainConfig
+from heads.evaluate import embed_rows, evaluate_split
+from heads.model import HeadConfig, StackedMLP
+from heads.train import TrainingDiverged, lr_factor, train_one, train_stack
+
+from .synthetic import planted_ir_task, planted_sts_task
+
+
+def test_head_learns_planted_ir_relation():
+    task, X = planted_ir_task()
+    base, _ = evaluate_split(task, "test", lambda r: embed_rows(None, X, r), ("cosine", "l1"))
+    head_cfg = HeadConfig(depth=1, out_dim=16, in_dim=16)
+    cfg = TrainConfig(loss="l1-energy", epochs=15, batch_size=32, lr=1e-2, patience=15, q=8.0)
+    model, norm, run = train_one(task, X, head_cfg, cfg, progress=False)
+    res, _ = evaluate_split(task, "test", lambda r: embed_rows(model, norm(X), r), ("l1",))
+    chance = 1 / 80  # 80 test queries, one relevant doc among 400
+    assert base[0]["cosine_ndcg@10"] < 0.1
+    assert res[0]["manhattan_ndcg@10"] > 0.9, res[0]
+    assert res[0]["manhattan_ndcg@10"] > 10 * chance
+    assert run.best_epoch >= 1 and len(run.history) >= run.best_epoch
+
+
+@pytest.mark.parametrize("loss", ["l1-energy", "cosent"])
+def test_head_learns_planted_sts_relation(loss):
+    task, X = planted_sts_task()
+    base, _ = evaluate_split(task, "test", lambda r: embed_rows(None, X, r), ("cosine",))
+    head_cfg = HeadConfig(depth=1, out_dim=8, in_dim=16)
+    cfg = TrainConfig(loss=loss, epochs=40, batch_size=32, lr=1e-2, patience=40, q=4.0)
+    model, norm, _ = train_one(task, X, head_cfg, cfg, progress=False)
+    res, _ = evaluate_split(task, "test", lambda r: embed_rows(model, norm(X), r), ("l1",))
+    assert res[0]["spearman_manhattan"] > base[0]["spearman_cosine"] + 0.3, (res, base)
+
+
+def test_stacked_training_equals_separate_heads():
+    task, X = planted_ir_task(n_docs=120)
+    head_cfg = HeadConfig(depth=2, hidden=32, out_dim=8, in_dim=16)
+    base = TrainConfig(loss="l1-energy", epochs=3, batch_size=16, patience=10, q=8.0)
+    configs = [dataclasses.replace(base, lr=lr, weight_decay=wd, seed=s)
+               for lr, wd, s in [(1e-3, 0.0, 0), (3e-3, 0.1, 1), (1e-2, 0.01, 2)]]
+    stacked, _, runs = train_stack(task, X, head_cfg, configs, progress=False)
+    for h, cfg in enumerate(configs):
+        alone, _, (run,) = train_stack(task, X, head_cfg, [cfg], progress=False)
+        for p_stack, p_alone in zip(stacked.parameters(), alone.parameters()):
+            torch.testing.assert_close(p_stack[h], p_alone[0], rtol=1e-4, atol=1e-5)
+        assert run.best_epoch == runs[h].best_epoch
+        assert [r["loss"] for r in run.history] == pytest.approx([r["loss"] for r in runs[h].history], rel=1e-4)
+    # the heads really trained and differ from their init
+    fresh = StackedMLP(3, head_cfg, seeds=[0, 1, 2])
+    assert not torch.allclose(fresh.weights[0], stacked.weights[0])
+
+
+@pytest.mark.parametrize("head_cfg", [HeadConfig(depth=0, in_dim=16),
+                                      HeadConfig(depth=2, hidden=32, out_dim=None, residual=True, in_dim=16),
+                                      HeadConfig(depth=1, out_dim=None, init="identity", in_dim=16)])
+def test_identity_initialised_head_reproduces_baseline_exactly(head_cfg):
+    task, X = planted_ir_task()
+    model = StackedMLP(1, head_cfg, seeds=[0])
+    base, _ = evaluate_split(task, "test", lambda r: embed_rows(None, X, r), ("l1", "cosine"))
+    head, _ = evaluate_split(task, "test", lambda r: embed_rows(model, X, r), ("l1", "cosine"))
+    assert head[0] == base[0]
+
+
+def test_diverging_head_fails_alone_and_train_one_names_the_step():
+    task, X = planted_ir_task(n_docs=120)
+    head_cfg = HeadConfig(depth=2, hidden=32, out_dim=8, in_dim=16)
+    good = TrainConfig(loss="contrastive", epochs=2, batch_size=16, grad_clip=0.0)
+    bad = dataclasses.replace(good, lr=1e12, seed=1)  # weights explode -> inf/NaN loss
+    _, _, runs = train_stack(task, X, head_cfg, [good, bad], progress=False)
+    assert runs[0].status == "ok" and np.isfinite(runs[0].best_dev)
+    assert runs[1].status == "failed" and "step" in runs[1].reason
+    with pytest.raises(TrainingDiverged, match="step"):
+        train_one(task, X, head_cfg, bad, progress=False)
+
+
+def test_lr_schedule_warms_up_then_decays():
+    cfg = TrainConfig(warmup_ratio=0.1, schedule="cosine")
+    f = [lr_factor(s, 100, cfg) for s in range(100)]
+    assert f[0] == pytest.approx(0.1) and f[9] == pytest.approx(1.0)
+    assert all(a >= b for a, b in zip(f[10:], f[11:])) and f[-1] < 0.01
+    lin = TrainConfig(warmup_ratio=0.0, schedule="linear")
+    assert lr_factor(50, 100, lin) == pytest.approx(0.5)
+
+
+def test_mined_negatives_exclude_positives_and_remine_runs():
+    from heads.mining import mine_negatives
+
+    task, X = planted_ir_task(n_docs=120)
+    mined = mine_negatives(X, task.train.anchor, task.corpus_rows, task.relevant, 5)
+    assert mined.shape == (1, len(task.train), 5)
+    for a, p, negs in zip(task.train.anchor, task.train.positive, mined[0].tolist()):
+        assert p not in negs
+    cfg = TrainConfig(loss="l1-energy", epochs=2, batch_size=16, mined_k=3, remine=True, q=8.0)
+    _, _, (run,) = train_stack(task, X, HeadConfig(depth=1, out_dim=8, in_dim=16), [cfg], progress=False)
+    assert run.status == "ok"
