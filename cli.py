@@ -8,6 +8,10 @@ import sys
 import click
 
 from featurize.pooling import POOLINGS
+from heads.config import NORMALIZATIONS, SCHEDULES
+from heads.energy import ENERGIES
+from heads.losses import IMPOSTOR_MODES, LOSSES
+from heads.model import ACTIVATIONS
 
 
 @click.group()
@@ -83,6 +87,118 @@ def info(path):
     except ValueError as err:
         raise click.ClickException(str(err)) from None
     click.echo(json.dumps(summary, indent=2))
+
+
+def _head_and_train_options(f):
+    """Options shared by train-head (every HeadConfig and TrainConfig field, defaults from the dataclasses)."""
+    from heads.config import TrainConfig
+    from heads.model import HeadConfig
+
+    h, t = HeadConfig(), TrainConfig()
+    options = [
+        click.option("--loss", type=click.Choice(sorted(LOSSES)), default=t.loss, show_default=True),
+        click.option("--energy", type=click.Choice(sorted(ENERGIES)), default=t.energy, show_default=True,
+                     help="E(a, b) between head outputs (mnr is cosine by definition)."),
+        click.option("--depth", type=int, default=h.depth, show_default=True, help="Linear layers (0 = identity)."),
+        click.option("--hidden", type=int, default=h.hidden, show_default=True),
+        click.option("--out-dim", type=int, default=h.out_dim, show_default=True),
+        click.option("--activation", type=click.Choice(sorted(ACTIVATIONS)), default=h.activation, show_default=True),
+        click.option("--dropout", type=float, default=h.dropout, show_default=True),
+        click.option("--layer-norm/--no-layer-norm", default=h.layer_norm, show_default=True),
+        click.option("--residual/--no-residual", default=h.residual, show_default=True,
+                     help="f(x) = x + g(x), starting exactly at the frozen features (needs out-dim = feature dim)."),
+        click.option("--lr", type=float, default=t.lr, show_default=True),
+        click.option("--weight-decay", type=float, default=t.weight_decay, show_default=True),
+        click.option("--decay-to-init", type=float, default=t.decay_to_init, show_default=True,
+                     help="L2-SP pull of the weights toward their initial values."),
+        click.option("--epochs", type=int, default=t.epochs, show_default=True),
+        click.option("--batch-size", type=int, default=t.batch_size, show_default=True),
+        click.option("--schedule", type=click.Choice(SCHEDULES), default=t.schedule, show_default=True),
+        click.option("--warmup-ratio", type=float, default=t.warmup_ratio, show_default=True),
+        click.option("--grad-clip", type=float, default=t.grad_clip, show_default=True),
+        click.option("--seed", type=int, default=t.seed, show_default=True),
+        click.option("--patience", type=int, default=t.patience, show_default=True),
+        click.option("--mined-k", type=int, default=t.mined_k, show_default=True,
+                     help="Hard negatives per pair mined from the stored corpus (IR)."),
+        click.option("--remine/--no-remine", default=t.remine, show_default=True,
+                     help="Re-mine hard negatives each epoch in the head's own space."),
+        click.option("--normalize", type=click.Choice(NORMALIZATIONS), default=t.normalize, show_default=True),
+        click.option("--q", type=float, default=None, help="Energy bound Q of l1-energy (default per energy)."),
+        click.option("--tau", type=float, default=None, help="Temperature of l1-ce (default per energy)."),
+        click.option("--margin", type=float, default=None, help="Margin of contrastive/triplet (default per energy)."),
+        click.option("--impostors", type=click.Choice(IMPOSTOR_MODES), default=t.impostors, show_default=True),
+        click.option("--genuine-weight", type=float, default=t.genuine_weight, show_default=True),
+    ]
+    for option in reversed(options):
+        f = option(f)
+    return f
+
+
+@main.command("train-head")
+@click.option("--store", required=True, help="Feature store written by `cli featurize`.")
+@click.option("--data", required=True, help="Dataset (BEIR folder, STS or pairs table) whose texts are in the store.")
+@click.option("--format", "data_format", default=None, help="Dataset format (default: detected).")
+@click.option("--out", required=True, help="Output directory for head.safetensors, config.json, metrics.json, curve.png.")
+@click.option("--array", default="features", show_default=True, help="Store array (another layer) to train on.")
+@_head_and_train_options
+def train_head(store, data, data_format, out, array, **settings):
+    """Train one siamese energy head on stored features: train on train, select on dev, report test once."""
+    from dataclasses import fields
+
+    from heads.config import TrainConfig
+    from heads.model import HeadConfig
+    from heads.run import train_head as run_train_head
+
+    head_keys = {f.name for f in fields(HeadConfig)}
+    try:
+        head_cfg = HeadConfig(**{k: v for k, v in settings.items() if k in head_keys})
+        cfg = TrainConfig(**{k: v for k, v in settings.items() if k not in head_keys})
+        metrics = run_train_head(store, data, out, head_cfg, cfg, data_format, array)
+    except (ValueError, FileNotFoundError, KeyError, RuntimeError) as err:
+        raise click.ClickException(str(err)) from None
+    _echo_metrics(metrics)
+
+
+def _echo_metrics(metrics: dict) -> None:
+    primary, base_primary = metrics["primary"], metrics["baseline_primary"]
+    split = metrics.get("split", "test")
+    if "head" in metrics:
+        click.echo(f"{split}: baseline {base_primary} = {metrics['baseline'][base_primary]:.4f} | "
+                   f"head {primary} = {metrics['head'][primary]:.4f}")
+    click.echo(json.dumps({k: v for k, v in metrics.items() if k != "history"}, indent=2, default=float))
+
+
+@main.command("eval")
+@click.option("--store", required=True, help="Feature store holding the dataset's texts.")
+@click.option("--head", "head_dir", required=True, help="A `cli train-head --out` directory.")
+@click.option("--data", required=True, help="Dataset to evaluate on (its test split, or its only split).")
+@click.option("--format", "data_format", default=None, help="Dataset format (default: detected).")
+@click.option("--out", required=True, help="Directory for metrics.json.")
+def eval_(store, head_dir, data, data_format, out):
+    """Evaluate a trained head (and the frozen baseline beside it) on any dataset whose texts are in the store."""
+    from heads.run import eval_head
+
+    try:
+        metrics = eval_head(store, head_dir, data, out, data_format)
+    except (ValueError, FileNotFoundError, KeyError) as err:
+        raise click.ClickException(str(err)) from None
+    _echo_metrics(metrics)
+
+
+@main.command()
+@click.option("--store", required=True, help="Feature store written by `cli featurize`.")
+@click.option("--data", required=True, help="Dataset whose texts are in the store.")
+@click.option("--format", "data_format", default=None, help="Dataset format (default: detected).")
+@click.option("--grid", "grid_path", required=True, help="TOML grid file ([grid] lists, [fixed] values).")
+@click.option("--out", required=True, help="Results directory (rerunning into it skips finished heads).")
+def grid(store, data, data_format, grid_path, out):
+    """Train every combination of a grid of heads (stacked by shape); write results, leaderboard and plots."""
+    from heads.grid import run_grid
+
+    try:
+        run_grid(store, data, grid_path, out, data_format)
+    except (ValueError, FileNotFoundError, KeyError) as err:
+        raise click.ClickException(str(err)) from None
 
 
 if __name__ == "__main__":

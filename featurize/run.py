@@ -143,12 +143,13 @@ def _encode_new(config: FeaturizeConfig, writer: StoreWriter, new_ids: list[str]
     names = list(array_names(config.layers))
     np_dtype = np.dtype(config.dtype)
 
+    t0 = time.perf_counter()  # timing includes tokenisation (as sentence-transformers' encode does)
     tok = tokenize(encoder.tokenizer, new_texts, encoder.max_length)
     order, batches = plan_batches(tok.n_tokens, new_ids, config.batch_tokens, config.max_batch_size)
     base = writer.n_texts
     pad_id = encoder.tokenizer.pad_token_id or 0
     committer = _Committer(writer, config.commit_seconds, max_pending_rows=config.shard_rows)
-    real_tokens, t0 = 0, time.perf_counter()
+    real_tokens = 0
     bar = tqdm(total=len(new_ids), unit="text", desc="featurize", smoothing=0.1, dynamic_ncols=True)
     try:
         for batch in prefetch_batches(tok, order, batches, pad_id, pin=device == "cuda"):

@@ -24,7 +24,7 @@ def build_tiny_bert(folder, max_length: int = 24, seed: int = 0) -> str:
     vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *WORDS, *"0123456789",
              *[f"##{d}" for d in "0123456789"]]
     (folder / "vocab.txt").write_text("\n".join(vocab) + "\n")
-    tokenizer = BertTokenizerFast(vocab_file=str(folder / "vocab.txt"), model_max_length=max_length)
+    tokenizer = BertTokenizerFast(vocab=str(folder / "vocab.txt"), model_max_length=max_length)
     tokenizer.save_pretrained(folder)
     torch.manual_seed(seed)
     config = BertConfig(vocab_size=len(vocab), hidden_size=32, num_hidden_layers=2,
