@@ -201,5 +201,62 @@ def grid(store, data, data_format, grid_path, out):
         raise click.ClickException(str(err)) from None
 
 
+@main.command()
+@click.option("--head", "head_dir", required=True, help="A `cli train-head --out` directory to start from.")
+@click.option("--out", required=True, help="Output: encoder/ (HF checkpoint for --model), head/, finetune.json.")
+@click.option("--store", default=None, help="The head's feature store (default: the one in its config.json).")
+@click.option("--data", default=None, help="Training dataset (default: the head's).")
+@click.option("--model", "encoder", default=None,
+              help="Encoder the store was featurized with (default: the store's model id, e.g. minilm).")
+@click.option("--unfreeze", type=click.Choice(["all", "top-k", "gradual"]), default="all", show_default=True)
+@click.option("--top-k", type=int, default=2, show_default=True, help="Layers trained with --unfreeze top-k.")
+@click.option("--unfreeze-interval", type=int, default=10, show_default=True,
+              help="--unfreeze gradual: steps between unfreezing one more block, top-down.")
+@click.option("--encoder-lr", type=float, default=2e-5, show_default=True)
+@click.option("--head-lr", type=float, default=None, help="Default: the head's training lr.")
+@click.option("--layer-lr-decay", type=float, default=1.0, show_default=True,
+              help="Discriminative lrs: encoder-lr x decay^(depth from top).")
+@click.option("--batch-size", type=int, default=None, help="Default: the head's batch size.")
+@click.option("--max-steps", type=int, default=None, help="Cap on the steps of the epoch.")
+@click.option("--gradient-checkpointing/--no-gradient-checkpointing", default=False, show_default=True)
+@click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True)
+@click.option("--seed", type=int, default=0, show_default=True)
+def finetune(head_dir, out, store, data, encoder, **settings):
+    """Unfreeze the encoder under a trained head and train both end to end for one epoch."""
+    from heads.finetune import FinetuneConfig, finetune as run_finetune
+
+    try:
+        summary = run_finetune(head_dir, out, FinetuneConfig(**settings), store, data, encoder)
+    except (ValueError, FileNotFoundError, KeyError, RuntimeError) as err:
+        raise click.ClickException(str(err)) from None
+    click.echo(json.dumps({k: v for k, v in summary.items() if k != "history"}, indent=2, default=float))
+
+
+@main.command()
+@click.option("--config", "config_path", default=None, help="TOML file (see examples/compare.toml).")
+@click.option("--out", required=True, help="Output directory (rerunning reuses finished steps).")
+@click.option("--in-domain", default=None, help="Dataset the heads train on (its test split is reported).")
+@click.option("--ood", "out_of_domain", multiple=True, help="Out-of-domain dataset; repeat for several.")
+@click.option("--model", default=None, help="Base encoder (default minilm).")
+@click.option("--base-store", default=None, help="Reuse this store for the base encoder's features.")
+@click.option("--adapt-steps", type=int, default=None, help="MLM adaptation steps.")
+@click.option("--finetune-steps", type=int, default=None, help="Cap on finetune steps (default: one epoch).")
+@click.option("--mlm/--no-mlm", default=None, help="Measure MLM loss on held-out text (forgetting).")
+def compare(config_path, out, **overrides):
+    """Frozen / adapted / fine-tuned encoder + head, in-domain and out-of-domain: compare.md and compare.json."""
+    from heads.compare import load_compare_config, run_compare
+
+    try:
+        config = load_compare_config(config_path, **overrides)
+        table = run_compare(config, out)
+    except (ValueError, FileNotFoundError, KeyError, RuntimeError) as err:
+        raise click.ClickException(str(err)) from None
+    click.echo(table)
+
+
+from featurize.adapt_cli import adapt_command  # noqa: E402
+
+main.add_command(adapt_command)
+
 if __name__ == "__main__":
     main()

@@ -18,7 +18,7 @@ from data.text_id import text_ids as compute_text_ids
 from featurize.config import FeaturizeConfig
 from featurize.encode import CODE_VERSION, encode_batch, plan_batches, prefetch_batches, tokenize
 from featurize.model import load_encoder, model_identity, pick_device
-from featurize.store import StoreWriter, array_names
+from featurize.store import StoreWriter, array_names, atomic_write_bytes
 
 
 def fingerprint_parts(config: FeaturizeConfig) -> dict:
@@ -113,6 +113,9 @@ def featurize_texts(config: FeaturizeConfig, texts: Sequence[str], store_path: s
         summary.update(n_already_stored=len(unique) - len(new_ids), n_encoded=len(new_ids))
         if new_ids:
             summary.update(_encode_new(config, writer, new_ids, [unique[t] for t in new_ids]))
+            # the settings of the latest run that added rows, beside the store (speed settings
+            # may differ between runs; the parts that change numbers are in the fingerprint)
+            atomic_write_bytes(Path(store_path) / "config.json", config.to_json().encode())
         else:
             summary.update(n_truncated=0, real_tokens=0)
         summary.update(n_texts=writer.n_texts, fingerprint=writer.manifest["fingerprint"],

@@ -25,6 +25,11 @@ from heads.stacked_adamw import StackedAdamW
 from heads.tasks import Task
 
 
+# graded / labelled pairs given to a loss that takes positive pairs only (mnr, l1-ce, triplet): keep the
+# pairs whose label is at least this (STS score >= 4 of 5, "mostly equivalent"; 1 for 0/1 labels)
+GENUINE_THRESHOLD = 0.8
+
+
 class TrainingDiverged(RuntimeError):
     """A head's loss became NaN or infinite."""
 
@@ -62,13 +67,31 @@ def _clip_per_head(params: list[torch.Tensor], max_norm: float) -> None:
         p.grad.mul_(scale.view(-1, *([1] * (p.dim() - 1))))
 
 
-def _same_mask(a: torch.Tensor, p: torch.Tensor, relevant: torch.Tensor, n_rows: int) -> torch.Tensor:
+def same_mask(a: torch.Tensor, p: torch.Tensor, relevant: torch.Tensor, n_rows: int) -> torch.Tensor:
     """(H, B, B): True where in-batch pair (a_i, p_j) must not be an impostor.
 
     Duplicate anchors or positives within a batch, and known relevant pairs, are never pushed apart."""
     code = a.unsqueeze(-1) * n_rows + p.unsqueeze(-2)  # (H, B, B)
     known = torch.isin(code, relevant) if relevant.numel() else torch.zeros_like(code, dtype=torch.bool)
     return (a.unsqueeze(-1) == a.unsqueeze(-2)) | (p.unsqueeze(-1) == p.unsqueeze(-2)) | known
+
+
+def training_pairs(task: Task, loss: str):
+    """(pairs, labels (P,) float32 tensor or None) the loss trains on.
+
+    A loss that needs labels refuses positives-only data; a positives-only loss on labelled data keeps
+    the genuine pairs (label >= GENUINE_THRESHOLD) and drops the labels."""
+    kind = LOSS_KINDS[loss]
+    train = task.train
+    if kind.labels == "required" and train.labels is None:
+        raise ValueError(f"loss {loss!r} needs labelled or graded pairs; {task.name} has positives only")
+    if train.labels is not None and kind.labels != "none":
+        return train, torch.as_tensor(train.labels, dtype=torch.float32)
+    if train.labels is not None:
+        keep = train.labels >= GENUINE_THRESHOLD
+        train = type(train)(train.anchor[keep], train.positive[keep], None,
+                            None if train.negative is None else train.negative[keep])
+    return train, None
 
 
 def train_stack(task: Task, features: torch.Tensor, head_cfg: HeadConfig, configs: list[TrainConfig],
@@ -82,16 +105,7 @@ def train_stack(task: Task, features: torch.Tensor, head_cfg: HeadConfig, config
     if task.train is None or len(task.train) == 0:
         raise ValueError(f"{task.name}: no training pairs (no train split)")
     kind = LOSS_KINDS[cfg0.loss]
-    train = task.train
-    if kind.labels == "required" and train.labels is None:
-        raise ValueError(f"loss {cfg0.loss!r} needs labelled or graded pairs; {task.name} has positives only")
-    labels_all = None
-    if train.labels is not None and kind.labels != "none":
-        labels_all = torch.as_tensor(train.labels, dtype=torch.float32)
-    elif train.labels is not None:  # positives-only losses on labelled data: keep the positive pairs
-        keep = train.labels > 0.5
-        train = type(train)(train.anchor[keep], train.positive[keep], None,
-                            None if train.negative is None else train.negative[keep])
+    train, labels_all = training_pairs(task, cfg0.loss)
     H, P, B = len(configs), len(train), min(cfg0.batch_size, len(train))
     fit_rows = np.unique(np.concatenate([train.anchor, train.positive]))
     norm = Normalizer.fit(cfg0.normalize, features[torch.as_tensor(fit_rows)])
@@ -141,7 +155,7 @@ def train_stack(task: Task, features: torch.Tensor, head_cfg: HeadConfig, config
                 n_rows = torch.gather(negs, 1, idx.unsqueeze(-1).expand(-1, -1, negs.shape[-1]))  # (H, b, K)
                 zn = model(X[n_rows.flatten(1)]).unflatten(1, n_rows.shape[1:])  # (H, b, K, d)
             labels = labels_all[idx] if labels_all is not None else None  # (H, b)
-            same = _same_mask(a_rows, p_rows, relevant, len(X) + 1)
+            same = same_mask(a_rows, p_rows, relevant, len(X) + 1)
             losses = loss_fn(za, zp, zn, labels, energy=cfg0.energy, cfg=loss_cfg, same=same)  # (H,)
             if cfg0.decay_to_init:
                 losses = losses + cfg0.decay_to_init * sum((p - p0).pow(2).flatten(1).sum(1) for p, p0 in zip(params, init))

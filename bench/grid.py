@@ -1,0 +1,81 @@
+"""Benchmark: a stacked grid of heads vs the same heads trained one after another.
+
+In one run, on stored MiniLM features:
+1. a 64-head grid (2-layer 384->512->256 heads, l1-energy, 4 lr x 4 weight decay x 4 seeds, 5 epochs)
+   trained stacked (`heads.train.train_stack`, what `cli grid` runs) vs the same 64 heads trained one
+   after another with train-head's own loop (`heads.train.train_one`) — wall time and ratio;
+2. the wall time of that 64-head grid on SciFact train pairs and on STS-B train.
+
+    python bench/grid.py --store runs/store-minilm --json runs/bench-grid.json
+
+`--sequential-heads N` times only N of the sequential heads and extrapolates to 64 (marked as such).
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from featurize.store import FeatureStore  # noqa: E402
+from heads.config import TrainConfig  # noqa: E402
+from heads.features import load_features  # noqa: E402
+from heads.model import HeadConfig  # noqa: E402
+from heads.tasks import load_task  # noqa: E402
+from heads.train import train_one, train_stack  # noqa: E402
+
+DATA = Path(os.environ.get("HEADSTORE_DATA", Path(__file__).resolve().parents[2] / "shared" / "datasets"))
+
+
+def grid_configs(loss: str) -> list[TrainConfig]:
+    base = TrainConfig(loss=loss, epochs=5, patience=5)
+    return [dataclasses.replace(base, lr=lr, weight_decay=wd, seed=s)
+            for lr in (3e-4, 1e-3, 3e-3, 1e-2) for wd in (0.0, 0.01, 0.05, 0.1) for s in range(4)]
+
+
+def time_it(fn) -> float:
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--store", required=True)
+    ap.add_argument("--sequential-heads", type=int, default=64, help="sequential heads to time (extrapolated to 64)")
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args()
+    store = FeatureStore.open(args.store)
+    X = load_features(store)
+    head = HeadConfig(depth=2, hidden=512, out_dim=256, in_dim=X.shape[1])
+    rows = []
+    for name, path, loss in (("SciFact train pairs", DATA / "scifact", "l1-energy"),
+                             ("STS-B train", DATA / "stsb", "l1-energy")):
+        task = load_task(str(path), store)
+        configs = grid_configs(loss)
+        stacked = time_it(lambda: train_stack(task, X, head, configs, progress=False))
+        n_seq = min(args.sequential_heads, len(configs))
+        seq = time_it(lambda: [train_one(task, X, head, c, progress=False) for c in configs[:n_seq]])
+        seq_64 = seq * len(configs) / n_seq
+        rows.append({"dataset": name, "pairs": len(task.train), "heads": len(configs), "stacked_s": stacked,
+                     "sequential_s": seq_64, "sequential_timed_heads": n_seq, "speedup": seq_64 / stacked,
+                     "goal_speedup": 5.0, "goal_stacked_s": 120.0})
+    print(f"{'dataset':<22}{'pairs':>7}{'heads':>7}{'stacked s':>11}{'sequential s':>14}{'speedup':>9}  goals")
+    for r in rows:
+        seq = f"{r['sequential_s']:.1f}" + ("*" if r["sequential_timed_heads"] < r["heads"] else "")
+        print(f"{r['dataset']:<22}{r['pairs']:>7}{r['heads']:>7}{r['stacked_s']:>11.1f}{seq:>14}{r['speedup']:>8.1f}x"
+              f"  >=5x, <120 s")
+    if any(r["sequential_timed_heads"] < r["heads"] for r in rows):
+        print("* extrapolated from", rows[0]["sequential_timed_heads"], "heads timed one after another")
+    print(f"torch threads: {__import__('torch').get_num_threads()}")
+    if args.json:
+        Path(args.json).write_text(json.dumps({"rows": rows, "head": dataclasses.asdict(head)}, indent=2))
+
+
+if __name__ == "__main__":
+    main()

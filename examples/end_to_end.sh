@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# The main job, end to end on real data with the offline all-MiniLM-L6-v2:
+# featurize five datasets once, train L1-energy heads on SciFact and STS-B, evaluate them in-domain
+# and out-of-domain (beside the frozen baseline), and run the example grid on STS-B.
+# Data: $HEADSTORE_DATA (default ../shared/datasets); outputs: $RUNS (default runs/).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+D=${HEADSTORE_DATA:-../shared/datasets}
+R=${RUNS:-runs}
+S=$R/store-minilm
+mkdir -p "$R"
+
+cli featurize --model minilm --data "$D/scifact" --data "$D/stsb" --data "$D/cranfield" --data "$D/cacm" \
+    --data "$D/semeval-sts-2012-2016" --store "$S"
+cli store verify "$S"
+
+cli train-head --store "$S" --data "$D/scifact" --loss l1-energy --out "$R/scifact-l1"
+for target in cranfield cacm; do
+    cli eval --store "$S" --head "$R/scifact-l1" --data "$D/$target" --out "$R/scifact-l1-on-$target"
+done
+cli train-head --store "$S" --data "$D/stsb" --loss l1-energy --out "$R/stsb-l1"
+cli eval --store "$S" --head "$R/stsb-l1" --data "$D/semeval-sts-2012-2016" --out "$R/stsb-l1-on-semeval"
+cli grid --store "$S" --data "$D/stsb" --grid examples/grid.toml --out "$R/grid-stsb"
+echo "done: see $R/*/metrics.json and $R/grid-stsb/leaderboard.md"

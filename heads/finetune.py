@@ -1,0 +1,296 @@
+"""`cli finetune`: unfreeze the encoder under a trained head and train both end to end for one epoch.
+
+Starts from a `cli train-head --out` directory: the head, its Normalizer and its config (training
+settings, dataset, the store it was trained on). The encoder named in that store's manifest is loaded,
+the train pairs' texts are tokenised on the fly (`store.texts` maps row -> text), pooled as the store
+pooled them, passed through the saved Normalizer and the head, and trained with the head's own loss
+(`heads.losses`, the same in-batch `same` mask and label handling as `heads.train`).
+
+Which encoder blocks train (`unfreeze`): "all"; "top-k" (the top `top_k` transformer layers; the
+embeddings count as the block below layer 0); "gradual" (the top block from step 0, one more block
+every `unfreeze_interval` steps, top-down). Block b's learning rate is
+`encoder_lr * layer_lr_decay ** depth(b)`, depth 0 = the top layer, `num_layers` = the embeddings.
+
+Output `out_dir`:
+- `encoder/`: HF checkpoint (safetensors) + tokenizer + sentence-transformers sidecars: `--model` for
+  `cli featurize`;
+- `head/`: a train-head-style directory whose config names the new encoder's fingerprint parts, so
+  `cli eval --store S2 --head out/head` accepts a store featurized with `encoder/`;
+- `finetune.json`: settings, losses, seconds, the commands that re-featurize and evaluate.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import shutil
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+
+from featurize.pooling import POOLINGS
+from featurize.store import FeatureStore, fingerprint_of
+from heads.config import TrainConfig
+from heads.losses import LOSS_KINDS, get_loss
+from heads.mining import mine_negatives
+from heads.model import save_heads
+from heads.run import load_head
+from heads.tasks import load_task
+from heads.train import lr_factor, same_mask, training_pairs
+
+UNFREEZE_MODES = ("all", "top-k", "gradual")
+SIDECAR_FILES = ("modules.json", "sentence_bert_config.json", "config_sentence_transformers.json",
+                 "mlm_head.safetensors")
+
+
+@dataclass(frozen=True)
+class FinetuneConfig:
+    unfreeze: str = "all"  # all | top-k | gradual (see module doc)
+    top_k: int = 2  # top-k: transformer layers trained (MiniLM has 6); > layers also trains embeddings
+    unfreeze_interval: int = 10  # gradual: steps between unfreezing one more block (SciFact: ~13 steps/epoch)
+    encoder_lr: float = 2e-5  # the usual BERT fine-tuning rate; the head's 1e-3 would wreck pre-training
+    head_lr: float | None = None  # None -> the head's own training lr (it keeps learning at its pace)
+    layer_lr_decay: float = 1.0  # discriminative lrs: x decay per block below the top (0.8 is common)
+    weight_decay: float = 0.01  # AdamW's decoupled decay on matrices (not biases / LayerNorm)
+    warmup_ratio: float = 0.1  # warm-up protects the encoder from the first, noisy head gradients
+    grad_clip: float = 1.0  # global gradient-norm clip over encoder + head
+    batch_size: int | None = None  # None -> the head's batch size (same in-batch impostors)
+    max_steps: int | None = None  # cap on the steps of the one epoch (None = the whole epoch)
+    gradient_checkpointing: bool = False  # recompute activations in backward: less memory, ~30% slower
+    device: str = "auto"  # auto = cuda when available
+    bf16: bool = True  # bf16 autocast on CUDA (ignored on CPU)
+    seed: int = 0  # batch order and dropout
+
+    def __post_init__(self):
+        if self.unfreeze not in UNFREEZE_MODES:
+            raise ValueError(f"unfreeze={self.unfreeze!r}; valid: {list(UNFREEZE_MODES)}")
+        if self.top_k < 1 or self.unfreeze_interval < 1:
+            raise ValueError(f"need top_k >= 1 and unfreeze_interval >= 1; got {self.top_k}, {self.unfreeze_interval}")
+        if self.encoder_lr <= 0 or (self.head_lr is not None and self.head_lr <= 0) or not 0 < self.layer_lr_decay <= 1:
+            raise ValueError("need encoder_lr > 0, head_lr > 0 (or None) and 0 < layer_lr_decay <= 1")
+        if (self.batch_size is not None and self.batch_size < 2) or (self.max_steps is not None and self.max_steps < 1):
+            raise ValueError("need batch_size >= 2 and max_steps >= 1 when given")
+
+
+def encoder_blocks(model) -> list[list[tuple[str, torch.nn.Parameter]]]:
+    """The encoder's trainable blocks, top first: [layer L-1, ..., layer 0, embeddings].
+
+    Works for BERT-family models (`embeddings`, `encoder.layer`); the pooler is never trained (mean
+    pooling does not use it)."""
+    base = model.base_model if hasattr(model, "base_model") else model
+    layers = getattr(getattr(base, "encoder", None), "layer", None)
+    if layers is None or not hasattr(base, "embeddings"):
+        raise ValueError(f"{type(model).__name__}: finetune supports BERT-family encoders (embeddings + encoder.layer)")
+    blocks = [list(layer.named_parameters()) for layer in reversed(layers)]
+    blocks.append(list(base.embeddings.named_parameters()))
+    return blocks
+
+
+def n_unfrozen(cfg: FinetuneConfig, step: int, n_blocks: int) -> int:
+    """How many blocks (from the top) train at `step`."""
+    if cfg.unfreeze == "all":
+        return n_blocks
+    if cfg.unfreeze == "top-k":
+        return min(cfg.top_k, n_blocks)
+    return min(1 + step // cfg.unfreeze_interval, n_blocks)
+
+
+def build_optimizer(blocks, head: torch.nn.Module, cfg: FinetuneConfig, head_lr: float,
+                    head_weight_decay: float) -> torch.optim.AdamW:
+    """One AdamW over every block (decay / no-decay groups) and the head. Each group carries `name`
+    and `base_lr` (the peak lr the schedule scales); frozen blocks simply get no gradient."""
+    groups = []
+    for depth, block in enumerate(blocks):
+        lr = cfg.encoder_lr * cfg.layer_lr_decay ** depth
+        decay = [p for n, p in block if p.dim() >= 2 and "LayerNorm" not in n]
+        no_decay = [p for n, p in block if not (p.dim() >= 2 and "LayerNorm" not in n)]
+        for params, wd, tag in ((decay, cfg.weight_decay, ""), (no_decay, 0.0, "/no-decay")):
+            if params:
+                groups.append({"params": params, "lr": lr, "base_lr": lr, "weight_decay": wd,
+                               "name": f"block{depth}{tag}", "depth": depth})
+    groups.append({"params": list(head.parameters()), "lr": head_lr, "base_lr": head_lr,
+                   "weight_decay": head_weight_decay, "name": "head", "depth": -1})
+    return torch.optim.AdamW(groups, lr=cfg.encoder_lr)
+
+
+def set_trainable(blocks, k: int) -> None:
+    """Top k blocks train, the rest are frozen."""
+    for depth, block in enumerate(blocks):
+        for _, p in block:
+            p.requires_grad_(depth < k)
+
+
+def _pick_device(name: str) -> torch.device:
+    from featurize.model import pick_device
+
+    return torch.device(pick_device(name))
+
+
+def _embed_texts(model, tokenizer, texts: list[str], max_length: int, pool, layer: int, norm, head,
+                 device: torch.device, use_bf16: bool) -> torch.Tensor:
+    """texts -> head outputs (1, B, d): encoder -> pooling (float32) -> Normalizer -> head."""
+    enc = tokenizer(texts, padding=True, truncation=True, max_length=max_length, return_tensors="pt")
+    enc = {k: v.to(device) for k, v in enc.items() if k in ("input_ids", "attention_mask", "token_type_ids")}
+    with torch.autocast(device.type, dtype=torch.bfloat16, enabled=use_bf16):
+        out = model(**enc, output_hidden_states=layer != -1, return_dict=True)
+    hidden = out.last_hidden_state if layer == -1 else out.hidden_states[layer]
+    pooled = pool(hidden, enc["attention_mask"])  # (B, D) float32
+    return head(norm(pooled))  # (1, B, d)
+
+
+def _norm_to(norm, device):
+    norm.center, norm.scale = norm.center.to(device), norm.scale.to(device)
+    return norm
+
+
+def finetune(head_dir: str, out_dir: str, cfg: FinetuneConfig, store_path: str | None = None,
+             data_path: str | None = None, encoder: str | None = None, progress: bool = True) -> dict:
+    """Train encoder + head end to end for one epoch on the head's train pairs; write `out_dir`.
+
+    `store_path`, `data_path`: default to the head's own (config.json); `model`: the encoder the store was
+    featurized with (`encoder`, default: the store's model_id, e.g. `minilm`; a local model dir must be given)."""
+    from transformers import AutoModel, AutoTokenizer
+
+    from featurize.model import model_identity, resolve_model
+
+    t0 = time.perf_counter()
+    head, norm, head_config = load_head(head_dir)
+    store_path = store_path or head_config["store"]
+    data_path = data_path or head_config["data"]
+    store = FeatureStore.open(store_path)
+    if store.fingerprint != head_config["store_fingerprint"]:
+        raise ValueError(f"{store_path}: fingerprint differs from the one {head_dir} was trained on; "
+                         f"give the store the head was trained on (--store)")
+    parts = store.manifest
+    array = head_config.get("array", "features")
+    layer = int(parts["arrays"][array]["layer"]) if isinstance(parts["arrays"][array], dict) else parts["layers"][0]
+    train_cfg = TrainConfig.from_dict(head_config["train"])
+    kind = LOSS_KINDS[train_cfg.loss]
+    task = load_task(data_path, store, head_config.get("format"))
+    pairs, labels_all = training_pairs(task, train_cfg.loss)
+    text_of = store.texts.sort("row")["text"].to_list()
+
+    encoder = encoder or head_config.get("encoder_dir") or parts["model_id"]
+    model_dir = resolve_model(encoder)
+    identity = model_identity(model_dir, parts["max_length"])
+    if identity.weights_hash != parts["weights_hash"]:
+        raise ValueError(f"{encoder}: its weights differ from those that featurized {store_path} "
+                         f"(weights_hash); give the encoder the head's store was featurized with (--model)")
+    device = _pick_device(cfg.device)
+    torch.manual_seed(cfg.seed)
+    model = AutoModel.from_pretrained(model_dir, use_safetensors=True, trust_remote_code=False).to(device)
+    tokenizer = AutoTokenizer.from_pretrained(model_dir, trust_remote_code=False)
+    if cfg.gradient_checkpointing:
+        model.gradient_checkpointing_enable()
+    model.train()
+    head.to(device).train()
+    norm = _norm_to(norm, device)
+    blocks = encoder_blocks(model)
+    for p in model.parameters():
+        p.requires_grad_(False)
+    head_lr = cfg.head_lr if cfg.head_lr is not None else train_cfg.lr
+    opt = build_optimizer(blocks, head, cfg, head_lr, train_cfg.weight_decay)
+
+    negatives = None  # (P, K) store rows: given ones, plus hard negatives mined once on the stored features
+    if kind.negatives and pairs.negative is not None:
+        negatives = torch.as_tensor(pairs.negative)
+    if kind.negatives and train_cfg.mined_k and task.corpus_rows is not None:
+        from heads.features import load_features
+
+        mined = mine_negatives(load_features(store, array), pairs.anchor, task.corpus_rows, task.relevant,
+                               train_cfg.mined_k, None, 1, energy=train_cfg.eval_energy)[0]
+        negatives = mined if negatives is None else torch.cat([negatives, mined], dim=-1)
+
+    P = len(pairs)
+    B = min(cfg.batch_size or train_cfg.batch_size, P)
+    steps = math.ceil(P / B) if cfg.max_steps is None else min(math.ceil(P / B), cfg.max_steps)
+    sched = dataclasses.replace(train_cfg, warmup_ratio=cfg.warmup_ratio)
+    order = torch.randperm(P, generator=torch.Generator().manual_seed(cfg.seed))
+    anchor, positive = torch.as_tensor(pairs.anchor), torch.as_tensor(pairs.positive)
+    relevant = torch.as_tensor(sorted(a * (store.n_texts + 1) + p for a, p in task.relevant), dtype=torch.long)
+    loss_fn, loss_cfg = get_loss(train_cfg.loss), train_cfg.loss_config()
+    pool = POOLINGS[parts["pooling"]]
+    use_bf16 = cfg.bf16 and device.type == "cuda"
+    max_length = int(parts["max_length"])
+    embed = lambda rows: _embed_texts(model, tokenizer, [text_of[r] for r in rows.tolist()], max_length, pool,
+                                      layer, norm, head, device, use_bf16)
+    trainable = [p for b in blocks for _, p in b] + list(head.parameters())
+    history, unfrozen_at = [], {}
+    bar = tqdm(total=steps, desc=f"finetune ({cfg.unfreeze})", disable=not progress)
+    for step in range(steps):
+        k = n_unfrozen(cfg, step, len(blocks))
+        if k not in unfrozen_at.values():
+            set_trainable(blocks, k)
+            unfrozen_at[step] = k
+        idx = order[step * B:(step + 1) * B]
+        a_rows, p_rows = anchor[idx], positive[idx]
+        za, zp = embed(a_rows), embed(p_rows)  # (1, b, d)
+        zn = None
+        if negatives is not None:
+            n_rows = negatives[idx]  # (b, K)
+            zn = embed(n_rows.flatten()).unflatten(1, n_rows.shape)  # (1, b, K, d)
+        labels = labels_all[idx].to(device) if labels_all is not None else None
+        same = same_mask(a_rows, p_rows, relevant, store.n_texts + 1).to(device)  # (b, b)
+        loss = loss_fn(za.float(), zp.float(), None if zn is None else zn.float(), labels,
+                       energy=train_cfg.energy, cfg=loss_cfg, same=same)[0]
+        if not torch.isfinite(loss):
+            raise RuntimeError(f"finetune: loss became {loss.item()} at step {step + 1}; lower --encoder-lr")
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        if cfg.grad_clip:
+            torch.nn.utils.clip_grad_norm_([p for p in trainable if p.grad is not None], cfg.grad_clip)
+        factor = lr_factor(step, steps, sched)
+        for g in opt.param_groups:
+            g["lr"] = g["base_lr"] * factor
+        opt.step()
+        history.append({"step": step + 1, "loss": float(loss.detach()), "unfrozen_blocks": k})
+        bar.update(1)
+        bar.set_postfix(loss=f"{history[-1]['loss']:.4f}", blocks=k)
+    bar.close()
+    seconds = time.perf_counter() - t0
+    return _write_outputs(Path(out_dir), model, tokenizer, Path(model_dir), head, norm, head_dir, head_config,
+                          parts, cfg, history, unfrozen_at, seconds, len(blocks), steps, P)
+
+
+def _write_outputs(out: Path, model, tokenizer, model_dir: Path, head, norm, head_dir, head_config, parts,
+                   cfg: FinetuneConfig, history, unfrozen_at, seconds, n_blocks, steps, n_pairs) -> dict:
+    from featurize.model import model_identity
+
+    enc_dir, new_head = out / "encoder", out / "head"
+    enc_dir.mkdir(parents=True, exist_ok=True)
+    new_head.mkdir(parents=True, exist_ok=True)
+    if cfg.gradient_checkpointing:
+        model.gradient_checkpointing_disable()
+    model.to("cpu").eval().save_pretrained(str(enc_dir), safe_serialization=True)
+    tokenizer.save_pretrained(str(enc_dir))
+    for name in SIDECAR_FILES:  # keep max_seq_length (featurize's default max_length) and the ST layout
+        if (model_dir / name).is_file():
+            shutil.copy2(model_dir / name, enc_dir / name)
+    if (model_dir / "1_Pooling").is_dir():
+        shutil.copytree(model_dir / "1_Pooling", enc_dir / "1_Pooling", dirs_exist_ok=True)
+    identity = model_identity(str(enc_dir), parts["max_length"])
+    new_parts = {**{k: v for k, v in parts.items() if k not in ("arrays", "dim", "n_texts", "fingerprint")},
+                 "model_id": identity.model_id, "weights_hash": identity.weights_hash,
+                 "tokenizer_hash": identity.tokenizer_hash}
+    fingerprint = fingerprint_of(new_parts)
+    head = head.to("cpu").eval()
+    save_heads(new_head / "head.safetensors", head)
+    norm.center, norm.scale = norm.center.cpu(), norm.scale.cpu()
+    norm.save(new_head / "normalizer.safetensors")
+    summary = {"config": asdict(cfg), "source_head": str(head_dir), "source_encoder": str(model_dir),
+               "encoder_dir": str(enc_dir), "head_dir": str(new_head), "n_pairs": n_pairs, "steps": steps,
+               "n_blocks": n_blocks, "unfrozen_at_step": {str(k): v for k, v in unfrozen_at.items()},
+               "first_loss": history[0]["loss"], "last_loss_mean10": float(np.mean([h["loss"] for h in history[-10:]])),
+               "seconds": round(seconds, 1), "fingerprint": fingerprint, "history": history,
+               "next": [f"cli featurize --model {enc_dir} --data {head_config['data']} --store STORE2",
+                        f"cli eval --store STORE2 --head {new_head} --data {head_config['data']} --out EVAL"]}
+    config = {**head_config, "store": None, "store_fingerprint": fingerprint, "encoder_dir": str(enc_dir),
+              "store_manifest": {**head_config.get("store_manifest", {}), **new_parts, "fingerprint": fingerprint},
+              "finetune": {k: v for k, v in summary.items() if k != "history"}}
+    (new_head / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True, default=float))
+    (out / "finetune.json").write_text(json.dumps(summary, indent=1, default=float))
+    return summary

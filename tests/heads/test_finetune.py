@@ -1,0 +1,155 @@
+"""cli finetune on a tiny random BERT: which weights change, discriminative lrs, gradual unfreezing,
+and that the written encoder + head re-featurize and evaluate with the existing commands."""
+import json
+
+import pytest
+import torch
+from click.testing import CliRunner
+from safetensors.torch import load_file
+
+from cli import main
+from featurize.config import FeaturizeConfig
+from featurize.run import featurize
+from featurize.store import FeatureStore
+from heads.config import TrainConfig
+from heads.finetune import FinetuneConfig, build_optimizer, encoder_blocks, finetune, n_unfrozen
+from heads.model import HeadConfig, StackedMLP
+from heads.run import train_head
+
+from .finetune_world import tiny_beir, tiny_bert
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    root = tmp_path_factory.mktemp("ft")
+    model = tiny_bert(root / "model", layers=3)
+    beir = tiny_beir(root / "beir")
+    store = root / "store"
+    featurize(FeaturizeConfig(model=str(model), dtype="float32", batch_tokens=2048), [str(beir)], store)
+    head = root / "head"
+    train_head(str(store), str(beir), str(head), HeadConfig(hidden=16, out_dim=8),
+               TrainConfig(epochs=2, batch_size=8), progress=False)
+    return root, model, beir, store, head
+
+
+def _weights(folder):
+    return load_file(str(folder / "model.safetensors"))
+
+
+def _run(world, name, **kw):
+    root, model, beir, store, head = world
+    out = root / name
+    summary = finetune(str(head), str(out), FinetuneConfig(device="cpu", batch_size=8, encoder_lr=1e-3, **kw),
+                       encoder=str(model), progress=False)
+    return out, summary
+
+
+def test_top_k_changes_only_the_top_layers(world):
+    _, model, *_ = world
+    out, summary = _run(world, "top1", unfreeze="top-k", top_k=1)
+    before, after = _weights(model), _weights(out / "encoder")
+    assert set(before) == set(after)
+    changed = {k for k in before if not torch.equal(before[k], after[k])}
+    assert changed and all(k.startswith("encoder.layer.2.") for k in changed), sorted(changed)[:5]
+    frozen = [k for k in before if k.startswith(("embeddings.", "encoder.layer.0.", "encoder.layer.1."))]
+    assert frozen and all(torch.equal(before[k], after[k]) for k in frozen)
+    assert summary["steps"] == 4  # 27 train pairs (3 of 30 queries held out for dev), batches of 8
+
+
+def test_all_changes_embeddings_and_every_layer(world):
+    _, model, *_ = world
+    out, _ = _run(world, "all", unfreeze="all", max_steps=2)
+    before, after = _weights(model), _weights(out / "encoder")
+    for prefix in ("embeddings.word_embeddings", "encoder.layer.0.", "encoder.layer.2."):
+        keys = [k for k in before if k.startswith(prefix)]
+        assert any(not torch.equal(before[k], after[k]) for k in keys), prefix
+
+
+def test_head_changes_and_is_a_train_head_dir(world):
+    _, _, _, _, head = world
+    out, _ = _run(world, "headcheck", max_steps=1)
+    a, b = load_file(str(head / "head.safetensors")), load_file(str(out / "head" / "head.safetensors"))
+    assert any(not torch.equal(a[k], b[k]) for k in a)
+    assert (out / "head" / "normalizer.safetensors").is_file()
+
+
+def test_layerwise_lr_decay_param_groups():
+    from transformers import BertConfig, BertModel
+
+    model = BertModel(BertConfig(vocab_size=30, hidden_size=16, num_hidden_layers=3, num_attention_heads=2,
+                                 intermediate_size=32))
+    blocks = encoder_blocks(model)
+    assert len(blocks) == 4  # 3 layers (top first) + embeddings
+    assert blocks[0][0][1] is model.encoder.layer[2].attention.self.query.weight
+    head = StackedMLP(1, HeadConfig(hidden=8, out_dim=4, in_dim=16))
+    opt = build_optimizer(blocks, head, FinetuneConfig(encoder_lr=1e-4, layer_lr_decay=0.5), 3e-3, 0.01)
+    lrs = {g["name"]: g["lr"] for g in opt.param_groups}
+    for depth in range(4):
+        assert lrs[f"block{depth}"] == pytest.approx(1e-4 * 0.5 ** depth)
+        assert lrs[f"block{depth}/no-decay"] == pytest.approx(1e-4 * 0.5 ** depth)
+    assert lrs["head"] == 3e-3
+    # every encoder parameter but the pooler is in exactly one group
+    grouped = [id(p) for g in opt.param_groups if g["name"] != "head" for p in g["params"]]
+    assert len(grouped) == len(set(grouped))
+    expected = {id(p) for n, p in model.named_parameters() if not n.startswith("pooler.")}
+    assert set(grouped) == expected
+    assert all(g["weight_decay"] == 0.0 for g in opt.param_groups if g["name"].endswith("no-decay"))
+
+
+def test_gradual_unfreezes_one_block_per_interval(world):
+    cfg = FinetuneConfig(unfreeze="gradual", unfreeze_interval=3)
+    assert [n_unfrozen(cfg, s, 4) for s in range(12)] == [1, 1, 1, 2, 2, 2, 3, 3, 3, 4, 4, 4]
+    assert n_unfrozen(FinetuneConfig(unfreeze="top-k", top_k=9), 0, 4) == 4
+    assert n_unfrozen(FinetuneConfig(unfreeze="all"), 0, 4) == 4
+    _, model, *_ = world
+    out, summary = _run(world, "gradual", unfreeze="gradual", unfreeze_interval=2)
+    assert [h["unfrozen_blocks"] for h in summary["history"]] == [1, 1, 2, 2]
+    before, after = _weights(model), _weights(out / "encoder")
+    changed = {k.split(".")[0] + "." + k.split(".")[2] if k.startswith("encoder.") else k.split(".")[0]
+               for k in before if not torch.equal(before[k], after[k])}
+    assert changed == {"encoder.2", "encoder.1"}  # two blocks trained, layer 0 and embeddings untouched
+
+
+def test_bad_unfreeze_mode_lists_valid_options():
+    with pytest.raises(ValueError, match="gradual"):
+        FinetuneConfig(unfreeze="bottom")
+
+
+def test_finetuned_encoder_featurizes_and_evaluates_with_the_existing_commands(world):
+    from transformers import AutoModel
+
+    root, _, beir, store, _ = world
+    out, summary = _run(world, "cli", max_steps=2)
+    AutoModel.from_pretrained(str(out / "encoder"), use_safetensors=True)  # a plain HF checkpoint
+    store2 = root / "store-ft"
+    r = CliRunner().invoke(main, ["featurize", "--model", str(out / "encoder"), "--data", str(beir),
+                                  "--store", str(store2), "--dtype", "float32"])
+    assert r.exit_code == 0, r.output
+    s1, s2 = FeatureStore.open(store), FeatureStore.open(store2)
+    assert s1.fingerprint != s2.fingerprint
+    assert s2.fingerprint == summary["fingerprint"]  # the head's config names exactly this store
+    r = CliRunner().invoke(main, ["eval", "--store", str(store2), "--head", str(out / "head"), "--data", str(beir),
+                                  "--out", str(root / "eval-ft")])
+    assert r.exit_code == 0, r.output
+    assert "manhattan_ndcg@10" in json.loads((root / "eval-ft" / "metrics.json").read_text())["head"]
+    # the old store is refused for the new head
+    r = CliRunner().invoke(main, ["eval", "--store", str(store), "--head", str(out / "head"), "--data", str(beir),
+                                  "--out", str(root / "eval-old")])
+    assert r.exit_code != 0 and "weights_hash" in r.output
+
+
+def test_mined_negatives_and_gradient_checkpointing(world, tmp_path):
+    root, model, beir, store, _ = world
+    head = tmp_path / "head-mined"
+    train_head(str(store), str(beir), str(head), HeadConfig(hidden=16, out_dim=8),
+               TrainConfig(epochs=1, batch_size=8, mined_k=2), progress=False)
+    summary = finetune(str(head), str(tmp_path / "ft"), FinetuneConfig(device="cpu", max_steps=2,
+                       gradient_checkpointing=True), encoder=str(model), progress=False)
+    assert summary["steps"] == 2 and all(torch.isfinite(torch.tensor(h["loss"])) for h in summary["history"])
+
+
+def test_wrong_encoder_is_refused(world, tmp_path):
+    root, model, beir, store, head = world
+    other = tiny_bert(tmp_path / "other", layers=2)
+    with pytest.raises(ValueError, match="weights"):
+        finetune(str(head), str(tmp_path / "x"), FinetuneConfig(device="cpu"), encoder=str(other), progress=False)
