@@ -263,8 +263,8 @@ def _write_outputs(out: Path, model, tokenizer, model_dir: Path, head, norm, hea
     enc_dir, new_head = out / "encoder", out / "head"
     enc_dir.mkdir(parents=True, exist_ok=True)
     new_head.mkdir(parents=True, exist_ok=True)
-    if cfg.gradient_checkpointing:
-        model.gradient_checkpointing_disable()
+    if cfg.gradient_checkpointing:  # transformers 5 renamed the disable call
+        (getattr(model, "activation_checkpointing_disable", None) or model.gradient_checkpointing_disable)()
     model.to("cpu").eval().save_pretrained(str(enc_dir), safe_serialization=True)
     tokenizer.save_pretrained(str(enc_dir))
     for name in SIDECAR_FILES:  # keep max_seq_length (featurize's default max_length) and the ST layout

@@ -153,3 +153,16 @@ def test_wrong_encoder_is_refused(world, tmp_path):
     other = tiny_bert(tmp_path / "other", layers=2)
     with pytest.raises(ValueError, match="weights"):
         finetune(str(head), str(tmp_path / "x"), FinetuneConfig(device="cpu"), encoder=str(other), progress=False)
+
+
+def test_cli_finetune_top_k_with_layer_decay(world):
+    root, model, beir, store, head = world
+    out = root / "cli-ft"
+    r = CliRunner().invoke(main, ["finetune", "--head", str(head), "--out", str(out), "--model", str(model),
+                                  "--unfreeze", "top-k", "--top-k", "2", "--layer-lr-decay", "0.8",
+                                  "--max-steps", "1", "--device", "cpu"])
+    assert r.exit_code == 0, r.output
+    summary = json.loads((out / "finetune.json").read_text())
+    assert summary["config"]["layer_lr_decay"] == 0.8 and summary["unfrozen_at_step"] == {"0": 2}
+    r = CliRunner().invoke(main, ["finetune", "--head", str(head), "--out", str(out), "--unfreeze", "bottom"])
+    assert r.exit_code != 0 and "top-k" in r.output
