@@ -174,12 +174,14 @@ def _echo_metrics(metrics: dict) -> None:
 @click.option("--data", required=True, help="Dataset to evaluate on (its test split, or its only split).")
 @click.option("--format", "data_format", default=None, help="Dataset format (default: detected).")
 @click.option("--out", required=True, help="Directory for metrics.json.")
-def eval_(store, head_dir, data, data_format, out):
+@click.option("--exclude-overlap", default=None,
+              help="Dataset whose texts must not be scored (drop evaluation items that use them), e.g. the training set.")
+def eval_(store, head_dir, data, data_format, out, exclude_overlap):
     """Evaluate a trained head (and the frozen baseline beside it) on any dataset whose texts are in the store."""
     from heads.run import eval_head
 
     try:
-        metrics = eval_head(store, head_dir, data, out, data_format)
+        metrics = eval_head(store, head_dir, data, out, data_format, exclude_overlap)
     except (ValueError, FileNotFoundError, KeyError) as err:
         raise click.ClickException(str(err)) from None
     _echo_metrics(metrics)
@@ -191,12 +193,13 @@ def eval_(store, head_dir, data, data_format, out):
 @click.option("--format", "data_format", default=None, help="Dataset format (default: detected).")
 @click.option("--grid", "grid_path", required=True, help="TOML grid file ([grid] lists, [fixed] values).")
 @click.option("--out", required=True, help="Results directory (rerunning into it skips finished heads).")
-def grid(store, data, data_format, grid_path, out):
+@click.option("--transfer", multiple=True, help="Out-of-domain dataset every head is also scored on (repeatable).")
+def grid(store, data, data_format, grid_path, out, transfer):
     """Train every combination of a grid of heads (stacked by shape); write results, leaderboard and plots."""
     from heads.grid import run_grid
 
     try:
-        run_grid(store, data, grid_path, out, data_format)
+        run_grid(store, data, grid_path, out, data_format, transfer=tuple(transfer))
     except (ValueError, FileNotFoundError, KeyError) as err:
         raise click.ClickException(str(err)) from None
 

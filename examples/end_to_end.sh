@@ -19,6 +19,7 @@ for target in cranfield cacm; do
     cli eval --store "$S" --head "$R/scifact-l1" --data "$D/$target" --out "$R/scifact-l1-on-$target"
 done
 cli train-head --store "$S" --data "$D/stsb" --loss l1-energy --out "$R/stsb-l1"
-cli eval --store "$S" --head "$R/stsb-l1" --data "$D/semeval-sts-2012-2016" --out "$R/stsb-l1-on-semeval"
+cli eval --store "$S" --head "$R/stsb-l1" --data "$D/semeval-sts-2012-2016" --exclude-overlap "$D/stsb" \
+    --out "$R/stsb-l1-on-semeval"
 cli grid --store "$S" --data "$D/stsb" --grid examples/grid.toml --out "$R/grid-stsb"
 echo "done: see $R/*/metrics.json and $R/grid-stsb/leaderboard.md"

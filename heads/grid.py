@@ -32,7 +32,7 @@ from heads.features import load_features
 from heads.losses import LOSS_KINDS
 from heads.model import HeadConfig, save_heads
 from heads.report import write_report
-from heads.tasks import Task, load_task
+from heads.tasks import Task, load_task, task_rows, without_overlap
 from heads.train import train_stack
 
 HEAD_KEYS = tuple(f.name for f in fields(HeadConfig) if f.name != "in_dim")
@@ -42,24 +42,38 @@ GRID_VERSION = 1  # bump when training/evaluation changes so old results are not
 
 
 def read_grid(path: str) -> list[dict]:
-    """Every combination of the grid file's settings, as flat dicts (unknown keys are an error)."""
+    """Every combination of the grid file's settings, as flat dicts (unknown keys are an error).
+
+    `[grid]` holds lists whose product is trained; `[[grids]]` (an array of such tables) adds further
+    products, e.g. one per loss where settings only apply to some losses; `[fixed]` single values apply
+    to all. Duplicate combinations are trained once."""
     try:
         spec = tomllib.loads(Path(path).read_text())
     except tomllib.TOMLDecodeError as e:
         raise ValueError(f"{path}: not valid TOML: {e}") from None
-    grid, fixed = spec.get("grid", {}), spec.get("fixed", {})
-    unknown = sorted(set(spec) - {"grid", "fixed"})
+    unknown = sorted(set(spec) - {"grid", "grids", "fixed"})
     if unknown:
-        raise ValueError(f"{path}: unknown tables {unknown}; valid: ['fixed', 'grid']")
-    for table, name in ((grid, "grid"), (fixed, "fixed")):
-        bad = sorted(set(table) - set(GRID_KEYS))
-        if bad:
-            raise ValueError(f"{path}: [{name}] has unknown settings {bad}; valid: {sorted(GRID_KEYS)}")
-    for k, v in grid.items():
-        if not isinstance(v, list) or not v:
-            raise ValueError(f"{path}: [grid] {k} must be a non-empty list of values, got {v!r}")
-    keys = sorted(grid)
-    return [{**fixed, **dict(zip(keys, combo))} for combo in itertools.product(*(grid[k] for k in keys))]
+        raise ValueError(f"{path}: unknown tables {unknown}; valid: ['fixed', 'grid', 'grids']")
+    fixed = spec.get("fixed", {})
+    grids = ([spec["grid"]] if "grid" in spec else []) + list(spec.get("grids", []))
+    if not grids:
+        raise ValueError(f"{path}: no [grid] or [[grids]] table")
+    combos: list[dict] = []
+    for n, grid in enumerate(grids):
+        where = "[grid]" if n == 0 and "grid" in spec else f"[[grids]] #{n + 1 - ('grid' in spec)}"
+        for table, name in ((grid, where), (fixed, "[fixed]")):
+            bad = sorted(set(table) - set(GRID_KEYS))
+            if bad:
+                raise ValueError(f"{path}: {name} has unknown settings {bad}; valid: {sorted(GRID_KEYS)}")
+        for k, v in grid.items():
+            if not isinstance(v, list) or not v:
+                raise ValueError(f"{path}: {where} {k} must be a non-empty list of values, got {v!r}")
+        keys = sorted(grid)
+        for combo in itertools.product(*(grid[k] for k in keys)):
+            c = {**fixed, **dict(zip(keys, combo))}
+            if c not in combos:
+                combos.append(c)
+    return combos
 
 
 def split_settings(s: dict) -> tuple[HeadConfig, TrainConfig, str]:
@@ -68,10 +82,10 @@ def split_settings(s: dict) -> tuple[HeadConfig, TrainConfig, str]:
     return head, train, s.get("array", "features")
 
 
-def head_id(settings: dict, data: str, fingerprint: str) -> str:
+def head_id(settings: dict, data: str, fingerprint: str, transfer: tuple[str, ...] = ()) -> str:
     head, train, array = split_settings(settings)
     blob = json.dumps({"head": asdict(head), "train": asdict(train), "array": array, "data": data,
-                       "store": fingerprint, "version": GRID_VERSION}, sort_keys=True)
+                       "store": fingerprint, "version": GRID_VERSION, "transfer": sorted(transfer)}, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
@@ -97,13 +111,27 @@ def _write_results(out: Path, rows: list[dict]) -> pl.DataFrame:
     return frame
 
 
+def transfer_split(task: Task) -> str:
+    """The split an out-of-domain dataset is scored on: test, else its only/first evaluation split."""
+    return "test" if "test" in task.eval_sets else next(iter(task.eval_sets))
+
+
 def run_grid(store_path: str, data_path: str, grid_path: str, out_dir: str, data_format: str | None = None,
-             progress: bool = True) -> pl.DataFrame:
-    """Train every head of the grid (skipping finished ones); write results, leaderboard and plots."""
+             progress: bool = True, transfer: tuple[str, ...] = ()) -> pl.DataFrame:
+    """Train every head of the grid (skipping finished ones); write results, leaderboard and plots.
+
+    `transfer`: out-of-domain datasets (texts in the store) every head is also scored on, never
+    trained or selected on: columns `ood_<name>_primary` (and the frozen baseline's in baseline.json)."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     store = FeatureStore.open(store_path)
     task = load_task(data_path, store, data_format)
+    ood = {t.name: t for t in (load_task(p, store) for p in transfer)}
+    in_domain = task_rows(task)
+    for name in list(ood):  # an out-of-domain set never scores texts the head was trained or selected on
+        ood[name], dropped = without_overlap(ood[name], in_domain)
+        if any(dropped.values()):
+            print(f"{name}: dropped items sharing a text with {task.name}: {dropped}")
     combos = read_grid(grid_path)
     (out / "grid.toml").write_text(Path(grid_path).read_text())
     previous = _read_results(out)
@@ -111,7 +139,7 @@ def run_grid(store_path: str, data_path: str, grid_path: str, out_dir: str, data
     done = {r["head_id"] for r in rows}
     todo = []
     for s in combos:
-        hid = head_id(s, str(data_path), store.fingerprint)
+        hid = head_id(s, str(data_path), store.fingerprint, tuple(ood))
         if hid in done:
             continue
         head, train, array = split_settings(s)
@@ -131,7 +159,7 @@ def run_grid(store_path: str, data_path: str, grid_path: str, out_dir: str, data
     for (_, _, array), items in groups.items():
         if array not in features_cache:
             features_cache[array] = load_features(store, array)
-            baselines[array] = _baseline(task, features_cache[array])
+            baselines[array] = _baseline(task, features_cache[array], ood)
         X = features_cache[array]
         head_cfg = HeadConfig(**{**asdict(items[0][1]), "in_dim": X.shape[1]})
         configs = [it[2] for it in items]
@@ -143,6 +171,8 @@ def run_grid(store_path: str, data_path: str, grid_path: str, out_dir: str, data
         for split in ("dev", "test"):
             if split in task.eval_sets:
                 metrics[split] = evaluate_split(task, split, lambda r: embed_rows(model, Xn, r), (energy,))
+        for name, t in ood.items():
+            metrics[f"ood_{name}"] = evaluate_split(t, transfer_split(t), lambda r: embed_rows(model, Xn, r), (energy,))
         group_id = items[0][0]
         (out / "heads").mkdir(exist_ok=True)
         save_heads(out / "heads" / f"{group_id}.safetensors", model)
@@ -153,8 +183,9 @@ def run_grid(store_path: str, data_path: str, grid_path: str, out_dir: str, data
                    "train_seconds": (time.perf_counter() - t0) / len(items),
                    "primary": primary_metric(task.kind, energy), "history": json.dumps(run.history)}
             for split, (per_head, per_item) in metrics.items():
+                kind = ood[split[4:]].kind if split.startswith("ood_") else task.kind
                 row.update({f"{split}_{k}": v for k, v in per_head[h].items()})
-                row[f"{split}_primary"] = per_head[h][primary_metric(task.kind, energy)]
+                row[f"{split}_primary"] = per_head[h][primary_metric(kind, energy)]
                 row[f"{split}_items"] = json.dumps([float(x) for x in per_item[h][PREFIX[energy]]])
             rows.append(row)
         _write_results(out, rows)
@@ -163,7 +194,7 @@ def run_grid(store_path: str, data_path: str, grid_path: str, out_dir: str, data
     frame = _write_results(out, rows) if rows else pl.DataFrame()
     if not baselines:
         X = load_features(store, "features")
-        baselines["features"] = _baseline(task, X)
+        baselines["features"] = _baseline(task, X, ood)
     (out / "baseline.json").write_text(json.dumps(baselines, indent=2, default=float))
     write_report(frame, task, baselines, out, print_it=progress)
     return frame
@@ -174,9 +205,12 @@ def _flat(head: HeadConfig, train: TrainConfig, array: str) -> dict:
     return {**h, **asdict(train), "array": array}
 
 
-def _baseline(task: Task, X: torch.Tensor) -> dict:
-    """Frozen features with cosine and L1: metrics and per-item values on dev and test."""
+def _baseline(task: Task, X: torch.Tensor, ood: dict[str, Task] | None = None) -> dict:
+    """Frozen features with cosine and L1: metrics and per-item values on dev and test (and OOD sets)."""
     out = {}
+    for name, t in (ood or {}).items():
+        res, _ = evaluate_split(t, transfer_split(t), lambda r: embed_rows(None, X, r), ("cosine", "l1"))
+        out[f"ood_{name}"] = {"metrics": res[0]}
     for split in ("dev", "test"):
         if split in task.eval_sets:
             res, items = evaluate_split(task, split, lambda r: embed_rows(None, X, r), ("cosine", "l1"))

@@ -32,7 +32,7 @@ def _ci(task: Task, items: list[np.ndarray], split: str = "test") -> tuple[float
 def aggregate(frame: pl.DataFrame, task: Task) -> tuple[pl.DataFrame, list[str]]:
     """One row per configuration (all settings but the seed): dev/test mean ± std over seeds, test CI."""
     ok = frame.filter(pl.col("status") == "ok")
-    settings = [c for c in ok.columns if c not in VARIED_EXCLUDE and not c.startswith(("dev_", "test_"))]
+    settings = [c for c in ok.columns if c not in VARIED_EXCLUDE and not c.startswith(("dev_", "test_", "ood_"))]
     varied = [c for c in settings if c != "seed" and ok[c].n_unique() > 1]
     if ok.is_empty():
         return ok, varied
@@ -49,6 +49,9 @@ def aggregate(frame: pl.DataFrame, task: Task) -> tuple[pl.DataFrame, list[str]]
         if "test_items" in g.columns and g["test_items"].null_count() == 0:
             lo, hi = _ci(task, [np.asarray(json.loads(x)) for x in g["test_items"]])
             r["test_ci_lo"], r["test_ci_hi"] = lo, hi
+        for col in [c for c in g.columns if c.startswith("ood_") and c.endswith("_primary")]:
+            vals = g[col].drop_nulls().to_numpy()
+            r[col[:-len("_primary")]] = float(vals.mean()) if len(vals) else None
         r["train_seconds"] = float(g["train_seconds"].sum())
         r["head_ids"] = ",".join(g["head_id"].to_list())
         rows.append(r)
@@ -66,6 +69,10 @@ def _baseline_rows(task: Task, baselines: dict) -> list[dict]:
         for split in ("dev", "test"):
             if split in b:
                 row[f"{split}_mean"] = b[split]["metrics"][key]
+        for k, v in b.items():
+            if k.startswith("ood_"):
+                m = v["metrics"]
+                row[k] = next((m[x] for x in (f"{prefix}_ndcg@10", f"spearman_{prefix}", f"{prefix}_auc") if x in m), None)
         if "test" in b and task.kind in ("ir", "sts"):
             items = np.asarray(b["test"]["items"][prefix])
             row["test_ci_lo"], row["test_ci_hi"] = _ci(task, [items])
@@ -84,25 +91,31 @@ def leaderboard_markdown(agg: pl.DataFrame, varied: list[str], task: Task, basel
              f"Primary metric: `{metric}` (head energy); mean ± std over seeds; 95% bootstrap CI over "
              f"{'queries' if task.kind == 'ir' else 'pairs'} of the seed-averaged test values.", ""]
     cols = ["config"] + varied
-    lines.append("| rank | " + " | ".join(cols + ["seeds", "dev", "test mean ± std", "test 95% CI"]) + " |")
-    lines.append("|" + "---|" * (len(cols) + 5))
+    ood = sorted(c for c in agg.columns if c.startswith("ood_"))
+    lines.append("| rank | " + " | ".join(cols + ["seeds", "dev", "test mean ± std", "test 95% CI"]
+                                         + [f"OOD {c[4:]}" for c in ood]) + " |")
+    lines.append("|" + "---|" * (len(cols) + 5 + len(ood)))
     for b in _baseline_rows(task, baselines):
         lines.append(f"| – | {b['config']} | " + " | ".join([""] * len(varied)) + f"{' | ' if varied else ''}– | "
                      f"{_fmt(b.get('dev_mean'))} | {_fmt(b.get('test_mean'))} | "
-                     f"[{_fmt(b.get('test_ci_lo'))}, {_fmt(b.get('test_ci_hi'))}] |")
+                     f"[{_fmt(b.get('test_ci_lo'))}, {_fmt(b.get('test_ci_hi'))}] |"
+                     + "".join(f" {_fmt(b.get(c))} |" for c in ood))
     for i, r in enumerate(agg.head(TOP).iter_rows(named=True)):
         vals = [str(r[v]) for v in varied]
         lines.append(f"| {i + 1} | head | " + " | ".join(vals) + f"{' | ' if vals else ''}{r['seeds']} | "
                      f"{_fmt(r.get('dev_mean'))} | {_fmt(r.get('test_mean'))} ± {_fmt(r.get('test_std'))} | "
-                     f"[{_fmt(r.get('test_ci_lo'))}, {_fmt(r.get('test_ci_hi'))}] |")
+                     f"[{_fmt(r.get('test_ci_lo'))}, {_fmt(r.get('test_ci_hi'))}] |"
+                     + "".join(f" {_fmt(r.get(c))} |" for c in ood))
     if "loss" in agg.columns and agg["loss"].n_unique() > 1:
         lines += ["", "## Best configuration of each loss (selected on dev)", "",
-                  "| loss | dev | test mean ± std | test 95% CI | settings |", "|---|---|---|---|---|"]
+                  "| loss | dev | test mean ± std | test 95% CI | " + "".join(f"OOD {c[4:]} | " for c in ood)
+                  + "settings |", "|---|---|---|---|" + "---|" * len(ood) + "---|"]
         for loss in sorted(agg["loss"].unique().to_list()):
             r = agg.filter(pl.col("loss") == loss).row(0, named=True)
             s = ", ".join(f"{v}={r[v]}" for v in varied if v != "loss")
             lines.append(f"| {loss} | {_fmt(r.get('dev_mean'))} | {_fmt(r.get('test_mean'))} ± {_fmt(r.get('test_std'))} "
-                         f"| [{_fmt(r.get('test_ci_lo'))}, {_fmt(r.get('test_ci_hi'))}] | {s} |")
+                         f"| [{_fmt(r.get('test_ci_lo'))}, {_fmt(r.get('test_ci_hi'))}] | "
+                         + "".join(f"{_fmt(r.get(c))} | " for c in ood) + f"{s} |")
     failed = frame.filter(pl.col("status") != "ok")
     if failed.height:
         lines += ["", f"## Not trained / failed ({failed.height})", ""]

@@ -24,7 +24,7 @@ from heads.features import Normalizer, load_features
 from heads.metrics import bootstrap_ci
 from heads.model import HeadConfig, load_heads, save_heads
 from heads.plots import plot_curve
-from heads.tasks import Task, load_task
+from heads.tasks import Task, load_task, task_rows, without_overlap
 from heads.train import HeadRun, train_one
 
 TEST_SPLIT = "test"
@@ -107,8 +107,12 @@ def load_head(head_dir: str):
     return load_heads(d / "head.safetensors"), norm, config
 
 
-def eval_head(store_path: str, head_dir: str, data_path: str, out_dir: str, data_format: str | None = None) -> dict:
-    """Evaluate a trained head on any dataset whose texts are in the store; write metrics.json."""
+def eval_head(store_path: str, head_dir: str, data_path: str, out_dir: str, data_format: str | None = None,
+              exclude_overlap: str | None = None) -> dict:
+    """Evaluate a trained head on any dataset whose texts are in the store; write metrics.json.
+
+    `exclude_overlap`: a dataset (e.g. the one the head was trained on) whose texts must not be scored:
+    evaluation pairs / queries that use one of its texts are dropped (counted in metrics.json)."""
     store = FeatureStore.open(store_path)
     model, norm, config = load_head(head_dir)
     if config["store_manifest"].get("dim") not in (None, store.dim):
@@ -122,6 +126,9 @@ def eval_head(store_path: str, head_dir: str, data_path: str, out_dir: str, data
         raise ValueError(f"{head_dir} was trained on features that differ from {store_path} in {differs}; "
                          f"a head only makes sense on the features it was trained on")
     task = load_task(data_path, store, data_format)
+    dropped = None
+    if exclude_overlap:
+        task, dropped = without_overlap(task, task_rows(load_task(exclude_overlap, store)))
     features = load_features(store, config.get("array", "features"))
     energy = TrainConfig.from_dict(config["train"]).eval_energy
     splits = tuple(s for s in task.eval_sets if s != "dev") or tuple(task.eval_sets)
@@ -130,6 +137,8 @@ def eval_head(store_path: str, head_dir: str, data_path: str, out_dir: str, data
         only = metrics.pop(splits[0])
         metrics.update({"baseline": only["baseline"], "head": only["head"], "ci": only["ci"], "split": splits[0]})
     metrics["head_dir"], metrics["data"] = str(head_dir), str(data_path)
+    if dropped is not None:
+        metrics["overlap_dropped"] = {"with": str(exclude_overlap), **dropped}
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     _write_json(out / "metrics.json", metrics)

@@ -179,3 +179,40 @@ def load_task(data_path: str, store: FeatureStore, format: str | None = None) ->
     if ds.kind in ("sts", "pairs"):
         return _pair_task(ds, store, ds.kind)
     raise ValueError(f"{data_path}: a {ds.kind!r} dataset has no pairs to train or evaluate on; use beir, sts or pairs")
+
+
+def task_rows(task: Task) -> set[int]:
+    """Every store row (text) a task uses: training pairs and all evaluation sets."""
+    rows: set[int] = set()
+    sets = list(task.eval_sets.values()) + ([task.train] if task.train is not None else [])
+    for s in sets:
+        if isinstance(s, IRSplit):
+            rows.update(s.query_rows.tolist())
+            rows.update(s.doc_rows.tolist())
+        else:
+            rows.update(s.anchor.tolist())
+            rows.update(s.positive.tolist())
+    return rows
+
+
+def without_overlap(task: Task, rows: set[int]) -> tuple[Task, dict[str, int]]:
+    """The task with every evaluation pair (STS/pairs) or query (IR) that uses one of `rows` dropped.
+
+    For out-of-domain evaluation: e.g. SemEval STS pairs whose sentences also appear in STS-B.
+    Returns the filtered task and how many items were dropped per split (reported, never silent)."""
+    eval_sets: dict[str, object] = {}
+    dropped: dict[str, int] = {}
+    for split, s in task.eval_sets.items():
+        if isinstance(s, IRSplit):
+            keep = ~np.isin(s.query_rows, list(rows))
+            ids = [q for q, k in zip(s.query_ids, keep) if k]
+            eval_sets[split] = IRSplit(ids, s.query_rows[keep], s.doc_ids, s.doc_rows, {q: s.qrels[q] for q in ids})
+        else:
+            keep = ~(np.isin(s.anchor, list(rows)) | np.isin(s.positive, list(rows)))
+            eval_sets[split] = PairSet(s.anchor[keep], s.positive[keep],
+                                       None if s.labels is None else s.labels[keep],
+                                       None if s.negative is None else s.negative[keep])
+        dropped[split] = int((~keep).sum())
+    note = ", ".join(f"{split}: {n} dropped" for split, n in dropped.items())
+    return Task(task.name, task.kind, task.train, eval_sets, (task.dev_note + "; " if task.dev_note else "")
+                + f"overlap with the training dataset removed ({note})", task.corpus_rows, task.relevant), dropped
