@@ -1,11 +1,18 @@
 """Benchmark: headstore featurize vs sentence-transformers `encode`, same model, texts, pooling.
 
-    python bench/featurize.py --limit 2000 --json runs/bench-featurize.json
+    python bench/featurize.py --limit 500 --json runs/bench-featurize.json
 
 Texts: the SciFact corpus (title + " " + text) and the STS-B sentences (deduplicated), subsampled
-with --limit. Each side runs at each of a few batch settings and reports its best. Reports texts/s,
-real (non-padding) tokens/s, the ratio, and the max abs difference of each side's features from a
-plain transformers mean-pooling reference on a sample of texts.
+with --limit. Every measured run is a fresh subprocess, so each system runs in the environment its
+users give it: headstore as `cli featurize` runs it (importing `featurize` defaults
+OMP_WAIT_POLICY=PASSIVE), sentence-transformers in this shell's environment ("omp=default") and,
+like for like, with OMP_WAIT_POLICY=PASSIVE too ("omp=PASSIVE"). Each precision (--precisions) is
+compared like for like: headstore bf16 against sentence-transformers under
+torch.autocast(bfloat16). Runs are interleaved and repeated (--repeats) because a shared machine's
+load drifts; the table keeps each setting's best time, and the ratios are given both as best/best
+and as the median over rounds of (best headstore / best sentence-transformers in that round).
+Reports texts/s, real (non-padding) tokens/s, padded/real tokens, and the max abs difference of
+each run's features from a plain fp32 transformers mean-pooling reference on a sample of texts.
 
 On GPU it also measures real tokens/s of a random-weight BERT-base-shaped model at 128 tokens as a
 fraction of the bf16 peak (--peak-tflops, 989 for an H100 SXM), counting forward FLOPs per token as
@@ -16,27 +23,27 @@ with L layers, hidden H, sequence length S (embeddings, LayerNorm, softmax and p
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
-import random
-import shutil
-import sys
-import tempfile
-import time
-from pathlib import Path
 
-import numpy as np
-import torch
+ENV_AT_START = dict(os.environ)  # before `featurize` is imported (it defaults OMP_WAIT_POLICY)
+
+import argparse  # noqa: E402
+import json  # noqa: E402
+import random  # noqa: E402
+import shutil  # noqa: E402
+import statistics  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+import tempfile  # noqa: E402
+import time  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import numpy as np  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from data.readers import read_beir, read_sts  # noqa: E402
 from data.text_id import doc_text, text_ids  # noqa: E402
-from featurize.config import FeaturizeConfig  # noqa: E402
-from featurize.model import model_identity, resolve_model  # noqa: E402
-from featurize.run import featurize_texts  # noqa: E402
-from featurize.store import FeatureStore  # noqa: E402
 
 
 def load_texts(data_root: Path, limit: int | None, seed: int = 0) -> list[str]:
@@ -52,6 +59,7 @@ def load_texts(data_root: Path, limit: int | None, seed: int = 0) -> list[str]:
 
 def reference(model_dir: str, texts: list[str], max_length: int) -> np.ndarray:
     """Plain transformers mean pooling, one text at a time (no padding), float32 on CPU."""
+    import torch
     from transformers import AutoModel, AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(model_dir)
@@ -65,40 +73,96 @@ def reference(model_dir: str, texts: list[str], max_length: int) -> np.ndarray:
     return np.stack(out)
 
 
+def st_padded_tokens(texts: list[str], n_tokens: np.ndarray, batch_size: int) -> int:
+    """Padded tokens of sentence-transformers' plan: sorted by character length (longest first),
+    cut every batch_size texts, each batch padded to its longest."""
+    order = np.argsort([-len(t) for t in texts], kind="stable")
+    return int(sum(len(idx) * n_tokens[idx].max()
+                   for idx in (order[a:a + batch_size] for a in range(0, len(order), batch_size))))
+
+
+# ---- one measured run, in its own process ----------------------------------------------------
+
 def run_headstore(model: str, texts: list[str], batch_tokens: int, device: str, ref_texts,
-                  dtype: str = "float32", max_length: int | None = None) -> dict:
+                  dtype: str = "float32", max_length: int | None = None,
+                  precision: str = "auto") -> dict:
+    from featurize.config import FeaturizeConfig
+    from featurize.run import featurize_texts
+    from featurize.store import FeatureStore
+
     folder = Path(tempfile.mkdtemp(prefix="bench-store-"))
     try:
         config = FeaturizeConfig(model=model, dtype=dtype, batch_tokens=batch_tokens, device=device,
-                                 max_length=max_length)
+                                 max_length=max_length, precision=precision)
         summary = featurize_texts(config, texts, folder / "s")
         store = FeatureStore.open(folder / "s")
         feats = store.features()[store.rows_for(text_ids(ref_texts))] if ref_texts else None
     finally:
         shutil.rmtree(folder)
-    return {"batch_tokens": batch_tokens, "seconds": summary["encode_seconds"],
-            "real_tokens": summary["real_tokens"], "features": feats,
-            "n_truncated": summary["n_truncated"]}
+    return {"seconds": summary["encode_seconds"], "real_tokens": summary["real_tokens"],
+            "padded_tokens": summary["padded_tokens"], "precision": summary["precision"],
+            "features": feats, "n_truncated": summary["n_truncated"]}
 
 
 def run_st(model_dir: str, texts: list[str], batch_size: int, device: str, ref_texts,
-           max_length: int) -> dict:
+           max_length: int, precision: str) -> dict:
+    import contextlib
+
+    import torch
     from sentence_transformers import SentenceTransformer, models
 
     module = models.Transformer(model_dir, max_seq_length=max_length)
-    pooling = models.Pooling((getattr(module, "get_embedding_dimension", None) or module.get_word_embedding_dimension)(), pooling_mode="mean")
+    dim = (getattr(module, "get_embedding_dimension", None) or module.get_word_embedding_dimension)()
+    pooling = models.Pooling(dim, pooling_mode="mean")
     st = SentenceTransformer(modules=[module, pooling], device=device)  # no Normalize: same pooling
-    st.encode(texts[:8], batch_size=8)  # warm-up
-    t0 = time.perf_counter()
-    st.encode(texts, batch_size=batch_size, convert_to_numpy=True, show_progress_bar=False)
-    seconds = time.perf_counter() - t0
-    feats = st.encode(ref_texts, batch_size=batch_size, convert_to_numpy=True) if ref_texts else None
-    return {"batch_size": batch_size, "seconds": seconds, "features": feats}
+    autocast = (torch.autocast(torch.device(device).type, dtype=torch.bfloat16)
+                if precision == "bf16" else contextlib.nullcontext())
+    with autocast:
+        st.encode(texts[:8], batch_size=8)  # warm-up
+        t0 = time.perf_counter()
+        st.encode(texts, batch_size=batch_size, convert_to_numpy=True, show_progress_bar=False)
+        seconds = time.perf_counter() - t0
+        feats = st.encode(ref_texts, batch_size=batch_size, convert_to_numpy=True,
+                          show_progress_bar=False) if ref_texts else None
+    return {"seconds": seconds, "features": None if feats is None else feats.astype(np.float32)}
+
+
+def worker(spec_path: str) -> None:
+    """Child-process entry: run the spec, write its result (JSON) and features (.npy) beside it."""
+    spec = json.loads(Path(spec_path).read_text())
+    texts = json.loads(Path(spec["texts"]).read_text())
+    ref_texts = json.loads(Path(spec["ref_texts"]).read_text())
+    if spec["system"] == "headstore":
+        r = run_headstore(spec["model"], texts, spec["batch"], spec["device"], ref_texts,
+                          precision=spec["precision"])
+    else:
+        r = run_st(spec["model_dir"], texts, spec["batch"], spec["device"], ref_texts,
+                   spec["max_length"], spec["precision"])
+    import torch
+
+    np.save(spec_path + ".npy", r.pop("features"))
+    r["torch_threads"] = torch.get_num_threads()
+    r["omp_wait_policy"] = os.environ.get("OMP_WAIT_POLICY", "default")
+    Path(spec_path + ".out.json").write_text(json.dumps(r))
+
+
+def measure(spec: dict, env: dict, folder: Path) -> dict:
+    path = folder / f"spec-{time.monotonic_ns()}.json"
+    path.write_text(json.dumps(spec))
+    proc = subprocess.run([sys.executable, __file__, "--worker", str(path)], env=env,
+                          capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise RuntimeError(f"bench worker failed ({spec}):\n{proc.stderr[-3000:]}")
+    result = json.loads(Path(str(path) + ".out.json").read_text())
+    result["features"] = np.load(str(path) + ".npy")
+    return result
 
 
 def gpu_flop_fraction(texts: list[str], peak_tflops: float, batch_tokens: int) -> dict:
     """Real tokens/s of a random BERT-base (L=12, H=768) at 128 tokens vs the bf16 peak."""
     from transformers import AutoTokenizer, BertConfig, BertModel
+
+    from featurize.model import resolve_model
 
     folder = Path(tempfile.mkdtemp(prefix="bench-bert-base-"))
     try:
@@ -123,59 +187,122 @@ def main():
     parser.add_argument("--limit", type=int, default=None, help="subsample this many texts")
     parser.add_argument("--data", default=os.environ.get(
         "HEADSTORE_DATA", str(Path(__file__).resolve().parents[1].parent / "shared" / "datasets")))
-    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available)")
     parser.add_argument("--batch-tokens", default=None, help="comma list to try")
     parser.add_argument("--st-batch-sizes", default=None, help="comma list to try")
+    parser.add_argument("--precisions", default="fp32,bf16", help="comma list of fp32, bf16")
+    parser.add_argument("--st-omp", default="default,PASSIVE",
+                        help="OMP_WAIT_POLICY settings for sentence-transformers runs "
+                             "(default = this shell's environment)")
     parser.add_argument("--ref-sample", type=int, default=64)
     parser.add_argument("--peak-tflops", type=float, default=989.0)
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--json", default=None)
+    parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.worker:
+        return worker(args.worker)
 
-    gpu = args.device == "cuda"
+    import torch
+
+    from featurize.model import model_identity, resolve_model
+
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    gpu = device == "cuda"
     batch_tokens = [int(x) for x in (args.batch_tokens or
-                                     ("32768,65536,131072" if gpu else "4096,8192,16384")).split(",")]
-    st_sizes = [int(x) for x in (args.st_batch_sizes or ("64,128,256" if gpu else "16,32,64")).split(",")]
+                                     ("32768,65536,131072" if gpu else "2048,4096")).split(",")]
+    st_sizes = [int(x) for x in (args.st_batch_sizes or ("64,128,256" if gpu else "32,64")).split(",")]
+    precisions = [p for p in args.precisions.split(",") if p]
+    if any(p not in ("fp32", "bf16") for p in precisions):
+        raise ValueError(f"--precisions takes fp32 and/or bf16, got {args.precisions!r}")
+    st_omps = [o for o in args.st_omp.split(",") if o]
     texts = load_texts(Path(args.data), args.limit)
     ref_texts = random.Random(1).sample(texts, min(args.ref_sample, len(texts)))
     model_dir = resolve_model(args.model)
     max_length = model_identity(args.model).max_length
     ref = reference(model_dir, ref_texts, max_length)
+    from transformers import AutoTokenizer
 
-    # interleaved and repeated (--repeats), best time kept: a shared machine's load drifts
-    runs_hs, runs_st = {}, {}
-    for _ in range(args.repeats):
-        for b in batch_tokens:
-            r = run_headstore(args.model, texts, b, args.device, ref_texts)
-            runs_hs[b] = min(runs_hs.get(b, r), r, key=lambda x: x["seconds"])
-        for b in st_sizes:
-            r = run_st(model_dir, texts, b, args.device, ref_texts, max_length)
-            runs_st[b] = min(runs_st.get(b, r), r, key=lambda x: x["seconds"])
-    runs_hs, runs_st = list(runs_hs.values()), list(runs_st.values())
-    real_tokens = runs_hs[0]["real_tokens"]
+    from featurize.encode import tokenize
+
+    n_tokens = tokenize(AutoTokenizer.from_pretrained(model_dir), texts, max_length).n_tokens
+
+    def st_env(omp: str) -> dict:
+        env = dict(ENV_AT_START)
+        if omp != "default":
+            env["OMP_WAIT_POLICY"] = omp
+        return env
+
+    # settings: (system, precision, batch, omp); interleaved, each round runs every setting once
+    settings = []
+    for precision in precisions:
+        settings += [("headstore", precision, b, "featurize") for b in batch_tokens]
+        settings += [("sentence-transformers", precision, b, omp) for b in st_sizes for omp in st_omps]
+    folder = Path(tempfile.mkdtemp(prefix="bench-featurize-"))
+    (folder / "texts.json").write_text(json.dumps(texts))
+    (folder / "ref.json").write_text(json.dumps(ref_texts))
+    best, rounds = {}, []
+    try:
+        for _ in range(args.repeats):
+            this_round = {}
+            for key in settings:
+                system, precision, batch, omp = key
+                spec = {"system": "headstore" if system == "headstore" else "st", "model": args.model,
+                        "model_dir": model_dir, "max_length": max_length, "device": device,
+                        "batch": batch, "precision": precision, "texts": str(folder / "texts.json"),
+                        "ref_texts": str(folder / "ref.json")}
+                env = dict(ENV_AT_START) if system == "headstore" else st_env(omp)
+                r = measure(spec, env, folder)
+                this_round[key] = r["seconds"]
+                best[key] = min(best.get(key, r), r, key=lambda x: x["seconds"])
+                print(f"  {system} {precision} batch={batch} omp={r['omp_wait_policy']}: "
+                      f"{r['seconds']:.2f}s", file=sys.stderr, flush=True)
+            rounds.append(this_round)
+    finally:
+        shutil.rmtree(folder)
+
+    hs_any = next(v for k, v in best.items() if k[0] == "headstore")
+    real_tokens = hs_any["real_tokens"]
     rows = []
-    for name, runs, key in (("headstore", runs_hs, "batch_tokens"), ("sentence-transformers", runs_st, "batch_size")):
-        for r in runs:
-            rows.append({"system": name, "batch": f"{key}={r[key]}", "seconds": round(r["seconds"], 2),
-                         "texts_per_s": round(len(texts) / r["seconds"], 1),
-                         "real_tokens_per_s": round(real_tokens / r["seconds"], 0),
-                         "max_abs_diff_vs_ref": float(np.abs(r["features"] - ref).max())})
-    best_hs = min(r["seconds"] for r in runs_hs)
-    best_st = min(r["seconds"] for r in runs_st)
-    result = {"device": args.device, "n_texts": len(texts), "real_tokens": real_tokens,
-              "n_truncated": runs_hs[0]["n_truncated"], "torch_threads": torch.get_num_threads(),
-              "runs": rows, "speedup_vs_sentence_transformers": round(best_st / best_hs, 3)}
+    for key, r in best.items():
+        system, precision, batch, omp = key
+        hs = system == "headstore"
+        padded = r["padded_tokens"] if hs else st_padded_tokens(texts, n_tokens, batch)
+        rows.append({"system": system, "precision": precision,
+                     "batch": f"{'batch_tokens' if hs else 'batch_size'}={batch}",
+                     "omp_wait_policy": r["omp_wait_policy"], "seconds": round(r["seconds"], 2),
+                     "texts_per_s": round(len(texts) / r["seconds"], 1),
+                     "real_tokens_per_s": round(real_tokens / r["seconds"], 0),
+                     "padded_per_real": round(padded / real_tokens, 3),
+                     "max_abs_diff_vs_fp32_ref": float(np.abs(r["features"] - ref).max())})
+
+    def ratio(precision: str, omp: str) -> dict:
+        def fastest(times: dict, system: str) -> float:
+            return min(t for (s, p, _, o), t in times.items()
+                       if s == system and p == precision and (s == "headstore" or o == omp))
+        b = fastest({k: v["seconds"] for k, v in best.items()}, "sentence-transformers") / \
+            fastest({k: v["seconds"] for k, v in best.items()}, "headstore")
+        per_round = [fastest(t, "sentence-transformers") / fastest(t, "headstore") for t in rounds]
+        return {"best_over_best": round(b, 3), "median_per_round": round(statistics.median(per_round), 3)}
+
+    speedups = {f"{p} vs sentence-transformers omp={o}": ratio(p, o) for p in precisions for o in st_omps}
+    result = {"device": device, "n_texts": len(texts), "real_tokens": real_tokens,
+              "n_truncated": hs_any["n_truncated"], "torch_threads": hs_any["torch_threads"],
+              "load_average": os.getloadavg(), "runs": rows, "speedups": speedups}
     if gpu:
         result["bert_base_128"] = gpu_flop_fraction(texts, args.peak_tflops, max(batch_tokens))
 
-    print(f"\n{len(texts)} texts, {real_tokens} real tokens, device {args.device}, "
-          f"{torch.get_num_threads()} torch threads")
-    print(f"{'system':<22} {'batch':<20} {'seconds':>8} {'texts/s':>9} {'real tok/s':>11} {'max|diff|':>10}")
+    print(f"\n{len(texts)} texts, {real_tokens} real tokens, device {device}, "
+          f"{hs_any['torch_threads']} torch threads, load average {os.getloadavg()[0]:.1f}")
+    print(f"{'system':<22} {'prec':<5} {'batch':<18} {'omp':<8} {'seconds':>8} {'texts/s':>8} "
+          f"{'real tok/s':>10} {'pad/real':>8} {'max|diff|':>9}")
     for r in rows:
-        print(f"{r['system']:<22} {r['batch']:<20} {r['seconds']:>8} {r['texts_per_s']:>9} "
-              f"{r['real_tokens_per_s']:>11.0f} {r['max_abs_diff_vs_ref']:>10.2e}")
-    print(f"best headstore / best sentence-transformers speed: "
-          f"{result['speedup_vs_sentence_transformers']}x")
+        print(f"{r['system']:<22} {r['precision']:<5} {r['batch']:<18} {r['omp_wait_policy']:<8} "
+              f"{r['seconds']:>8} {r['texts_per_s']:>8} {r['real_tokens_per_s']:>10.0f} "
+              f"{r['padded_per_real']:>8} {r['max_abs_diff_vs_fp32_ref']:>9.2e}")
+    for name, s in speedups.items():
+        print(f"headstore {name}: {s['best_over_best']}x best/best, "
+              f"{s['median_per_round']}x median per round")
     if gpu:
         b = result["bert_base_128"]
         print(f"BERT-base @128 tokens: {b['tokens_per_s']:,.0f} tok/s = {b['tflops']:.1f} TFLOP/s "

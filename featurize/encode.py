@@ -4,11 +4,12 @@ The plan is a deterministic function of the texts still to encode: sorted by (-n
 and cut greedily by the token budget. Committed rows are always a prefix of that order, so a run
 resumed after a crash plans exactly the batches an uninterrupted run would have run next.
 Tokenisation happens once up front (the fast tokenizer is parallel and needs the lengths to sort);
-padding/pinning the next batches runs in a background thread, writing in another (see run.py).
+on a GPU padding/pinning the next batches runs in a background thread, writing in another (run.py).
 """
 
 from __future__ import annotations
 
+import contextlib
 import queue
 import threading
 from collections.abc import Iterator
@@ -20,7 +21,7 @@ import torch
 from featurize.pooling import POOLINGS
 
 # bump when the encoding logic changes the numbers stored (pooling maths, truncation, dtypes)
-CODE_VERSION = 1
+CODE_VERSION = 2  # 2: cost-model batch plan (fp32 features move by ~1e-6), precision part
 
 
 @dataclass
@@ -54,20 +55,46 @@ def tokenize(tokenizer, texts: list[str], max_length: int, chunk: int = 4096) ->
     return Tokenized(ids=ids, n_tokens=n_tokens, truncated=np.asarray(truncated, dtype=bool))
 
 
-def plan_batches(n_tokens: np.ndarray, text_ids: list[str], batch_tokens: int,
-                 max_batch_size: int) -> tuple[np.ndarray, list[tuple[int, int]]]:
+def plan_batches(n_tokens: np.ndarray, text_ids: list[str], batch_tokens: int, max_batch_size: int,
+                 batch_overhead_tokens: int = 0, attention_width: int = 0
+                 ) -> tuple[np.ndarray, list[tuple[int, int]]]:
     """Order (longest first, ties by text_id) and [start, stop) batches over that order.
 
-    A batch holds as many texts as fit `len(batch) * longest <= batch_tokens` (at least one).
+    Every batch is a contiguous run of the order with `len(batch) * longest <= batch_tokens` (at
+    least one text, at most max_batch_size). Among all such cuts it picks the one of least modelled
+    encoder cost, summed over batches, in padded-token units:
+
+        cost(B texts padded to S) = B * S * (1 + S / attention_width) + batch_overhead_tokens
+
+    (projections and FFN are linear in S, attention adds a term in S^2 that equals them at
+    S = attention_width ~ 6 * hidden size; 0 leaves attention out). The overhead of a forward call
+    decides the trade-off: small, and texts of one exact length form their own unpadded batches;
+    large, and batches fill the budget. Solved exactly by dynamic programming from the end of the
+    order, so the plan from any batch start onwards depends only on the texts from there on: a
+    resumed run (whose texts to encode are a suffix of the order) plans the same batches.
     """
     order = np.asarray(sorted(range(len(text_ids)), key=lambda i: (-int(n_tokens[i]), text_ids[i])),
                        dtype=np.int64)
+    lengths = np.maximum(np.asarray(n_tokens, dtype=np.int64)[order], 1)  # (N,) non-increasing
+    n = len(order)
+    # integer costs scaled by attention_width (exact ties, the same on every run and machine)
+    width = int(attention_width)
+    scale = width if width > 0 else 1
+    overhead = int(batch_overhead_tokens) * scale
+    best = np.zeros(n + 1, dtype=np.int64)  # best[i]: least cost of encoding order[i:]
+    stop_at = np.zeros(n, dtype=np.int64)  # stop_at[i]: end of the first batch of that plan
+    sizes = np.arange(1, max(1, min(max_batch_size, n)) + 1, dtype=np.int64)
+    for i in range(n - 1, -1, -1):
+        longest = int(lengths[i])
+        k = max(1, min(max_batch_size, batch_tokens // longest, n - i))
+        per_text = longest * (scale + longest if width > 0 else 1)
+        costs = sizes[:k] * per_text + overhead + best[i + 1: i + 1 + k]
+        size = int(np.argmin(costs)) + 1  # first minimum: smallest batch among equals
+        best[i], stop_at[i] = costs[size - 1], i + size
     batches, start = [], 0
-    while start < len(order):
-        longest = int(n_tokens[order[start]])  # longest first: the batch's padded length
-        size = max(1, min(max_batch_size, batch_tokens // max(longest, 1), len(order) - start))
-        batches.append((start, start + size))
-        start += size
+    while start < n:
+        batches.append((start, int(stop_at[start])))
+        start = int(stop_at[start])
     return order, batches
 
 
@@ -96,7 +123,20 @@ def collate(ids: list[np.ndarray], pad_id: int, pin: bool) -> tuple[torch.Tensor
 
 def prefetch_batches(tok: Tokenized, order: np.ndarray, batches: list[tuple[int, int]],
                      pad_id: int, pin: bool, depth: int = 4) -> Iterator[Batch]:
-    """Collate batches in a background thread, `depth` ahead of the consumer."""
+    """Collate batches, `depth` ahead of the consumer in a background thread (depth 0: inline).
+
+    On a GPU the thread overlaps padding and pinning with the forward; on a CPU every core is
+    already busy with the forward, so collating inline (it is cheap) costs nothing.
+    """
+    def make(start: int, stop_: int) -> Batch:
+        ids = [tok.ids[i] for i in order[start:stop_]]
+        input_ids, mask = collate(ids, pad_id, pin)
+        return Batch(start, input_ids, mask, int(sum(len(x) for x in ids)))
+
+    if depth <= 0:
+        for start, stop_ in batches:
+            yield make(start, stop_)
+        return
     out: queue.Queue = queue.Queue(maxsize=depth)
     stop = threading.Event()
 
@@ -105,9 +145,7 @@ def prefetch_batches(tok: Tokenized, order: np.ndarray, batches: list[tuple[int,
             for start, stop_ in batches:
                 if stop.is_set():
                     return
-                ids = [tok.ids[i] for i in order[start:stop_]]
-                input_ids, mask = collate(ids, pad_id, pin)
-                out.put(Batch(start, input_ids, mask, int(sum(len(x) for x in ids))))
+                out.put(make(start, stop_))
             out.put(None)
         except BaseException as err:  # re-raised in the consumer
             out.put(err)
@@ -123,27 +161,28 @@ def prefetch_batches(tok: Tokenized, order: np.ndarray, batches: list[tuple[int,
         stop.set()
 
 
-def encode_batch(encoder, batch: Batch, pooling: str, layers: tuple[int, ...]) -> list[torch.Tensor]:
+def compute_context(device_type: str, precision: str):
+    """Autocast to bfloat16 for precision "bf16" (matmuls in bf16, reductions kept in fp32), else
+    plain float32."""
+    assert precision in ("fp32", "bf16"), precision
+    if precision == "bf16":
+        return torch.autocast(device_type, dtype=torch.bfloat16)
+    return contextlib.nullcontext()
+
+
+def encode_batch(encoder, batch: Batch, pooling: str, layers: tuple[int, ...],
+                 precision: str = "fp32") -> list[torch.Tensor]:
     """Pooled features of one batch, one float32 (B, D) tensor per layer, on the model's device."""
     device = torch.device(encoder.device)
     cuda = device.type == "cuda"
     input_ids = batch.input_ids.to(device, non_blocking=cuda)
     mask = batch.attention_mask.to(device, non_blocking=cuda) if batch.attention_mask is not None else None
     want_hidden = tuple(layers) != (-1,)
-    autocast = torch.autocast("cuda", dtype=torch.bfloat16) if cuda else _nullcontext()
-    with torch.inference_mode(), autocast:
+    with torch.inference_mode(), compute_context(device.type, precision):
         out = encoder.model(input_ids=input_ids, attention_mask=mask,
                             output_hidden_states=want_hidden, return_dict=True)
+        hidden = [out.hidden_states[layer] for layer in layers] if want_hidden else [out.last_hidden_state]
+        if mask is None and pooling == "mean":  # no padding: a plain mean, no (B, S, D) temporary
+            return [h.to(torch.float32).mean(dim=1) for h in hidden]
         full_mask = mask if mask is not None else torch.ones_like(input_ids)
-        pool = POOLINGS[pooling]
-        if want_hidden:
-            return [pool(out.hidden_states[layer], full_mask) for layer in layers]
-        return [pool(out.last_hidden_state, full_mask)]
-
-
-class _nullcontext:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
+        return [POOLINGS[pooling](h, full_mask) for h in hidden]

@@ -27,7 +27,8 @@ def fingerprint_parts(config: FeaturizeConfig) -> dict:
     return {"model_id": identity.model_id, "weights_hash": identity.weights_hash,
             "tokenizer_hash": identity.tokenizer_hash, "pooling": config.pooling,
             "layers": list(config.layers), "max_length": identity.max_length,
-            "dtype": config.dtype, "code_version": CODE_VERSION}
+            "dtype": config.dtype, "precision": config.resolved_precision(pick_device(config.device)),
+            "code_version": CODE_VERSION}
 
 
 def featurize(config: FeaturizeConfig, data_paths: Sequence[str | Path], store_path: str | Path,
@@ -148,15 +149,20 @@ def _encode_new(config: FeaturizeConfig, writer: StoreWriter, new_ids: list[str]
 
     t0 = time.perf_counter()  # timing includes tokenisation (as sentence-transformers' encode does)
     tok = tokenize(encoder.tokenizer, new_texts, encoder.max_length)
-    order, batches = plan_batches(tok.n_tokens, new_ids, config.batch_tokens, config.max_batch_size)
+    precision = config.resolved_precision(device)
+    order, batches = plan_batches(tok.n_tokens, new_ids, config.batch_tokens, config.max_batch_size,
+                                  batch_overhead_tokens=config.resolved_batch_overhead(device),
+                                  attention_width=6 * encoder.model.config.hidden_size)
     base = writer.n_texts
     pad_id = encoder.tokenizer.pad_token_id or 0
     committer = _Committer(writer, config.commit_seconds, max_pending_rows=config.shard_rows)
-    real_tokens = 0
+    real_tokens, padded_tokens = 0, 0
     bar = tqdm(total=len(new_ids), unit="text", desc="featurize", smoothing=0.1, dynamic_ncols=True)
     try:
-        for batch in prefetch_batches(tok, order, batches, pad_id, pin=device == "cuda"):
-            pooled = encode_batch(encoder, batch, config.pooling, config.layers)  # [(B, D)] per layer
+        # CPU: collate inline (the cores are busy with the forward); GPU: in a background thread
+        depth = 4 if device == "cuda" else 0
+        for batch in prefetch_batches(tok, order, batches, pad_id, pin=device == "cuda", depth=depth):
+            pooled = encode_batch(encoder, batch, config.pooling, config.layers, precision)  # [(B, D)]
             feats = {name: p.to(torch.float32).cpu().numpy().astype(np_dtype, copy=False)
                      for name, p in zip(names, pooled)}
             idx = order[batch.start: batch.start + batch.input_ids.shape[0]]
@@ -166,6 +172,7 @@ def _encode_new(config: FeaturizeConfig, writer: StoreWriter, new_ids: list[str]
                 "n_tokens": tok.n_tokens[idx], "truncated": tok.truncated[idx]})
             committer.put((feats, rows))
             real_tokens += batch.n_real_tokens
+            padded_tokens += batch.input_ids.numel()
             bar.update(len(idx))
             bar.set_postfix(tok_s=f"{real_tokens / max(time.perf_counter() - t0, 1e-9):,.0f}")
     except BaseException:
@@ -181,6 +188,7 @@ def _encode_new(config: FeaturizeConfig, writer: StoreWriter, new_ids: list[str]
         tqdm.write(f"featurize: {n_trunc} of {len(new_ids)} texts were truncated at "
                    f"{encoder.max_length} tokens (column `truncated` in texts.parquet)")
     return {"n_truncated": n_trunc, "real_tokens": int(real_tokens),
+            "padded_tokens": int(padded_tokens), "precision": precision,
             "encode_seconds": round(seconds, 3), "texts_per_s": round(len(new_ids) / seconds, 1),
             "tokens_per_s": round(real_tokens / seconds, 1), "device": device,
             "max_length": encoder.max_length, "n_batches": len(batches)}

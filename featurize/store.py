@@ -38,7 +38,7 @@ MANIFEST = "manifest.json"
 TEXTS = "texts.parquet"
 LOCK = ".lock"
 FINGERPRINT_PARTS = ("model_id", "weights_hash", "tokenizer_hash", "pooling", "layers",
-                     "max_length", "dtype", "code_version")
+                     "max_length", "dtype", "precision", "code_version")
 TEXTS_SCHEMA = {"text_id": pl.String, "text": pl.String, "row": pl.Int64,
                 "n_tokens": pl.Int32, "truncated": pl.Boolean}
 

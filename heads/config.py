@@ -24,14 +24,17 @@ class TrainConfig:
     grad_clip: float = 1.0  # per-head gradient-norm clip; guards the exp() of the energy loss
     seed: int = 0  # head init, batch order, dropout
     patience: int = 3  # epochs without a dev improvement before a head stops (best epoch is kept)
-    mined_k: int = 0  # hard negatives per pair mined by exact NN over the stored corpus (0 = none)
+    mined_k: int = 8  # hard negatives per pair mined by exact NN over the stored corpus (IR; 0 = none):
+    # in-batch impostors are too easy on SciFact; 8 beat 0 for every loss and matched 16 (docs/l1-energy.md)
     remine: bool = False  # re-mine hard negatives each epoch in the head's own space
-    normalize: str = "none"  # features before the head: none | center | l2 | center-l2 | standardize
+    normalize: str = "l2"  # features before the head: none | center | l2 | center-l2 | standardize;
+    # L2 puts every L1 energy on one scale (~10-20 for MiniLM), so one energy bound Q fits all data
     # loss settings (None = the per-energy default in heads.losses)
     q: float | None = None  # Chopra et al.'s energy bound Q (l1-energy)
     tau: float | None = None  # temperature of l1-ce
     margin: float | None = None  # contrastive / triplet margin
-    impostors: str = "all"  # which in-batch impostors enter the energy losses
+    impostors: str = "semi-hard"  # which impostors enter the energy losses: the mean over all of them is
+    # dominated by easy ones; the hardest / semi-hard one per anchor trains (docs/l1-energy.md)
     genuine_weight: float = 1.0  # genuine vs impostor balance of the energy losses
 
     def __post_init__(self):

@@ -33,11 +33,12 @@ HEADS_FORMAT = "headstore.heads/1"  # safetensors metadata tag; bump when the la
 class HeadConfig:
     depth: int = 2  # number of linear layers; 0 = the identity head (no parameters), 1 = one linear map
     hidden: int = 512  # width of hidden layers (depth >= 2); ~1.3x MiniLM's 384 keeps heads small
-    out_dim: Optional[int] = 256  # output dim; None -> in_dim. Ignored at depth 0 (output = input)
+    out_dim: Optional[int] = None  # output dim; None -> in_dim (what a residual head needs). Ignored at depth 0
     activation: str = "gelu"  # between layers: gelu | relu | tanh | identity (GELU as in the encoder)
     dropout: float = 0.0  # on hidden activations; 0 so stacked and separate training agree exactly
     layer_norm: bool = False  # LayerNorm on hidden pre-activations; off: features are already pooled
-    residual: bool = False  # f(x) = x + g(x), g's last layer zero-initialised: starts at the identity
+    residual: bool = True  # f(x) = x + g(x), g's last layer zero-initialised: starts exactly at the frozen
+    # features, so training can only move away from the baseline as far as the data asks (docs/l1-energy.md)
     init: str = "default"  # "default": nn.Linear's U(+-1/sqrt(fan_in)); "identity": W = I, b = 0 (depth 1)
     in_dim: Optional[int] = None  # feature dim of the store; must be set before building a head
 

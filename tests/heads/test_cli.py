@@ -63,7 +63,7 @@ def test_train_head_writes_artefacts_and_eval_reproduces_test_metrics(world):
     out = root / "head"
     r = CliRunner().invoke(main, ["train-head", "--store", str(store), "--data", str(beir), "--out", str(out),
                                   "--loss", "l1-energy", "--epochs", "2", "--batch-size", "8", "--hidden", "16",
-                                  "--out-dim", "8"])
+                                  "--out-dim", "8", "--no-residual", "--mined-k", "2"])
     assert r.exit_code == 0, r.output
     for name in ("head.safetensors", "config.json", "metrics.json", "curve.png"):
         assert (out / name).is_file(), name
@@ -111,7 +111,7 @@ def test_grid_trains_every_combination_and_resumes(world, tmp_path):
     root, store, beir = world
     grid = tmp_path / "grid.toml"
     grid.write_text('[grid]\nloss = ["l1-energy", "mnr", "cosent"]\nlr = [1e-3, 3e-3]\nseed = [0, 1]\n'
-                    '[fixed]\nepochs = 2\nbatch_size = 8\nhidden = 16\nout_dim = 8\n')
+                    '[fixed]\nepochs = 2\nbatch_size = 8\nhidden = 16\n')
     out = tmp_path / "grid"
     r = CliRunner().invoke(main, ["grid", "--store", str(store), "--data", str(beir), "--grid", str(grid), "--out", str(out)])
     assert r.exit_code == 0, r.output

@@ -37,6 +37,10 @@ batch_tokens = 2048
 [head]
 hidden = 16
 out_dim = 8
+residual = false
+normalize = "none"
+impostors = "all"
+mined_k = 0
 epochs = 2
 batch_size = 8
 

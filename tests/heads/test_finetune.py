@@ -27,7 +27,7 @@ def world(tmp_path_factory):
     store = root / "store"
     featurize(FeaturizeConfig(model=str(model), dtype="float32", batch_tokens=2048), [str(beir)], store)
     head = root / "head"
-    train_head(str(store), str(beir), str(head), HeadConfig(hidden=16, out_dim=8),
+    train_head(str(store), str(beir), str(head), HeadConfig(hidden=16, out_dim=8, residual=False),
                TrainConfig(epochs=2, batch_size=8), progress=False)
     return root, model, beir, store, head
 
@@ -81,7 +81,7 @@ def test_layerwise_lr_decay_param_groups():
     blocks = encoder_blocks(model)
     assert len(blocks) == 4  # 3 layers (top first) + embeddings
     assert blocks[0][0][1] is model.encoder.layer[2].attention.self.query.weight
-    head = StackedMLP(1, HeadConfig(hidden=8, out_dim=4, in_dim=16))
+    head = StackedMLP(1, HeadConfig(hidden=8, out_dim=4, in_dim=16, residual=False))
     opt = build_optimizer(blocks, head, FinetuneConfig(encoder_lr=1e-4, layer_lr_decay=0.5), 3e-3, 0.01)
     lrs = {g["name"]: g["lr"] for g in opt.param_groups}
     for depth in range(4):
@@ -141,7 +141,7 @@ def test_finetuned_encoder_featurizes_and_evaluates_with_the_existing_commands(w
 def test_mined_negatives_and_gradient_checkpointing(world, tmp_path):
     root, model, beir, store, _ = world
     head = tmp_path / "head-mined"
-    train_head(str(store), str(beir), str(head), HeadConfig(hidden=16, out_dim=8),
+    train_head(str(store), str(beir), str(head), HeadConfig(hidden=16, out_dim=8, residual=False),
                TrainConfig(epochs=1, batch_size=8, mined_k=2), progress=False)
     summary = finetune(str(head), str(tmp_path / "ft"), FinetuneConfig(device="cpu", max_steps=2,
                        gradient_checkpointing=True), encoder=str(model), progress=False)

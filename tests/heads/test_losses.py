@@ -3,7 +3,7 @@ import math
 import pytest
 import torch
 
-from heads.losses import LOSS_KINDS, LOSSES, LossConfig
+from heads.losses import DEFAULT_Q, LOSS_KINDS, LOSSES, LossConfig
 
 # ----------------------------------------------------------------- loop references on floats
 
@@ -139,7 +139,7 @@ def test_cosent_hand_computed():
     za = torch.tensor([[[0.0], [0.0]]])
     zp = torch.tensor([[[1.0], [3.0]]])  # energies 1 and 3
     got = LOSSES["cosent"](za, zp, labels=torch.tensor([0.2, 0.9]), cfg=LossConfig(scale=0.5))
-    lam = 0.5 * 2.0 / 50.0  # scale rescaled from cosine's range (2) to l1's default Q (50)
+    lam = 0.5 * 2.0 / DEFAULT_Q["l1"]  # scale rescaled from cosine's range (2) to l1's default Q
     assert got.item() == pytest.approx(math.log(1 + math.exp(lam * (3 - 1))), rel=1e-6)
 
 
@@ -197,7 +197,7 @@ def test_cosent_reference(energy):
     labels = [0.1, 0.5, 0.5, 0.9, 0.0, 0.7]  # includes a tie: no term for equal scores
     got = LOSSES["cosent"](za, zp, labels=torch.tensor(labels), energy=energy, cfg=LossConfig(scale=2.0))
     for h in range(2):
-        lam = 2.0 * 2.0 / {"l1": 50.0, "cosine": 2.0}[energy]  # scale per unit of the energy's default range Q
+        lam = 2.0 * 2.0 / DEFAULT_Q[energy]  # scale per unit of the energy's default range Q
         assert got[h].item() == pytest.approx(ref_cosent(za[h].tolist(), zp[h].tolist(), labels, energy, lam), rel=1e-5)
 
 

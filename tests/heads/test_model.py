@@ -8,7 +8,7 @@ from heads.model import HeadConfig, StackedMLP, load_heads, save_heads
 
 
 def cfg(**kw):
-    base = dict(in_dim=6, hidden=5, out_dim=4)
+    base = dict(in_dim=6, hidden=5, out_dim=4, residual=False)
     base.update(kw)
     return HeadConfig(**base)
 
@@ -78,7 +78,7 @@ def test_head_seed_reproduces_single_head_and_slice():
 
 
 def test_default_init_distribution_matches_nn_linear_bound():
-    m = StackedMLP(2, HeadConfig(in_dim=400, hidden=300, out_dim=200))
+    m = StackedMLP(2, HeadConfig(in_dim=400, hidden=300, out_dim=200, residual=False))
     for w, fan_in in zip(m.weights, [400, 300]):
         bound = 1 / math.sqrt(fan_in)
         assert w.abs().max() <= bound and w.abs().max() > 0.98 * bound

@@ -11,7 +11,7 @@ def head_loss(out, target):  # (H, B, d) -> (H,) independent per head
 
 @pytest.mark.parametrize("kw", [dict(), dict(layer_norm=True, depth=3)])
 def test_per_head_lr_equals_separate_torch_adamw(kw):
-    c = HeadConfig(in_dim=5, hidden=7, out_dim=3, **kw)
+    c = HeadConfig(in_dim=5, hidden=7, out_dim=3, **kw, residual=False)
     seeds, lrs, wds = [0, 1, 2], [1e-2, 3e-3, 0.05], [0.0, 0.1, 0.01]
     stack = StackedMLP(3, c, seeds=seeds)
     opt = StackedAdamW(stack.parameters(), lr=torch.tensor(lrs), weight_decay=torch.tensor(wds))
@@ -35,7 +35,7 @@ def test_per_head_lr_equals_separate_torch_adamw(kw):
 
 
 def test_scalar_lr_and_param_groups_and_scheduler():
-    c = HeadConfig(in_dim=4, hidden=4, out_dim=2)
+    c = HeadConfig(in_dim=4, hidden=4, out_dim=2, residual=False)
     stack = StackedMLP(2, c)
     groups = [{"params": list(stack.weights)}, {"params": list(stack.biases), "weight_decay": 0.0}]
     opt = StackedAdamW(groups, lr=torch.tensor([1e-2, 2e-2]), weight_decay=0.1)
@@ -52,7 +52,7 @@ def test_scalar_lr_and_param_groups_and_scheduler():
 
 
 def test_lr_head_count_mismatch():
-    stack = StackedMLP(2, HeadConfig(in_dim=4, hidden=4, out_dim=2))
+    stack = StackedMLP(2, HeadConfig(in_dim=4, hidden=4, out_dim=2, residual=False))
     opt = StackedAdamW(stack.parameters(), lr=[1e-3, 1e-3, 1e-3])
     stack(torch.randn(2, 4)).sum().backward()
     with pytest.raises(ValueError, match="3 heads"):

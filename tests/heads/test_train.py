@@ -15,8 +15,8 @@ from .synthetic import planted_ir_task, planted_sts_task
 def test_head_learns_planted_ir_relation():
     task, X = planted_ir_task()
     base, _ = evaluate_split(task, "test", lambda r: embed_rows(None, X, r), ("cosine", "l1"))
-    head_cfg = HeadConfig(depth=1, out_dim=16, in_dim=16)
-    cfg = TrainConfig(loss="l1-energy", epochs=15, batch_size=32, lr=1e-2, patience=15, q=8.0)
+    head_cfg = HeadConfig(depth=1, out_dim=16, in_dim=16, residual=False)
+    cfg = TrainConfig(normalize="none", impostors="all", mined_k=0, loss="l1-energy", epochs=15, batch_size=32, lr=1e-2, patience=15, q=8.0)
     model, norm, run = train_one(task, X, head_cfg, cfg, progress=False)
     res, _ = evaluate_split(task, "test", lambda r: embed_rows(model, norm(X), r), ("l1",))
     chance = 1 / 80  # 80 test queries, one relevant doc among 400
@@ -30,8 +30,8 @@ def test_head_learns_planted_ir_relation():
 def test_head_learns_planted_sts_relation(loss):
     task, X = planted_sts_task()
     base, _ = evaluate_split(task, "test", lambda r: embed_rows(None, X, r), ("cosine",))
-    head_cfg = HeadConfig(depth=1, out_dim=8, in_dim=16)
-    cfg = TrainConfig(loss=loss, epochs=40, batch_size=32, lr=1e-2, patience=40, q=4.0)
+    head_cfg = HeadConfig(depth=1, out_dim=8, in_dim=16, residual=False)
+    cfg = TrainConfig(normalize="none", impostors="all", mined_k=0, loss=loss, epochs=40, batch_size=32, lr=1e-2, patience=40, q=4.0)
     model, norm, _ = train_one(task, X, head_cfg, cfg, progress=False)
     res, _ = evaluate_split(task, "test", lambda r: embed_rows(model, norm(X), r), ("l1",))
     assert res[0]["spearman_manhattan"] > base[0]["spearman_cosine"] + 0.3, (res, base)
@@ -39,8 +39,8 @@ def test_head_learns_planted_sts_relation(loss):
 
 def test_stacked_training_equals_separate_heads():
     task, X = planted_ir_task(n_docs=120)
-    head_cfg = HeadConfig(depth=2, hidden=32, out_dim=8, in_dim=16)
-    base = TrainConfig(loss="l1-energy", epochs=3, batch_size=16, patience=10, q=8.0)
+    head_cfg = HeadConfig(depth=2, hidden=32, out_dim=8, in_dim=16, residual=False)
+    base = TrainConfig(normalize="none", impostors="all", mined_k=0, loss="l1-energy", epochs=3, batch_size=16, patience=10, q=8.0)
     configs = [dataclasses.replace(base, lr=lr, weight_decay=wd, seed=s)
                for lr, wd, s in [(1e-3, 0.0, 0), (3e-3, 0.1, 1), (1e-2, 0.01, 2)]]
     stacked, _, runs = train_stack(task, X, head_cfg, configs, progress=False)
@@ -68,8 +68,8 @@ def test_identity_initialised_head_reproduces_baseline_exactly(head_cfg):
 
 def test_diverging_head_fails_alone_and_train_one_names_the_step():
     task, X = planted_ir_task(n_docs=120)
-    head_cfg = HeadConfig(depth=2, hidden=32, out_dim=8, in_dim=16)
-    good = TrainConfig(loss="contrastive", epochs=2, batch_size=16, grad_clip=0.0)
+    head_cfg = HeadConfig(depth=2, hidden=32, out_dim=8, in_dim=16, residual=False)
+    good = TrainConfig(normalize="none", impostors="all", mined_k=0, loss="contrastive", epochs=2, batch_size=16, grad_clip=0.0)
     bad = dataclasses.replace(good, lr=1e12, seed=1)  # weights explode -> inf/NaN loss
     _, _, runs = train_stack(task, X, head_cfg, [good, bad], progress=False)
     assert runs[0].status == "ok" and np.isfinite(runs[0].best_dev)
@@ -95,6 +95,6 @@ def test_mined_negatives_exclude_positives_and_remine_runs():
     assert mined.shape == (1, len(task.train), 5)
     for a, p, negs in zip(task.train.anchor, task.train.positive, mined[0].tolist()):
         assert p not in negs
-    cfg = TrainConfig(loss="l1-energy", epochs=2, batch_size=16, mined_k=3, remine=True, q=8.0)
-    _, _, (run,) = train_stack(task, X, HeadConfig(depth=1, out_dim=8, in_dim=16), [cfg], progress=False)
+    cfg = TrainConfig(normalize="none", impostors="all", loss="l1-energy", epochs=2, batch_size=16, mined_k=3, remine=True, q=8.0)
+    _, _, (run,) = train_stack(task, X, HeadConfig(depth=1, out_dim=8, in_dim=16, residual=False), [cfg], progress=False)
     assert run.status == "ok"

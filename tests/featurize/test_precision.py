@@ -1,0 +1,39 @@
+"""precision=bf16: close to the fp32 features but not the same computation, so the store's
+fingerprint tells them apart and a store refuses to mix the two."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from data.text_id import text_ids
+from featurize.config import FeaturizeConfig
+from featurize.run import featurize_texts, fingerprint_parts
+from featurize.store import FeatureStore, StoreError
+
+
+def config(model, **kw) -> FeaturizeConfig:
+    base = dict(model=model, dtype="float32", batch_tokens=128, commit_seconds=0, device="cpu")
+    return FeaturizeConfig(**{**base, **kw})
+
+
+def test_bf16_features_are_close_to_fp32_and_fingerprinted_apart(tiny_model, texts, tmp_path):
+    featurize_texts(config(tiny_model, precision="fp32"), texts, tmp_path / "fp32")
+    summary = featurize_texts(config(tiny_model, precision="bf16"), texts, tmp_path / "bf16")
+    assert summary["precision"] == "bf16"
+    fp32, bf16 = (FeatureStore.open(tmp_path / name) for name in ("fp32", "bf16"))
+    a = fp32.features()[fp32.rows_for(text_ids(texts))]
+    b = bf16.features()[bf16.rows_for(text_ids(texts))]
+    diff = np.abs(a - b).max()
+    assert 0 < diff < 0.1 * np.abs(a).max()  # bf16 keeps ~3 significant digits
+    assert fp32.manifest["precision"] == "fp32" and bf16.manifest["precision"] == "bf16"
+    assert fp32.fingerprint != bf16.fingerprint
+    with pytest.raises(StoreError, match="precision: store has 'fp32', this run has 'bf16'"):
+        featurize_texts(config(tiny_model, precision="bf16"), texts + ["one more"], tmp_path / "fp32")
+
+
+def test_auto_precision_is_fp32_on_cpu_and_bad_values_are_refused(tiny_model):
+    assert fingerprint_parts(config(tiny_model))["precision"] == "fp32"
+    assert config(tiny_model).resolved_precision("cuda") == "bf16"
+    with pytest.raises(ValueError, match=r"\['auto', 'fp32', 'bf16'\]"):
+        config(tiny_model, precision="fp16")
