@@ -7,6 +7,7 @@ import sys
 
 import click
 
+from featurize.config import PRECISIONS
 from featurize.pooling import POOLINGS
 from heads.config import NORMALIZATIONS, SCHEDULES
 from heads.energy import ENERGIES
@@ -34,11 +35,13 @@ def main():
               show_default=True)
 @click.option("--max-length", type=int, default=None, help="Tokens per text (default: the model's).")
 @click.option("--batch-tokens", type=int, default=None,
-              help="Padded tokens per batch (default 16384 on CPU, 65536 on GPU).")
+              help="Padded tokens per batch (default 4096 on CPU, 65536 on GPU).")
+@click.option("--precision", type=click.Choice(sorted(PRECISIONS)), default="auto", show_default=True,
+              help="Encoder maths: auto = fp32 on CPU (exact), bf16 autocast on GPU; part of the fingerprint.")
 @click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto",
               show_default=True)
 def featurize(model, data_paths, formats, store, pooling, layers, dtype, max_length, batch_tokens,
-              device):
+              precision, device):
     """Encode every text of the datasets that STORE does not hold yet (a no-op when none are new)."""
     from featurize.config import FeaturizeConfig, parse_layers
     from featurize.model import pick_device
@@ -46,10 +49,10 @@ def featurize(model, data_paths, formats, store, pooling, layers, dtype, max_len
 
     try:
         if batch_tokens is None:
-            batch_tokens = 65536 if pick_device(device) == "cuda" else 16384
+            batch_tokens = 65536 if pick_device(device) == "cuda" else FeaturizeConfig.batch_tokens
         config = FeaturizeConfig(model=model, pooling=pooling, layers=parse_layers(layers),
                                  max_length=max_length, dtype=dtype, batch_tokens=batch_tokens,
-                                 device=device)
+                                 precision=precision, device=device)
         summary = run_featurize(config, data_paths, store, formats=list(formats) or None)
     except (ValueError, FileNotFoundError) as err:
         raise click.ClickException(str(err)) from None

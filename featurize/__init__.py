@@ -5,9 +5,10 @@ the OpenMP runtime torch loads on first import: OpenMP threads that reach a barr
 instead of spinning. On a CPU shared with other busy processes, spinning waiters keep the one
 thread that still has work off its core, and every op of a forward pass stalls for a time slice;
 measured on a 2-core machine at load ~4, MiniLM forwards were 1.7-25x faster with PASSIVE (the
-small the batch, the larger the gain), and at most a few percent slower on an idle machine. It
-only takes effect when nothing imported torch before (`cli` imports this package first); the
-numbers computed are unchanged (the same threads split the same work).
+smaller the batch, the larger the gain); on the idle machine a tiny batch (8 x 20 tokens) took
+~20% longer (24 vs 20 ms, one measurement); larger ones were not measured idle. It only takes
+effect when nothing imported torch before (`cli` imports this package first); the numbers
+computed are unchanged (the same threads split the same work).
 """
 
 import os
