@@ -224,3 +224,24 @@ def test_cli_command_runs_and_resumes(tmp_path, corpus):
     assert json.loads((tmp_path / "out" / "adapt.json").read_text())["resumed_from_step"] == 2
     bad = CliRunner().invoke(adapt_command, args + ["--max-steps", "3", "--lr", "0.5"])
     assert bad.exit_code != 0 and "different config" in bad.output
+
+
+def test_adapt_then_featurize_changes_the_store_fingerprint(tmp_path, corpus):
+    """Adapted and base features never mix: the adapted encoder's store has another fingerprint, and
+    featurizing it into the base encoder's store is refused."""
+    from featurize.config import FeaturizeConfig
+    from featurize.run import featurize_texts
+    from featurize.store import FeatureStore, StoreError
+
+    model_dir = save_tiny_model(tmp_path / "tiny")
+    out = tmp_path / "adapted"
+    adapt(small_config(model_dir), [corpus], out)
+    texts = SENTENCES
+    featurize_texts(FeaturizeConfig(model=str(model_dir), dtype="float32"), texts, tmp_path / "base-store")
+    featurize_texts(FeaturizeConfig(model=str(out), dtype="float32"), texts, tmp_path / "adapted-store")
+    base, adapted = FeatureStore.open(tmp_path / "base-store"), FeatureStore.open(tmp_path / "adapted-store")
+    assert base.manifest["weights_hash"] != adapted.manifest["weights_hash"]
+    assert base.fingerprint != adapted.fingerprint
+    with pytest.raises(StoreError, match="fingerprint"):
+        featurize_texts(FeaturizeConfig(model=str(out), dtype="float32"), texts + ["a new text ."],
+                        tmp_path / "base-store")
