@@ -52,7 +52,7 @@ def main() -> None:
     args = ap.parse_args()
     store = FeatureStore.open(args.store)
     X = load_features(store)
-    head = HeadConfig(depth=2, hidden=512, out_dim=256, in_dim=X.shape[1])
+    head = HeadConfig(depth=2, hidden=512, out_dim=256, residual=False, in_dim=X.shape[1])  # the shape
     rows = []
     for name, path, loss in (("SciFact train pairs", DATA / "scifact", "l1-energy"),
                              ("STS-B train", DATA / "stsb", "l1-energy")):
