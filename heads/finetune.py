@@ -59,6 +59,10 @@ class FinetuneConfig:
     warmup_ratio: float = 0.1  # warm-up protects the encoder from the first, noisy head gradients
     grad_clip: float = 1.0  # global gradient-norm clip over encoder + head
     batch_size: int | None = None  # None -> the head's batch size (same in-batch impostors)
+    # mined hard negatives per pair while fine-tuning; None -> the head's mined_k. Each one is another
+    # sequence through the encoder with gradients: 8 per pair made one SciFact epoch need ~22 GB and
+    # ~25 min on a 2-core CPU (measured: killed for memory), so compare.toml sets 0 on CPU
+    mined_k: int | None = None
     max_steps: int | None = None  # cap on the steps of the one epoch (None = the whole epoch)
     gradient_checkpointing: bool = False  # recompute activations in backward: less memory, ~30% slower
     device: str = "auto"  # auto = cuda when available
@@ -198,11 +202,12 @@ def finetune(head_dir: str, out_dir: str, cfg: FinetuneConfig, store_path: str |
     negatives = None  # (P, K) store rows: given ones, plus hard negatives mined once on the stored features
     if kind.negatives and pairs.negative is not None:
         negatives = torch.as_tensor(pairs.negative)
-    if kind.negatives and train_cfg.mined_k and task.corpus_rows is not None:
+    mined_k = train_cfg.mined_k if cfg.mined_k is None else cfg.mined_k
+    if kind.negatives and mined_k and task.corpus_rows is not None:
         from heads.features import load_features
 
         mined = mine_negatives(load_features(store, array), pairs.anchor, task.corpus_rows, task.relevant,
-                               train_cfg.mined_k, None, 1, energy=train_cfg.eval_energy)[0]
+                               mined_k, None, 1, energy=train_cfg.eval_energy)[0]
         negatives = mined if negatives is None else torch.cat([negatives, mined], dim=-1)
 
     P = len(pairs)
