@@ -5,17 +5,12 @@ import torch
 
 from heads.losses import DEFAULT_Q, LOSS_KINDS, LOSSES, LossConfig
 
+from .test_energy import ref_energy
+
 # ----------------------------------------------------------------- loop references on floats
 
 
-def E_ref(name, a, b):
-    a, b = [float(x) for x in a], [float(x) for x in b]
-    if name == "l1":
-        return sum(abs(x - y) for x, y in zip(a, b))
-    if name == "l2":
-        return math.sqrt(sum((x - y) ** 2 for x, y in zip(a, b)))
-    dot = sum(x * y for x, y in zip(a, b))
-    return 1 - dot / (math.sqrt(sum(x * x for x in a)) * math.sqrt(sum(y * y for y in b)))
+E_ref = ref_energy  # the loop reference of the energies, shared with test_energy
 
 
 def impostor_lists(za, zp, zn, energy, same, in_batch):
