@@ -36,7 +36,7 @@ def evaluate_setups(cfg, out: Path, setups, encoders: dict, heads: dict) -> list
     rows = []
     for label, enc, head, extra in setups:
         row = {"setup": label, "encoder": enc, "head": None if head is None else str(head),
-               "seconds": round(encoders[enc]["seconds"] + extra, 1), "metrics": {}}
+               "seconds": encoders[enc]["seconds"] + extra, "metrics": {}}
         for ds in datasets:
             m = evals[enc, ds]
             block, metric = (m["head"], m["primary"]) if head is not None else (m["baseline"], m["baseline_primary"])
