@@ -119,8 +119,7 @@ def eval_head(store_path: str, head_dir: str, data_path: str, out_dir: str, data
         raise ValueError(f"{head_dir} was trained on {config['store_manifest']['dim']}-dim features; "
                          f"{store_path} holds {store.dim}-dim features")
     fp_parts = ("model_id", "weights_hash", "pooling", "max_length")
-    trained = config["store_manifest"].get("parts", config["store_manifest"])
-    here = store.manifest.get("parts", store.manifest)
+    trained, here = config["store_manifest"], store.manifest  # fingerprint parts are top-level keys
     differs = [k for k in fp_parts if k in trained and trained.get(k) != here.get(k)]
     if differs:
         raise ValueError(f"{head_dir} was trained on features that differ from {store_path} in {differs}; "

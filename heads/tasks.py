@@ -82,7 +82,7 @@ def _split_dev(keys: list, seed: int = DEV_SEED) -> set:
 
 
 def _ir_task(ds: Dataset, store: FeatureStore) -> Task:
-    beir = ds.frames["beir"] if "beir" in ds.frames else ds.beir
+    beir = ds.beir
     corpus, queries, qrels = beir.corpus, beir.queries, beir.qrels
     doc_ids = corpus["_id"].to_list()
     doc_rows = _rows(store, [doc_text(t, x) for t, x in zip(corpus["title"], corpus["text"])], f"{ds.path} corpus")
@@ -148,12 +148,10 @@ def _pair_task(ds: Dataset, store: FeatureStore, kind: str) -> Task:
     if "dev" not in splits and "train" in splits:
         n_train = frame.filter(pl.col("split") == "train").height
         dev_idx = _split_dev(list(range(n_train)))
-        idx = np.arange(frame.height)
         train_pos = np.cumsum(frame["split"].to_numpy() == "train") - 1
         is_dev = (frame["split"].to_numpy() == "train") & np.isin(train_pos, list(dev_idx))
         frame = frame.with_columns(pl.Series("split", np.where(is_dev, "dev", frame["split"].to_numpy())))
         dev_note = f"dev = {len(dev_idx)} train pairs held out ({DEV_FRACTION:.0%}, seed {DEV_SEED})"
-        del idx
     eval_sets: dict[str, object] = {}
     train = None
     for split in sorted(set(frame["split"].unique().to_list())):
