@@ -7,12 +7,12 @@ import sys
 
 import click
 
-from featurize.config import PRECISIONS
-from featurize.pooling import POOLINGS
-from heads.config import NORMALIZATIONS, SCHEDULES
-from heads.energy import ENERGIES
-from heads.losses import IMPOSTOR_MODES, LOSSES
-from heads.model import ACTIVATIONS
+from headstore.featurize.config import PRECISIONS
+from headstore.featurize.pooling import POOLINGS
+from headstore.heads.config import NORMALIZATIONS, SCHEDULES
+from headstore.heads.energy import ENERGIES
+from headstore.heads.losses import IMPOSTOR_MODES, LOSSES
+from headstore.heads.model import ACTIVATIONS
 
 
 @click.group()
@@ -43,9 +43,9 @@ def main():
 def featurize(model, data_paths, formats, store, pooling, layers, dtype, max_length, batch_tokens,
               precision, device):
     """Encode every text of the datasets that STORE does not hold yet (a no-op when none are new)."""
-    from featurize.config import FeaturizeConfig, parse_layers
-    from featurize.model import pick_device
-    from featurize.run import featurize as run_featurize
+    from headstore.featurize.config import FeaturizeConfig, parse_layers
+    from headstore.featurize.model import pick_device
+    from headstore.featurize.run import featurize as run_featurize
 
     try:
         if batch_tokens is None:
@@ -68,7 +68,7 @@ def store():
 @click.argument("path")
 def verify(path):
     """Check PATH's integrity; exit 1 listing every problem found."""
-    from featurize.verify import verify_store
+    from headstore.featurize.verify import verify_store
 
     problems = verify_store(path)
     if problems:
@@ -83,7 +83,7 @@ def verify(path):
 @click.argument("path")
 def info(path):
     """Summarise PATH: model, dims, dtype, number of texts, arrays, truncation, size on disk."""
-    from featurize.verify import store_info
+    from headstore.featurize.verify import store_info
 
     try:
         summary = store_info(path)
@@ -94,8 +94,8 @@ def info(path):
 
 def _head_and_train_options(f):
     """Options shared by train-head (every HeadConfig and TrainConfig field, defaults from the dataclasses)."""
-    from heads.config import TrainConfig
-    from heads.model import HeadConfig
+    from headstore.heads.config import TrainConfig
+    from headstore.heads.model import HeadConfig
 
     h, t = HeadConfig(), TrainConfig()
     options = [
@@ -148,9 +148,9 @@ def train_head(store, data, data_format, out, array, **settings):
     """Train one siamese energy head on stored features: train on train, select on dev, report test once."""
     from dataclasses import fields
 
-    from heads.config import TrainConfig
-    from heads.model import HeadConfig
-    from heads.run import train_head as run_train_head
+    from headstore.heads.config import TrainConfig
+    from headstore.heads.model import HeadConfig
+    from headstore.heads.run import train_head as run_train_head
 
     head_keys = {f.name for f in fields(HeadConfig)}
     try:
@@ -181,7 +181,7 @@ def _echo_metrics(metrics: dict) -> None:
               help="Dataset whose texts must not be scored (drop evaluation items that use them), e.g. the training set.")
 def eval_(store, head_dir, data, data_format, out, exclude_overlap):
     """Evaluate a trained head (and the frozen baseline beside it) on any dataset whose texts are in the store."""
-    from heads.run import eval_head
+    from headstore.heads.run import eval_head
 
     try:
         metrics = eval_head(store, head_dir, data, out, data_format, exclude_overlap)
@@ -199,7 +199,7 @@ def eval_(store, head_dir, data, data_format, out, exclude_overlap):
 @click.option("--transfer", multiple=True, help="Out-of-domain dataset every head is also scored on (repeatable).")
 def grid(store, data, data_format, grid_path, out, transfer):
     """Train every combination of a grid of heads (stacked by shape); write results, leaderboard and plots."""
-    from heads.grid import run_grid
+    from headstore.heads.experiments.grid import run_grid
 
     try:
         run_grid(store, data, grid_path, out, data_format, transfer=tuple(transfer))
@@ -229,7 +229,7 @@ def grid(store, data, data_format, grid_path, out, transfer):
 @click.option("--seed", type=int, default=0, show_default=True)
 def finetune(head_dir, out, store, data, encoder, **settings):
     """Unfreeze the encoder under a trained head and train both end to end for one epoch."""
-    from heads.finetune import FinetuneConfig, finetune as run_finetune
+    from headstore.featurize.tuning.finetune import FinetuneConfig, finetune as run_finetune
 
     try:
         summary = run_finetune(head_dir, out, FinetuneConfig(**settings), store, data, encoder)
@@ -250,7 +250,7 @@ def finetune(head_dir, out, store, data, encoder, **settings):
 @click.option("--mlm/--no-mlm", default=None, help="Measure MLM loss on held-out text (forgetting).")
 def compare(config_path, out, **overrides):
     """Frozen / adapted / fine-tuned encoder + head, in-domain and out-of-domain: compare.md and compare.json."""
-    from heads.compare import load_compare_config, run_compare
+    from headstore.heads.experiments.compare import load_compare_config, run_compare
 
     try:
         config = load_compare_config(config_path, **overrides)
@@ -260,7 +260,7 @@ def compare(config_path, out, **overrides):
     click.echo(table)
 
 
-from featurize.adapt_cli import adapt_command  # noqa: E402
+from headstore.featurize.tuning.adapt_cli import adapt_command  # noqa: E402
 
 main.add_command(adapt_command)
 

@@ -42,8 +42,8 @@ import numpy as np  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from data.readers import read_beir, read_sts  # noqa: E402
-from data.text_id import doc_text, text_ids  # noqa: E402
+from headstore.data.readers import read_beir, read_sts  # noqa: E402
+from headstore.data.text_id import doc_text, text_ids  # noqa: E402
 
 
 def load_texts(data_root: Path, limit: int | None, seed: int = 0) -> list[str]:
@@ -86,9 +86,9 @@ def st_padded_tokens(texts: list[str], n_tokens: np.ndarray, batch_size: int) ->
 def run_headstore(model: str, texts: list[str], batch_tokens: int, device: str, ref_texts,
                   dtype: str = "float32", max_length: int | None = None,
                   precision: str = "auto") -> dict:
-    from featurize.config import FeaturizeConfig
-    from featurize.run import featurize_texts
-    from featurize.store import FeatureStore
+    from headstore.featurize.config import FeaturizeConfig
+    from headstore.featurize.run import featurize_texts
+    from headstore.featurize.store import FeatureStore
 
     folder = Path(tempfile.mkdtemp(prefix="bench-store-"))
     try:
@@ -162,7 +162,7 @@ def gpu_flop_fraction(texts: list[str], peak_tflops: float, batch_tokens: int) -
     """Real tokens/s of a random BERT-base (L=12, H=768) at 128 tokens vs the bf16 peak."""
     from transformers import AutoTokenizer, BertConfig, BertModel
 
-    from featurize.model import resolve_model
+    from headstore.featurize.model import resolve_model
 
     folder = Path(tempfile.mkdtemp(prefix="bench-bert-base-"))
     try:
@@ -205,7 +205,7 @@ def main():
 
     import torch
 
-    from featurize.model import model_identity, resolve_model
+    from headstore.featurize.model import model_identity, resolve_model
 
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     gpu = device == "cuda"
@@ -223,7 +223,7 @@ def main():
     ref = reference(model_dir, ref_texts, max_length)
     from transformers import AutoTokenizer
 
-    from featurize.encode import tokenize
+    from headstore.featurize.encode import tokenize
 
     n_tokens = tokenize(AutoTokenizer.from_pretrained(model_dir), texts, max_length).n_tokens
 

@@ -26,13 +26,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from featurize.store import FeatureStore  # noqa: E402
-from heads.config import TrainConfig  # noqa: E402
-from heads.features import load_features  # noqa: E402
-from heads.model import HeadConfig  # noqa: E402
-from heads.tasks import load_task  # noqa: E402
-from heads.run import train_head  # noqa: E402
-from heads.train import train_one, train_stack  # noqa: E402
+from headstore.featurize.store import FeatureStore  # noqa: E402
+from headstore.heads.config import TrainConfig  # noqa: E402
+from headstore.heads.features import load_features  # noqa: E402
+from headstore.heads.model import HeadConfig  # noqa: E402
+from headstore.heads.tasks import load_task  # noqa: E402
+from headstore.heads.run import train_head  # noqa: E402
+from headstore.heads.train import train_one, train_stack  # noqa: E402
 
 DATA = Path(os.environ.get("HEADSTORE_DATA", Path(__file__).resolve().parents[2] / "shared" / "datasets"))
 

@@ -14,10 +14,10 @@ from typing import Callable
 
 import polars as pl
 
-from data.readers import (TEXT_FILE_SUFFIXES, BeirData, pair_columns, read_beir, read_pairs,
+from headstore.data.readers import (TEXT_FILE_SUFFIXES, BeirData, pair_columns, read_beir, read_pairs,
                           read_sts, read_text_counted, string_columns)
-from data.tables import TABLE_SUFFIXES, table_columns
-from data.text_id import doc_text
+from headstore.data.tables import TABLE_SUFFIXES, table_columns
+from headstore.data.text_id import doc_text
 
 NOT_DATA_PREFIXES = ("readme", "license", "licence", "copying", "notice")  # docs beside the data
 

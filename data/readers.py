@@ -18,8 +18,8 @@ from pathlib import Path
 
 import polars as pl
 
-from data.errors import DataError
-from data.tables import (Table, check_float_column, check_split_column, check_text_column,
+from headstore.data.errors import DataError
+from headstore.data.tables import (Table, check_float_column, check_split_column, check_text_column,
                          read_jsonl_objects, read_lines, read_table, require_columns)
 
 log = logging.getLogger(__name__)

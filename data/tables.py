@@ -17,7 +17,7 @@ from typing import Iterator
 
 import polars as pl
 
-from data.errors import DataError
+from headstore.data.errors import DataError
 
 TABLE_SUFFIXES = (".parquet", ".csv", ".tsv", ".jsonl")
 

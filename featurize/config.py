@@ -65,7 +65,7 @@ class FeaturizeConfig:
             raise ValueError(f"batch_overhead_tokens must be >= 0, got {self.batch_overhead_tokens}")
         if self.device not in DEVICES:
             raise ValueError(f"device {self.device!r} not valid; choose one of {list(DEVICES)}")
-        from featurize.pooling import POOLINGS
+        from headstore.featurize.pooling import POOLINGS
 
         if self.pooling not in POOLINGS:
             raise ValueError(f"pooling {self.pooling!r} not valid; choose one of {sorted(POOLINGS)}")

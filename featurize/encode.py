@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from featurize.pooling import POOLINGS
+from headstore.featurize.pooling import POOLINGS
 
 # bump when the encoding logic changes the numbers stored (pooling maths, truncation, dtypes)
 CODE_VERSION = 2  # 2: cost-model batch plan (fp32 features move by ~1e-6), precision part

@@ -167,7 +167,6 @@ def pick_device(device: str) -> str:
 
 def load_encoder(name_or_path: str, device: str = "auto", max_length: int | None = None) -> Encoder:
     """Model (safetensors, no remote code, SDPA attention unless unsupported) and tokenizer."""
-    import torch
     from transformers import AutoModel, AutoTokenizer
 
     identity = model_identity(name_or_path, max_length)

@@ -14,11 +14,12 @@ import polars as pl
 import torch
 from tqdm import tqdm
 
-from data.text_id import text_ids as compute_text_ids
-from featurize.config import FeaturizeConfig
-from featurize.encode import CODE_VERSION, encode_batch, plan_batches, prefetch_batches, tokenize
-from featurize.model import load_encoder, model_identity, pick_device
-from featurize.store import StoreWriter, array_names, atomic_write_bytes
+from headstore.data.text_id import text_ids as compute_text_ids
+from headstore.featurize.config import FeaturizeConfig
+from headstore.featurize.encode import CODE_VERSION, encode_batch, plan_batches, prefetch_batches, tokenize
+from headstore.featurize.model import load_encoder, model_identity, pick_device
+from headstore.data.files import atomic_write_text
+from headstore.featurize.store import StoreWriter, array_names
 
 
 def fingerprint_parts(config: FeaturizeConfig) -> dict:
@@ -34,7 +35,7 @@ def fingerprint_parts(config: FeaturizeConfig) -> dict:
 def featurize(config: FeaturizeConfig, data_paths: Sequence[str | Path], store_path: str | Path,
               formats: Sequence[str | None] | None = None) -> dict:
     """Encode every text of the datasets that the store does not hold yet; returns a summary."""
-    from data.dataset import load_dataset
+    from headstore.data.dataset import load_dataset
 
     formats = list(formats) if formats else [None] * len(data_paths)
     if len(formats) == 1 and len(data_paths) > 1:
@@ -116,7 +117,7 @@ def featurize_texts(config: FeaturizeConfig, texts: Sequence[str], store_path: s
             summary.update(_encode_new(config, writer, new_ids, [unique[t] for t in new_ids]))
             # the settings of the latest run that added rows, beside the store (speed settings
             # may differ between runs; the parts that change numbers are in the fingerprint)
-            atomic_write_bytes(Path(store_path) / "config.json", config.to_json().encode())
+            atomic_write_text(Path(store_path) / "config.json", config.to_json())
         else:
             summary.update(n_truncated=0, real_tokens=0)
         summary.update(n_texts=writer.n_texts, fingerprint=writer.manifest["fingerprint"],

@@ -34,6 +34,8 @@ import polars as pl
 import zarr
 from filelock import FileLock, Timeout
 
+from headstore.data.files import atomic_write_bytes, atomic_write_parquet
+
 MANIFEST = "manifest.json"
 TEXTS = "texts.parquet"
 LOCK = ".lock"
@@ -60,22 +62,8 @@ def array_names(layers: Sequence[int]) -> dict[str, int]:
             for i, layer in enumerate(layers)}
 
 
-def atomic_write_bytes(path: Path, data: bytes) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
 def _write_table(path: Path, table: pl.DataFrame) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    table.write_parquet(tmp, compression="zstd")
-    with open(tmp, "rb") as f:
-        os.fsync(f.fileno())
-    crash_point("table_written")
-    os.replace(tmp, path)
+    atomic_write_parquet(path, table, before_publish=lambda: crash_point("table_written"))
 
 
 _crash_counts: dict[str, int] = {}
@@ -208,7 +196,7 @@ class StoreWriter:
                 arr.resize((n, arr.shape[1]))
             for stray in (self.path / self.manifest["arrays"][name]["path"]).rglob("*.partial"):
                 stray.unlink()
-        for stray in self.path.glob(".*.tmp"):
+        for stray in [*self.path.glob(".*.tmp"), *self.path.glob(".*.incomplete")]:
             stray.unlink()
         if self.manifest["n_texts"] != n:
             self._write_manifest()

@@ -9,8 +9,8 @@ import numpy as np
 import polars as pl
 import zarr
 
-from data.text_id import text_ids as compute_text_ids
-from featurize.store import FINGERPRINT_PARTS, MANIFEST, TEXTS, TEXTS_SCHEMA, fingerprint_of
+from headstore.data.text_id import text_ids as compute_text_ids
+from headstore.featurize.store import FINGERPRINT_PARTS, MANIFEST, TEXTS, TEXTS_SCHEMA, fingerprint_of
 
 BLOCK_ROWS = 65536  # rows checked at a time: bounded memory for large stores
 
@@ -91,7 +91,7 @@ def _dir_size(path: Path) -> int:
 
 def store_info(path: str | Path) -> dict:
     """Model, dims, dtype, N, arrays, truncated count and size on disk."""
-    from featurize.store import FeatureStore
+    from headstore.featurize.store import FeatureStore
 
     store = FeatureStore.open(path)
     m = store.manifest

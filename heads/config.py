@@ -3,8 +3,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, fields
 
-from heads.energy import ENERGIES
-from heads.losses import IMPOSTOR_MODES, LOSSES, LossConfig
+from headstore.heads.energy import ENERGIES
+from headstore.heads.losses import IMPOSTOR_MODES, LOSSES, LossConfig
 
 SCHEDULES = ("cosine", "linear", "constant")
 NORMALIZATIONS = ("none", "center", "l2", "center-l2", "standardize")

@@ -12,9 +12,9 @@ from typing import Callable
 import numpy as np
 import torch
 
-from heads.energy import ENERGIES, pairwise_energy
-from heads.metrics import ir_metrics_per_query, pair_metrics, sts_metrics, topk_ranking
-from heads.tasks import IRSplit, PairSet, Task
+from headstore.heads.energy import ENERGIES, pairwise_energy
+from headstore.heads.metrics import ir_metrics_per_query, pair_metrics, sts_metrics, topk_ranking
+from headstore.heads.tasks import IRSplit, PairSet, Task
 
 PREFIX = {"l1": "manhattan", "l2": "euclidean", "cosine": "cosine"}
 IR_TOPK = 100  # one top-k pass serves every cutoff (1, 10, 100)

@@ -9,7 +9,7 @@ import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
 
-from featurize.store import FeatureStore
+from headstore.featurize.store import FeatureStore
 
 
 def load_features(store: FeatureStore, array: str = "features") -> torch.Tensor:

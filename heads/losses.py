@@ -26,7 +26,7 @@ from typing import Callable, Optional
 import torch
 import torch.nn.functional as F
 
-from heads.energy import ENERGIES, check_energy, pairwise_energy
+from headstore.heads.energy import ENERGIES, check_energy, pairwise_energy
 
 IMPOSTOR_MODES = ("all", "hardest", "semi-hard")
 

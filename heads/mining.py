@@ -10,8 +10,8 @@ from typing import Callable, Optional
 import numpy as np
 import torch
 
-from heads.energy import pairwise_energy
-from heads.metrics import topk_ranking
+from headstore.heads.energy import pairwise_energy
+from headstore.heads.metrics import topk_ranking
 
 CHUNK = 512  # anchors per block of the (chunk, N) energy matrix
 

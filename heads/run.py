@@ -10,30 +10,23 @@ Output directory:
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import asdict
 from pathlib import Path
 
-import numpy as np
 import torch
 
-from featurize.store import FeatureStore
-from heads.config import TrainConfig
-from heads.evaluate import PREFIX, baseline_metrics, embed_rows, evaluate_split, primary_metric
-from heads.features import Normalizer, load_features
-from heads.metrics import bootstrap_ci
-from heads.model import HeadConfig, load_heads, save_heads
-from heads.plots import plot_curve
-from heads.tasks import Task, load_task, task_rows, without_overlap
-from heads.train import HeadRun, train_one
+from headstore.data.files import atomic_write_json
+from headstore.featurize.store import FeatureStore
+from headstore.heads.config import TrainConfig
+from headstore.heads.evaluate import PREFIX, embed_rows, evaluate_split, primary_metric
+from headstore.heads.features import Normalizer, load_features
+from headstore.heads.metrics import bootstrap_ci
+from headstore.heads.model import HeadConfig, load_heads, save_heads
+from headstore.heads.experiments.plots import plot_curve
+from headstore.heads.tasks import Task, load_task, task_rows, without_overlap
+from headstore.heads.train import train_one
 
 TEST_SPLIT = "test"
-
-
-def _write_json(path: Path, obj) -> None:
-    tmp = path.with_suffix(path.suffix + ".incomplete")
-    tmp.write_text(json.dumps(obj, indent=2, sort_keys=True, default=float))
-    os.replace(tmp, path)
 
 
 def ci_of(task: Task, split: str, items: dict, prefix: str, n_boot: int = 1000) -> list[float]:
@@ -88,10 +81,10 @@ def train_head(store_path: str, data_path: str, out_dir: str, head_cfg: HeadConf
               "store": str(store_path), "store_fingerprint": store.fingerprint, "array": array,
               "store_manifest": {k: v for k, v in store.manifest.items() if k != "arrays"},
               "best_epoch": run.best_epoch, "train_seconds": run.seconds}
-    _write_json(out / "config.json", config)
+    atomic_write_json(out / "config.json", config, sort_keys=True)
     metrics = evaluate_head(task, features, model, norm, cfg.eval_energy, ("dev", TEST_SPLIT))
     metrics["history"] = run.history
-    _write_json(out / "metrics.json", metrics)
+    atomic_write_json(out / "metrics.json", metrics, sort_keys=True)
     plot_curve(run.history, out / "curve.png", title=f"{task.name}: {cfg.loss} ({cfg.eval_energy})")
     return metrics
 
@@ -140,5 +133,5 @@ def eval_head(store_path: str, head_dir: str, data_path: str, out_dir: str, data
         metrics["overlap_dropped"] = {"with": str(exclude_overlap), **dropped}
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    _write_json(out / "metrics.json", metrics)
+    atomic_write_json(out / "metrics.json", metrics, sort_keys=True)
     return metrics

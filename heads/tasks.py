@@ -14,9 +14,9 @@ from dataclasses import dataclass, field
 import numpy as np
 import polars as pl
 
-from data.dataset import Dataset, load_dataset
-from data.text_id import doc_text, text_id
-from featurize.store import FeatureStore
+from headstore.data.dataset import Dataset, load_dataset
+from headstore.data.text_id import doc_text, text_id
+from headstore.featurize.store import FeatureStore
 
 DEV_FRACTION = 0.1  # a tenth of train queries/pairs: enough for a stable dev metric on SciFact (~80 queries)
 DEV_SEED = 20260  # fixed so every head, seed and run sees the same dev slice

@@ -15,14 +15,14 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from heads.config import TrainConfig, stack_key
-from heads.evaluate import embed_rows, evaluate_split, primary_metric
-from heads.features import Normalizer
-from heads.losses import LOSS_KINDS, get_loss
-from heads.mining import mine_negatives
-from heads.model import HeadConfig, StackedMLP
-from heads.stacked_adamw import StackedAdamW
-from heads.tasks import Task
+from headstore.heads.config import TrainConfig, stack_key
+from headstore.heads.evaluate import embed_rows, evaluate_split, primary_metric
+from headstore.heads.features import Normalizer
+from headstore.heads.losses import LOSS_KINDS, get_loss
+from headstore.heads.mining import mine_negatives
+from headstore.heads.model import HeadConfig, StackedMLP
+from headstore.heads.stacked_adamw import StackedAdamW
+from headstore.heads.tasks import Task
 
 
 # graded / labelled pairs given to a loss that takes positive pairs only (mnr, l1-ce, triplet): keep the

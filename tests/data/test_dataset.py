@@ -8,9 +8,9 @@ import time
 import polars as pl
 import pytest
 
-from data.dataset import FORMATS, Dataset, detect_format, load_dataset, resolve_data_path
-from data.errors import DataError
-from data.text_id import doc_text
+from headstore.data.dataset import FORMATS, Dataset, detect_format, load_dataset, resolve_data_path
+from headstore.data.errors import DataError
+from headstore.data.text_id import doc_text
 
 
 def write_beir(folder):

@@ -11,8 +11,8 @@ import re
 import polars as pl
 import pytest
 
-from data.errors import DataError
-from data.readers import BeirData, read_beir, read_pairs, read_sts, read_text, read_text_counted
+from headstore.data.errors import DataError
+from headstore.data.readers import BeirData, read_beir, read_pairs, read_sts, read_text, read_text_counted
 
 
 # ---- helpers ------------------------------------------------------------------------------------

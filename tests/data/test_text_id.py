@@ -2,7 +2,7 @@ import hashlib
 
 import pytest
 
-from data.text_id import doc_text, text_id, text_ids
+from headstore.data.text_id import doc_text, text_id, text_ids
 
 
 def reference_text_id(text: str) -> str:

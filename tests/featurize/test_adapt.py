@@ -10,10 +10,10 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoModel, BertConfig, BertForMaskedLM, BertModel, BertTokenizerFast
 
-from featurize.adapt import CHECKPOINT, AdaptConfig, adapt, lr_at
-from featurize.model import weights_hash
-from featurize.mlm_eval import mlm_loss, pseudo_perplexity
-from featurize.mlm_head import HEAD_FILE, load_mlm_model, masked_lm_loss
+from headstore.featurize.tuning.adapt import CHECKPOINT, AdaptConfig, adapt, lr_at
+from headstore.featurize.model import weights_hash
+from headstore.featurize.tuning.mlm_eval import mlm_loss, pseudo_perplexity
+from headstore.featurize.tuning.mlm_head import HEAD_FILE, load_mlm_model, masked_lm_loss
 
 VOCAB = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "the", "cell", "protein", "gene", "binds",
          "to", "a", "in", "of", "and", "mouse", "human", "is", "expressed", "tumor", "brain",
@@ -193,7 +193,7 @@ def test_masked_lm_loss_equals_full_forward_loss():
 
 
 def test_fresh_head_gets_its_own_learning_rate(tmp_path):
-    from featurize.adapt import _optimizer
+    from headstore.featurize.tuning.adapt import _optimizer
 
     model, _ = load_mlm_model(save_tiny_model(tmp_path / "headless", with_head=False))
     config = AdaptConfig(lr=1e-4, fresh_head_lr=1e-2)
@@ -211,7 +211,7 @@ def test_fresh_head_gets_its_own_learning_rate(tmp_path):
 
 def test_cli_command_runs_and_resumes(tmp_path, corpus):
     from click.testing import CliRunner
-    from featurize.adapt_cli import adapt_command
+    from headstore.featurize.tuning.adapt_cli import adapt_command
 
     model_dir = save_tiny_model(tmp_path / "tiny")
     args = [str(corpus), "--model", str(model_dir), "--out", str(tmp_path / "out"),
@@ -229,9 +229,9 @@ def test_cli_command_runs_and_resumes(tmp_path, corpus):
 def test_adapt_then_featurize_changes_the_store_fingerprint(tmp_path, corpus):
     """Adapted and base features never mix: the adapted encoder's store has another fingerprint, and
     featurizing it into the base encoder's store is refused."""
-    from featurize.config import FeaturizeConfig
-    from featurize.run import featurize_texts
-    from featurize.store import FeatureStore, StoreError
+    from headstore.featurize.config import FeaturizeConfig
+    from headstore.featurize.run import featurize_texts
+    from headstore.featurize.store import FeatureStore, StoreError
 
     model_dir = save_tiny_model(tmp_path / "tiny")
     out = tmp_path / "adapted"

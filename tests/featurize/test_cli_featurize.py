@@ -7,8 +7,8 @@ import json
 import polars as pl
 from click.testing import CliRunner
 
-from cli import main
-from featurize.store import FeatureStore
+from headstore.cli import main
+from headstore.featurize.store import FeatureStore
 
 
 def test_cli_round_trip(tiny_model, texts, tmp_path):

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-import featurize.model as model_module
-from featurize.model import (default_max_length, load_encoder, model_identity, resolve_model,
+import headstore.featurize.model as model_module
+from headstore.featurize.model import (default_max_length, load_encoder, model_identity, resolve_model,
                              tokenizer_hash, weights_hash)
 
 

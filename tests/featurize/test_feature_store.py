@@ -13,12 +13,12 @@ import torch
 import zarr
 from transformers import AutoModel, AutoTokenizer
 
-import featurize.run as run_module
-from data.text_id import text_ids
-from featurize.config import FeaturizeConfig
-from featurize.run import featurize_texts
-from featurize.store import FeatureStore, StoreError
-from featurize.verify import verify_store
+import headstore.featurize.run as run_module
+from headstore.data.text_id import text_ids
+from headstore.featurize.config import FeaturizeConfig
+from headstore.featurize.run import featurize_texts
+from headstore.featurize.store import FeatureStore, StoreError
+from headstore.featurize.verify import verify_store
 
 from featurize_helpers import random_texts
 

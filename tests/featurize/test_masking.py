@@ -4,8 +4,8 @@ from __future__ import annotations
 import torch
 from transformers import BertTokenizerFast
 
-from featurize.masking import IGNORE_INDEX, MaskingVocab, mask_tokens, wordpiece_word_ids
-from featurize.packing import MLMCollator, pack_texts, split_holdout
+from headstore.featurize.tuning.masking import IGNORE_INDEX, MaskingVocab, mask_tokens, wordpiece_word_ids
+from headstore.featurize.tuning.packing import MLMCollator, pack_texts, split_holdout
 
 SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 WORDS = ["the", "cell", "protein", "gene", "binds", "to", "a", "in", "of", "and", "mouse",

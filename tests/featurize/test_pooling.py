@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from featurize.pooling import POOLINGS, cls_pool, max_pool, mean_pool
+from headstore.featurize.pooling import POOLINGS, cls_pool, max_pool, mean_pool
 
 
 @pytest.fixture

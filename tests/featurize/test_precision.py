@@ -6,10 +6,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from data.text_id import text_ids
-from featurize.config import FeaturizeConfig
-from featurize.run import featurize_texts, fingerprint_parts
-from featurize.store import FeatureStore, StoreError
+from headstore.data.text_id import text_ids
+from headstore.featurize.config import FeaturizeConfig
+from headstore.featurize.run import featurize_texts, fingerprint_parts
+from headstore.featurize.store import FeatureStore, StoreError
 
 
 def config(model, **kw) -> FeaturizeConfig:

@@ -7,7 +7,7 @@ import polars as pl
 import pytest
 from click.testing import CliRunner
 
-from cli import main
+from headstore.cli import main
 
 WORDS = "alpha beta gamma delta epsilon zeta theta kappa lambda sigma omega river tree stone".split()
 

@@ -4,8 +4,8 @@ import json
 import pytest
 from click.testing import CliRunner
 
-from cli import main
-from heads.compare import load_compare_config
+from headstore.cli import main
+from headstore.heads.experiments.compare import load_compare_config
 
 from .finetune_world import sentence, tiny_beir, tiny_bert, tiny_sts
 

@@ -3,7 +3,7 @@ import math
 import pytest
 import torch
 
-from heads.energy import ENERGIES, energy_upper_bound, pairwise_energy
+from headstore.heads.energy import ENERGIES, energy_upper_bound, pairwise_energy
 
 
 def ref_energy(name, a, b):

@@ -7,14 +7,14 @@ import torch
 from click.testing import CliRunner
 from safetensors.torch import load_file
 
-from cli import main
-from featurize.config import FeaturizeConfig
-from featurize.run import featurize
-from featurize.store import FeatureStore
-from heads.config import TrainConfig
-from heads.finetune import FinetuneConfig, build_optimizer, encoder_blocks, finetune, n_unfrozen
-from heads.model import HeadConfig, StackedMLP
-from heads.run import train_head
+from headstore.cli import main
+from headstore.featurize.config import FeaturizeConfig
+from headstore.featurize.run import featurize
+from headstore.featurize.store import FeatureStore
+from headstore.heads.config import TrainConfig
+from headstore.featurize.tuning.finetune import FinetuneConfig, build_optimizer, encoder_blocks, finetune, n_unfrozen
+from headstore.heads.model import HeadConfig, StackedMLP
+from headstore.heads.run import train_head
 
 from .finetune_world import tiny_beir, tiny_bert
 

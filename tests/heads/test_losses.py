@@ -3,7 +3,7 @@ import math
 import pytest
 import torch
 
-from heads.losses import DEFAULT_Q, LOSS_KINDS, LOSSES, LossConfig
+from headstore.heads.losses import DEFAULT_Q, LOSS_KINDS, LOSSES, LossConfig
 
 from .test_energy import ref_energy
 

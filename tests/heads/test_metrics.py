@@ -6,7 +6,7 @@ import torch
 from scipy import stats
 from sklearn.metrics import ndcg_score
 
-from heads.metrics import bootstrap_ci, ir_metrics, ir_metrics_per_query, pair_metrics, sts_metrics, topk_ranking
+from headstore.heads.metrics import bootstrap_ci, ir_metrics, ir_metrics_per_query, pair_metrics, sts_metrics, topk_ranking
 
 
 def random_ir(Q=12, N=40, seed=0):

@@ -4,7 +4,7 @@ import pytest
 import torch
 import torch.nn as nn
 
-from heads.model import HeadConfig, StackedMLP, load_heads, save_heads
+from headstore.heads.model import HeadConfig, StackedMLP, load_heads, save_heads
 
 
 def cfg(**kw):

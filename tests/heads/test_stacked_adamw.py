@@ -1,8 +1,8 @@
 import pytest
 import torch
 
-from heads.model import HeadConfig, StackedMLP
-from heads.stacked_adamw import StackedAdamW
+from headstore.heads.model import HeadConfig, StackedMLP
+from headstore.heads.stacked_adamw import StackedAdamW
 
 
 def head_loss(out, target):  # (H, B, d) -> (H,) independent per head

@@ -4,10 +4,10 @@ import numpy as np
 import pytest
 import torch
 
-from heads.config import TrainConfig
-from heads.evaluate import embed_rows, evaluate_split
-from heads.model import HeadConfig, StackedMLP
-from heads.train import TrainingDiverged, lr_factor, train_one, train_stack
+from headstore.heads.config import TrainConfig
+from headstore.heads.evaluate import embed_rows, evaluate_split
+from headstore.heads.model import HeadConfig, StackedMLP
+from headstore.heads.train import TrainingDiverged, lr_factor, train_one, train_stack
 
 from .synthetic import planted_ir_task, planted_sts_task
 
@@ -88,7 +88,7 @@ def test_lr_schedule_warms_up_then_decays():
 
 
 def test_mined_negatives_exclude_positives_and_remine_runs():
-    from heads.mining import mine_negatives
+    from headstore.heads.mining import mine_negatives
 
     task, X = planted_ir_task(n_docs=120)
     mined = mine_negatives(X, task.train.anchor, task.corpus_rows, task.relevant, 5)

@@ -6,7 +6,7 @@ import logging
 
 import click
 
-from featurize.adapt import AdaptConfig, adapt
+from headstore.featurize.tuning.adapt import AdaptConfig, adapt
 
 _DEFAULTS = AdaptConfig()
 

@@ -9,9 +9,9 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
-from heads.metrics import bootstrap_ci
-from heads.plots import plot_best_curves, plot_by_setting
-from heads.tasks import Task
+from headstore.heads.metrics import bootstrap_ci
+from headstore.heads.experiments.plots import plot_best_curves, plot_by_setting
+from headstore.heads.tasks import Task
 
 N_BOOT = 1000  # bootstrap resamples for the 95% CIs
 TOP = 15  # configurations listed in the leaderboard

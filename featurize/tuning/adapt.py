@@ -26,8 +26,10 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from featurize.mlm_head import head_parameters, load_mlm_model, masked_lm_loss, save_encoder, save_head
-from featurize.packing import MLMCollator, load_texts, pack_texts, split_holdout, texts_fingerprint
+from headstore.data.files import atomic_write_json
+from headstore.featurize.model import pick_device
+from headstore.featurize.tuning.mlm_head import head_parameters, load_mlm_model, masked_lm_loss, save_encoder, save_head
+from headstore.featurize.tuning.packing import MLMCollator, load_texts, pack_texts, split_holdout, texts_fingerprint
 
 log = logging.getLogger(__name__)
 
@@ -75,11 +77,7 @@ def lr_at(step: int, total: int, warmup: int, peak: float) -> float:
 
 
 def _device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name.startswith("cuda") and not torch.cuda.is_available():
-        raise ValueError(f"device {name!r} asked for, but CUDA is not available")
-    return torch.device(name)
+    return torch.device(pick_device(name))
 
 
 def _optimizer(model, config: AdaptConfig, fresh_head: bool) -> torch.optim.AdamW:
@@ -163,7 +161,7 @@ def adapt(config: AdaptConfig, data_paths: list[str | Path], out_dir: str | Path
     `stop_after_steps` ends this call after that many steps with a checkpoint, as an interruption
     would (the next call resumes); the final model is written only when the run completes.
     """
-    from featurize.model import resolve_model
+    from headstore.featurize.model import resolve_model
     from transformers import AutoTokenizer
 
     if not data_paths:
@@ -279,5 +277,5 @@ def _write_output(model, tokenizer, model_dir: Path, out_dir: Path, seed: int, s
             shutil.copy2(model_dir / name, out_dir / name)
     for sub in sorted(model_dir.glob("1_Pooling")):
         shutil.copytree(sub, out_dir / sub.name, dirs_exist_ok=True)
-    (out_dir / "adapt.json").write_text(json.dumps(summary, indent=1))
+    atomic_write_json(out_dir / "adapt.json", summary, indent=1)
     log.info("adapted encoder written to %s", out_dir)

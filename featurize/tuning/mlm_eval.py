@@ -23,9 +23,9 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from featurize.masking import IGNORE_INDEX
-from featurize.mlm_head import load_mlm_model, masked_lm_loss
-from featurize.packing import MLMCollator, pack_texts
+from headstore.featurize.tuning.masking import IGNORE_INDEX
+from headstore.featurize.tuning.mlm_head import load_mlm_model, masked_lm_loss
+from headstore.featurize.tuning.packing import MLMCollator, pack_texts
 
 HEAD_NOTES = {
     "pretrained": "MLM head from the checkpoint",
@@ -37,7 +37,7 @@ HEAD_NOTES = {
 
 
 def _load(model_path: str | Path, head_seed: int, device: str):
-    from featurize.model import resolve_model
+    from headstore.featurize.model import resolve_model
     from transformers import AutoTokenizer
 
     model_dir = Path(resolve_model(str(model_path)))

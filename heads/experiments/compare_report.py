@@ -14,7 +14,8 @@ import json
 import os
 from pathlib import Path
 
-from heads.run import eval_head
+from headstore.data.files import atomic_write_text
+from headstore.heads.run import eval_head
 
 GENERAL_MIN_CHARS = 50  # wikitext lines shorter than this are headings / fragments
 
@@ -46,7 +47,7 @@ def evaluate_setups(cfg, out: Path, setups, encoders: dict, heads: dict) -> list
 
 
 def _general_texts(cfg) -> list[str]:
-    from featurize.packing import load_texts
+    from headstore.featurize.tuning.packing import load_texts
 
     if not cfg.mlm_text:
         return []
@@ -55,7 +56,7 @@ def _general_texts(cfg) -> list[str]:
 
 
 def _in_domain_held_out(cfg) -> list[str]:
-    from featurize.packing import load_texts, split_holdout
+    from headstore.featurize.tuning.packing import load_texts, split_holdout
 
     _, held = split_holdout(load_texts(cfg.in_domain), cfg.mlm_holdout_fraction)
     return held[: cfg.mlm_max_texts]
@@ -63,7 +64,7 @@ def _in_domain_held_out(cfg) -> list[str]:
 
 def with_head(encoder_dir: Path, head_source: Path, folder: Path) -> Path:
     """A model dir = `encoder_dir`'s files (linked) + `head_source`'s mlm_head.safetensors."""
-    from featurize.mlm_head import HEAD_FILE
+    from headstore.featurize.tuning.mlm_head import HEAD_FILE
 
     folder.mkdir(parents=True, exist_ok=True)
     for f in encoder_dir.iterdir():
@@ -76,7 +77,7 @@ def with_head(encoder_dir: Path, head_source: Path, folder: Path) -> Path:
 
 def mlm_losses(cfg, steps, models: dict, probe: Path) -> dict:
     """{encoder: {"general": loss, "in_domain": loss, "head": ...}} on the same texts and masks."""
-    from featurize.mlm_eval import mlm_loss
+    from headstore.featurize.tuning.mlm_eval import mlm_loss
 
     sets = {"general": _general_texts(cfg), "in_domain": _in_domain_held_out(cfg)}
     results = {}
@@ -129,7 +130,7 @@ def write_report(cfg, out: Path, rows: list[dict], mlm: dict, step_seconds: dict
                      "of adaptation.")
     table = "\n".join(lines + notes) + "\n"
     (out / "compare.md").write_text(f"# compare: {cfg.model}, heads trained on {_name(cfg.in_domain)}\n\n" + table)
-    (out / "compare.json").write_text(json.dumps({"rows": rows, "step_seconds": step_seconds,
+    atomic_write_text(out / "compare.json", json.dumps({"rows": rows, "step_seconds": step_seconds,
                                                   "in_domain": cfg.in_domain, "out_of_domain": list(cfg.out_of_domain),
                                                   "model": cfg.model}, indent=1, default=float))
     return table

@@ -21,7 +21,6 @@ Output `out_dir`:
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 import shutil
 import time
@@ -32,15 +31,17 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from featurize.pooling import POOLINGS
-from featurize.store import FeatureStore, fingerprint_of
-from heads.config import TrainConfig
-from heads.losses import LOSS_KINDS, get_loss
-from heads.mining import mine_negatives
-from heads.model import save_heads
-from heads.run import load_head
-from heads.tasks import load_task
-from heads.train import lr_factor, same_mask, training_pairs
+from headstore.data.files import atomic_write_json
+from headstore.featurize.model import pick_device
+from headstore.featurize.pooling import POOLINGS
+from headstore.featurize.store import FeatureStore, fingerprint_of
+from headstore.heads.config import TrainConfig
+from headstore.heads.losses import LOSS_KINDS, get_loss
+from headstore.heads.mining import mine_negatives
+from headstore.heads.model import save_heads
+from headstore.heads.run import load_head
+from headstore.heads.tasks import load_task
+from headstore.heads.train import lr_factor, same_mask, training_pairs
 
 UNFREEZE_MODES = ("all", "top-k", "gradual")
 SIDECAR_FILES = ("modules.json", "sentence_bert_config.json", "config_sentence_transformers.json",
@@ -129,8 +130,6 @@ def set_trainable(blocks, k: int) -> None:
 
 
 def _pick_device(name: str) -> torch.device:
-    from featurize.model import pick_device
-
     return torch.device(pick_device(name))
 
 
@@ -159,7 +158,7 @@ def finetune(head_dir: str, out_dir: str, cfg: FinetuneConfig, store_path: str |
     featurized with (`encoder`, default: the store's model_id, e.g. `minilm`; a local model dir must be given)."""
     from transformers import AutoModel, AutoTokenizer
 
-    from featurize.model import model_identity, resolve_model
+    from headstore.featurize.model import model_identity, resolve_model
 
     t0 = time.perf_counter()
     head, norm, head_config = load_head(head_dir)
@@ -204,7 +203,7 @@ def finetune(head_dir: str, out_dir: str, cfg: FinetuneConfig, store_path: str |
         negatives = torch.as_tensor(pairs.negative)
     mined_k = train_cfg.mined_k if cfg.mined_k is None else cfg.mined_k
     if kind.negatives and mined_k and task.corpus_rows is not None:
-        from heads.features import load_features
+        from headstore.heads.features import load_features
 
         mined = mine_negatives(load_features(store, array), pairs.anchor, task.corpus_rows, task.relevant,
                                mined_k, None, 1, energy=train_cfg.eval_energy)[0]
@@ -263,7 +262,7 @@ def finetune(head_dir: str, out_dir: str, cfg: FinetuneConfig, store_path: str |
 
 def _write_outputs(out: Path, model, tokenizer, model_dir: Path, head, norm, head_dir, head_config, parts,
                    cfg: FinetuneConfig, history, unfrozen_at, seconds, n_blocks, steps, n_pairs) -> dict:
-    from featurize.model import model_identity
+    from headstore.featurize.model import model_identity
 
     enc_dir, new_head = out / "encoder", out / "head"
     enc_dir.mkdir(parents=True, exist_ok=True)
@@ -296,6 +295,6 @@ def _write_outputs(out: Path, model, tokenizer, model_dir: Path, head, norm, hea
     config = {**head_config, "store": None, "store_fingerprint": fingerprint, "encoder_dir": str(enc_dir),
               "store_manifest": {**head_config.get("store_manifest", {}), **new_parts, "fingerprint": fingerprint},
               "finetune": {k: v for k, v in summary.items() if k != "history"}}
-    (new_head / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True, default=float))
-    (out / "finetune.json").write_text(json.dumps(summary, indent=1, default=float))
+    atomic_write_json(new_head / "config.json", config, sort_keys=True)
+    atomic_write_json(out / "finetune.json", summary, indent=1)
     return summary

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import torch
 
-from data.text_id import doc_text, text_id
-from featurize.masking import MaskingVocab, mask_tokens
+from headstore.data.text_id import doc_text, text_id
+from headstore.featurize.tuning.masking import MaskingVocab, mask_tokens
 
 PLAIN_TEXT_SUFFIXES = (".txt", ".text", ".parquet")
 
@@ -27,7 +27,7 @@ def load_texts(path: str | Path, column: str = "text", split: str | None = None)
     if not path.exists():
         raise ValueError(f"{path}: no such file or folder")
     if path.is_file() and path.suffix.lower() in PLAIN_TEXT_SUFFIXES:
-        from data.readers import read_text
+        from headstore.data.readers import read_text
 
         frame = read_text(path, column=column)
         if split is not None:
@@ -39,12 +39,12 @@ def load_texts(path: str | Path, column: str = "text", split: str | None = None)
     if split is not None:
         raise ValueError(f"{path}: split= only applies to .txt/.parquet text files")
     if path.is_dir() and (path / "corpus.jsonl").is_file():
-        from data.readers import read_beir
+        from headstore.data.readers import read_beir
 
         corpus = read_beir(path).corpus  # the unlabeled text of an IR set is its documents
         return [doc_text(t, x) for t, x in zip(corpus["title"].to_list(), corpus["text"].to_list())]
     try:
-        from data.dataset import load_dataset
+        from headstore.data.dataset import load_dataset
     except ImportError:  # data.dataset not written yet
         raise ValueError(f"{path}: not a .txt/.parquet file or an IR corpus folder") from None
     return load_dataset(path).texts()

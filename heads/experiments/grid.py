@@ -25,15 +25,16 @@ import polars as pl
 import torch
 from tqdm.auto import tqdm
 
-from featurize.store import FeatureStore
-from heads.config import TrainConfig, stack_key
-from heads.evaluate import PREFIX, evaluate_split, embed_rows, primary_metric
-from heads.features import load_features
-from heads.losses import LOSS_KINDS
-from heads.model import HeadConfig, save_heads
-from heads.report import write_report
-from heads.tasks import Task, load_task, task_rows, without_overlap
-from heads.train import train_stack
+from headstore.data.files import atomic_write_json, atomic_write_parquet, atomic_write_text
+from headstore.featurize.store import FeatureStore
+from headstore.heads.config import TrainConfig, stack_key
+from headstore.heads.evaluate import PREFIX, evaluate_split, embed_rows, primary_metric
+from headstore.heads.features import load_features
+from headstore.heads.losses import LOSS_KINDS
+from headstore.heads.model import HeadConfig, save_heads
+from headstore.heads.experiments.report import write_report
+from headstore.heads.tasks import Task, load_task, task_rows, without_overlap
+from headstore.heads.train import train_stack
 
 HEAD_KEYS = tuple(f.name for f in fields(HeadConfig) if f.name != "in_dim")
 TRAIN_KEYS = tuple(f.name for f in fields(TrainConfig))
@@ -103,11 +104,9 @@ def _read_results(out: Path) -> pl.DataFrame | None:
 
 def _write_results(out: Path, rows: list[dict]) -> pl.DataFrame:
     frame = pl.DataFrame(rows, infer_schema_length=None)
-    tmp = out / "results.parquet.incomplete"
-    frame.write_parquet(tmp)
-    tmp.replace(out / "results.parquet")
-    frame.select([c for c in frame.columns if frame[c].dtype != pl.Object and c != "history"]).write_csv(
-        out / "results.csv")
+    atomic_write_parquet(out / "results.parquet", frame)
+    flat = frame.select([c for c in frame.columns if frame[c].dtype != pl.Object and c != "history"])
+    atomic_write_text(out / "results.csv", flat.write_csv())
     return frame
 
 
@@ -195,7 +194,7 @@ def run_grid(store_path: str, data_path: str, grid_path: str, out_dir: str, data
     if not baselines:
         X = load_features(store, "features")
         baselines["features"] = _baseline(task, X, ood)
-    (out / "baseline.json").write_text(json.dumps(baselines, indent=2, default=float))
+    atomic_write_json(out / "baseline.json", baselines)
     write_report(frame, task, baselines, out, print_it=progress)
     return frame
 

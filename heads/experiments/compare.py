@@ -23,11 +23,12 @@ import tomllib
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
-from featurize.adapt import AdaptConfig
-from featurize.config import FeaturizeConfig
-from heads.config import TrainConfig
-from heads.finetune import FinetuneConfig
-from heads.model import HeadConfig
+from headstore.data.files import atomic_write_json
+from headstore.featurize.tuning.adapt import AdaptConfig
+from headstore.featurize.config import FeaturizeConfig
+from headstore.heads.config import TrainConfig
+from headstore.featurize.tuning.finetune import FinetuneConfig
+from headstore.heads.model import HeadConfig
 
 
 def _default_mlm_text() -> str | None:
@@ -141,16 +142,14 @@ class Steps:
             result = fn(folder)
             done = {"name": name, "key": key, "settings": settings, "seconds": time.perf_counter() - t0,
                     "result": result}
-            tmp = record.with_suffix(".incomplete")
-            tmp.write_text(json.dumps(done, indent=1, default=str))
-            os.replace(tmp, record)
+            atomic_write_json(record, done, indent=1)
         self.seconds[name], self.dirs[name] = float(done["seconds"]), folder
         return folder, done["result"]
 
 
 def _featurize(steps: Steps, name: str, cfg: CompareConfig, model: str, parent_key: dict,
                store: str | None = None) -> tuple[Path, dict]:
-    from featurize.run import featurize
+    from headstore.featurize.run import featurize
 
     fcfg = dataclasses.replace(cfg.featurize, model=model)
     datasets = [cfg.in_domain, *cfg.out_of_domain]
@@ -166,7 +165,7 @@ def _featurize(steps: Steps, name: str, cfg: CompareConfig, model: str, parent_k
 
 
 def _train_head(steps: Steps, name: str, cfg: CompareConfig, store: Path, store_key: dict) -> tuple[Path, dict]:
-    from heads.run import train_head
+    from headstore.heads.run import train_head
 
     settings = {"store": store_key, "head": asdict(cfg.head), "train": cfg.train.to_dict(), "data": cfg.in_domain}
     folder, _ = steps.run(name, settings, lambda d: _first_metric(
@@ -180,13 +179,13 @@ def _first_metric(metrics: dict) -> dict:
 
 def run_compare(cfg: CompareConfig, out_dir: str, log=print) -> str:
     """Run (or reuse) every step, evaluate every setup; write compare.json and compare.md; return the table."""
-    from featurize.adapt import adapt
-    from heads.compare_report import evaluate_setups, mlm_losses, write_report
-    from heads.finetune import finetune
+    from headstore.featurize.tuning.adapt import adapt
+    from headstore.heads.experiments.compare_report import evaluate_setups, mlm_losses, write_report
+    from headstore.featurize.tuning.finetune import finetune
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "config.json").write_text(json.dumps(asdict(cfg), indent=1, default=str))
+    atomic_write_json(out / "config.json", asdict(cfg), indent=1)
     steps = Steps(out, log)
     base_key = {"model": cfg.model}
     base_store, base_feat = _featurize(steps, "featurize-base", cfg, cfg.model, base_key, cfg.base_store)
