@@ -15,30 +15,36 @@ from typing import Callable
 import polars as pl
 
 from headstore.data.readers import (TEXT_FILE_SUFFIXES, BeirData, pair_columns, read_beir, read_pairs,
-                          read_sts, read_text_counted, string_columns)
+                                    read_sts_ranged, read_text_counted, string_columns)
 from headstore.data.tables import TABLE_SUFFIXES, table_columns
 from headstore.data.text_id import doc_text
 
 NOT_DATA_PREFIXES = ("readme", "license", "licence", "copying", "notice")  # docs beside the data
 
 
-def _frames_beir(path: Path) -> tuple[dict[str, pl.DataFrame], int]:
+def _frames_beir(path: Path, score_range=None) -> tuple[dict[str, pl.DataFrame], int, None]:
     beir = read_beir(path)
     frames = {"corpus": beir.corpus, "queries": beir.queries}
     frames.update({f"qrels/{split}": qrels for split, qrels in beir.qrels.items()})
-    return frames, 0
+    return frames, 0, None
 
 
-def _frames_text(path: Path) -> tuple[dict[str, pl.DataFrame], int]:
+def _frames_sts(path: Path, score_range=None):
+    frame, found = read_sts_ranged(path, score_range)
+    return {"sts": frame}, 0, found
+
+
+def _frames_text(path: Path, score_range=None) -> tuple[dict[str, pl.DataFrame], int, None]:
     frame, skipped = read_text_counted(path)
-    return {"text": frame}, skipped
+    return {"text": frame}, skipped, None
 
 
-# format name -> reader giving (frames, number of rows skipped); the CLI offers sorted(FORMATS)
-FORMATS: dict[str, Callable[[Path], tuple[dict[str, pl.DataFrame], int]]] = {
+# format name -> reader(path, score_range) giving (frames, rows skipped, score range or None);
+# the CLI offers sorted(FORMATS)
+FORMATS: dict[str, Callable[..., tuple[dict[str, pl.DataFrame], int, tuple[float, float] | None]]] = {
     "beir": _frames_beir,
-    "sts": lambda path: ({"sts": read_sts(path)}, 0),
-    "pairs": lambda path: ({"pairs": read_pairs(path)}, 0),
+    "sts": _frames_sts,
+    "pairs": lambda path, score_range=None: ({"pairs": read_pairs(path)}, 0, None),
     "text": _frames_text,
 }
 
@@ -54,7 +60,7 @@ def resolve_data_path(path: str | Path) -> Path:
     if path.is_file():
         return path
     if not path.is_dir():
-        raise FileNotFoundError(f"{path}: no such file or folder")
+        raise FileNotFoundError(f"{path}: no such file or folder (check the --data path)")
     if (path / "corpus.jsonl").is_file():
         return path
     files = sorted(p for p in path.iterdir() if p.is_file())
@@ -103,6 +109,7 @@ class Dataset:
     path: Path  # the file or BEIR folder actually read
     frames: dict[str, pl.DataFrame]  # beir: corpus, queries, qrels/<split>; else {kind: frame}
     skipped: int = 0  # rows skipped as empty (read_text on Parquet); 0 for the other formats
+    score_range: tuple[float, float] | None = None  # sts: the scale of `score` (declared or detected)
     _texts: list[str] | None = field(default=None, repr=False)
 
     @property
@@ -150,8 +157,12 @@ class Dataset:
         return self._texts
 
 
-def load_dataset(path: str | Path, format: str | None = None) -> Dataset:
-    """Read the dataset at ``path`` (file or folder), detecting its format unless given."""
+def load_dataset(path: str | Path, format: str | None = None, score_range=None) -> Dataset:
+    """Read the dataset at ``path`` (file or folder), detecting its format unless given.
+
+    ``score_range`` (STS only): None reads the scores unchecked (only the texts are wanted, e.g. by
+    featurize); ``"detect"`` detects a 0-1 or 0-5 scale; (LO, HI) declares it, and a score outside
+    is an error naming its row."""
     path = Path(path)
     if format is not None and format not in FORMATS:
         raise ValueError(f"unknown format {format!r}; valid formats: {', '.join(sorted(FORMATS))}")
@@ -159,6 +170,6 @@ def load_dataset(path: str | Path, format: str | None = None) -> Dataset:
     kind = format or detect_format(resolved)
     if kind == "beir" and not resolved.is_dir():
         raise ValueError(f"{resolved}: the beir format reads a folder holding corpus.jsonl")
-    frames, skipped = FORMATS[kind](resolved)
+    frames, skipped, found = FORMATS[kind](resolved, score_range)
     name = path.resolve().name if path.is_dir() else path.stem
-    return Dataset(name=name, kind=kind, path=resolved, frames=frames, skipped=skipped)
+    return Dataset(name=name, kind=kind, path=resolved, frames=frames, skipped=skipped, score_range=found)

@@ -8,6 +8,7 @@
 Bad input raises ``DataError`` naming the file, the line (text files, 1-based, header counted) or
 row (Parquet, 0-based) and the problem. Nothing is dropped silently: the only things skipped are
 blank lines of text/JSONL files and, in ``read_text``, empty passages (counted and logged).
+Every case and what happens is listed in docs/bad-input.md.
 """
 
 from __future__ import annotations
@@ -19,12 +20,15 @@ from pathlib import Path
 import polars as pl
 
 from headstore.data.errors import DataError
-from headstore.data.tables import (Table, check_float_column, check_split_column, check_text_column,
-                         read_jsonl_objects, read_lines, read_table, require_columns)
+from headstore.data.tables import (SPLIT_HELP, Table, canonical_split, check_float_column,
+                                   check_split_column, check_text_column, parquet_schema,
+                                   read_jsonl_objects, read_lines, read_table, require_columns)
 
 log = logging.getLogger(__name__)
 
 QRELS_HEADER = ("query-id", "corpus-id", "score")
+# trec_eval reads grades as C ints; a grade beyond this is a corrupt file, not a judgement
+MAX_GRADE = 2**31 - 1
 
 
 # ---- BEIR ---------------------------------------------------------------------------------------
@@ -57,6 +61,8 @@ def _string_field(path: Path, line: int, obj: dict, key: str, required: bool) ->
     value = obj[key]
     if not isinstance(value, str):
         raise DataError(path, f'"{key}" must be a string, got {type(value).__name__}', line=line)
+    if "\x00" in value:
+        raise DataError(path, f'"{key}" contains a NUL character (\\u0000) (remove it)', line=line)
     return value
 
 
@@ -82,6 +88,8 @@ def _read_beir_jsonl(path: Path, with_title: bool) -> tuple[pl.DataFrame, dict[s
         ids.append(_id)
         titles.append(title)
         texts.append(text)
+    if not ids:
+        raise DataError(path, f"no {'documents' if with_title else 'queries'}: the file is empty or blank")
     if empty_docs:  # kept: qrels may judge them (Cranfield 471, 995), and they encode as ""
         log.warning("%s: %d document(s) with empty title and text (line %s%s)", path,
                     len(empty_docs), ", ".join(map(str, empty_docs[:5])),
@@ -96,6 +104,7 @@ def _read_qrels(path: Path, query_ids: dict, corpus_ids: dict) -> pl.DataFrame:
     corpus_col: list[str] = []
     scores: list[int] = []
     seen: dict[tuple[str, str], int] = {}
+    negative: list[int] = []
     lines = read_lines(path)
     header = next(lines, (1, ""))[1]
     if tuple(header.split("\t")) != QRELS_HEADER:
@@ -113,6 +122,12 @@ def _read_qrels(path: Path, query_ids: dict, corpus_ids: dict) -> pl.DataFrame:
             score_int = int(score)
         except ValueError:
             raise DataError(path, f"score must be an integer, got {score!r}", line=line) from None
+        if abs(score_int) > MAX_GRADE:
+            raise DataError(path, f"grade {score} is out of range (|grade| <= {MAX_GRADE}, as trec_eval "
+                            "reads it) (use small integer grades: 0 non-relevant, 1, 2, ... relevant)",
+                            line=line)
+        if score_int < 0:
+            negative.append(line)
         if qid not in query_ids:
             raise DataError(path, f"query id {qid!r} is not in queries.jsonl", line=line)
         if did not in corpus_ids:
@@ -124,6 +139,11 @@ def _read_qrels(path: Path, query_ids: dict, corpus_ids: dict) -> pl.DataFrame:
         query_col.append(qid)
         corpus_col.append(did)
         scores.append(score_int)
+    if not scores:
+        raise DataError(path, "no judgements (only a header) (add rows or remove the file)")
+    if negative:  # kept and counted: trec_eval reads them as non-relevant (gain 0), and so do we
+        log.warning("%s: %d judgement(s) with a negative grade, read as non-relevant (line %s%s)", path,
+                    len(negative), ", ".join(map(str, negative[:5])), ", ..." if len(negative) > 5 else "")
     return pl.DataFrame({"query_id": pl.Series(query_col, dtype=pl.String),
                          "corpus_id": pl.Series(corpus_col, dtype=pl.String),
                          "score": pl.Series(scores, dtype=pl.Int64)})
@@ -139,18 +159,62 @@ def read_beir(folder: str | Path) -> BeirData:
     qrels_files = sorted((folder / "qrels").glob("*.tsv"))
     if not qrels_files:
         log.warning("%s: no qrels/<split>.tsv files; the dataset has no relevance judgements", folder)
-    qrels = {p.stem: _read_qrels(p, query_ids, corpus_ids) for p in qrels_files}
+    qrels: dict[str, pl.DataFrame] = {}
+    file_of: dict[str, Path] = {}
+    for p in qrels_files:
+        split = canonical_split(p.stem)
+        if split is None:
+            found = ", ".join(q.name for q in qrels_files)
+            raise DataError(p, f"split {p.stem!r} is not recognised; the qrels files are {found} ({SPLIT_HELP})")
+        if split in file_of:
+            raise DataError(p, f"split {split!r} is also given by {file_of[split].name} (keep one of them)")
+        file_of[split] = p
+        qrels[split] = _read_qrels(p, query_ids, corpus_ids)
     return BeirData(corpus=corpus, queries=queries, qrels=qrels, path=folder)
 
 
 # ---- STS ----------------------------------------------------------------------------------------
 
-def read_sts(path: str | Path) -> pl.DataFrame:
-    """Sentence pairs with a similarity score: ``sentence1``, ``sentence2``, ``score`` (finite f64),
-    ``split`` — plus any other columns of the file, kept as they are.
+# Score scales recognised without --score-range, tried in this order: the STS benchmarks' 0-5 gold, and
+# 0-1 (similarities, normalised gold). Any other range must be declared.
+KNOWN_SCORE_RANGES = ((0.0, 1.0), (0.0, 5.0))
+DETECT = "detect"
 
-    A file without a ``split`` column is all ``"train"``.
-    """
+
+def _fmt_range(lo: float, hi: float) -> str:
+    return f"{lo:g},{hi:g}"
+
+
+def check_score_range(table: Table, scores: pl.Series, score_range) -> tuple[float, float]:
+    """The range the scores are on: ``score_range`` (LO, HI) checked row by row, or detected.
+
+    Detection takes the first of ``KNOWN_SCORE_RANGES`` that holds every score; scores outside both
+    are an error asking for ``--score-range``. A score outside a declared range names its row."""
+    if score_range == DETECT:
+        lo, hi = float(scores.min()), float(scores.max())
+        for known in KNOWN_SCORE_RANGES:
+            if known[0] <= lo and hi <= known[1]:
+                return known
+        at_lo, at_hi = table.place(int(scores.arg_min())), table.place(int(scores.arg_max()))
+        raise table.whole_file_error(
+            f"scores run from {lo:g} ({at_lo}) to {hi:g} ({at_hi}), which is neither "
+            f"0-1 nor 0-5 (give the scale with --score-range LO,HI, e.g. --score-range {_fmt_range(lo, hi)})")
+    lo, hi = (float(v) for v in score_range)
+    if not lo < hi:
+        raise ValueError(f"--score-range {_fmt_range(lo, hi)}: LO must be below HI")
+    outside = (scores < lo) | (scores > hi)
+    bad = outside.arg_true()
+    if len(bad):
+        first = int(bad[0])
+        more = f" ({len(bad)} rows are outside; the first is shown)" if len(bad) > 1 else ""
+        raise table.error(first, f"score {scores[first]:g} is outside the declared range "
+                          f"{_fmt_range(lo, hi)}{more} (fix the row or give the right --score-range)")
+    return lo, hi
+
+
+def read_sts_ranged(path: str | Path, score_range=None) -> tuple[pl.DataFrame, tuple[float, float] | None]:
+    """``read_sts`` plus the score range: None leaves the scores unchecked (texts only, e.g. featurize),
+    ``"detect"`` detects 0-1 / 0-5, (LO, HI) declares it (every score must lie in it)."""
     table = read_table(path)
     require_columns(table, ["sentence1", "sentence2", "score"])
     columns = {
@@ -159,7 +223,19 @@ def read_sts(path: str | Path) -> pl.DataFrame:
         "score": check_float_column(table, "score"),
         "split": check_split_column(table),
     }
-    return _with_columns_first(table.frame, columns)
+    found = None if score_range is None else check_score_range(table, columns["score"], score_range)
+    return _with_columns_first(table.frame, columns), found
+
+
+def read_sts(path: str | Path, score_range=None) -> pl.DataFrame:
+    """Sentence pairs with a similarity score: ``sentence1``, ``sentence2``, ``score`` (finite f64),
+    ``split`` — plus any other columns of the file, kept as they are.
+
+    A file without a ``split`` column is all ``"train"``; split names become train / dev / test
+    (``validation``/``valid``/``val`` are dev, any case) and any other name is an error.
+    ``score_range``: see ``read_sts_ranged``.
+    """
+    return read_sts_ranged(path, score_range)[0]
 
 
 # ---- pairs --------------------------------------------------------------------------------------
@@ -182,9 +258,15 @@ def _check_label_column(table: Table) -> pl.Series:
         bad = series.is_null() | ~labels.is_in([0, 1])
         if bad.any():
             first = int(bad.arg_true()[0])
-            raise table.error(first, f"label must be 0 or 1 (or a float), got {series[first]}")
+            raise table.error(first, f"label must be 0 or 1 (or a float in [0, 1]), got {series[first]}")
         return labels.cast(pl.Float64)
-    return check_float_column(table, "label")
+    labels = check_float_column(table, "label")
+    bad = ((labels < 0) | (labels > 1)).arg_true()
+    if len(bad):
+        first = int(bad[0])
+        raise table.error(first, f"label {labels[first]:g} is outside [0, 1] (labels are 1 for a positive "
+                          "pair, 0 for a negative, or a graded score in between; rescale the column)")
+    return labels
 
 
 def read_pairs(path: str | Path) -> pl.DataFrame:
@@ -192,8 +274,8 @@ def read_pairs(path: str | Path) -> pl.DataFrame:
 
     - ``anchor``/``positive`` may be named ``sentence1``/``sentence2``, ``question``/``sentence`` or
       ``query``/``answer`` (see ``PAIR_NAMES``); they are renamed.
-    - ``label``: 0/1 integers or finite floats. A file without labels is all positives (label 1.0).
-    - A file without a ``split`` column is all ``"train"``.
+    - ``label``: 0/1 integers or floats in [0, 1]. A file without labels is all positives (label 1.0).
+    - A file without a ``split`` column is all ``"train"``; split names as in ``read_sts``.
     Other columns are kept as they are.
     """
     table = read_table(path)
@@ -222,7 +304,7 @@ TEXT_FILE_SUFFIXES = (".txt", ".text")
 
 
 def string_columns(path: Path) -> list[str]:
-    return [n for n, t in pl.read_parquet_schema(path).items() if t in (pl.String, pl.Utf8)]
+    return [n for n, t in parquet_schema(path).items() if t in (pl.String, pl.Utf8)]
 
 
 def read_text_counted(path: str | Path, column: str = "text") -> tuple[pl.DataFrame, int]:
@@ -232,8 +314,14 @@ def read_text_counted(path: str | Path, column: str = "text") -> tuple[pl.DataFr
     if suffix in TEXT_FILE_SUFFIXES:
         if not path.is_file():
             raise DataError(path, "no such file")
-        texts = [line.strip() for _, line in read_lines(path)]
-        kept = [t for t in texts if t]
+        kept = []
+        for number, line in read_lines(path):
+            if "\x00" in line:
+                raise DataError(path, "contains a NUL character (\\x00) (remove it)", line=number)
+            if line.strip():
+                kept.append(line.strip())
+        if not kept:
+            raise DataError(path, "no passages: the file is empty or blank")
         # blank lines separate passages in plain-text files; they are not passages themselves
         frame = pl.DataFrame({"text": pl.Series(kept, dtype=pl.String),
                               "split": pl.Series(["train"] * len(kept), dtype=pl.String)})
@@ -258,6 +346,9 @@ def read_text_counted(path: str | Path, column: str = "text") -> tuple[pl.DataFr
     if len(nulls):
         raise table.error(int(nulls[0]), f"{column} is missing (null)"
                           + (f" ({len(nulls)} rows)" if len(nulls) > 1 else ""))
+    nul = series.str.contains("\x00", literal=True).arg_true()
+    if len(nul):
+        raise table.error(int(nul[0]), f"{column} contains a NUL character (\\x00) (remove it)")
     empty = series.str.strip_chars().str.len_chars() == 0
     skipped = int(empty.sum())
     if skipped:
@@ -265,8 +356,11 @@ def read_text_counted(path: str | Path, column: str = "text") -> tuple[pl.DataFr
         log.warning("%s: skipped %d empty %r value(s) (rows %s%s)", path, skipped, column,
                     ", ".join(map(str, rows)), ", ..." if skipped > 5 else "")
     # keep the other columns (labels, split, ids); a different column called "text" gives way
+    if skipped == len(series):
+        raise table.whole_file_error(f"no passages: every {column!r} value is empty")
     rest = table.frame.drop([c for c in {column, "text"} if c in table.frame.columns])
-    columns = {"text": series, "split": check_split_column(table)}
+    # split names of unlabeled text are kept as written (wikitext's `validation` is not a dev set)
+    columns = {"text": series, "split": check_split_column(table, canonical=False)}
     frame = _with_columns_first(rest, columns).filter(~empty)
     return frame, skipped
 

@@ -10,6 +10,7 @@ at its own line instead of as a parser failure somewhere in the file.
 from __future__ import annotations
 
 import csv
+import io
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,20 +35,40 @@ class Table:
             return DataError(self.path, problem, row=index)
         return DataError(self.path, problem, line=self.lines[index])
 
+    def place(self, index: int) -> str:
+        """Where row ``index`` is, in words: ``line 12`` (text files) or ``row 11`` (Parquet)."""
+        return f"row {index}" if self.lines is None else f"line {self.lines[index]}"
+
     def whole_file_error(self, problem: str) -> DataError:
         return DataError(self.path, problem)
 
 
-def read_lines(path: Path) -> Iterator[tuple[int, str]]:
-    """(1-based line number, line without its \\n or \\r\\n) for every line of a UTF-8 file."""
+# Split names: train on train, select on dev, report test. Common spellings of dev are accepted, in any case.
+SPLIT_ALIASES = {"train": "train", "dev": "dev", "validation": "dev", "valid": "dev", "val": "dev",
+                 "test": "test"}
+SPLIT_HELP = "use train, dev (or validation/valid/val) or test, in any case"
+
+
+def canonical_split(name: str) -> str | None:
+    """``train``/``dev``/``test`` for a recognised split name (``Validation`` -> ``dev``), else None."""
+    return SPLIT_ALIASES.get(name.strip().lower())
+
+
+def read_utf8(path: Path) -> str:
+    """The whole file as text; invalid UTF-8 is an error naming its line. A byte-order mark is dropped."""
     data = path.read_bytes()
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as e:
         line = data[: e.start].count(b"\n") + 1
-        raise DataError(path, f"not valid UTF-8 ({e.reason} at byte {e.start})", line=line) from None
-    if text.startswith("\ufeff"):  # a byte-order mark written by some editors
-        text = text[1:]
+        raise DataError(path, f"not valid UTF-8 ({e.reason} at byte {e.start}) "
+                        "(re-save the file as UTF-8)", line=line) from None
+    return text[1:] if text.startswith("\ufeff") else text  # a byte-order mark written by some editors
+
+
+def read_lines(path: Path) -> Iterator[tuple[int, str]]:
+    """(1-based line number, line without its \\n or \\r\\n) for every line of a UTF-8 file."""
+    text = read_utf8(path)
     # split on \n only: str.splitlines would also split on U+2028 etc., which JSON allows in strings
     for number, line in enumerate(text.split("\n"), start=1):
         yield number, line.removesuffix("\r")
@@ -69,7 +90,7 @@ def read_jsonl_objects(path: Path) -> Iterator[tuple[int, dict]]:
 
 def _read_delimited(path: Path, delimiter: str) -> Table:
     quoting = csv.QUOTE_NONE if delimiter == "\t" else csv.QUOTE_MINIMAL  # TSV quotes are text
-    with path.open(newline="", encoding="utf-8-sig") as f:
+    with io.StringIO(read_utf8(path), newline="") as f:
         try:
             reader = csv.reader(f, delimiter=delimiter, quoting=quoting, strict=True)
             header = next(reader, None)
@@ -91,8 +112,6 @@ def _read_delimited(path: Path, delimiter: str) -> Table:
                 for column, value in zip(columns, fields):
                     column.append(value)
                 lines.append(start)
-        except UnicodeDecodeError as e:
-            raise DataError(path, f"not valid UTF-8 ({e.reason})") from None
         except csv.Error as e:
             raise DataError(path, f"CSV syntax error: {e}", line=reader.line_num) from None
     frame = pl.DataFrame({name: pl.Series(name, values, dtype=pl.String)
@@ -124,42 +143,71 @@ def _read_jsonl_table(path: Path) -> Table:
     return Table(frame, path, lines)
 
 
-def read_table(path: str | Path) -> Table:
-    """Read a Parquet, CSV, TSV or JSONL file; ValueError for any other suffix."""
-    path = Path(path)
+def _check_not_empty(path: Path) -> None:
     if not path.is_file():
         raise DataError(path, "no such file")
+    if path.stat().st_size == 0:
+        raise DataError(path, "empty file (0 bytes) (check that it was written completely)")
+
+
+def parquet_schema(path: Path) -> dict:
+    """Column name -> polars dtype of a Parquet file; a truncated or non-Parquet file is a DataError."""
+    _check_not_empty(path)
+    try:
+        return dict(pl.read_parquet_schema(path))
+    except Exception as e:  # pyarrow/polars raise many types for a corrupt file
+        raise DataError(path, f"not a readable Parquet file ({type(e).__name__}: {_first_line(e)}) "
+                        "(the file may be truncated or in another format; re-export it)") from None
+
+
+def _first_line(err: Exception) -> str:
+    return (str(err).strip().splitlines() or [""])[0][:200]
+
+
+def read_table(path: str | Path) -> Table:
+    """Read a Parquet, CSV, TSV or JSONL file; ValueError for any other suffix.
+
+    An empty file, or one with a header and no rows, is a DataError: there is nothing to train or
+    evaluate on."""
+    path = Path(path)
     suffix = path.suffix.lower()
+    if suffix not in TABLE_SUFFIXES:
+        raise ValueError(f"{path}: unsupported file type {suffix!r}; valid: {', '.join(TABLE_SUFFIXES)}")
+    _check_not_empty(path)
     if suffix == ".parquet":
+        parquet_schema(path)
         try:
-            return Table(pl.read_parquet(path), path, None)
+            table = Table(pl.read_parquet(path), path, None)
         except Exception as e:  # pyarrow/polars raise many types for a corrupt file
-            raise DataError(path, f"cannot read Parquet: {e}") from None
-    if suffix == ".csv":
-        return _read_delimited(path, ",")
-    if suffix == ".tsv":
-        return _read_delimited(path, "\t")
-    if suffix == ".jsonl":
-        return _read_jsonl_table(path)
-    raise ValueError(f"{path}: unsupported file type {suffix!r}; valid: {', '.join(TABLE_SUFFIXES)}")
+            raise DataError(path, f"cannot read Parquet ({type(e).__name__}: {_first_line(e)}) "
+                            "(the file may be truncated; re-export it)") from None
+    elif suffix == ".jsonl":
+        table = _read_jsonl_table(path)
+    else:
+        table = _read_delimited(path, "," if suffix == ".csv" else "\t")
+    if table.frame.height == 0:
+        what = "no JSON objects" if suffix == ".jsonl" else "a header but no rows"
+        raise DataError(path, f"{what}: nothing to read (add rows, or check the file was exported fully)")
+    return table
 
 
 def table_columns(path: str | Path) -> list[str]:
     """Column names of a table file without reading its body (for format detection)."""
     path = Path(path)
     suffix = path.suffix.lower()
+    if suffix not in TABLE_SUFFIXES:
+        raise ValueError(f"{path}: unsupported file type {suffix!r}; valid: {', '.join(TABLE_SUFFIXES)}")
+    _check_not_empty(path)
     if suffix == ".parquet":
-        return list(pl.read_parquet_schema(path))
+        return list(parquet_schema(path))
     if suffix in (".csv", ".tsv"):
-        with path.open(newline="", encoding="utf-8-sig") as f:
-            quoting = csv.QUOTE_NONE if suffix == ".tsv" else csv.QUOTE_MINIMAL
-            delimiter = "\t" if suffix == ".tsv" else ","
-            return next(csv.reader(f, delimiter=delimiter, quoting=quoting), [])
-    if suffix == ".jsonl":
-        for _, obj in read_jsonl_objects(path):
-            return list(obj)
-        return []
-    raise ValueError(f"{path}: unsupported file type {suffix!r}; valid: {', '.join(TABLE_SUFFIXES)}")
+        first = read_utf8(path).split("\n", 1)[0].removesuffix("\r")
+        quoting = csv.QUOTE_NONE if suffix == ".tsv" else csv.QUOTE_MINIMAL
+        delimiter = "\t" if suffix == ".tsv" else ","
+        return next(csv.reader([first], delimiter=delimiter, quoting=quoting), [])
+    for _, obj in read_jsonl_objects(path):
+        return list(obj)
+    raise DataError(path, "no JSON objects: nothing to read")
 
 
 # ---- column checks shared by the readers -------------------------------------------------------
@@ -181,7 +229,8 @@ def _raise_first(table: Table, mask: pl.Series, problem) -> None:
 
 
 def check_text_column(table: Table, column: str) -> pl.Series:
-    """The column as strings; error at the first null, non-string or empty (whitespace-only) value."""
+    """The column as strings; error at the first null, non-string, empty (whitespace-only) value or
+    value holding a NUL character (an export accident, never text; it is refused, not stripped)."""
     series = table.frame[column]
     if series.dtype == pl.Null:  # every value null (e.g. a JSONL key that is always null)
         _raise_first(table, pl.Series([True] * len(series)), lambda i: f"{column} is missing (null)")
@@ -192,6 +241,8 @@ def check_text_column(table: Table, column: str) -> pl.Series:
     _raise_first(table, series.is_null(), lambda i: f"{column} is missing (null)")
     _raise_first(table, series.str.strip_chars().str.len_chars() == 0,
                  lambda i: f"{column} is empty")
+    _raise_first(table, series.str.contains("\x00", literal=True),
+                 lambda i: f"{column} contains a NUL character (\\x00) (remove it from the file)")
     return series
 
 
@@ -211,8 +262,18 @@ def check_float_column(table: Table, column: str) -> pl.Series:
     return as_float
 
 
-def check_split_column(table: Table, default: str = "train") -> pl.Series:
-    """The ``split`` column as strings, or ``default`` for every row when the file has none."""
+def check_split_column(table: Table, default: str = "train", canonical: bool = True) -> pl.Series:
+    """The ``split`` column as strings, or ``default`` for every row when the file has none.
+
+    ``canonical``: names become train / dev / test (``validation``/``valid``/``val`` are dev, any case);
+    a name that is none of these is an error listing the splits the file has."""
     if "split" not in table.frame.columns:
         return pl.Series("split", [default] * table.frame.height, dtype=pl.String)
-    return check_text_column(table, "split").str.strip_chars()
+    raw = check_text_column(table, "split").str.strip_chars()
+    if not canonical:
+        return raw
+    named = raw.str.to_lowercase().replace_strict(SPLIT_ALIASES, default=None, return_dtype=pl.String)
+    found = ", ".join(repr(s) for s in sorted(raw.unique().to_list()))
+    _raise_first(table, named.is_null(),
+                 lambda i: f"split {raw[i]!r} is not recognised; the file's splits are {found} ({SPLIT_HELP})")
+    return named.alias("split")

@@ -298,7 +298,7 @@ def test_read_pairs_float_labels_and_alias_columns(tmp_path):
     ("anchor", None, "anchor is missing (null)"),
     ("positive", "", "positive is empty"),
     ("negative", " \t", "negative is empty"),
-    ("label", 2, "label must be 0 or 1 (or a float), got 2"),
+    ("label", 2, "label must be 0 or 1 (or a float in [0, 1]), got 2"),
     ("split", None, "split is missing (null)"),
 ])
 def test_read_pairs_parquet_errors_name_row(tmp_path, column, value, problem):
