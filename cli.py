@@ -1,8 +1,14 @@
-"""headstore command line: one click group, each command a thin layer over one library call."""
+"""headstore command line: one click group, each command a thin layer over one library call.
+
+Bad input (a ValueError such as DataError or StoreError, a missing file, a refused path) is shown as one
+line, `Error: path:line/row: problem (what to do)`, with exit code 2 and no traceback; `cli --debug ...`
+shows the traceback. Anything else is a bug and keeps its traceback. docs/bad-input.md lists the cases.
+"""
 
 from __future__ import annotations
 
 import json
+import math
 import sys
 
 import click
@@ -15,8 +21,67 @@ from headstore.heads.losses import IMPOSTOR_MODES, LOSSES
 from headstore.heads.model import ACTIVATIONS
 
 
-@click.group()
-def main():
+# exceptions that mean "the input (files, options, paths) is wrong", never "headstore has a bug"
+USER_ERRORS = (ValueError, FileNotFoundError, FileExistsError, IsADirectoryError, NotADirectoryError,
+               PermissionError)
+BAD_INPUT_EXIT = 2  # as click's own usage errors
+
+
+class BadInput(click.ClickException):
+    """A user error as click shows it: `Error: <message>` on stderr, exit code 2."""
+
+    exit_code = BAD_INPUT_EXIT
+
+
+def user_message(err: BaseException) -> str:
+    """The one-line message of a user error (an OSError from open() becomes `path: problem`)."""
+    if isinstance(err, OSError) and err.filename is not None and err.strerror:
+        return f"{err.filename}: {err.strerror.lower()}"
+    return str(err)
+
+
+class HeadstoreGroup(click.Group):
+    """The one place user errors become messages: every command (nested groups included) runs inside
+    this group's invoke, so no command needs its own try/except."""
+
+    def invoke(self, ctx: click.Context):
+        try:
+            return super().invoke(ctx)
+        except USER_ERRORS as err:
+            if ctx.find_root().params.get("debug"):
+                raise
+            raise BadInput(user_message(err)) from None
+
+
+class ScoreRange(click.ParamType):
+    """`LO,HI`, two finite numbers with LO < HI (the scale of an STS table's scores)."""
+
+    name = "LO,HI"
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, tuple):
+            return value
+        try:
+            lo, hi = (float(v) for v in str(value).split(","))
+        except ValueError:
+            self.fail(f"{value!r} is not LO,HI (two numbers, e.g. 0,5)", param, ctx)
+        if not (math.isfinite(lo) and math.isfinite(hi) and lo < hi):
+            self.fail(f"{value!r}: need finite LO < HI", param, ctx)
+        return lo, hi
+
+
+score_range_option = click.option(
+    "--score-range", type=ScoreRange(), default=None,
+    help="Scale of an STS table's scores, e.g. 0,5 (default: detected as 0-1 or 0-5); "
+         "a score outside it is an error naming its row.")
+overwrite_option = click.option(
+    "--overwrite", is_flag=True,
+    help="Replace what --out already holds (a head, an eval, a grid); a feature store is never replaced.")
+
+
+@click.group(cls=HeadstoreGroup)
+@click.option("--debug", is_flag=True, help="Show the Python traceback of an error in the input.")
+def main(debug):
     """headstore: featurize texts once with a frozen encoder, train many small heads on the features."""
 
 
@@ -47,15 +112,12 @@ def featurize(model, data_paths, formats, store, pooling, layers, dtype, max_len
     from headstore.featurize.model import pick_device
     from headstore.featurize.run import featurize as run_featurize
 
-    try:
-        if batch_tokens is None:
-            batch_tokens = 65536 if pick_device(device) == "cuda" else FeaturizeConfig.batch_tokens
-        config = FeaturizeConfig(model=model, pooling=pooling, layers=parse_layers(layers),
-                                 max_length=max_length, dtype=dtype, batch_tokens=batch_tokens,
-                                 precision=precision, device=device)
-        summary = run_featurize(config, data_paths, store, formats=list(formats) or None)
-    except (ValueError, FileNotFoundError) as err:
-        raise click.ClickException(str(err)) from None
+    if batch_tokens is None:
+        batch_tokens = 65536 if pick_device(device) == "cuda" else FeaturizeConfig.batch_tokens
+    config = FeaturizeConfig(model=model, pooling=pooling, layers=parse_layers(layers),
+                             max_length=max_length, dtype=dtype, batch_tokens=batch_tokens,
+                             precision=precision, device=device)
+    summary = run_featurize(config, data_paths, store, formats=list(formats) or None)
     click.echo(json.dumps(summary, indent=2))
 
 
@@ -85,10 +147,7 @@ def info(path):
     """Summarise PATH: model, dims, dtype, number of texts, arrays, truncation, size on disk."""
     from headstore.featurize.verify import store_info
 
-    try:
-        summary = store_info(path)
-    except ValueError as err:
-        raise click.ClickException(str(err)) from None
+    summary = store_info(path)
     click.echo(json.dumps(summary, indent=2))
 
 
@@ -143,8 +202,10 @@ def _head_and_train_options(f):
 @click.option("--format", "data_format", default=None, help="Dataset format (default: detected).")
 @click.option("--out", required=True, help="Output directory for head.safetensors, config.json, metrics.json, curve.png.")
 @click.option("--array", default="features", show_default=True, help="Store array (another layer) to train on.")
+@score_range_option
+@overwrite_option
 @_head_and_train_options
-def train_head(store, data, data_format, out, array, **settings):
+def train_head(store, data, data_format, out, array, score_range, overwrite, **settings):
     """Train one siamese energy head on stored features: train on train, select on dev, report test once."""
     from dataclasses import fields
 
@@ -153,12 +214,10 @@ def train_head(store, data, data_format, out, array, **settings):
     from headstore.heads.run import train_head as run_train_head
 
     head_keys = {f.name for f in fields(HeadConfig)}
-    try:
-        head_cfg = HeadConfig(**{k: v for k, v in settings.items() if k in head_keys})
-        cfg = TrainConfig(**{k: v for k, v in settings.items() if k not in head_keys})
-        metrics = run_train_head(store, data, out, head_cfg, cfg, data_format, array)
-    except (ValueError, FileNotFoundError, KeyError, RuntimeError) as err:
-        raise click.ClickException(str(err)) from None
+    head_cfg = HeadConfig(**{k: v for k, v in settings.items() if k in head_keys})
+    cfg = TrainConfig(**{k: v for k, v in settings.items() if k not in head_keys})
+    metrics = run_train_head(store, data, out, head_cfg, cfg, data_format, array, score_range=score_range,
+                             overwrite=overwrite)
     _echo_metrics(metrics)
 
 
@@ -179,14 +238,16 @@ def _echo_metrics(metrics: dict) -> None:
 @click.option("--out", required=True, help="Directory for metrics.json.")
 @click.option("--exclude-overlap", default=None,
               help="Dataset whose texts must not be scored (drop evaluation items that use them), e.g. the training set.")
-def eval_(store, head_dir, data, data_format, out, exclude_overlap):
-    """Evaluate a trained head (and the frozen baseline beside it) on any dataset whose texts are in the store."""
+@score_range_option
+@overwrite_option
+def eval_(store, head_dir, data, data_format, out, exclude_overlap, score_range, overwrite):
+    """Evaluate a trained head (and the frozen baseline beside it) on any dataset whose texts are in the store.
+
+    Scores the dataset's test split; a table without a split column is scored whole."""
     from headstore.heads.run import eval_head
 
-    try:
-        metrics = eval_head(store, head_dir, data, out, data_format, exclude_overlap)
-    except (ValueError, FileNotFoundError, KeyError) as err:
-        raise click.ClickException(str(err)) from None
+    metrics = eval_head(store, head_dir, data, out, data_format, exclude_overlap, score_range=score_range,
+                        overwrite=overwrite)
     _echo_metrics(metrics)
 
 
@@ -197,14 +258,14 @@ def eval_(store, head_dir, data, data_format, out, exclude_overlap):
 @click.option("--grid", "grid_path", required=True, help="TOML grid file ([grid] lists, [fixed] values).")
 @click.option("--out", required=True, help="Results directory (rerunning into it skips finished heads).")
 @click.option("--transfer", multiple=True, help="Out-of-domain dataset every head is also scored on (repeatable).")
-def grid(store, data, data_format, grid_path, out, transfer):
+@score_range_option
+@overwrite_option
+def grid(store, data, data_format, grid_path, out, transfer, score_range, overwrite):
     """Train every combination of a grid of heads (stacked by shape); write results, leaderboard and plots."""
     from headstore.heads.experiments.grid import run_grid
 
-    try:
-        run_grid(store, data, grid_path, out, data_format, transfer=tuple(transfer))
-    except (ValueError, FileNotFoundError, KeyError) as err:
-        raise click.ClickException(str(err)) from None
+    run_grid(store, data, grid_path, out, data_format, transfer=tuple(transfer), score_range=score_range,
+             overwrite=overwrite)
 
 
 @main.command()
@@ -231,10 +292,7 @@ def finetune(head_dir, out, store, data, encoder, **settings):
     """Unfreeze the encoder under a trained head and train both end to end for one epoch."""
     from headstore.featurize.tuning.finetune import FinetuneConfig, finetune as run_finetune
 
-    try:
-        summary = run_finetune(head_dir, out, FinetuneConfig(**settings), store, data, encoder)
-    except (ValueError, FileNotFoundError, KeyError, RuntimeError) as err:
-        raise click.ClickException(str(err)) from None
+    summary = run_finetune(head_dir, out, FinetuneConfig(**settings), store, data, encoder)
     click.echo(json.dumps({k: v for k, v in summary.items() if k != "history"}, indent=2, default=float))
 
 
@@ -252,11 +310,8 @@ def compare(config_path, out, **overrides):
     """Frozen / adapted / fine-tuned encoder + head, in-domain and out-of-domain: compare.md and compare.json."""
     from headstore.heads.experiments.compare import load_compare_config, run_compare
 
-    try:
-        config = load_compare_config(config_path, **overrides)
-        table = run_compare(config, out)
-    except (ValueError, FileNotFoundError, KeyError, RuntimeError) as err:
-        raise click.ClickException(str(err)) from None
+    config = load_compare_config(config_path, **overrides)
+    table = run_compare(config, out)
     click.echo(table)
 
 
