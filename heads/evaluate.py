@@ -13,7 +13,7 @@ import numpy as np
 import torch
 
 from headstore.heads.energy import ENERGIES, pairwise_energy
-from headstore.heads.metrics import ir_metrics_per_query, pair_metrics, sts_metrics, topk_ranking
+from headstore.heads.metrics import ir_metrics_per_query, pair_metrics, sts_metrics, topk_ranking, trec_tie_order
 from headstore.heads.tasks import IRSplit, PairSet, Task
 
 PREFIX = {"l1": "manhattan", "l2": "euclidean", "cosine": "cosine"}
@@ -42,14 +42,42 @@ def embed_rows(model: torch.nn.Module | None, features: torch.Tensor, rows: np.n
     return out
 
 
+def _ranked_ids(split: IRSplit, ranked: torch.Tensor, k: int) -> dict[str, list[str]]:
+    """Index rows -> {query id: [doc id, ...]} (at most k), dropping a query's own text where asked."""
+    out = {}
+    for qid, row in zip(split.query_ids, ranked.tolist()):
+        docs = [split.doc_ids[j] for j in row]
+        if split.exclude_self and qid not in split.qrels.get(qid, {}):
+            docs = [d for d in docs if d != qid]
+        out[qid] = docs[:k]
+    return out
+
+
 def _ir(split: IRSplit, q: torch.Tensor, d: torch.Tensor, energy: str) -> tuple[dict, dict]:
-    """q (Q, dim), d (N, dim) of one head -> (metrics, per-query primary values)."""
-    ranked = topk_ranking(lambda s, e: pairwise_energy(energy, q[s:e], d), k=IR_TOPK, n_queries=q.shape[0],
-                          chunk_size=256)
-    _, per_query = ir_metrics_per_query(ranked, split.qrels, (1, 10, 100), query_ids=split.query_ids,
-                                        doc_ids=split.doc_ids)
+    """q (Q, dim), d (N, dim) of one head -> (metrics, per-query primary values).
+
+    Ties in energy are broken as trec_eval breaks tied scores (by document id, decreasing)."""
+    k = IR_TOPK + int(split.exclude_self)  # one spare: a query's own text is dropped from its list
+    ranked = topk_ranking(lambda s, e: pairwise_energy(energy, q[s:e], d), k=k, n_queries=q.shape[0],
+                          chunk_size=256, tie_order=trec_tie_order(split.doc_ids))
+    _, per_query = ir_metrics_per_query(_ranked_ids(split, ranked, IR_TOPK), split.qrels, (1, 10, 100))
     p = PREFIX[energy]
     return {f"{p}_{m}": float(v.mean()) for m, v in per_query.items()}, {"ndcg@10": per_query["ndcg@10"]}
+
+
+def _nan_metrics(task: Task, data, energies: tuple[str, ...]) -> tuple[dict, dict]:
+    """Every metric NaN: a head whose outputs are not finite has no ranking worth scoring."""
+    m, it = {}, {}
+    for energy in energies:
+        p = PREFIX[energy]
+        names = ([f"{p}_{n}@{k}" for n in ("ndcg", "mrr", "recall") for k in (1, 10, 100)] + [f"{p}_map@100"]
+                 if task.kind == "ir" else
+                 [f"spearman_{p}", f"pearson_{p}"] if task.kind == "sts" else
+                 [f"{p}_{n}" for n in ("auc", "accuracy", "accuracy_threshold", "f1", "f1_threshold", "ap")])
+        m.update({n: float("nan") for n in names})
+        n_items = len(data.query_ids) if task.kind == "ir" else len(data)
+        it[p] = np.full(n_items, np.nan)
+    return m, it
 
 
 def _pairs(ps: PairSet, a: torch.Tensor, b: torch.Tensor, energy: str, kind: str) -> tuple[dict, dict]:
@@ -77,6 +105,11 @@ def evaluate_split(task: Task, split: str, embed: Embed, energies: tuple[str, ..
     if task.kind == "ir":
         zq, zd = embed(data.query_rows), embed(data.doc_rows)  # (H, Q, d), (H, N, d)
         for h in range(zq.shape[0]):
+            if not (torch.isfinite(zq[h]).all() and torch.isfinite(zd[h]).all()):
+                m, it = _nan_metrics(task, data, energies)
+                results.append(m)
+                items.append(it)
+                continue
             m, it = {}, {}
             for energy in energies:
                 mh, ih = _ir(data, zq[h], zd[h], energy)
@@ -87,6 +120,11 @@ def evaluate_split(task: Task, split: str, embed: Embed, energies: tuple[str, ..
     else:
         za, zb = embed(data.anchor), embed(data.positive)
         for h in range(za.shape[0]):
+            if not (torch.isfinite(za[h]).all() and torch.isfinite(zb[h]).all()):
+                m, it = _nan_metrics(task, data, energies)
+                results.append(m)
+                items.append(it)
+                continue
             m, it = {}, {}
             for energy in energies:
                 mh, ih = _pairs(data, za[h], zb[h], energy, task.kind)

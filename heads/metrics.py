@@ -1,17 +1,21 @@
 """Evaluation metrics: IR from one top-k pass (sliced per k), STS correlations, pair classification,
 and bootstrap confidence intervals. Energies: lower = better everywhere.
 
-IR definitions (the trec_eval / BEIR forms, relevance = grade > 0):
-- nDCG@k: sum_{r <= k} grade(d_r) / log2(r + 1), divided by the same sum over the ideal ranking of
-  all judged grades (grades <= 0 count as gain 0);
-- MRR@k: 1 / rank of the first relevant doc within the top k, else 0;
-- Recall@k: |relevant in top k| / |relevant|;
-- MAP@k: sum over relevant docs at rank r <= k of precision@r, divided by |relevant| (map_cut).
-Only queries with at least one relevant judgement are scored (as trec_eval does).
+IR definitions (trec_eval's, checked against pytrec_eval in the tests; relevance = grade > 0):
+- nDCG@k (ndcg_cut_k): sum_{r <= k} grade(d_r) / log2(r + 1), divided by the same sum over the ideal
+  ranking of all judged grades (grades <= 0 count as gain 0: a negative grade is non-relevant);
+- MRR@k (recip_rank of the top k): 1 / rank of the first relevant doc within the top k, else 0;
+- Recall@k (recall_k): |relevant in top k| / |relevant|;
+- MAP@k (map_cut_k): sum over relevant docs at rank r <= k of precision@r, divided by |relevant|.
+Every query that has judgements is scored, and one whose judgements are all grade <= 0 scores 0 on
+every metric and counts in the mean, as trec_eval counts it. Ties in energy are broken as trec_eval
+breaks ties in score: by document id, in decreasing (byte) order (`trec_tie_order`).
+
+Confidence intervals: `scipy.stats.bootstrap`, percentile method, resampling queries or pairs; with
+several inputs (gold and predictions, or one prediction per seed) the resampling is paired.
 """
 from __future__ import annotations
 
-import warnings
 from typing import Callable, Iterable, Mapping, NamedTuple, Optional, Sequence, Union
 
 import numpy as np
@@ -22,14 +26,44 @@ from sklearn.metrics import roc_auc_score
 EnergySource = Union[torch.Tensor, Iterable[torch.Tensor], Callable[[int, int], torch.Tensor]]
 
 
+def trec_tie_order(doc_ids: Sequence[str]) -> np.ndarray:
+    """(N,) position of each document among equal energies: trec_eval orders tied scores by document id,
+    decreasing (strcmp on the bytes; Python's str order is the same for UTF-8)."""
+    order = sorted(range(len(doc_ids)), key=lambda i: doc_ids[i], reverse=True)
+    tie = np.empty(len(doc_ids), dtype=np.int64)
+    tie[order] = np.arange(len(doc_ids))
+    return tie
+
+
+def _break_ties(chunk: torch.Tensor, val: torch.Tensor, idx: torch.Tensor, tie_order: np.ndarray):
+    """Re-rank rows whose top k holds equal energies (or cuts through them) by tie_order."""
+    kk = val.shape[1]
+    if kk == 0:
+        return val, idx
+    candidates = chunk <= val[:, -1:]  # (c, N): everything tied with or better than the k-th
+    tied = (candidates.sum(1) > kk) | (val[:, 1:] == val[:, :-1]).any(1)
+    if not bool(tied.any()):
+        return val, idx
+    val, idx = val.clone(), idx.clone()
+    for r in torch.nonzero(tied).flatten().tolist():
+        cand = torch.nonzero(candidates[r]).flatten().numpy()
+        e = chunk[r, cand].numpy()
+        best = np.lexsort((tie_order[cand], e))[:kk]
+        idx[r] = torch.as_tensor(cand[best])
+        val[r] = torch.as_tensor(e[best])
+    return val, idx
+
+
 def topk_ranking(energies: EnergySource, k: int = 100, *, n_queries: Optional[int] = None,
                  chunk_size: int = 1024, exclude: Optional[Sequence[Sequence[int]]] = None,
-                 return_energies: bool = False):
+                 return_energies: bool = False, tie_order: Optional[np.ndarray] = None):
     """Exact top-k lowest-energy docs per query, chunked over queries to bound memory.
 
     energies: a (Q, N) tensor; an iterable of (q_chunk, N) tensors in query order; or a callable
       fn(start, stop) -> (stop - start, N) energies (then give n_queries).
     exclude: optional per-query lists of doc indices never to return (e.g. the query itself).
+    tie_order: optional (N,) rank of each doc among equal energies (`trec_tie_order(doc_ids)` ranks
+      as trec_eval does); without it ties come out in torch.topk's order.
     Returns indices (Q, min(k, N)) int64, best first; with return_energies also their energies."""
     if isinstance(energies, torch.Tensor):
         if energies.dim() != 2:
@@ -52,6 +86,8 @@ def topk_ranking(energies: EnergySource, k: int = 100, *, n_queries: Optional[in
                     chunk[r, drop] = float("inf")
         kk = min(k, chunk.shape[1])
         val, idx = torch.topk(chunk, kk, dim=1, largest=False, sorted=True)
+        if tie_order is not None:
+            val, idx = _break_ties(chunk.cpu(), val.cpu(), idx.cpu(), tie_order)
         all_idx.append(idx.cpu())
         all_val.append(val.cpu())
         start += chunk.shape[0]
@@ -84,7 +120,8 @@ def ir_metrics_per_query(ranked, qrels: Mapping[str, Mapping[str, int]], ks: Seq
 
     ranked: {qid: [docid, ...]} best first; or rows aligned with query_ids, either lists of doc ids or
     an integer (Q, k) index array / tensor into doc_ids (e.g. from topk_ranking).
-    Metrics: ndcg@k, mrr@k, recall@k for k in ks (plus ndcg@10 / mrr@10 always) and map@max(ks)."""
+    Metrics: ndcg@k, mrr@k, recall@k for k in ks (plus ndcg@10 / mrr@10 always) and map@max(ks).
+    Scored: every ranked query with judgements in qrels (all-non-relevant ones score 0, as in trec_eval)."""
     lists = _ranked_lists(ranked, query_ids, doc_ids)
     cut_ks = sorted(set(ks) | {10})
     map_k = max(ks)
@@ -92,13 +129,17 @@ def ir_metrics_per_query(ranked, qrels: Mapping[str, Mapping[str, int]], ks: Seq
     values = {n: [] for n in names}
     scored = []
     for qid, docs in lists.items():
-        judged = {str(d): int(g) for d, g in qrels.get(qid, {}).items()}
+        if qid not in qrels or not qrels[qid]:
+            continue  # trec_eval scores only the queries that have judgements
+        judged = {str(d): int(g) for d, g in qrels[qid].items()}
         n_rel = sum(g > 0 for g in judged.values())
-        if n_rel == 0:
-            continue
         if len(set(docs)) != len(docs):
             raise ValueError(f"ir_metrics: query {qid} ranks a document twice")
         scored.append(qid)
+        if n_rel == 0:  # judged, nothing relevant: 0 on every metric, and it counts (trec_eval)
+            for n in names:
+                values[n].append(0.0)
+            continue
         grades = np.array([max(judged.get(d, 0), 0) for d in docs], dtype=np.float64)  # (k_run,)
         rel = grades > 0
         discounts = 1.0 / np.log2(np.arange(2, len(docs) + 2))
@@ -115,7 +156,7 @@ def ir_metrics_per_query(ranked, qrels: Mapping[str, Mapping[str, int]], ks: Seq
         precision_at = np.cumsum(hits) / np.arange(1, len(hits) + 1)
         values[f"map@{map_k}"].append(float((precision_at * hits).sum()) / n_rel)
     if not scored:
-        raise ValueError("ir_metrics: no ranked query has a relevant judgement in qrels (check query ids)")
+        raise ValueError("ir_metrics: no ranked query has judgements in qrels (check query ids)")
     return scored, {n: np.asarray(v) for n, v in values.items()}
 
 
@@ -171,35 +212,65 @@ def pair_metrics(energy, labels) -> dict[str, float]:
             "f1": float(f1[best_f1]), "f1_threshold": float(thresholds[best_f1])}
 
 
+def _pearson_along(x: np.ndarray, y: np.ndarray, axis: int = -1) -> np.ndarray:
+    x = x - x.mean(axis=axis, keepdims=True)
+    y = y - y.mean(axis=axis, keepdims=True)
+    with np.errstate(invalid="ignore", divide="ignore"):  # a constant resample has no correlation: NaN
+        return (x * y).sum(axis) / np.sqrt((x * x).sum(axis) * (y * y).sum(axis))
+
+
+def _spearman_along(x: np.ndarray, y: np.ndarray, axis: int = -1) -> np.ndarray:
+    return _pearson_along(stats.rankdata(x, axis=axis), stats.rankdata(y, axis=axis), axis)
+
+
+def _auc_along(score: np.ndarray, labels: np.ndarray, axis: int = -1) -> np.ndarray:
+    """ROC AUC of `score` (higher = positive) against 0/1 labels, ties counted half (Mann-Whitney)."""
+    positive = labels > 0.5
+    n_pos = positive.sum(axis)
+    n_neg = positive.shape[axis] - n_pos
+    ranks = stats.rankdata(score, axis=axis)
+    with np.errstate(invalid="ignore", divide="ignore"):  # a one-class resample: NaN
+        return ((ranks * positive).sum(axis) - n_pos * (n_pos + 1) / 2) / (n_pos * n_neg)
+
+
+STATISTICS = {"pearson": _pearson_along, "spearman": _spearman_along, "auc": _auc_along}
+
+
 def bootstrap_ci(values, n_boot: int = 1000, seed: int = 0, *, gold=None, statistic: str = "mean",
                  confidence: float = 0.95) -> tuple[float, float]:
-    """Percentile bootstrap interval, resampling items with replacement.
+    """Percentile bootstrap interval (`scipy.stats.bootstrap`), resampling items with replacement.
 
-    values: per-item values (e.g. IRResult.per_query) -> CI of their mean; or predictions with
-    gold= the gold scores -> CI of statistic "spearman" or "pearson" over resampled pairs.
+    values: per-item values (e.g. IRResult.per_query) -> CI of their mean. With gold=, predictions
+    and gold are resampled as pairs -> CI of statistic "spearman", "pearson" or "auc" (gold: 0/1 labels,
+    values: a score, higher = positive). values may be (S, n): one row per seed, all resampled with the
+    same items; the statistic is then the mean over the seeds of the per-seed statistic, the number a
+    table of seed means reports (for "mean" that is the mean of the seed-averaged items).
     A (pred, gold) tuple as `values` is accepted too (statistic defaults to spearman then)."""
     if gold is None and isinstance(values, tuple) and len(values) == 2:
         values, gold = values
         statistic = "spearman" if statistic == "mean" else statistic
     x = np.asarray(values, dtype=np.float64)
-    if x.ndim != 1 or len(x) < 2:
-        raise ValueError(f"bootstrap_ci: need a 1-D array of >= 2 items; got shape {x.shape}")
+    x = x[None] if x.ndim == 1 else x  # (S, n)
+    if x.ndim != 2 or x.shape[1] < 2:
+        raise ValueError(f"bootstrap_ci: need (n,) or (seeds, n) values with n >= 2; got shape {np.shape(values)}")
     rng = np.random.default_rng(seed)
-    idx = rng.integers(0, len(x), size=(n_boot, len(x)))  # (n_boot, n)
+    common = dict(n_resamples=n_boot, confidence_level=confidence, method="percentile", vectorized=True,
+                  rng=rng, batch=max(1, min(n_boot, 2_000_000 // x.size)))
     if gold is None:
         if statistic != "mean":
             raise ValueError(f"bootstrap_ci: statistic {statistic!r} needs gold=; without it: 'mean'")
-        boots = x[idx].mean(axis=1)
+        res = stats.bootstrap((x.mean(axis=0),), np.mean, **common)
     else:
         g = np.asarray(gold, dtype=np.float64)
-        if g.shape != x.shape:
-            raise ValueError(f"bootstrap_ci: gold shape {g.shape} != values shape {x.shape}")
-        funcs = {"spearman": lambda a, b: stats.spearmanr(a, b)[0], "pearson": lambda a, b: stats.pearsonr(a, b)[0]}
-        if statistic not in funcs:
-            raise ValueError(f"bootstrap_ci: statistic {statistic!r}; valid with gold: {sorted(funcs)}")
-        with warnings.catch_warnings():  # a resample with a constant side warns and gives NaN
-            warnings.simplefilter("ignore")
-            boots = np.array([funcs[statistic](x[i], g[i]) for i in idx])
-        boots = boots[np.isfinite(boots)]  # resamples with a constant side have no correlation
-    alpha = (1.0 - confidence) / 2
-    return float(np.quantile(boots, alpha)), float(np.quantile(boots, 1 - alpha))
+        if g.shape != x.shape[1:]:
+            raise ValueError(f"bootstrap_ci: gold shape {g.shape} != values shape {x.shape[1:]}")
+        if statistic not in STATISTICS:
+            raise ValueError(f"bootstrap_ci: statistic {statistic!r}; valid with gold: {sorted(STATISTICS)}")
+        fn = STATISTICS[statistic]
+
+        def seed_mean(gold_resampled, *per_seed, axis=-1):
+            return np.mean([fn(p, gold_resampled, axis=axis) for p in per_seed], axis=0)
+
+        res = stats.bootstrap((g, *x), seed_mean, paired=True, **common)
+    lo, hi = res.confidence_interval
+    return float(lo), float(hi)

@@ -98,12 +98,14 @@ def test_graded_qrels_and_hand_ndcg():
     assert only_x["ndcg@10"] == 0.0 and only_x["mrr@10"] == 0.0
 
 
-def test_queries_without_relevant_docs_are_not_scored_and_errors():
+def test_all_zero_grade_queries_score_zero_and_count_unjudged_queries_do_not():
+    """trec_eval: a query judged with nothing relevant scores 0 and is in the mean; an unjudged one is not."""
     qrels = {"q1": {"a": 1}, "q2": {"b": 0}}
     res = ir_metrics({"q1": ["a"], "q2": ["b"], "q3": ["a"]}, qrels)
-    assert len(res.per_query) == 1 and res.metrics["ndcg@10"] == 1.0
+    assert res.per_query.tolist() == [1.0, 0.0] and res.metrics["ndcg@10"] == 0.5
+    assert res.metrics["recall@10"] == 0.5 and res.metrics["map@100"] == 0.5
     with pytest.raises(ValueError, match="no ranked query"):
-        ir_metrics({"q2": ["b"]}, qrels)
+        ir_metrics({"q3": ["b"]}, qrels)
     with pytest.raises(ValueError, match="twice"):
         ir_metrics({"q1": ["a", "a"]}, qrels)
     with pytest.raises(ValueError, match="doc_ids"):
