@@ -1,10 +1,12 @@
 """Training settings of a head: a small frozen dataclass of plain values, saved beside every head."""
 from __future__ import annotations
 
+import math
+import typing
 from dataclasses import asdict, dataclass, fields
 
 from headstore.heads.energy import ENERGIES
-from headstore.heads.losses import IMPOSTOR_MODES, LOSSES, LossConfig
+from headstore.heads.losses import DEFAULT_IMPOSTORS, IMPOSTOR_MODES, LOSSES, LossConfig
 
 SCHEDULES = ("cosine", "linear", "constant")
 NORMALIZATIONS = ("none", "center", "l2", "center-l2", "standardize")
@@ -33,19 +35,34 @@ class TrainConfig:
     q: float | None = None  # Chopra et al.'s energy bound Q (l1-energy)
     tau: float | None = None  # temperature of l1-ce
     margin: float | None = None  # contrastive / triplet margin
-    impostors: str = "semi-hard"  # which impostors enter the energy losses: the mean over all of them is
-    # dominated by easy ones; the hardest / semi-hard one per anchor trains (docs/l1-energy.md)
+    impostors: str = DEFAULT_IMPOSTORS  # which impostors enter the energy losses: the mean over all of them
+    # is dominated by easy ones; the hardest / semi-hard one per anchor trains (docs/l1-energy.md)
     genuine_weight: float = 1.0  # genuine vs impostor balance of the energy losses
 
     def __post_init__(self):
+        check_types(type(self), asdict(self))
         checks = [("loss", self.loss, sorted(LOSSES)), ("energy", self.energy, sorted(ENERGIES)),
                   ("schedule", self.schedule, SCHEDULES), ("normalize", self.normalize, NORMALIZATIONS),
                   ("impostors", self.impostors, IMPOSTOR_MODES)]
         for name, value, valid in checks:
             if value not in valid:
                 raise ValueError(f"{name}={value!r}; valid: {list(valid)}")
-        if self.epochs < 1 or self.batch_size < 2 or self.lr <= 0 or self.mined_k < 0:
-            raise ValueError(f"need epochs >= 1, batch_size >= 2, lr > 0, mined_k >= 0; got {self}")
+        bounds = [  # (setting, holds, what it must be)
+            ("lr", math.isfinite(self.lr) and self.lr > 0, "a finite number > 0"),
+            ("weight_decay", math.isfinite(self.weight_decay) and self.weight_decay >= 0, "a finite number >= 0"),
+            ("decay_to_init", math.isfinite(self.decay_to_init) and self.decay_to_init >= 0, "a finite number >= 0"),
+            ("epochs", self.epochs >= 1, ">= 1"),
+            ("batch_size", self.batch_size >= 2, ">= 2 (in-batch impostors need another pair)"),
+            ("warmup_ratio", 0 <= self.warmup_ratio <= 1, "in [0, 1] (a share of the training steps)"),
+            ("grad_clip", math.isfinite(self.grad_clip) and self.grad_clip >= 0, "a finite number >= 0 (0 = no clipping)"),
+            ("seed", self.seed >= 0, ">= 0"),
+            ("patience", self.patience >= 1, ">= 1 (epochs without a dev improvement before stopping)"),
+            ("mined_k", self.mined_k >= 0, ">= 0 (0 = no mined negatives)"),
+        ]
+        for name, holds, what in bounds:
+            if not holds:
+                raise ValueError(f"{name} must be {what}, got {getattr(self, name)}")
+        self.loss_config()  # q, tau, margin, genuine_weight: finite and positive
 
     @property
     def eval_energy(self) -> str:
@@ -66,6 +83,28 @@ class TrainConfig:
         if unknown:
             raise ValueError(f"unknown training settings {unknown}; valid: {sorted(names)}")
         return cls(**d)
+
+
+def check_types(cls, values: dict, where: str = "") -> None:
+    """ValueError naming the first value whose type does not fit the dataclass field it is for.
+
+    A float field takes an int (1 -> 1.0 is fine), an int field takes no float or bool, a bool field only
+    a bool, a str field only a str; Optional fields take None too. Unknown keys are left to the caller."""
+    hints = typing.get_type_hints(cls)
+    for key, value in values.items():
+        if key not in hints:
+            continue
+        allowed = typing.get_args(hints[key]) or (hints[key],)
+        if value is None and type(None) in allowed:
+            continue
+        ok = any((t is float and isinstance(value, (int, float)) and not isinstance(value, bool))
+                 or (t is int and isinstance(value, int) and not isinstance(value, bool))
+                 or (t in (bool, str) and isinstance(value, t)) for t in allowed)
+        if not ok:
+            words = {float: "a number", int: "an integer", bool: "true or false", str: "a string",
+                     type(None): "unset"}
+            names = " or ".join(words.get(t, t.__name__) for t in allowed)
+            raise ValueError(f"{where}{key} must be {names}, got {value!r} ({type(value).__name__})")
 
 
 # settings that may differ between heads trained together in one stack (per-head optimiser values,

@@ -20,6 +20,7 @@ when none is). The cross-entropy losses (l1-ce, mnr) always use every column.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Callable, Optional
 
@@ -29,6 +30,9 @@ import torch.nn.functional as F
 from headstore.heads.energy import ENERGIES, check_energy, pairwise_energy
 
 IMPOSTOR_MODES = ("all", "hardest", "semi-hard")
+# The one default for impostor choice (LossConfig and TrainConfig both use it): the mean over all
+# impostors is dominated by easy ones; the semi-hard one per anchor trains (docs/l1-energy.md).
+DEFAULT_IMPOSTORS = "semi-hard"
 
 # Per-energy defaults used when the LossConfig field is None. Energies live on different scales:
 # cosine energy is bounded by 2; L1 energies of L2-normalised 384-d MiniLM features are ~10-20
@@ -40,6 +44,10 @@ IMPOSTOR_MODES = ("all", "hardest", "semi-hard")
 DEFAULT_Q = {"l1": 15.0, "l2": 4.0, "cosine": 2.0}
 DEFAULT_TAU = {"l1": 1.0, "l2": 0.1, "cosine": 0.05}  # logit gap pos vs impostor ~5-10 at init
 DEFAULT_MARGIN = {"l1": 16.0, "l2": 1.0, "cosine": 0.5}  # ~ typical impostor energy at init
+# CoSENT's lambda per unit of energy: cfg.scale (20) on cosine energy, whose range is 2, rescaled by each
+# energy's typical range (l1 15, l2 4 on L2-normalised MiniLM features), i.e. scale * 2 / range. Its own
+# constants: CoSENT must not move when another loss's default (DEFAULT_Q of l1-energy) is retuned.
+COSENT_ENERGY_RANGE = {"l1": 15.0, "l2": 4.0, "cosine": 2.0}
 
 
 @dataclass(frozen=True)
@@ -55,7 +63,7 @@ class LossConfig:
     # margin of contrastive and triplet losses. None -> DEFAULT_MARGIN[energy].
     margin: Optional[float] = None
     # which impostors enter l1-energy / contrastive / triplet: "all" | "hardest" | "semi-hard".
-    impostors: str = "all"
+    impostors: str = DEFAULT_IMPOSTORS
     # weight of the genuine (positive pair) term against the impostor term; 1 = the paper's sum.
     genuine_weight: float = 1.0
 
@@ -64,12 +72,29 @@ class LossConfig:
             raise ValueError(f"impostors={self.impostors!r}; valid: {list(IMPOSTOR_MODES)}")
         for name in ("q", "tau", "margin"):
             value = getattr(self, name)
-            if value is not None and not value > 0:
-                raise ValueError(f"LossConfig.{name} must be > 0 (or None for the default), got {value}")
+            if value is not None and not (value > 0 and math.isfinite(value)):
+                raise ValueError(f"{name} must be a finite number > 0 (or unset for the default), got {value}")
+        if not (self.scale > 0 and math.isfinite(self.scale)):
+            raise ValueError(f"scale must be a finite number > 0, got {self.scale}")
+        if not (self.genuine_weight >= 0 and math.isfinite(self.genuine_weight)):
+            raise ValueError(f"genuine_weight must be a finite number >= 0, got {self.genuine_weight}")
+
+    def resolved(self, energy: str) -> dict[str, float | str]:
+        """Every number the losses use under `energy`, defaults filled in (what a head id must hash:
+        a default that changes must change the id)."""
+        return {"q": _pick(self.q, DEFAULT_Q, energy), "tau": _pick(self.tau, DEFAULT_TAU, energy),
+                "margin": _pick(self.margin, DEFAULT_MARGIN, energy), "scale": self.scale,
+                "cosent_lambda": cosent_lambda(self.scale, energy), "impostors": self.impostors,
+                "genuine_weight": self.genuine_weight}
 
 
 def _pick(value: Optional[float], defaults: dict[str, float], energy: str) -> float:
     return float(value) if value is not None else defaults[energy]
+
+
+def cosent_lambda(scale: float, energy: str) -> float:
+    """CoSENT's lambda for `energy`: scale per unit of cosine's range, rescaled to this energy's range."""
+    return scale * COSENT_ENERGY_RANGE["cosine"] / COSENT_ENERGY_RANGE[check_energy(energy)]
 
 
 @dataclass(frozen=True)
@@ -248,14 +273,15 @@ def cosent_loss(za, zp, zn=None, labels=None, *, energy="l1", cfg=LossConfig(), 
     """CoSENT on energies: log(1 + sum_{(i, j): s_i > s_j} exp(lambda (E_i - E_j))).
 
     lambda = cfg.scale (20) for cosine energy, whose range is 2; for l1 / l2 it is rescaled by the
-    ratio of the energies' typical ranges, cfg.scale * 2 / DEFAULT_Q[energy] (0.8 for l1): lambda = 20
-    on raw L1 distances (tens of units) saturates the softmax and barely trains (measured).
+    ratio of the energies' typical ranges, cfg.scale * 2 / COSENT_ENERGY_RANGE[energy] (8/3 for l1):
+    lambda = 20 on raw L1 distances (tens of units) saturates the softmax and barely trains (measured).
+    `cosent_lambda`; it does not depend on l1-energy's Q (`--q` is l1-energy's Q and nothing else).
 
     Pairs with a higher gold score should have lower energy. Needs labels (graded or 0/1);
     a batch with no ordered pair (all scores equal) gives log(1) = 0."""
     labels = _check_inputs("cosent", za, zp, zn, labels, same, LOSS_KINDS["cosent"])
     E = ENERGIES[check_energy(energy)](za, zp)  # (H, B)
-    lam = cfg.scale * DEFAULT_Q["cosine"] / DEFAULT_Q[energy]  # lambda per unit of this energy's range
+    lam = cosent_lambda(cfg.scale, energy)  # lambda per unit of this energy's range
     diff = lam * (E.unsqueeze(-1) - E.unsqueeze(-2))  # (H, B, B): lambda (E_i - E_j)
     ordered = labels.unsqueeze(-1) > labels.unsqueeze(-2)  # (B, B): s_i > s_j
     diff = diff.masked_fill(~ordered, float("-inf")).flatten(1)

@@ -24,7 +24,11 @@ def mine_negatives(features: torch.Tensor, anchors: np.ndarray, corpus_rows: np.
 
     features (N, D); anchors (P,) store rows; corpus_rows (M,) store rows. With `embed` (rows ->
     (H, n, d)) the search runs in each head's space; otherwise once in feature space, shared by all
-    n_heads. Returns (H, P, k) int64 store rows."""
+    n_heads. Returns (H, P, k) int64 store rows.
+
+    Documents are store rows, i.e. texts: a document listed twice in the corpus (two ids, one text) is one
+    candidate, so a duplicate of an anchor's positive is never mined as that anchor's negative."""
+    corpus_rows = np.unique(np.asarray(corpus_rows, dtype=np.int64))
     uniq, inverse = np.unique(anchors, return_inverse=True)
     positives: dict[int, set[int]] = {}
     corpus_index = {int(r): i for i, r in enumerate(corpus_rows)}

@@ -30,8 +30,8 @@ from headstore.heads.tasks import Task
 GENUINE_THRESHOLD = 0.8
 
 
-class TrainingDiverged(RuntimeError):
-    """A head's loss became NaN or infinite."""
+class TrainingDiverged(ValueError):
+    """A head's loss or dev metric became NaN or infinite (bad settings, e.g. a far too high lr)."""
 
 
 @dataclass
@@ -89,6 +89,10 @@ def training_pairs(task: Task, loss: str):
         return train, torch.as_tensor(train.labels, dtype=torch.float32)
     if train.labels is not None:
         keep = train.labels >= GENUINE_THRESHOLD
+        if not keep.any():
+            raise ValueError(f"{task.name}: loss {loss!r} trains on positive pairs, and no train pair has a label "
+                             f">= {GENUINE_THRESHOLD} (of 1; STS: score at the top fifth of its range) (check "
+                             "--score-range, or use a loss that takes graded labels: l1-energy, contrastive, cosent)")
         train = type(train)(train.anchor[keep], train.positive[keep], None,
                             None if train.negative is None else train.negative[keep])
     return train, None
@@ -134,14 +138,17 @@ def train_stack(task: Task, features: torch.Tensor, head_cfg: HeadConfig, config
     bar = tqdm(total=total, desc=f"{H} head(s) {cfg0.loss}", disable=not progress, leave=False)
     step = 0
     t0 = time.perf_counter()
+    mining = bool(cfg0.mined_k and kind.negatives and task.corpus_rows is not None)
+    mined = None
     for epoch in range(cfg0.epochs):
         if not bool(alive.any()):
             break
         negs = given.unsqueeze(0).expand(H, -1, -1) if given is not None else None  # (H, P, K)
-        if cfg0.mined_k and kind.negatives and task.corpus_rows is not None:
+        if mining and (mined is None or cfg0.remine):  # once in feature space; each epoch with --remine
             embed = (lambda rows: embed_rows(model, X, rows)) if cfg0.remine and epoch > 0 else None
             mined = mine_negatives(X, train.anchor, task.corpus_rows, task.relevant, cfg0.mined_k, embed, H,
                                    energy=energy)
+        if mined is not None:
             negs = mined if negs is None else torch.cat([negs, mined], dim=-1)
         perms = torch.stack([torch.randperm(P, generator=g) for g in gens])  # (H, P)
         epoch_loss = torch.zeros(H, dtype=torch.float64)
@@ -183,6 +190,10 @@ def train_stack(task: Task, features: torch.Tensor, head_cfg: HeadConfig, config
             runs[h].history.append({"epoch": epoch + 1, "loss": float(epoch_loss[h] / steps_per_epoch),
                                     f"dev_{metric}": value})
             if not alive[h]:
+                continue
+            if not math.isfinite(value):  # the head's outputs overflowed or became NaN
+                runs[h].status, ok[h], alive[h] = "failed", False, False
+                runs[h].reason = f"dev {metric} became {value} after epoch {epoch + 1} (global step {step})"
                 continue
             if value > best[h]:
                 best[h], stale[h] = value, 0

@@ -239,8 +239,8 @@ def test_same_mask_excludes_duplicates():
     same = torch.zeros(3, 3, dtype=torch.bool)
     same[0, 1] = same[1, 0] = True
     for name in ["l1-energy", "contrastive", "l1-ce", "mnr", "triplet"]:
-        masked = LOSSES[name](za, zp, cfg=LossConfig(q=3.0), same=same)
-        unmasked = LOSSES[name](za, zp, cfg=LossConfig(q=3.0))
+        masked = LOSSES[name](za, zp, cfg=LossConfig(q=3.0, impostors="all"), same=same)
+        unmasked = LOSSES[name](za, zp, cfg=LossConfig(q=3.0, impostors="all"))
         assert not torch.allclose(masked, unmasked), name
 
 
