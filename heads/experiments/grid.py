@@ -9,12 +9,14 @@ and seed train together in one stack (one batched pass per step for all of them)
 Combinations that cannot apply to the dataset (a loss that needs graded labels on IR pairs) are
 recorded with status `skipped` and the reason, never silently dropped. Results are written after
 every stack, so a rerun of the same grid into the same output skips finished heads and a changed grid
-trains only what is new. A head's id hashes every setting, the dataset and the store fingerprint.
+trains only what is new. A head's id hashes every setting with its default resolved (an unset `q` is
+hashed as the Q it stands for, so retuning a default retrains), the dataset, its score range, the store
+fingerprint and GRID_VERSION; rows of another grid format version are kept in results.parquet but never
+resumed from nor aggregated.
 """
 from __future__ import annotations
 
 import hashlib
-import itertools
 import json
 import time
 import tomllib
@@ -23,33 +25,49 @@ from pathlib import Path
 
 import polars as pl
 import torch
+from sklearn.model_selection import ParameterGrid
 from tqdm.auto import tqdm
 
 from headstore.data.files import atomic_write_json, atomic_write_parquet, atomic_write_text
+from headstore.data.outputs import prepare_output_dir
+from headstore.data.tables import read_utf8
 from headstore.featurize.store import FeatureStore
-from headstore.heads.config import TrainConfig, stack_key
-from headstore.heads.evaluate import PREFIX, evaluate_split, embed_rows, primary_metric
+from headstore.heads.config import TrainConfig, check_types, stack_key
+from headstore.heads.evaluate import IR_TOPK, PREFIX, evaluate_split, embed_rows, primary_metric
 from headstore.heads.features import load_features
 from headstore.heads.losses import LOSS_KINDS
 from headstore.heads.model import HeadConfig, save_heads
 from headstore.heads.experiments.report import write_report
-from headstore.heads.tasks import Task, load_task, task_rows, without_overlap
-from headstore.heads.train import train_stack
+from headstore.heads.tasks import DEV_FRACTION, DEV_SEED, WHOLE, Task, load_task, task_rows, without_overlap
+from headstore.heads.train import GENUINE_THRESHOLD, train_stack
 
 HEAD_KEYS = tuple(f.name for f in fields(HeadConfig) if f.name != "in_dim")
 TRAIN_KEYS = tuple(f.name for f in fields(TrainConfig))
 GRID_KEYS = HEAD_KEYS + TRAIN_KEYS + ("array",)
-GRID_VERSION = 1  # bump when training/evaluation changes so old results are not reused
+# bump when training/evaluation changes so old results are not reused. 2: dev carved by text, trec_eval
+# ties and all-zero queries, positives-only pairs as retrieval, resolved defaults in the head id
+GRID_VERSION = 2
+
+
+def _check_values(path: str, where: str, key: str, values: list) -> None:
+    """Each value of one grid key must have the type of the setting it is for."""
+    cls = HeadConfig if key in HEAD_KEYS else TrainConfig if key in TRAIN_KEYS else None
+    for value in values:
+        if cls is not None:
+            check_types(cls, {key: value}, where=f"{path}: {where} ")
+        elif not isinstance(value, str):  # array: a store array name
+            raise ValueError(f"{path}: {where} {key} must be a string (a store array name), got {value!r}")
 
 
 def read_grid(path: str) -> list[dict]:
     """Every combination of the grid file's settings, as flat dicts (unknown keys are an error).
 
-    `[grid]` holds lists whose product is trained; `[[grids]]` (an array of such tables) adds further
-    products, e.g. one per loss where settings only apply to some losses; `[fixed]` single values apply
-    to all. Duplicate combinations are trained once."""
+    `[grid]` holds lists whose product is trained (sklearn's ParameterGrid); `[[grids]]` (an array of such
+    tables) adds further products, e.g. one per loss where settings only apply to some losses; `[fixed]`
+    single values apply to all. Duplicate combinations are trained once. Every value is checked (type,
+    valid loss, lr > 0, ...) here, before anything trains, and an error names the file and the table."""
     try:
-        spec = tomllib.loads(Path(path).read_text())
+        spec = tomllib.loads(read_utf8(Path(path)))
     except tomllib.TOMLDecodeError as e:
         raise ValueError(f"{path}: not valid TOML: {e}") from None
     unknown = sorted(set(spec) - {"grid", "grids", "fixed"})
@@ -58,10 +76,12 @@ def read_grid(path: str) -> list[dict]:
     fixed = spec.get("fixed", {})
     grids = ([spec["grid"]] if "grid" in spec else []) + list(spec.get("grids", []))
     if not grids:
-        raise ValueError(f"{path}: no [grid] or [[grids]] table")
+        raise ValueError(f"{path}: no [grid] or [[grids]] table (list the settings to vary, e.g. lr = [1e-3, 3e-3])")
     combos: list[dict] = []
     for n, grid in enumerate(grids):
         where = "[grid]" if n == 0 and "grid" in spec else f"[[grids]] #{n + 1 - ('grid' in spec)}"
+        if not isinstance(grid, dict) or not grid:
+            raise ValueError(f"{path}: {where} is empty (list at least one setting to vary, e.g. lr = [1e-3, 3e-3])")
         for table, name in ((grid, where), (fixed, "[fixed]")):
             bad = sorted(set(table) - set(GRID_KEYS))
             if bad:
@@ -69,9 +89,15 @@ def read_grid(path: str) -> list[dict]:
         for k, v in grid.items():
             if not isinstance(v, list) or not v:
                 raise ValueError(f"{path}: {where} {k} must be a non-empty list of values, got {v!r}")
-        keys = sorted(grid)
-        for combo in itertools.product(*(grid[k] for k in keys)):
-            c = {**fixed, **dict(zip(keys, combo))}
+            _check_values(path, where, k, v)
+        for k, v in fixed.items():
+            _check_values(path, "[fixed]", k, [v])
+        for combo in ParameterGrid(grid):
+            c = {**fixed, **combo}
+            try:
+                split_settings(c)  # the value checks of HeadConfig / TrainConfig
+            except ValueError as e:
+                raise ValueError(f"{path}: {where}: {e}") from None
             if c not in combos:
                 combos.append(c)
     return combos
@@ -83,10 +109,25 @@ def split_settings(s: dict) -> tuple[HeadConfig, TrainConfig, str]:
     return head, train, s.get("array", "features")
 
 
-def head_id(settings: dict, data: str, fingerprint: str, transfer: tuple[str, ...] = ()) -> str:
+def resolved_settings(settings: dict, in_dim: int | None = None) -> dict:
+    """Every number a head's training depends on, defaults resolved: the head's shape (out_dim None ->
+    in_dim), the training settings, the loss constants under its energy (Q, tau, margin, CoSENT's
+    lambda) and the module constants that shape the data (dev slice, genuine threshold, ranking depth)."""
     head, train, array = split_settings(settings)
-    blob = json.dumps({"head": asdict(head), "train": asdict(train), "array": array, "data": data,
-                       "store": fingerprint, "version": GRID_VERSION, "transfer": sorted(transfer)}, sort_keys=True)
+    head_dict = asdict(head)
+    if in_dim:
+        head_dict.update(in_dim=in_dim, out_dim=HeadConfig(**{**head_dict, "in_dim": in_dim}).out_features)
+    return {"head": head_dict, "train": asdict(train), "array": array,
+            "loss": train.loss_config().resolved(train.eval_energy),
+            "constants": {"dev_fraction": DEV_FRACTION, "dev_seed": DEV_SEED, "genuine_threshold": GENUINE_THRESHOLD,
+                          "ir_topk": IR_TOPK}}
+
+
+def head_id(settings: dict, data: str, fingerprint: str, transfer: tuple[str, ...] = (), *,
+            in_dim: int | None = None, score_range=None) -> str:
+    blob = json.dumps({**resolved_settings(settings, in_dim), "data": data, "store": fingerprint,
+                       "score_range": list(score_range) if score_range else None,
+                       "version": GRID_VERSION, "transfer": sorted(transfer)}, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
@@ -97,9 +138,19 @@ def not_applicable(task: Task, train: TrainConfig) -> str:
     return ""
 
 
-def _read_results(out: Path) -> pl.DataFrame | None:
+def _read_results(out: Path) -> tuple[list[dict], list[dict]]:
+    """(rows of this GRID_VERSION, rows of other versions: kept in the file, never reused or aggregated)."""
     path = out / "results.parquet"
-    return pl.read_parquet(path) if path.is_file() else None
+    if not path.is_file():
+        return [], []
+    rows = pl.read_parquet(path).to_dicts()
+    current = [r for r in rows if r.get("grid_version") == GRID_VERSION]
+    old = [r for r in rows if r.get("grid_version") != GRID_VERSION]
+    if old:
+        versions = sorted({str(r.get("grid_version") or 1) for r in old})
+        print(f"{path}: {len(old)} row(s) of grid format version {', '.join(versions)} ignored "
+              f"(this is version {GRID_VERSION}: they are neither resumed from nor aggregated)")
+    return current, old
 
 
 def _write_results(out: Path, rows: list[dict]) -> pl.DataFrame:
@@ -111,40 +162,46 @@ def _write_results(out: Path, rows: list[dict]) -> pl.DataFrame:
 
 
 def transfer_split(task: Task) -> str:
-    """The split an out-of-domain dataset is scored on: test, else its only/first evaluation split."""
-    return "test" if "test" in task.eval_sets else next(iter(task.eval_sets))
+    """The split an out-of-domain dataset is scored on: test, else the whole table, else its first split."""
+    return next((s for s in ("test", WHOLE) if s in task.eval_sets), next(iter(task.eval_sets)))
 
 
 def run_grid(store_path: str, data_path: str, grid_path: str, out_dir: str, data_format: str | None = None,
-             progress: bool = True, transfer: tuple[str, ...] = ()) -> pl.DataFrame:
+             progress: bool = True, transfer: tuple[str, ...] = (), score_range=None,
+             overwrite: bool = False) -> pl.DataFrame:
     """Train every head of the grid (skipping finished ones); write results, leaderboard and plots.
 
     `transfer`: out-of-domain datasets (texts in the store) every head is also scored on, never
-    trained or selected on: columns `ood_<name>_primary` (and the frozen baseline's in baseline.json)."""
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    trained or selected on: columns `ood_<name>_primary` (and the frozen baseline's in baseline.json);
+    a transfer table without a split column is scored whole.
+    `score_range`: the scale of an STS table's scores (default: detected)."""
+    combos = read_grid(grid_path)
+    out = prepare_output_dir(out_dir, "grid", overwrite, resumable=True)
     store = FeatureStore.open(store_path)
-    task = load_task(data_path, store, data_format)
-    ood = {t.name: t for t in (load_task(p, store) for p in transfer)}
+    missing = sorted({c.get("array", "features") for c in combos} - set(store.arrays))
+    if missing:
+        raise ValueError(f"{grid_path}: array {missing} not in {store_path}; its arrays: {store.arrays}")
+    task = load_task(data_path, store, data_format, score_range=score_range)
+    ood = {t.name: t for t in (load_task(p, store, for_eval=True) for p in transfer)}
     in_domain = task_rows(task)
     for name in list(ood):  # an out-of-domain set never scores texts the head was trained or selected on
         ood[name], dropped = without_overlap(ood[name], in_domain)
         if any(dropped.values()):
             print(f"{name}: dropped items sharing a text with {task.name}: {dropped}")
-    combos = read_grid(grid_path)
-    (out / "grid.toml").write_text(Path(grid_path).read_text())
-    previous = _read_results(out)
-    rows = previous.to_dicts() if previous is not None else []
+    atomic_write_text(out / "grid.toml", read_utf8(Path(grid_path)))
+    rows, old_rows = _read_results(out)
     done = {r["head_id"] for r in rows}
     todo = []
     for s in combos:
-        hid = head_id(s, str(data_path), store.fingerprint, tuple(ood))
+        hid = head_id(s, str(data_path), store.fingerprint, tuple(ood), in_dim=store.dim,
+                      score_range=task.score_range)
         if hid in done:
             continue
         head, train, array = split_settings(s)
         reason = not_applicable(task, train)
         if reason:
-            rows.append({"head_id": hid, **_flat(head, train, array), "status": "skipped", "reason": reason})
+            rows.append({"head_id": hid, "grid_version": GRID_VERSION, **_flat(head, train, array),
+                         "status": "skipped", "reason": reason})
             done.add(hid)
             continue
         todo.append((hid, head, train, array))
@@ -177,7 +234,8 @@ def run_grid(store_path: str, data_path: str, grid_path: str, out_dir: str, data
         save_heads(out / "heads" / f"{group_id}.safetensors", model)
         for h, (hid, head, train, _) in enumerate(items):
             run = runs[h]
-            row = {"head_id": hid, "stack": group_id, **_flat(head, train, array), "status": run.status,
+            row = {"head_id": hid, "grid_version": GRID_VERSION, "stack": group_id, **_flat(head, train, array),
+                   "status": run.status,
                    "reason": run.reason, "best_epoch": run.best_epoch,
                    "train_seconds": (time.perf_counter() - t0) / len(items),
                    "primary": primary_metric(task.kind, energy), "history": json.dumps(run.history)}
@@ -187,10 +245,12 @@ def run_grid(store_path: str, data_path: str, grid_path: str, out_dir: str, data
                 row[f"{split}_primary"] = per_head[h][primary_metric(kind, energy)]
                 row[f"{split}_items"] = json.dumps([float(x) for x in per_item[h][PREFIX[energy]]])
             rows.append(row)
-        _write_results(out, rows)
+        _write_results(out, old_rows + rows)
         bar.update(len(items))
     bar.close()
-    frame = _write_results(out, rows) if rows else pl.DataFrame()
+    if rows or old_rows:
+        _write_results(out, old_rows + rows)
+    frame = pl.DataFrame(rows, infer_schema_length=None) if rows else pl.DataFrame()
     if not baselines:
         X = load_features(store, "features")
         baselines["features"] = _baseline(task, X, ood)

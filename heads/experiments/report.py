@@ -1,6 +1,6 @@
 """Grid results -> a leaderboard: seeds aggregated (mean ± std), selection on dev, test reported once,
-a bootstrap 95% CI over queries (IR) or pairs (STS) for the primary metric, the frozen baseline in
-every table, and PNG plots."""
+a bootstrap 95% CI of the reported number (the mean over seeds of the primary metric; queries or pairs
+resampled, paired across seeds and with the gold), the frozen baseline in every table, and PNG plots."""
 from __future__ import annotations
 
 import json
@@ -16,17 +16,23 @@ from headstore.heads.tasks import Task
 N_BOOT = 1000  # bootstrap resamples for the 95% CIs
 TOP = 15  # configurations listed in the leaderboard
 # result columns that are not settings (left out when grouping seeds into configurations)
-VARIED_EXCLUDE = {"head_id", "stack", "status", "reason", "best_epoch", "train_seconds", "primary", "history"}
+VARIED_EXCLUDE = {"head_id", "grid_version", "stack", "status", "reason", "best_epoch", "train_seconds", "primary",
+                  "history"}
 
 
 def _ci(task: Task, items: list[np.ndarray], split: str = "test") -> tuple[float, float]:
-    """CI of the primary metric of the seed-averaged per-item values (queries or pairs)."""
-    mean_items = np.mean(np.stack(items), axis=0)
-    if task.kind == "sts":
-        return bootstrap_ci(mean_items, gold=task.eval_sets[split].labels, statistic="spearman", n_boot=N_BOOT)
+    """CI of the reported number: the mean over seeds of the primary metric (one item array per seed).
+
+    IR: per-query values (the mean over seeds of a mean over queries is the mean of the seed-averaged
+    queries). STS: the mean over seeds of Spearman(-E_seed, gold), each resample taking the same pairs
+    for every seed and the gold, not the Spearman of a seed ensemble. Pairs: the same with ROC AUC."""
+    per_seed = np.stack(items)  # (S, n)
     if task.kind == "ir":
-        return bootstrap_ci(mean_items, n_boot=N_BOOT)
-    return (float("nan"), float("nan"))
+        return bootstrap_ci(per_seed, n_boot=N_BOOT)
+    labels = task.eval_sets[split].labels
+    if task.kind == "sts":
+        return bootstrap_ci(per_seed, gold=labels, statistic="spearman", n_boot=N_BOOT)
+    return bootstrap_ci(per_seed, gold=(np.asarray(labels) > 0.5).astype(float), statistic="auc", n_boot=N_BOOT)
 
 
 def aggregate(frame: pl.DataFrame, task: Task) -> tuple[pl.DataFrame, list[str]]:
@@ -73,7 +79,7 @@ def _baseline_rows(task: Task, baselines: dict) -> list[dict]:
             if k.startswith("ood_"):
                 m = v["metrics"]
                 row[k] = next((m[x] for x in (f"{prefix}_ndcg@10", f"spearman_{prefix}", f"{prefix}_auc") if x in m), None)
-        if "test" in b and task.kind in ("ir", "sts"):
+        if "test" in b:
             items = np.asarray(b["test"]["items"][prefix])
             row["test_ci_lo"], row["test_ci_hi"] = _ci(task, [items])
         out.append(row)
@@ -88,8 +94,10 @@ def leaderboard_markdown(agg: pl.DataFrame, varied: list[str], task: Task, basel
     metric = frame["primary"].drop_nulls()[0] if "primary" in frame.columns and frame["primary"].drop_nulls().len() else "primary"
     lines = [f"# Leaderboard: {task.name} ({task.kind})", "",
              f"Selected on dev ({task.dev_note or 'the dataset dev split'}); test reported once. "
-             f"Primary metric: `{metric}` (head energy); mean ± std over seeds; 95% bootstrap CI over "
-             f"{'queries' if task.kind == 'ir' else 'pairs'} of the seed-averaged test values.", ""]
+             f"Evaluation: {task.evaluation or task.kind}. "
+             f"Primary metric: `{metric}` (head energy); mean ± std over seeds; 95% bootstrap CI (scipy, "
+             f"percentile) of that mean over seeds, resampling {'queries' if task.kind == 'ir' else 'pairs'} "
+             "(paired across seeds).", ""]
     cols = ["config"] + varied
     ood = sorted(c for c in agg.columns if c.startswith("ood_"))
     lines.append("| rank | " + " | ".join(cols + ["seeds", "dev", "test mean ± std", "test 95% CI"]
