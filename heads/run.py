@@ -4,8 +4,12 @@ Output directory:
 - `head.safetensors` (+ `normalizer.safetensors`): the head, loadable by `heads.run.load_head`;
 - `config.json`: every setting, the dataset, the store path and fingerprint;
 - `metrics.json`: `{"baseline": {...}, "head": {...}}` on the test split, the dev figures under
-  `"dev"`, the primary metric's name and bootstrap 95% CIs under `"ci"`;
+  `"dev"`, the primary metric's name and bootstrap 95% CIs under `"ci"`, how the dataset is evaluated
+  (`"evaluation"`), how dev was made (`"dev_made"`) and an STS table's score scale (`"score_range"`);
 - `curve.png`: training loss and dev metric per epoch.
+
+`--out` is checked before any work (`data.outputs.prepare_output_dir`): an existing file, a store, or a
+folder holding another head or another command's output is refused unless `--overwrite`.
 """
 from __future__ import annotations
 
@@ -16,6 +20,7 @@ from pathlib import Path
 import torch
 
 from headstore.data.files import atomic_write_json
+from headstore.data.outputs import prepare_output_dir
 from headstore.featurize.store import FeatureStore
 from headstore.heads.config import TrainConfig
 from headstore.heads.evaluate import PREFIX, embed_rows, evaluate_split, primary_metric
@@ -23,22 +28,24 @@ from headstore.heads.features import Normalizer, load_features
 from headstore.heads.metrics import bootstrap_ci
 from headstore.heads.model import HeadConfig, load_heads, save_heads
 from headstore.heads.experiments.plots import plot_curve
-from headstore.heads.tasks import Task, load_task, task_rows, without_overlap
+from headstore.heads.tasks import WHOLE, Task, load_task, task_rows, without_overlap
 from headstore.heads.train import train_one
 
 TEST_SPLIT = "test"
+# fingerprint parts that change the numbers of a feature (the layer of the head's array is checked apart)
+FEATURE_PARTS = ("model_id", "weights_hash", "tokenizer_hash", "pooling", "max_length", "dtype", "precision",
+                 "code_version")
 
 
 def ci_of(task: Task, split: str, items: dict, prefix: str, n_boot: int = 1000) -> list[float]:
-    """Bootstrap 95% CI of the primary metric over queries (IR) or pairs (STS/pairs)."""
+    """Bootstrap 95% CI of the primary metric over queries (IR) or pairs (STS: Spearman, pairs: AUC)."""
     values = items[prefix]
     if task.kind == "ir":
         return list(bootstrap_ci(values, n_boot=n_boot))
     gold = task.eval_sets[split].labels
-    stat = "spearman" if task.kind == "sts" else None
-    if stat is None:  # pairs: CI of AUC is not in bootstrap_ci; report none rather than a wrong one
-        return []
-    return list(bootstrap_ci(values, gold=gold, statistic=stat, n_boot=n_boot))
+    if task.kind == "sts":
+        return list(bootstrap_ci(values, gold=gold, statistic="spearman", n_boot=n_boot))
+    return list(bootstrap_ci(values, gold=(gold > 0.5).astype(float), statistic="auc", n_boot=n_boot))
 
 
 def evaluate_head(task: Task, features: torch.Tensor, model, norm: Normalizer | None, energy: str,
@@ -64,29 +71,84 @@ def evaluate_head(task: Task, features: torch.Tensor, model, norm: Normalizer | 
     return out
 
 
+def _array_layer(store: FeatureStore, array: str):
+    """The encoder layer a store array holds (None where the manifest does not say)."""
+    if array not in store.arrays:
+        raise ValueError(f"{store.path}: no array {array!r}; its arrays: {', '.join(store.arrays)} (--array)")
+    info = store.manifest.get("arrays", {}).get(array)
+    return info.get("layer") if isinstance(info, dict) else None
+
+
+def _data_notes(task: Task) -> dict:
+    """How the dataset was read and split, for config.json and metrics.json."""
+    notes = {"evaluation": task.evaluation, "dev_made": task.dev_note or "the dataset's own dev split"}
+    if task.score_range is not None:
+        notes["score_range"] = list(task.score_range)
+    return notes
+
+
 def train_head(store_path: str, data_path: str, out_dir: str, head_cfg: HeadConfig, cfg: TrainConfig,
-               data_format: str | None = None, array: str = "features", progress: bool = True) -> dict:
-    """Train one head on `data_path`'s train split, select on dev, report test once; write `out_dir`."""
+               data_format: str | None = None, array: str = "features", progress: bool = True,
+               score_range=None, overwrite: bool = False) -> dict:
+    """Train one head on `data_path`'s train split, select on dev, report test once; write `out_dir`.
+
+    score_range: the (LO, HI) scale of an STS table's scores (default: detected as 0-1 or 0-5)."""
+    out = prepare_output_dir(out_dir, "head", overwrite)
     store = FeatureStore.open(store_path)
-    task = load_task(data_path, store, data_format)
+    layer = _array_layer(store, array)
+    task = load_task(data_path, store, data_format, score_range=score_range)
     features = load_features(store, array)
     head_cfg = HeadConfig(**{**asdict(head_cfg), "in_dim": features.shape[1]})
     model, norm, run = train_one(task, features, head_cfg, cfg, progress)
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
     save_heads(out / "head.safetensors", model)
     norm.save(out / "normalizer.safetensors")
     config = {"head": asdict(head_cfg), "train": cfg.to_dict(), "data": str(data_path), "format": data_format,
               "task": task.name, "kind": task.kind, "dev": task.dev_note or "the dataset's dev split",
-              "store": str(store_path), "store_fingerprint": store.fingerprint, "array": array,
+              **_data_notes(task),
+              "store": str(store_path), "store_fingerprint": store.fingerprint, "array": array, "array_layer": layer,
               "store_manifest": {k: v for k, v in store.manifest.items() if k != "arrays"},
               "best_epoch": run.best_epoch, "train_seconds": run.seconds}
     atomic_write_json(out / "config.json", config, sort_keys=True)
     metrics = evaluate_head(task, features, model, norm, cfg.eval_energy, ("dev", TEST_SPLIT))
+    metrics.update(_data_notes(task))
+    if TEST_SPLIT not in task.eval_sets:
+        metrics["split"] = "dev"
+        metrics["note"] = f"{data_path} has no test split: only dev figures are reported"
     metrics["history"] = run.history
     atomic_write_json(out / "metrics.json", metrics, sort_keys=True)
     plot_curve(run.history, out / "curve.png", title=f"{task.name}: {cfg.loss} ({cfg.eval_energy})")
     return metrics
+
+
+def _read_config(path: Path) -> dict:
+    try:
+        config = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise FileNotFoundError(f"{path}: no such file (a `cli train-head --out` folder holds config.json "
+                                "beside head.safetensors)") from None
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        where = f"line {e.lineno}" if isinstance(e, json.JSONDecodeError) else f"byte {e.start}"
+        raise ValueError(f"{path}: not valid JSON ({where}: {e.msg if hasattr(e, 'msg') else e.reason}) "
+                         "(the head's config is broken; retrain the head)") from None
+    missing = [k for k in ("train", "store_manifest") if not isinstance(config, dict) or k not in config]
+    if missing:
+        raise ValueError(f"{path}: not a head config (missing {', '.join(missing)}) (retrain the head)")
+    try:
+        TrainConfig.from_dict(config["train"])
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"{path}: its \"train\" settings are not valid: {e} (retrain the head)") from None
+    return config
+
+
+def _load_safetensors(path: Path, load):
+    """load(path), with a damaged file reported as the file and its problem."""
+    try:
+        return load(path)
+    except (ValueError, FileNotFoundError):
+        raise
+    except Exception as e:  # safetensors raises SafetensorError / OSError for a truncated file
+        raise ValueError(f"{path}: cannot be read ({type(e).__name__}: {str(e).strip()[:200]}) "
+                         "(the file is truncated or damaged; retrain the head)") from None
 
 
 def load_head(head_dir: str):
@@ -94,44 +156,70 @@ def load_head(head_dir: str):
     d = Path(head_dir)
     if not (d / "head.safetensors").is_file():
         raise FileNotFoundError(f"{d}: no head.safetensors (is this a `cli train-head --out` directory?)")
-    config = json.loads((d / "config.json").read_text())
+    config = _read_config(d / "config.json")
     norm_path = d / "normalizer.safetensors"
-    norm = Normalizer.load(norm_path) if norm_path.is_file() else Normalizer.fit("none", torch.zeros(1, 1))
-    return load_heads(d / "head.safetensors"), norm, config
+    norm = _load_safetensors(norm_path, Normalizer.load) if norm_path.is_file() \
+        else Normalizer.fit("none", torch.zeros(1, 1))
+    return _load_safetensors(d / "head.safetensors", load_heads), norm, config
+
+
+def check_same_features(head_dir: str, config: dict, store: FeatureStore, array: str) -> None:
+    """A head only makes sense on the features it was trained on: every fingerprint part that changes the
+    numbers (model, weights, tokenizer, pooling, max length, dtype, precision, code version) and the
+    encoder layer of its array must match."""
+    trained, here = config["store_manifest"], store.manifest  # fingerprint parts are top-level keys
+    if trained.get("dim") not in (None, store.dim):
+        raise ValueError(f"{head_dir} was trained on {trained['dim']}-dim features; {store.path} holds "
+                         f"{store.dim}-dim features (evaluate it on the store it was trained on)")
+    differs = [f"{k}: {trained[k]!r} vs {here.get(k)!r}" for k in FEATURE_PARTS
+               if k in trained and trained[k] != here.get(k)]
+    layer = _array_layer(store, array)
+    trained_layer = config.get("array_layer")
+    if trained_layer is None and "layers" in trained and array == "features":  # configs before array_layer
+        trained_layer = trained["layers"][0]
+    if trained_layer is not None and layer is not None and trained_layer != layer:
+        differs.append(f"layer of {array!r}: {trained_layer} vs {layer}")
+    if differs:
+        raise ValueError(f"{head_dir} was trained on features that differ from {store.path} in "
+                         f"{'; '.join(differs)} (a head only makes sense on the features it was trained on: "
+                         "featurize the dataset with the head's settings)")
+
+
+def eval_split(task: Task) -> str:
+    """The split `cli eval` scores: test; else the whole table (no split column); else dev; else train."""
+    for split in (TEST_SPLIT, WHOLE, "dev", "train"):
+        if split in task.eval_sets:
+            return split
+    raise ValueError(f"{task.name}: nothing to evaluate (no split with judgements or pairs)")
 
 
 def eval_head(store_path: str, head_dir: str, data_path: str, out_dir: str, data_format: str | None = None,
-              exclude_overlap: str | None = None) -> dict:
+              exclude_overlap: str | None = None, score_range=None, overwrite: bool = False) -> dict:
     """Evaluate a trained head on any dataset whose texts are in the store; write metrics.json.
 
+    Scores the test split, or the whole table when it has no split column (`eval_split`).
     `exclude_overlap`: a dataset (e.g. the one the head was trained on) whose texts must not be scored:
     evaluation pairs / queries that use one of its texts are dropped (counted in metrics.json)."""
+    out = prepare_output_dir(out_dir, "eval", overwrite)
     store = FeatureStore.open(store_path)
     model, norm, config = load_head(head_dir)
-    if config["store_manifest"].get("dim") not in (None, store.dim):
-        raise ValueError(f"{head_dir} was trained on {config['store_manifest']['dim']}-dim features; "
-                         f"{store_path} holds {store.dim}-dim features")
-    fp_parts = ("model_id", "weights_hash", "pooling", "max_length")
-    trained, here = config["store_manifest"], store.manifest  # fingerprint parts are top-level keys
-    differs = [k for k in fp_parts if k in trained and trained.get(k) != here.get(k)]
-    if differs:
-        raise ValueError(f"{head_dir} was trained on features that differ from {store_path} in {differs}; "
-                         f"a head only makes sense on the features it was trained on")
-    task = load_task(data_path, store, data_format)
+    array = config.get("array", "features")
+    check_same_features(head_dir, config, store, array)
+    task = load_task(data_path, store, data_format, score_range=score_range, for_eval=True)
     dropped = None
     if exclude_overlap:
-        task, dropped = without_overlap(task, task_rows(load_task(exclude_overlap, store)))
-    features = load_features(store, config.get("array", "features"))
+        task, dropped = without_overlap(task, task_rows(load_task(exclude_overlap, store, for_eval=True)))
+    features = load_features(store, array)
     energy = TrainConfig.from_dict(config["train"]).eval_energy
-    splits = tuple(s for s in task.eval_sets if s != "dev") or tuple(task.eval_sets)
-    metrics = evaluate_head(task, features, model, norm, energy, splits)
-    if TEST_SPLIT not in task.eval_sets and splits:  # report the only split there is under the usual keys
-        only = metrics.pop(splits[0])
-        metrics.update({"baseline": only["baseline"], "head": only["head"], "ci": only["ci"], "split": splits[0]})
+    split = eval_split(task)
+    metrics = evaluate_head(task, features, model, norm, energy, (split,))
+    if split != TEST_SPLIT:  # report the split there is under the usual keys
+        only = metrics.pop(split)
+        metrics.update({"baseline": only["baseline"], "head": only["head"], "ci": only["ci"]})
+    metrics["split"] = split
+    metrics.update(_data_notes(task))
     metrics["head_dir"], metrics["data"] = str(head_dir), str(data_path)
     if dropped is not None:
         metrics["overlap_dropped"] = {"with": str(exclude_overlap), **dropped}
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
     atomic_write_json(out / "metrics.json", metrics, sort_keys=True)
     return metrics

@@ -40,7 +40,8 @@ def _default_mlm_text() -> str | None:
 @dataclass(frozen=True)
 class CompareConfig:
     in_domain: str  # dataset the heads train on; its test split is the in-domain figure
-    out_of_domain: tuple[str, ...] = ()  # datasets evaluated with the in-domain heads (test or only split)
+    out_of_domain: tuple[str, ...] = ()  # datasets evaluated with the in-domain heads (test split; a table
+    # without a split column is scored whole, see heads.run.eval_split)
     model: str = "minilm"  # the base encoder
     base_store: str | None = None  # reuse a store of the base encoder's features (else OUT/store-base-*)
     featurize: FeaturizeConfig = FeaturizeConfig()  # its `model` is replaced per encoder
@@ -169,7 +170,8 @@ def _train_head(steps: Steps, name: str, cfg: CompareConfig, store: Path, store_
 
     settings = {"store": store_key, "head": asdict(cfg.head), "train": cfg.train.to_dict(), "data": cfg.in_domain}
     folder, _ = steps.run(name, settings, lambda d: _first_metric(
-        train_head(str(store), cfg.in_domain, str(d / "head"), cfg.head, cfg.train, progress=True)))
+        train_head(str(store), cfg.in_domain, str(d / "head"), cfg.head, cfg.train, progress=True,
+                   overwrite=True)))  # the step's own folder: a rerun after a crash replaces its half-made head
     return folder / "head", settings
 
 

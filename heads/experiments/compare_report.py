@@ -33,7 +33,8 @@ def evaluate_setups(cfg, out: Path, setups, encoders: dict, heads: dict) -> list
     evals: dict[tuple[str, str], dict] = {}
     for enc, info in encoders.items():
         for ds in datasets:
-            evals[enc, ds] = eval_head(str(info["store"]), str(heads[enc]), ds, str(out / "eval" / enc / _name(ds)))
+            evals[enc, ds] = eval_head(str(info["store"]), str(heads[enc]), ds, str(out / "eval" / enc / _name(ds)),
+                                       overwrite=True)  # compare's own folder, rewritten on every run
     rows = []
     for label, enc, head, extra in setups:
         row = {"setup": label, "encoder": enc, "head": None if head is None else str(head),

@@ -40,7 +40,8 @@ def tiny_beir(folder: Path, seed: int = 0, n_docs: int = 60, n_train: int = 30, 
     queries = [{"_id": f"q{i}", "text": docs[i]["text"].split()[0] + " " + sentence(rng, 3) + f" {i}"} for i in range(n_q)]
     (folder / "queries.jsonl").write_text("\n".join(json.dumps(q) for q in queries) + "\n")
     head = "query-id\tcorpus-id\tscore\n"
-    (folder / "qrels" / "train.tsv").write_text(head + "".join(f"q{i}\td{i}\t1\n" for i in range(n_train)))
+    if n_train:  # a header-only qrels file is an error
+        (folder / "qrels" / "train.tsv").write_text(head + "".join(f"q{i}\td{i}\t1\n" for i in range(n_train)))
     (folder / "qrels" / "test.tsv").write_text(head + "".join(f"q{i}\td{i}\t1\n" for i in range(n_train, n_q)))
     return folder
 

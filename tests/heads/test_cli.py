@@ -98,11 +98,11 @@ def test_bad_loss_is_refused_with_the_valid_options(world):
     assert r.exit_code != 0 and "l1-energy" in r.output
 
 
-def test_eval_refuses_a_dataset_not_in_the_store(world, tmp_path):
+def test_train_head_refuses_a_dataset_not_in_the_store(world, tmp_path):
     root, store, beir = world
     other = tmp_path / "other.parquet"
-    pl.DataFrame({"sentence1": ["never seen"] * 3, "sentence2": ["a b"] * 3, "score": [1.0, 2.0, 3.0],
-                  "split": ["test"] * 3}).write_parquet(other)
+    pl.DataFrame({"sentence1": [f"never seen {i}" for i in range(3)], "sentence2": [f"a b {i}" for i in range(3)],
+                  "score": [1.0, 2.0, 3.0], "split": ["train"] * 3}).write_parquet(other)
     r = CliRunner().invoke(main, ["train-head", "--store", str(store), "--data", str(other), "--out", str(tmp_path / "h")])
     assert r.exit_code != 0 and "featurize" in r.output
 
