@@ -16,6 +16,7 @@ several inputs (gold and predictions, or one prediction per seed) the resampling
 """
 from __future__ import annotations
 
+import warnings
 from typing import Callable, Iterable, Mapping, NamedTuple, Optional, Sequence, Union
 
 import numpy as np
@@ -256,21 +257,33 @@ def bootstrap_ci(values, n_boot: int = 1000, seed: int = 0, *, gold=None, statis
     rng = np.random.default_rng(seed)
     common = dict(n_resamples=n_boot, confidence_level=confidence, method="percentile", vectorized=True,
                   rng=rng, batch=max(1, min(n_boot, 2_000_000 // x.size)))
+    with warnings.catch_warnings():  # undefined resamples are handled below; scipy warns of them
+        warnings.simplefilter("ignore", stats.DegenerateDataWarning)
+        res = _bootstrap(x, gold, statistic, common)
+    # the percentile interval of the bootstrap distribution, leaving out the resamples where the statistic
+    # is undefined (one class only, a constant side): scipy's own interval would be NaN then
+    alpha = (1.0 - confidence) / 2
+    dist = res.bootstrap_distribution
+    if not np.isfinite(dist).any():
+        return float("nan"), float("nan")
+    lo, hi = np.nanquantile(dist, [alpha, 1 - alpha])
+    return float(lo), float(hi)
+
+
+def _bootstrap(x: np.ndarray, gold, statistic: str, common: dict):
+    """scipy.stats.bootstrap of the mean (no gold) or of the mean over seeds of statistic(pred_seed, gold)."""
     if gold is None:
         if statistic != "mean":
             raise ValueError(f"bootstrap_ci: statistic {statistic!r} needs gold=; without it: 'mean'")
-        res = stats.bootstrap((x.mean(axis=0),), np.mean, **common)
-    else:
-        g = np.asarray(gold, dtype=np.float64)
-        if g.shape != x.shape[1:]:
-            raise ValueError(f"bootstrap_ci: gold shape {g.shape} != values shape {x.shape[1:]}")
-        if statistic not in STATISTICS:
-            raise ValueError(f"bootstrap_ci: statistic {statistic!r}; valid with gold: {sorted(STATISTICS)}")
-        fn = STATISTICS[statistic]
+        return stats.bootstrap((x.mean(axis=0),), np.mean, **common)
+    g = np.asarray(gold, dtype=np.float64)
+    if g.shape != x.shape[1:]:
+        raise ValueError(f"bootstrap_ci: gold shape {g.shape} != values shape {x.shape[1:]}")
+    if statistic not in STATISTICS:
+        raise ValueError(f"bootstrap_ci: statistic {statistic!r}; valid with gold: {sorted(STATISTICS)}")
+    fn = STATISTICS[statistic]
 
-        def seed_mean(gold_resampled, *per_seed, axis=-1):
-            return np.mean([fn(p, gold_resampled, axis=axis) for p in per_seed], axis=0)
+    def seed_mean(gold_resampled, *per_seed, axis=-1):  # every seed sees the same resampled items
+        return np.mean([fn(p, gold_resampled, axis=axis) for p in per_seed], axis=0)
 
-        res = stats.bootstrap((g, *x), seed_mean, paired=True, **common)
-    lo, hi = res.confidence_interval
-    return float(lo), float(hi)
+    return stats.bootstrap((g, *x), seed_mean, paired=True, **common)

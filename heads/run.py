@@ -52,7 +52,7 @@ def evaluate_head(task: Task, features: torch.Tensor, model, norm: Normalizer | 
                   splits: tuple[str, ...]) -> dict:
     """metrics.json content for the splits present: baseline and head, with CIs of the primary metric."""
     out: dict = {"primary": primary_metric(task.kind, energy),
-                 "baseline_primary": primary_metric(task.kind, "cosine"), "ci": {}}
+                 "baseline_primary": primary_metric(task.kind, "cosine"), "ci": {}, "n_scored": {}}
     energies = (energy,) if energy == "cosine" else (energy, "cosine")
     X = norm(features) if norm is not None else features
     for split in splits:
@@ -61,6 +61,8 @@ def evaluate_head(task: Task, features: torch.Tensor, model, norm: Normalizer | 
         base, base_items = evaluate_split(task, split, lambda r: embed_rows(None, features, r), ("cosine", "l1"))
         head, head_items = evaluate_split(task, split, lambda r: embed_rows(model, X, r), energies)
         block = {"baseline": base[0], "head": head[0]}
+        data = task.eval_sets[split]
+        out["n_scored"][split] = len(data.query_ids) if task.kind == "ir" else len(data)  # queries or pairs
         ci = {"baseline": ci_of(task, split, base_items[0], "cosine"),
               "head": ci_of(task, split, head_items[0], PREFIX[energy])}
         if split == TEST_SPLIT:

@@ -117,8 +117,9 @@ def resolved_settings(settings: dict, in_dim: int | None = None) -> dict:
     head_dict = asdict(head)
     if in_dim:
         head_dict.update(in_dim=in_dim, out_dim=HeadConfig(**{**head_dict, "in_dim": in_dim}).out_features)
-    return {"head": head_dict, "train": asdict(train), "array": array,
-            "loss": train.loss_config().resolved(train.eval_energy),
+    loss = train.loss_config().resolved(train.eval_energy)
+    train_dict = {**asdict(train), **{k: loss[k] for k in ("q", "tau", "margin")}}  # None -> the default used
+    return {"head": head_dict, "train": train_dict, "array": array, "loss": loss,
             "constants": {"dev_fraction": DEV_FRACTION, "dev_seed": DEV_SEED, "genuine_threshold": GENUINE_THRESHOLD,
                           "ir_topk": IR_TOPK}}
 

@@ -34,3 +34,54 @@ def test_head_id_depends_on_every_setting_and_the_store():
     assert head_id({**s, "lr": 3e-3}, "data", "fp") != base
     assert head_id(s, "data", "other-fp") != base
     assert head_id(s, "data", "fp", ("cacm",)) != base
+
+
+def test_head_id_hashes_resolved_defaults(monkeypatch):
+    """An unset q is hashed as the Q it stands for: retuning the default retrains, spelling it out does not."""
+    import headstore.heads.losses as losses
+
+    from headstore.heads.losses import DEFAULT_Q
+
+    s = {"loss": "l1-energy", "lr": 1e-3}
+    unset = head_id(s, "data", "fp", in_dim=32)
+    assert head_id({**s, "q": DEFAULT_Q["l1"]}, "data", "fp", in_dim=32) == unset
+    assert head_id({**s, "out_dim": 32}, "data", "fp", in_dim=32) == unset  # out_dim None = in_dim
+    assert head_id(s, "data", "fp", in_dim=32, score_range=(0.0, 10.0)) != unset
+    monkeypatch.setitem(losses.DEFAULT_Q, "l1", 40.0)
+    assert head_id(s, "data", "fp", in_dim=32) != unset
+
+
+def test_read_grid_uses_every_combination_once(tmp_path):
+    from sklearn.model_selection import ParameterGrid
+
+    g = tmp_path / "g.toml"
+    g.write_text('[grid]\nloss = ["mnr", "l1-energy"]\nlr = [1e-3, 3e-3, 1e-3]\nseed = [0, 1]\n')
+    combos = read_grid(str(g))
+    assert len(combos) == 8 and all(c in combos for c in ParameterGrid({"loss": ["mnr", "l1-energy"],
+                                                                        "lr": [1e-3, 3e-3], "seed": [0, 1]}))
+
+
+def test_rows_of_another_grid_version_are_kept_but_never_reused(data_world, tmp_path):
+    import json
+
+    import polars as pl
+
+    from .conftest import cli
+
+    grid = tmp_path / "grid.toml"
+    grid.write_text('[grid]\nlr = [1e-3]\nseed = [0, 1]\n[fixed]\nepochs = 1\nhidden = 16\nbatch_size = 8\nmined_k = 2\n')
+    out = tmp_path / "g"
+    args = ("grid", "--store", data_world["store"], "--data", data_world["pos"], "--grid", grid, "--out", out)
+    assert cli(*args).exit_code == 0
+    res = pl.read_parquet(out / "results.parquet")
+    res.with_columns(pl.lit(1).alias("grid_version"), pl.lit(0.99).alias("test_primary")) \
+        .write_parquet(out / "results.parquet")  # as if written by an older headstore
+    r = cli(*args)
+    assert r.exit_code == 0, r.output
+    assert "2 row(s) of grid format version 1 ignored" in r.output
+    both = pl.read_parquet(out / "results.parquet")
+    assert both.height == 4 and sorted(both["grid_version"].to_list()) == [1, 1, 2, 2]
+    configs = pl.read_csv(out / "configs.csv")
+    assert configs["seeds"].to_list() == [2] and configs["test_mean"][0] != 0.99
+    assert "0.9900" not in (out / "leaderboard.md").read_text()
+    assert json.loads(both.filter(pl.col("grid_version") == 2)["history"][0])

@@ -3,7 +3,7 @@ import math
 import pytest
 import torch
 
-from headstore.heads.losses import DEFAULT_Q, LOSS_KINDS, LOSSES, LossConfig
+from headstore.heads.losses import COSENT_ENERGY_RANGE, LOSS_KINDS, LOSSES, LossConfig
 
 from .test_energy import ref_energy
 
@@ -134,7 +134,7 @@ def test_cosent_hand_computed():
     za = torch.tensor([[[0.0], [0.0]]])
     zp = torch.tensor([[[1.0], [3.0]]])  # energies 1 and 3
     got = LOSSES["cosent"](za, zp, labels=torch.tensor([0.2, 0.9]), cfg=LossConfig(scale=0.5))
-    lam = 0.5 * 2.0 / DEFAULT_Q["l1"]  # scale rescaled from cosine's range (2) to l1's default Q
+    lam = 0.5 * 2.0 / COSENT_ENERGY_RANGE["l1"]  # scale rescaled from cosine's range (2) to l1's typical range
     assert got.item() == pytest.approx(math.log(1 + math.exp(lam * (3 - 1))), rel=1e-6)
 
 
@@ -192,7 +192,7 @@ def test_cosent_reference(energy):
     labels = [0.1, 0.5, 0.5, 0.9, 0.0, 0.7]  # includes a tie: no term for equal scores
     got = LOSSES["cosent"](za, zp, labels=torch.tensor(labels), energy=energy, cfg=LossConfig(scale=2.0))
     for h in range(2):
-        lam = 2.0 * 2.0 / DEFAULT_Q[energy]  # scale per unit of the energy's default range Q
+        lam = 2.0 * 2.0 / COSENT_ENERGY_RANGE[energy]  # scale per unit of the energy's typical range
         assert got[h].item() == pytest.approx(ref_cosent(za[h].tolist(), zp[h].tolist(), labels, energy, lam), rel=1e-5)
 
 
@@ -270,3 +270,23 @@ def test_errors():
         LOSSES["l1-energy"](za, zp, labels=torch.tensor([2.0, 0, 0, 1]))
     with pytest.raises(ValueError, match="zn must be"):
         LOSSES["l1-ce"](za, zp, zn[:, :, 0])
+
+
+def test_cosent_scale_does_not_move_with_l1_energys_q(monkeypatch):
+    """CoSENT's lambda has its own constants: retuning l1-energy's default Q leaves CoSENT unchanged."""
+    import headstore.heads.losses as losses
+
+    za, zp, _ = data(B=6, K=0, seed=9)
+    labels = torch.tensor([0.1, 0.5, 0.3, 0.9, 0.0, 0.7])
+    before = LOSSES["cosent"](za, zp, labels=labels, energy="l1")
+    l1e_before = LOSSES["l1-energy"](za, zp, energy="l1")
+    monkeypatch.setitem(losses.DEFAULT_Q, "l1", 40.0)
+    assert torch.equal(LOSSES["cosent"](za, zp, labels=labels, energy="l1"), before)
+    assert not torch.equal(LOSSES["l1-energy"](za, zp, energy="l1"), l1e_before)  # --q / Q: l1-energy only
+
+
+def test_one_impostor_default():
+    from headstore.heads.config import TrainConfig
+    from headstore.heads.losses import DEFAULT_IMPOSTORS
+
+    assert LossConfig().impostors == TrainConfig().impostors == TrainConfig().loss_config().impostors == DEFAULT_IMPOSTORS

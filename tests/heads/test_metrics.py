@@ -158,3 +158,63 @@ def test_bootstrap_ci():
     assert bootstrap_ci(pred, n_boot=300, gold=gold, statistic="spearman") == (lo, hi)
     with pytest.raises(ValueError, match="gold"):
         bootstrap_ci(v, statistic="spearman")
+
+
+def _rank(v):
+    return np.argsort(np.argsort(v))  # continuous values: no ties
+
+
+def _spearman_loop(a, b):
+    return np.corrcoef(_rank(a), _rank(b))[0, 1]
+
+
+def _auc_loop(p, y):
+    pos, neg = p[y == 1], p[y == 0]
+    return (pos[:, None] > neg[None, :]).mean()
+
+
+def _loop_bootstrap(per_seed, gold, statistic, n_boot=1500, seed=5):
+    """Reference: resample pair indices, the same for every seed and the gold; percentile interval."""
+    rng = np.random.default_rng(seed)
+    n = len(gold)
+    values = []
+    for _ in range(n_boot):
+        i = rng.integers(0, n, n)
+        values.append(np.mean([statistic(p[i], gold[i]) for p in per_seed]))
+    return np.quantile(values, [0.025, 0.975])
+
+
+def test_sts_ci_is_the_ci_of_the_mean_over_seeds_not_of_a_seed_ensemble():
+    rng = np.random.default_rng(4)
+    gold = rng.standard_normal(400)
+    per_seed = np.stack([gold + rng.standard_normal(400) for _ in range(3)])  # three noisy seeds
+    reported = np.mean([stats.spearmanr(p, gold)[0] for p in per_seed])
+    ensemble = stats.spearmanr(per_seed.mean(0), gold)[0]  # averaging predictions removes noise: higher
+    lo, hi = bootstrap_ci(per_seed, gold=gold, statistic="spearman", n_boot=1500)
+    assert lo < reported < hi and not lo < ensemble < hi
+    ref = _loop_bootstrap(per_seed, gold, _spearman_loop)
+    assert (lo, hi) == pytest.approx(tuple(ref), abs=0.015)
+
+
+def test_auc_ci_pairs_scores_with_their_labels():
+    rng = np.random.default_rng(6)
+    labels = rng.integers(0, 2, 300).astype(float)
+    per_seed = np.stack([labels + 1.5 * rng.standard_normal(300) for _ in range(2)])
+    lo, hi = bootstrap_ci(per_seed, gold=labels, statistic="auc", n_boot=1500)
+    from sklearn.metrics import roc_auc_score
+
+    reported = np.mean([roc_auc_score(labels, p) for p in per_seed])
+    assert lo < reported < hi
+    ref = _loop_bootstrap(per_seed, labels, _auc_loop)
+    assert (lo, hi) == pytest.approx(tuple(ref), abs=0.015)
+    tiny = bootstrap_ci(np.array([0.1, 0.9, 0.2]), gold=np.array([0.0, 1.0, 0.0]), statistic="auc", n_boot=200)
+    assert all(np.isfinite(tiny))  # resamples with one class only are left out, not turned into NaN
+
+
+def test_ir_ci_over_seeds_is_the_ci_of_the_seed_averaged_queries():
+    rng = np.random.default_rng(8)
+    per_seed = rng.random((3, 150))
+    assert bootstrap_ci(per_seed, n_boot=500) == bootstrap_ci(per_seed.mean(0), n_boot=500)
+    lo, hi = bootstrap_ci(per_seed, n_boot=1500)
+    ref = _loop_bootstrap(per_seed, np.zeros(150), lambda p, _: p.mean())
+    assert (lo, hi) == pytest.approx(tuple(ref), abs=0.01)

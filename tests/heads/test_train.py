@@ -98,3 +98,42 @@ def test_mined_negatives_exclude_positives_and_remine_runs():
     cfg = TrainConfig(normalize="none", impostors="all", loss="l1-energy", epochs=2, batch_size=16, mined_k=3, remine=True, q=8.0)
     _, _, (run,) = train_stack(task, X, HeadConfig(depth=1, out_dim=8, in_dim=16, residual=False), [cfg], progress=False)
     assert run.status == "ok"
+
+
+@pytest.mark.parametrize("remine, calls", [(False, 1), (True, 3)])
+def test_mining_runs_once_unless_remine(monkeypatch, remine, calls):
+    import headstore.heads.train as train_module
+    from headstore.heads.mining import mine_negatives
+
+    seen = []
+
+    def counting(*args, **kwargs):
+        seen.append(args[5] is not None)  # embed given: mined in the head's own space
+        return mine_negatives(*args, **kwargs)
+
+    monkeypatch.setattr(train_module, "mine_negatives", counting)
+    task, X = planted_ir_task(n_docs=120)
+    cfg = TrainConfig(normalize="none", loss="l1-energy", epochs=3, batch_size=16, mined_k=3, remine=remine,
+                      patience=10, q=8.0)
+    _, _, (run,) = train_stack(task, X, HeadConfig(depth=1, out_dim=8, in_dim=16, residual=False), [cfg], progress=False)
+    assert run.status == "ok" and len(run.history) == 3
+    assert len(seen) == calls and seen == [False] + [True] * (calls - 1)
+
+
+def test_a_duplicated_positive_is_never_mined_as_its_own_negative():
+    from headstore.heads.mining import mine_negatives
+
+    rng = np.random.default_rng(0)
+    X = torch.tensor(rng.standard_normal((12, 8)), dtype=torch.float32)
+    X[1] = X[0] + 0.01  # the anchor (row 0) is closest to its positive (row 1)
+    corpus = np.array([1, 2, 3, 1, 4, 5, 6, 7, 8, 9, 10, 11])  # row 1 listed twice (two ids, one text)
+    mined = mine_negatives(X, np.array([0]), corpus, {(0, 1)}, k=5)
+    assert 1 not in mined[0, 0].tolist() and len(set(mined[0, 0].tolist())) == 5
+
+
+def test_positive_pair_losses_on_a_table_without_positives_are_an_error():
+    task, X = planted_sts_task()
+    low = dataclasses.replace(task, train=dataclasses.replace(task.train, labels=task.train.labels * 0.5))
+    with pytest.raises(ValueError, match="no train pair has a label >= 0.8"):
+        train_one(low, X, HeadConfig(depth=1, out_dim=8, in_dim=16, residual=False), TrainConfig(loss="mnr"),
+                  progress=False)
