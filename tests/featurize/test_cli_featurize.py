@@ -43,7 +43,7 @@ def test_cli_rejects_bad_options(tiny_model, tmp_path):
     result = CliRunner().invoke(main, base + ["--pooling", "median"])
     assert result.exit_code == 2 and "'cls', 'max', 'mean'" in result.output
     result = CliRunner().invoke(main, base + ["--layers", "last"])
-    assert result.exit_code == 1 and "comma-separated ints" in result.output
+    assert result.exit_code == 2 and "comma-separated ints" in result.output  # bad input: exit 2 (cli.py)
     result = CliRunner().invoke(main, ["featurize", "--model", str(tmp_path / "nope.bin"), "--data",
                                        str(tmp_path / "a.txt"), "--store", str(tmp_path / "s")])
     assert result.exit_code != 0

@@ -132,3 +132,16 @@ def test_eval_scores_a_table_without_split_column_whole(data_world, tmp_path, da
     assert r.exit_code == 0, r.output
     m = json.loads((tmp_path / "e" / "metrics.json").read_text())
     assert m["split"] == "all" and m["n_scored"] == {"all": n}
+
+
+def test_grid_transfer_scores_a_table_without_split_column_whole(data_world, tmp_path):
+    grid = tmp_path / "grid.toml"
+    grid.write_text('[grid]\nlr = [1e-3]\n[fixed]\nepochs = 1\nhidden = 16\nbatch_size = 8\nmined_k = 2\n')
+    sts = tmp_path / "ood.parquet"
+    pl.read_parquet(data_world["sts05"]).drop("split").write_parquet(sts)
+    r = cli("grid", "--store", data_world["store"], "--data", data_world["pos"], "--grid", grid,
+            "--out", tmp_path / "g", "--transfer", sts)
+    assert r.exit_code == 0, r.output
+    row = pl.read_parquet(tmp_path / "g" / "results.parquet").row(0, named=True)
+    assert len(json.loads(row["ood_ood_items"])) == 60  # every row of the table, not a dev slice
+    assert -1 <= row["ood_ood_primary"] <= 1
