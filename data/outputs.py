@@ -40,10 +40,21 @@ def output_kind(path: Path) -> str | None:
     return next((kind for kind, files in OUTPUTS.items() if (path / files[0]).exists()), None)
 
 
-def prepare_output_dir(out: str | Path, kind: str, overwrite: bool = False, resumable: bool = False) -> Path:
-    """Check `out` can take a `kind` output (see the module doc) and create it; returns it as a Path."""
+def prepare_output_dir(out: str | Path, kind: str, overwrite: bool = False, resumable: bool = False,
+                       inputs: tuple = ()) -> Path:
+    """Check `out` can take a `kind` output (see the module doc) and create it; returns it as a Path.
+
+    `inputs`: the command's input paths (datasets, a head): `out` may not be one of them or lie inside one."""
     assert kind in OUTPUTS, kind
     out = Path(out)
+    resolved = out.resolve()
+    for given in inputs:
+        if given is None:
+            continue
+        path = Path(given).resolve()
+        if resolved == path or (path.is_dir() and path in resolved.parents):
+            raise ValueError(f"{out}: is {'' if resolved == path else 'inside '}the input {given}; "
+                             "--out must be another folder (inputs are never written to)")
     for parent in [out, *out.parents]:
         if is_store(parent):
             raise ValueError(f"{out}: {'is' if parent == out else f'is inside the feature store {parent}, which is'} "

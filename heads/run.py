@@ -95,7 +95,7 @@ def train_head(store_path: str, data_path: str, out_dir: str, head_cfg: HeadConf
     """Train one head on `data_path`'s train split, select on dev, report test once; write `out_dir`.
 
     score_range: the (LO, HI) scale of an STS table's scores (default: detected as 0-1 or 0-5)."""
-    out = prepare_output_dir(out_dir, "head", overwrite)
+    out = prepare_output_dir(out_dir, "head", overwrite, inputs=(data_path,))
     store = FeatureStore.open(store_path)
     layer = _array_layer(store, array)
     task = load_task(data_path, store, data_format, score_range=score_range)
@@ -202,7 +202,7 @@ def eval_head(store_path: str, head_dir: str, data_path: str, out_dir: str, data
     Scores the test split, or the whole table when it has no split column (`eval_split`).
     `exclude_overlap`: a dataset (e.g. the one the head was trained on) whose texts must not be scored:
     evaluation pairs / queries that use one of its texts are dropped (counted in metrics.json)."""
-    out = prepare_output_dir(out_dir, "eval", overwrite)
+    out = prepare_output_dir(out_dir, "eval", overwrite, inputs=(data_path, head_dir, exclude_overlap))
     store = FeatureStore.open(store_path)
     model, norm, config = load_head(head_dir)
     array = config.get("array", "features")

@@ -177,7 +177,7 @@ def run_grid(store_path: str, data_path: str, grid_path: str, out_dir: str, data
     a transfer table without a split column is scored whole.
     `score_range`: the scale of an STS table's scores (default: detected)."""
     combos = read_grid(grid_path)
-    out = prepare_output_dir(out_dir, "grid", overwrite, resumable=True)
+    out = prepare_output_dir(out_dir, "grid", overwrite, resumable=True, inputs=(data_path, grid_path, *transfer))
     store = FeatureStore.open(store_path)
     missing = sorted({c.get("array", "features") for c in combos} - set(store.arrays))
     if missing:

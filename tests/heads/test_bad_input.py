@@ -226,6 +226,9 @@ def test_out_that_is_a_store_a_file_or_a_head_is_refused(data_world, tmp_path):
     grid.write_text("[grid]\nlr = [1e-3]\n")
     r = cli("grid", "--store", w["store"], "--data", w["pos"], "--grid", grid, "--out", head)
     assert_bad_input(r, head, "trained head")
+    assert_bad_input(train(w, w["beir"], w["beir"]), w["beir"], "is the input")
+    assert_bad_input(cli("eval", "--store", w["store"], "--head", head, "--data", w["pos"], "--out", head / "e"),
+                     "inside the input")
     before = (head / "head.safetensors").read_bytes()
     r = train(w, w["pos"], head, "--overwrite", "--seed", "3")
     assert r.exit_code == 0, r.output

@@ -83,7 +83,7 @@ def _tfidf_run(folder, split: str, max_queries: int = 60):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name, split", [("cranfield", "test"), ("scifact", "test")])
+@pytest.mark.parametrize("name, split", [("cranfield", "test"), ("cacm", "test")])
 def test_real_qrels_and_a_real_run_match_trec_eval(real_dataset, name, split):
     scores, query_ids, doc_ids, qrels = _tfidf_run(real_dataset(name), split)
     scored, ours, theirs = ours_vs_trec_eval(scores, query_ids, doc_ids, qrels)
