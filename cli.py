@@ -233,7 +233,7 @@ def _echo_metrics(metrics: dict) -> None:
 @main.command("eval")
 @click.option("--store", required=True, help="Feature store holding the dataset's texts.")
 @click.option("--head", "head_dir", required=True, help="A `cli train-head --out` directory.")
-@click.option("--data", required=True, help="Dataset to evaluate on (its test split, or its only split).")
+@click.option("--data", required=True, help="Dataset to evaluate on (its test split; a table without a split column whole).")
 @click.option("--format", "data_format", default=None, help="Dataset format (default: detected).")
 @click.option("--out", required=True, help="Directory for metrics.json.")
 @click.option("--exclude-overlap", default=None,

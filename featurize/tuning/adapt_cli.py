@@ -46,18 +46,16 @@ def adapt_command(data, model, out_dir, column, max_length, mlm_probability, who
     """Continue masked-language-model pre-training of MODEL on unlabeled DATA (IR corpus folders,
     .txt files, Parquet text columns). Reruns with the same options resume."""
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    try:
-        config = AdaptConfig(
-            model=model, max_length=max_length, mlm_probability=mlm_probability,
-            whole_word=whole_word, train_encoder=not head_only, lr=lr,
-            fresh_head_lr=fresh_head_lr, warmup_ratio=warmup_ratio,
-            weight_decay=weight_decay, batch_size=batch_size, epochs=epochs, max_steps=max_steps,
-            holdout_fraction=holdout_fraction, seed=seed, device=device, bf16=bf16,
-            save_every=save_every)
-        summary = adapt(config, list(data), out_dir, column=column,
-                        stop_after_steps=stop_after_steps)
-    except ValueError as err:
-        raise click.ClickException(str(err)) from None
+    # bad input (ValueError) is shown by cli.py's group: one line, exit 2
+    config = AdaptConfig(
+        model=model, max_length=max_length, mlm_probability=mlm_probability,
+        whole_word=whole_word, train_encoder=not head_only, lr=lr,
+        fresh_head_lr=fresh_head_lr, warmup_ratio=warmup_ratio,
+        weight_decay=weight_decay, batch_size=batch_size, epochs=epochs, max_steps=max_steps,
+        holdout_fraction=holdout_fraction, seed=seed, device=device, bf16=bf16,
+        save_every=save_every)
+    summary = adapt(config, list(data), out_dir, column=column,
+                    stop_after_steps=stop_after_steps)
     if summary["mlm_head_newly_initialised"]:
         click.secho(f"NOTE: {model} had no MLM head; a fresh head (decoder tied to the input "
                     "embeddings) was trained with it. Recorded in adapt.json.", fg="yellow", err=True)

@@ -222,8 +222,10 @@ def test_cli_command_runs_and_resumes(tmp_path, corpus):
     second = CliRunner().invoke(adapt_command, args + ["--max-steps", "3"])
     assert second.exit_code == 0, second.output
     assert json.loads((tmp_path / "out" / "adapt.json").read_text())["resumed_from_step"] == 2
-    bad = CliRunner().invoke(adapt_command, args + ["--max-steps", "3", "--lr", "0.5"])
-    assert bad.exit_code != 0 and "different config" in bad.output
+    from headstore.cli import main  # bad input is shown by the cli group: one line, exit 2
+
+    bad = CliRunner().invoke(main, ["adapt", *args, "--max-steps", "3", "--lr", "0.5"])
+    assert bad.exit_code == 2 and "different config" in bad.output
 
 
 def test_adapt_then_featurize_changes_the_store_fingerprint(tmp_path, corpus):
