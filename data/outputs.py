@@ -41,10 +41,12 @@ def output_kind(path: Path) -> str | None:
 
 
 def prepare_output_dir(out: str | Path, kind: str, overwrite: bool = False, resumable: bool = False,
-                       inputs: tuple = ()) -> Path:
+                       inputs: tuple = (), create: bool = True) -> Path:
     """Check `out` can take a `kind` output (see the module doc) and create it; returns it as a Path.
 
-    `inputs`: the command's input paths (datasets, a head): `out` may not be one of them or lie inside one."""
+    `inputs`: the command's input paths (datasets, a head): `out` may not be one of them or lie inside one.
+    `create=False` only checks: a command checks before its work and creates (replacing what --overwrite
+    replaces) once it has something to write, so a failed run leaves the old output as it was."""
     assert kind in OUTPUTS, kind
     out = Path(out)
     resolved = out.resolve()
@@ -63,14 +65,17 @@ def prepare_output_dir(out: str | Path, kind: str, overwrite: bool = False, resu
         if not overwrite:
             raise ValueError(f"{out}: exists and is a file; --out is a folder (choose another --out, or "
                              "--overwrite to replace the file)")
-        out.unlink()
+        if create:
+            out.unlink()
     held = output_kind(out)
     if held is not None and not (resumable and held == kind):
         if not overwrite:
             what = "another " + DESCRIPTION[held] if held == kind else "the output of a " + DESCRIPTION[held]
             raise ValueError(f"{out}: already holds {what} (choose another --out, or --overwrite to replace it)")
-        _remove_output(out, held)
-    out.mkdir(parents=True, exist_ok=True)
+        if create:
+            _remove_output(out, held)
+    if create:
+        out.mkdir(parents=True, exist_ok=True)
     return out
 
 

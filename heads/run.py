@@ -95,13 +95,14 @@ def train_head(store_path: str, data_path: str, out_dir: str, head_cfg: HeadConf
     """Train one head on `data_path`'s train split, select on dev, report test once; write `out_dir`.
 
     score_range: the (LO, HI) scale of an STS table's scores (default: detected as 0-1 or 0-5)."""
-    out = prepare_output_dir(out_dir, "head", overwrite, inputs=(data_path,))
+    prepare_output_dir(out_dir, "head", overwrite, inputs=(data_path,), create=False)  # refuse before training
     store = FeatureStore.open(store_path)
     layer = _array_layer(store, array)
     task = load_task(data_path, store, data_format, score_range=score_range)
     features = load_features(store, array)
     head_cfg = HeadConfig(**{**asdict(head_cfg), "in_dim": features.shape[1]})
     model, norm, run = train_one(task, features, head_cfg, cfg, progress)
+    out = prepare_output_dir(out_dir, "head", overwrite, inputs=(data_path,))
     save_heads(out / "head.safetensors", model)
     norm.save(out / "normalizer.safetensors")
     config = {"head": asdict(head_cfg), "train": cfg.to_dict(), "data": str(data_path), "format": data_format,
@@ -202,7 +203,8 @@ def eval_head(store_path: str, head_dir: str, data_path: str, out_dir: str, data
     Scores the test split, or the whole table when it has no split column (`eval_split`).
     `exclude_overlap`: a dataset (e.g. the one the head was trained on) whose texts must not be scored:
     evaluation pairs / queries that use one of its texts are dropped (counted in metrics.json)."""
-    out = prepare_output_dir(out_dir, "eval", overwrite, inputs=(data_path, head_dir, exclude_overlap))
+    inputs = (data_path, head_dir, exclude_overlap)
+    prepare_output_dir(out_dir, "eval", overwrite, inputs=inputs, create=False)  # refuse before the work
     store = FeatureStore.open(store_path)
     model, norm, config = load_head(head_dir)
     array = config.get("array", "features")
@@ -223,5 +225,6 @@ def eval_head(store_path: str, head_dir: str, data_path: str, out_dir: str, data
     metrics["head_dir"], metrics["data"] = str(head_dir), str(data_path)
     if dropped is not None:
         metrics["overlap_dropped"] = {"with": str(exclude_overlap), **dropped}
+    out = prepare_output_dir(out_dir, "eval", overwrite, inputs=inputs)
     atomic_write_json(out / "metrics.json", metrics, sort_keys=True)
     return metrics

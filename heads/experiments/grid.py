@@ -177,7 +177,8 @@ def run_grid(store_path: str, data_path: str, grid_path: str, out_dir: str, data
     a transfer table without a split column is scored whole.
     `score_range`: the scale of an STS table's scores (default: detected)."""
     combos = read_grid(grid_path)
-    out = prepare_output_dir(out_dir, "grid", overwrite, resumable=True, inputs=(data_path, grid_path, *transfer))
+    inputs = (data_path, grid_path, *transfer)
+    prepare_output_dir(out_dir, "grid", overwrite, resumable=True, inputs=inputs, create=False)
     store = FeatureStore.open(store_path)
     missing = sorted({c.get("array", "features") for c in combos} - set(store.arrays))
     if missing:
@@ -189,6 +190,7 @@ def run_grid(store_path: str, data_path: str, grid_path: str, out_dir: str, data
         ood[name], dropped = without_overlap(ood[name], in_domain)
         if any(dropped.values()):
             print(f"{name}: dropped items sharing a text with {task.name}: {dropped}")
+    out = prepare_output_dir(out_dir, "grid", overwrite, resumable=True, inputs=inputs)  # data read: claim it
     atomic_write_text(out / "grid.toml", read_utf8(Path(grid_path)))
     rows, old_rows = _read_results(out)
     done = {r["head_id"] for r in rows}

@@ -280,3 +280,10 @@ def test_debug_shows_the_traceback_and_bugs_keep_theirs(data_world, tmp_path, mo
     monkeypatch.setattr("headstore.heads.run.train_head", bug)
     r = train(data_world, data_world["pos"], tmp_path / "h2")
     assert r.exit_code == 1 and isinstance(r.exception, TypeError)  # not dressed up as bad input
+
+
+def test_a_failed_run_with_overwrite_leaves_the_old_output_as_it_was(data_world, tmp_path):
+    head = shutil.copytree(data_world["head"], tmp_path / "head")
+    before = {p.name: p.read_bytes() for p in head.iterdir()}
+    assert_bad_input(train(data_world, data_world["pos"], head, "--overwrite", "--lr", "1e30", "--epochs", "2"), "step")
+    assert {p.name: p.read_bytes() for p in head.iterdir()} == before
