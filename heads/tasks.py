@@ -78,7 +78,7 @@ class Task:
 
     @property
     def primary_kind(self) -> str:
-        return {"ir": "ndcg@10", "sts": "spearman", "pairs": "ap"}[self.kind]
+        return {"ir": "ndcg@10", "sts": "spearman", "pairs": "auc"}[self.kind]
 
 
 def _rows(store: FeatureStore, texts: list[str], where: str) -> np.ndarray:
