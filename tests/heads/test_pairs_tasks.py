@@ -145,3 +145,14 @@ def test_grid_transfer_scores_a_table_without_split_column_whole(data_world, tmp
     row = pl.read_parquet(tmp_path / "g" / "results.parquet").row(0, named=True)
     assert len(json.loads(row["ood_ood_items"])) == 60  # every row of the table, not a dev slice
     assert -1 <= row["ood_ood_primary"] <= 1
+
+
+def test_ir_dev_is_carved_by_query_text_and_documents_stay_shared(data_world):
+    """BEIR without a dev split: dev queries are train queries held out by their text (none is a train
+    anchor); documents are the corpus every split ranks, so dev may share relevant documents with train."""
+    task = load_task(str(data_world["beir"]), TextStore())
+    dev = task.eval_sets["dev"]
+    assert isinstance(dev, IRSplit) and len(dev.query_ids) >= 1
+    assert not set(dev.query_rows.tolist()) & set(task.train.anchor.tolist())
+    assert len(dev.doc_rows) == len(task.eval_sets["test"].doc_rows)  # the whole corpus
+    assert "documents are the shared corpus" in task.dev_note
