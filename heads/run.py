@@ -5,7 +5,9 @@ Output directory:
 - `config.json`: every setting, the dataset, the store path and fingerprint;
 - `metrics.json`: `{"baseline": {...}, "head": {...}}` on the test split, the dev figures under
   `"dev"`, the primary metric's name and bootstrap 95% CIs under `"ci"`;
-- `curve.png`: training loss and dev metric per epoch.
+- `curve.png`: training loss and dev metric per epoch;
+- `run.<split>.trec` (IR tasks): the head's top-100 per query, for trec_eval (`heads.trec`).
+`cli eval` writes `metrics.json` and the run files of the splits it scores.
 """
 from __future__ import annotations
 
@@ -25,6 +27,7 @@ from headstore.heads.model import HeadConfig, load_heads, save_heads
 from headstore.heads.experiments.plots import plot_curve
 from headstore.heads.tasks import Task, load_task, task_rows, without_overlap
 from headstore.heads.train import train_one
+from headstore.heads.trec import write_trec_runs
 
 TEST_SPLIT = "test"
 
@@ -85,6 +88,7 @@ def train_head(store_path: str, data_path: str, out_dir: str, head_cfg: HeadConf
     metrics = evaluate_head(task, features, model, norm, cfg.eval_energy, ("dev", TEST_SPLIT))
     metrics["history"] = run.history
     atomic_write_json(out / "metrics.json", metrics, sort_keys=True)
+    write_trec_runs(task, features, model, norm, cfg.eval_energy, ("dev", TEST_SPLIT), out, task.name)
     plot_curve(run.history, out / "curve.png", title=f"{task.name}: {cfg.loss} ({cfg.eval_energy})")
     return metrics
 
@@ -134,4 +138,5 @@ def eval_head(store_path: str, head_dir: str, data_path: str, out_dir: str, data
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     atomic_write_json(out / "metrics.json", metrics, sort_keys=True)
+    write_trec_runs(task, features, model, norm, energy, splits, out, task.name)
     return metrics
