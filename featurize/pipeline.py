@@ -103,7 +103,7 @@ class Pipeline:
     def features(self, texts: Sequence[str], batch_size: int = 32, progress: bool = False) -> np.ndarray:
         """Pooled encoder features of `texts` as the store holds them: (n, D) float32."""
         if isinstance(texts, str):
-            raise TypeError("give a list of texts, not one string")
+            raise ValueError("give a list of texts, not one string")
         texts = list(texts)
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1; got {batch_size}")

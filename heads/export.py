@@ -40,7 +40,7 @@ def _activation(name: str) -> torch.nn.Module:
 
 def _dense(weight: torch.Tensor, bias: torch.Tensor, activation: str, residual: bool = False):
     """A stock Dense computing activation(weight @ x + bias) (+ x); weight (out, in) as nn.Linear's."""
-    from sentence_transformers.models import Dense
+    from sentence_transformers.sentence_transformer.modules import Dense
 
     out_f, in_f = weight.shape
     return Dense(in_f, out_f, bias=True, activation_function=_activation(activation),
@@ -50,7 +50,7 @@ def _dense(weight: torch.Tensor, bias: torch.Tensor, activation: str, residual: 
 
 def normalizer_modules(head: Head) -> list:
     """x -> (x - center) / scale, then L2 for the l2 kinds."""
-    from sentence_transformers.models import Normalize
+    from sentence_transformers.sentence_transformer.modules import Normalize
 
     norm, modules = head.normalizer, []
     if norm.kind in ("center", "center-l2", "standardize"):
@@ -62,7 +62,7 @@ def normalizer_modules(head: Head) -> list:
 
 def head_modules(head: Head) -> list:
     """The head's MLP as stock Dense (and LayerNorm) modules; ValueError where no exact form exists."""
-    from sentence_transformers.models import LayerNorm
+    from sentence_transformers.sentence_transformer.modules import LayerNorm
 
     cfg, model = head.head_config, head.model
     layers = [(model.weights[i][0].T, model.biases[i][0]) for i in range(cfg.depth)]  # (out, in), (out,)
@@ -120,7 +120,7 @@ def export_sentence_transformers(head: Head, out: Path, model: str | None = None
     """Write a SentenceTransformer directory at `out` (stock modules only); returns a summary."""
     try:
         from sentence_transformers import SentenceTransformer
-        from sentence_transformers.models import Pooling, Transformer
+        from sentence_transformers.sentence_transformer.modules import Pooling, Transformer
     except ImportError:
         raise ValueError("export to sentence-transformers needs it installed: pip install 'headstore[export]'") from None
     from headstore.featurize.model import model_identity
