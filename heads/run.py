@@ -11,7 +11,6 @@ Output directory:
 """
 from __future__ import annotations
 
-import json
 from dataclasses import asdict
 from pathlib import Path
 
@@ -23,7 +22,7 @@ from headstore.heads.config import TrainConfig
 from headstore.heads.evaluate import PREFIX, embed_rows, evaluate_split, primary_metric
 from headstore.heads.features import Normalizer, load_features
 from headstore.heads.metrics import bootstrap_ci
-from headstore.heads.model import HeadConfig, load_heads, save_heads
+from headstore.heads.model import HeadConfig, save_heads
 from headstore.heads.experiments.plots import plot_curve
 from headstore.heads.tasks import Task, load_task, task_rows, without_overlap
 from headstore.heads.train import train_one
@@ -94,14 +93,11 @@ def train_head(store_path: str, data_path: str, out_dir: str, head_cfg: HeadConf
 
 
 def load_head(head_dir: str):
-    """(model, normalizer, config dict) of a head written by train_head."""
-    d = Path(head_dir)
-    if not (d / "head.safetensors").is_file():
-        raise FileNotFoundError(f"{d}: no head.safetensors (is this a `cli train-head --out` directory?)")
-    config = json.loads((d / "config.json").read_text())
-    norm_path = d / "normalizer.safetensors"
-    norm = Normalizer.load(norm_path) if norm_path.is_file() else Normalizer.fit("none", torch.zeros(1, 1))
-    return load_heads(d / "head.safetensors"), norm, config
+    """(model, normalizer, config dict) of a head directory, or of `GRID#rank=K` / `GRID#id=HEAD_ID`."""
+    from headstore.heads.head import Head
+
+    head = Head.load(head_dir)
+    return head.model, head.normalizer, head.config
 
 
 def eval_head(store_path: str, head_dir: str, data_path: str, out_dir: str, data_format: str | None = None,

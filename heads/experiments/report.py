@@ -121,7 +121,9 @@ def leaderboard_markdown(agg: pl.DataFrame, varied: list[str], task: Task, basel
     lines = [f"# Leaderboard: {task.name} ({task.kind})", "",
              f"Selected on dev ({task.dev_note or 'the dataset dev split'}); test reported once. "
              f"Primary metric: `{metric}` (head energy); mean ± std over seeds; 95% bootstrap CI over "
-             f"{'queries' if task.kind == 'ir' else 'pairs'} of the seed-averaged test values.", ""]
+             f"{'queries' if task.kind == 'ir' else 'pairs'} of the seed-averaged test values. "
+             "Rank K's best-dev seed loads as `headstore.Head.load(\"<this dir>#rank=K\")` and exports with "
+             "`cli export --grid <this dir> --rank K`.", ""]
     ood = sorted(c for c in agg.columns if c.startswith("ood_"))
     headers = ["rank", "config", *varied, "seeds", "dev", "test mean ± std", "test 95% CI",
                *[f"OOD {c[4:]}" for c in ood]]

@@ -1,5 +1,7 @@
 """Every head of a `cli grid` output loads (Head.load("R#rank=1"), "R#id=..."), carrying what it was
 evaluated with: its dev metric recomputed from the loaded head equals the grid's."""
+import json
+
 import numpy as np
 import polars as pl
 import pytest
@@ -69,3 +71,13 @@ def test_bad_grid_references_are_explained(grid, suffix, error):
     out, _ = grid
     with pytest.raises(ValueError, match=error):
         headstore.Head.load(f"{out}{suffix}")
+
+
+def test_eval_takes_a_grid_reference(world, grid, tmp_path):
+    out, _ = grid
+    r = CliRunner().invoke(main, ["eval", "--store", str(world.store), "--head", f"{out}#rank=1", "--data",
+                                  str(world.beir), "--out", str(tmp_path / "eval")])
+    assert r.exit_code == 0, r.output
+    best = headstore.Head.load(f"{out}#rank=1").config["grid"]
+    metrics = json.loads((tmp_path / "eval" / "metrics.json").read_text())
+    assert metrics["head"][best["primary"]] == pytest.approx(best["test_primary"], abs=1e-6)

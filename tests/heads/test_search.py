@@ -4,7 +4,6 @@ import json
 
 import numpy as np
 import pytest
-import torch
 from click.testing import CliRunner
 
 import headstore
