@@ -18,3 +18,26 @@ import os
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 __version__ = "0.2.0"
+
+# The public API, imported on first use so that `import headstore.cli` (and the OMP setting above,
+# which must precede torch's import) stays cheap: headstore.Store, headstore.Head, headstore.Pipeline.
+_API = {
+    "Store": "headstore.featurize.store_api",
+    "Head": "headstore.heads.head",
+    "Pipeline": "headstore.featurize.pipeline",
+}
+__all__ = [*_API, "__version__"]
+
+
+def __getattr__(name: str):
+    if name in _API:
+        import importlib
+
+        value = getattr(importlib.import_module(_API[name]), name)
+        globals()[name] = value  # later lookups skip this function
+        return value
+    raise AttributeError(f"module 'headstore' has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_API))

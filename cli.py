@@ -13,6 +13,7 @@ import sys
 
 import click
 
+from headstore.data.dataset import FORMATS
 from headstore.featurize.config import PRECISIONS
 from headstore.featurize.pooling import POOLINGS
 from headstore.heads.config import NORMALIZATIONS, SCHEDULES
@@ -90,7 +91,7 @@ def main(debug):
               help="'minilm' (offline all-MiniLM-L6-v2), a local model dir, or a Hub id.")
 @click.option("--data", "data_paths", multiple=True, required=True,
               help="Dataset file or folder; repeat for several.")
-@click.option("--format", "formats", multiple=True,
+@click.option("--format", "formats", multiple=True, type=click.Choice(sorted(FORMATS)),
               help="Dataset format (default: detected); once for all, or once per --data.")
 @click.option("--store", required=True, help="Feature store directory (created if absent).")
 @click.option("--pooling", type=click.Choice(sorted(POOLINGS)), default="mean", show_default=True)
@@ -199,7 +200,8 @@ def _head_and_train_options(f):
 @main.command("train-head")
 @click.option("--store", required=True, help="Feature store written by `cli featurize`.")
 @click.option("--data", required=True, help="Dataset (BEIR folder, STS or pairs table) whose texts are in the store.")
-@click.option("--format", "data_format", default=None, help="Dataset format (default: detected).")
+@click.option("--format", "data_format", type=click.Choice(sorted(FORMATS)), default=None,
+              help="Dataset format (default: detected).")
 @click.option("--out", required=True, help="Output directory for head.safetensors, config.json, metrics.json, curve.png.")
 @click.option("--array", default="features", show_default=True, help="Store array (another layer) to train on.")
 @score_range_option
@@ -218,23 +220,23 @@ def train_head(store, data, data_format, out, array, score_range, overwrite, **s
     cfg = TrainConfig(**{k: v for k, v in settings.items() if k not in head_keys})
     metrics = run_train_head(store, data, out, head_cfg, cfg, data_format, array, score_range=score_range,
                              overwrite=overwrite)
-    _echo_metrics(metrics)
+    _echo_metrics(metrics, out)
 
 
-def _echo_metrics(metrics: dict) -> None:
-    primary, base_primary = metrics["primary"], metrics["baseline_primary"]
-    split = metrics.get("split", "test")
-    if "head" in metrics:
-        click.echo(f"{split}: baseline {base_primary} = {metrics['baseline'][base_primary]:.4f} | "
-                   f"head {primary} = {metrics['head'][primary]:.4f}")
-    click.echo(json.dumps({k: v for k, v in metrics.items() if k != "history"}, indent=2, default=float))
+def _echo_metrics(metrics: dict, out: str) -> None:
+    """A short table on the terminal (baseline vs head per split); the full JSON is in OUT's files."""
+    from headstore.heads.summary import metrics_table
+
+    click.echo(metrics_table(metrics))
+    click.echo(f"full metrics: {out}/metrics.json")
 
 
 @main.command("eval")
 @click.option("--store", required=True, help="Feature store holding the dataset's texts.")
 @click.option("--head", "head_dir", required=True, help="A `cli train-head --out` directory.")
 @click.option("--data", required=True, help="Dataset to evaluate on (its test split; a table without a split column whole).")
-@click.option("--format", "data_format", default=None, help="Dataset format (default: detected).")
+@click.option("--format", "data_format", type=click.Choice(sorted(FORMATS)), default=None,
+              help="Dataset format (default: detected).")
 @click.option("--out", required=True, help="Directory for metrics.json.")
 @click.option("--exclude-overlap", default=None,
               help="Dataset whose texts must not be scored (drop evaluation items that use them), e.g. the training set.")
@@ -248,13 +250,14 @@ def eval_(store, head_dir, data, data_format, out, exclude_overlap, score_range,
 
     metrics = eval_head(store, head_dir, data, out, data_format, exclude_overlap, score_range=score_range,
                         overwrite=overwrite)
-    _echo_metrics(metrics)
+    _echo_metrics(metrics, out)
 
 
 @main.command()
 @click.option("--store", required=True, help="Feature store written by `cli featurize`.")
 @click.option("--data", required=True, help="Dataset whose texts are in the store.")
-@click.option("--format", "data_format", default=None, help="Dataset format (default: detected).")
+@click.option("--format", "data_format", type=click.Choice(sorted(FORMATS)), default=None,
+              help="Dataset format (default: detected).")
 @click.option("--grid", "grid_path", required=True, help="TOML grid file ([grid] lists, [fixed] values).")
 @click.option("--out", required=True, help="Results directory (rerunning into it skips finished heads).")
 @click.option("--transfer", multiple=True, help="Out-of-domain dataset every head is also scored on (repeatable).")
@@ -318,6 +321,11 @@ def compare(config_path, out, **overrides):
 from headstore.featurize.tuning.adapt_cli import adapt_command  # noqa: E402
 
 main.add_command(adapt_command)
+
+from headstore.heads.export_cli import export_command, index_command, search_command  # noqa: E402
+
+for _command in (export_command, index_command, search_command):
+    main.add_command(_command)
 
 if __name__ == "__main__":
     main()

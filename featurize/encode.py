@@ -9,7 +9,6 @@ on a GPU padding/pinning the next batches runs in a background thread, writing i
 
 from __future__ import annotations
 
-import contextlib
 import queue
 import threading
 from collections.abc import Iterator
@@ -18,7 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from headstore.featurize.pooling import POOLINGS
+from headstore.featurize.pooling import pooled_forward
 
 # bump when the encoding logic changes the numbers stored (pooling maths, truncation, dtypes)
 CODE_VERSION = 2  # 2: cost-model batch plan (fp32 features move by ~1e-6), precision part
@@ -161,15 +160,6 @@ def prefetch_batches(tok: Tokenized, order: np.ndarray, batches: list[tuple[int,
         stop.set()
 
 
-def compute_context(device_type: str, precision: str):
-    """Autocast to bfloat16 for precision "bf16" (matmuls in bf16, reductions kept in fp32), else
-    plain float32."""
-    assert precision in ("fp32", "bf16"), precision
-    if precision == "bf16":
-        return torch.autocast(device_type, dtype=torch.bfloat16)
-    return contextlib.nullcontext()
-
-
 def encode_batch(encoder, batch: Batch, pooling: str, layers: tuple[int, ...],
                  precision: str = "fp32") -> list[torch.Tensor]:
     """Pooled features of one batch, one float32 (B, D) tensor per layer, on the model's device."""
@@ -177,12 +167,5 @@ def encode_batch(encoder, batch: Batch, pooling: str, layers: tuple[int, ...],
     cuda = device.type == "cuda"
     input_ids = batch.input_ids.to(device, non_blocking=cuda)
     mask = batch.attention_mask.to(device, non_blocking=cuda) if batch.attention_mask is not None else None
-    want_hidden = tuple(layers) != (-1,)
-    with torch.inference_mode(), compute_context(device.type, precision):
-        out = encoder.model(input_ids=input_ids, attention_mask=mask,
-                            output_hidden_states=want_hidden, return_dict=True)
-        hidden = [out.hidden_states[layer] for layer in layers] if want_hidden else [out.last_hidden_state]
-        if mask is None and pooling == "mean":  # no padding: a plain mean, no (B, S, D) temporary
-            return [h.to(torch.float32).mean(dim=1) for h in hidden]
-        full_mask = mask if mask is not None else torch.ones_like(input_ids)
-        return [POOLINGS[pooling](h, full_mask) for h in hidden]
+    with torch.inference_mode():
+        return pooled_forward(encoder.model, input_ids, mask, pooling, layers, precision)

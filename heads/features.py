@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import numpy as np
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file, save
 
+from headstore.data.files import atomic_write_bytes
 from headstore.featurize.store import FeatureStore
 
 
@@ -44,8 +45,8 @@ class Normalizer:
         return y
 
     def save(self, path) -> None:
-        save_file({"center": self.center.contiguous(), "scale": self.scale.contiguous()}, str(path),
-                  metadata={"kind": self.kind})
+        tensors = {"center": self.center.detach().cpu().contiguous(), "scale": self.scale.detach().cpu().contiguous()}
+        atomic_write_bytes(path, save(tensors, metadata={"kind": self.kind}))
 
     @classmethod
     def load(cls, path) -> "Normalizer":

@@ -16,7 +16,7 @@ from typing import Optional, Sequence
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file, save
 from safetensors import safe_open
 
 ACTIVATIONS = {
@@ -150,14 +150,16 @@ class StackedMLP(nn.Module):
 
 
 def save_heads(path, model: StackedMLP, cfg: Optional[HeadConfig] = None) -> None:
-    """Write the stack's parameters to safetensors with the HeadConfig, seeds and H in the metadata."""
+    """Write the stack's parameters to safetensors (atomically) with the HeadConfig, seeds and H in the metadata."""
+    from headstore.data.files import atomic_write_bytes
+
     cfg = model.cfg if cfg is None else cfg
     if cfg != model.cfg:
         raise ValueError(f"save_heads: cfg {cfg} differs from the model's {model.cfg}")
     tensors = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
     meta = {"format": HEADS_FORMAT, "head_config": json.dumps(asdict(cfg)),
             "n_heads": str(model.n_heads), "seeds": json.dumps(model.seeds)}
-    save_file(tensors, str(path), metadata=meta)
+    atomic_write_bytes(path, save(tensors, metadata=meta))
 
 
 def load_heads(path, device: str | torch.device = "cpu") -> StackedMLP:

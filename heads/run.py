@@ -6,16 +6,16 @@ Output directory:
 - `metrics.json`: `{"baseline": {...}, "head": {...}}` on the test split, the dev figures under
   `"dev"`, the primary metric's name and bootstrap 95% CIs under `"ci"`, how the dataset is evaluated
   (`"evaluation"`), how dev was made (`"dev_made"`) and an STS table's score scale (`"score_range"`);
-- `curve.png`: training loss and dev metric per epoch.
+- `curve.png`: training loss and dev metric per epoch;
+- `run.<split>.trec` (IR tasks): the head's top-100 per query, for trec_eval (`heads.trec`).
+`cli eval` writes `metrics.json` and the run files of the splits it scores.
 
 `--out` is checked before any work (`data.outputs.prepare_output_dir`): an existing file, a store, or a
 folder holding another head or another command's output is refused unless `--overwrite`.
 """
 from __future__ import annotations
 
-import json
 from dataclasses import asdict
-from pathlib import Path
 
 import torch
 
@@ -26,10 +26,11 @@ from headstore.heads.config import TrainConfig
 from headstore.heads.evaluate import PREFIX, embed_rows, evaluate_split, primary_metric
 from headstore.heads.features import Normalizer, load_features
 from headstore.heads.metrics import bootstrap_ci
-from headstore.heads.model import HeadConfig, load_heads, save_heads
+from headstore.heads.model import HeadConfig, save_heads
 from headstore.heads.experiments.plots import plot_curve
 from headstore.heads.tasks import WHOLE, Task, load_task, task_rows, without_overlap
 from headstore.heads.train import train_one
+from headstore.heads.trec import write_trec_runs
 
 TEST_SPLIT = "test"
 # fingerprint parts that change the numbers of a feature (the layer of the head's array is checked apart)
@@ -119,51 +120,17 @@ def train_head(store_path: str, data_path: str, out_dir: str, head_cfg: HeadConf
         metrics["note"] = f"{data_path} has no test split: only dev figures are reported"
     metrics["history"] = run.history
     atomic_write_json(out / "metrics.json", metrics, sort_keys=True)
+    write_trec_runs(task, features, model, norm, cfg.eval_energy, ("dev", TEST_SPLIT), out, task.name)
     plot_curve(run.history, out / "curve.png", title=f"{task.name}: {cfg.loss} ({cfg.eval_energy})")
     return metrics
 
 
-def _read_config(path: Path) -> dict:
-    try:
-        config = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise FileNotFoundError(f"{path}: no such file (a `cli train-head --out` folder holds config.json "
-                                "beside head.safetensors)") from None
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        where = f"line {e.lineno}" if isinstance(e, json.JSONDecodeError) else f"byte {e.start}"
-        raise ValueError(f"{path}: not valid JSON ({where}: {e.msg if hasattr(e, 'msg') else e.reason}) "
-                         "(the head's config is broken; retrain the head)") from None
-    missing = [k for k in ("train", "store_manifest") if not isinstance(config, dict) or k not in config]
-    if missing:
-        raise ValueError(f"{path}: not a head config (missing {', '.join(missing)}) (retrain the head)")
-    try:
-        TrainConfig.from_dict(config["train"])
-    except (TypeError, ValueError) as e:
-        raise ValueError(f"{path}: its \"train\" settings are not valid: {e} (retrain the head)") from None
-    return config
-
-
-def _load_safetensors(path: Path, load):
-    """load(path), with a damaged file reported as the file and its problem."""
-    try:
-        return load(path)
-    except (ValueError, FileNotFoundError):
-        raise
-    except Exception as e:  # safetensors raises SafetensorError / OSError for a truncated file
-        raise ValueError(f"{path}: cannot be read ({type(e).__name__}: {str(e).strip()[:200]}) "
-                         "(the file is truncated or damaged; retrain the head)") from None
-
-
 def load_head(head_dir: str):
-    """(model, normalizer, config dict) of a head written by train_head."""
-    d = Path(head_dir)
-    if not (d / "head.safetensors").is_file():
-        raise FileNotFoundError(f"{d}: no head.safetensors (is this a `cli train-head --out` directory?)")
-    config = _read_config(d / "config.json")
-    norm_path = d / "normalizer.safetensors"
-    norm = _load_safetensors(norm_path, Normalizer.load) if norm_path.is_file() \
-        else Normalizer.fit("none", torch.zeros(1, 1))
-    return _load_safetensors(d / "head.safetensors", load_heads), norm, config
+    """(model, normalizer, config dict) of a head directory, or of `GRID#rank=K` / `GRID#id=HEAD_ID`."""
+    from headstore.heads.head import Head
+
+    head = Head.load(head_dir)
+    return head.model, head.normalizer, head.config
 
 
 def check_same_features(head_dir: str, config: dict, store: FeatureStore, array: str) -> None:
@@ -227,4 +194,5 @@ def eval_head(store_path: str, head_dir: str, data_path: str, out_dir: str, data
         metrics["overlap_dropped"] = {"with": str(exclude_overlap), **dropped}
     out = prepare_output_dir(out_dir, "eval", overwrite, inputs=inputs)
     atomic_write_json(out / "metrics.json", metrics, sort_keys=True)
+    write_trec_runs(task, features, model, norm, energy, (split,), out, task.name)
     return metrics

@@ -12,7 +12,9 @@ _DEFAULTS = AdaptConfig()
 
 
 @click.command("adapt")
-@click.argument("data", nargs=-1, required=True, type=click.Path(exists=True))
+@click.option("--data", "data", multiple=True, required=True, type=click.Path(exists=True),
+              help="Unlabeled text: a BEIR folder (its corpus), a .txt (one passage per line) or a Parquet "
+                   "text column; repeat for several.")
 @click.option("--model", default=_DEFAULTS.model, show_default=True,
               help="'minilm', a model directory, or a Hub id.")
 @click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False),
@@ -43,8 +45,8 @@ _DEFAULTS = AdaptConfig()
 def adapt_command(data, model, out_dir, column, max_length, mlm_probability, whole_word,
                   head_only, lr, fresh_head_lr, warmup_ratio, weight_decay, batch_size, epochs, max_steps,
                   holdout_fraction, seed, device, bf16, save_every, stop_after_steps):
-    """Continue masked-language-model pre-training of MODEL on unlabeled DATA (IR corpus folders,
-    .txt files, Parquet text columns). Reruns with the same options resume."""
+    """Continue masked-language-model pre-training of --model on the unlabeled --data (IR corpus
+    folders, .txt files, Parquet text columns). Reruns with the same options resume."""
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     # bad input (ValueError) is shown by cli.py's group: one line, exit 2
     config = AdaptConfig(

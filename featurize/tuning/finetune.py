@@ -33,7 +33,7 @@ from tqdm.auto import tqdm
 
 from headstore.data.files import atomic_write_json
 from headstore.featurize.model import pick_device
-from headstore.featurize.pooling import POOLINGS
+from headstore.featurize.pooling import pooled_forward
 from headstore.featurize.store import FeatureStore, fingerprint_of
 from headstore.heads.config import TrainConfig
 from headstore.heads.losses import LOSS_KINDS, get_loss
@@ -133,15 +133,12 @@ def _pick_device(name: str) -> torch.device:
     return torch.device(pick_device(name))
 
 
-def _embed_texts(model, tokenizer, texts: list[str], max_length: int, pool, layer: int, norm, head,
+def _embed_texts(model, tokenizer, texts: list[str], max_length: int, pooling: str, layer: int, norm, head,
                  device: torch.device, use_bf16: bool) -> torch.Tensor:
-    """texts -> head outputs (1, B, d): encoder -> pooling (float32) -> Normalizer -> head."""
+    """texts -> head outputs (1, B, d): the shared encode-and-pool step -> Normalizer -> head."""
     enc = tokenizer(texts, padding=True, truncation=True, max_length=max_length, return_tensors="pt")
-    enc = {k: v.to(device) for k, v in enc.items() if k in ("input_ids", "attention_mask", "token_type_ids")}
-    with torch.autocast(device.type, dtype=torch.bfloat16, enabled=use_bf16):
-        out = model(**enc, output_hidden_states=layer != -1, return_dict=True)
-    hidden = out.last_hidden_state if layer == -1 else out.hidden_states[layer]
-    pooled = pool(hidden, enc["attention_mask"])  # (B, D) float32
+    pooled = pooled_forward(model, enc["input_ids"].to(device), enc["attention_mask"].to(device), pooling,
+                            (layer,), "bf16" if use_bf16 else "fp32")[0]  # (B, D) float32
     return head(norm(pooled))  # (1, B, d)
 
 
@@ -217,11 +214,10 @@ def finetune(head_dir: str, out_dir: str, cfg: FinetuneConfig, store_path: str |
     anchor, positive = torch.as_tensor(pairs.anchor), torch.as_tensor(pairs.positive)
     relevant = torch.as_tensor(sorted(a * (store.n_texts + 1) + p for a, p in task.relevant), dtype=torch.long)
     loss_fn, loss_cfg = get_loss(train_cfg.loss), train_cfg.loss_config()
-    pool = POOLINGS[parts["pooling"]]
     use_bf16 = cfg.bf16 and device.type == "cuda"
     max_length = int(parts["max_length"])
-    embed = lambda rows: _embed_texts(model, tokenizer, [text_of[r] for r in rows.tolist()], max_length, pool,
-                                      layer, norm, head, device, use_bf16)
+    embed = lambda rows: _embed_texts(model, tokenizer, [text_of[r] for r in rows.tolist()], max_length,
+                                      parts["pooling"], layer, norm, head, device, use_bf16)
     trainable = [p for b in blocks for _, p in b] + list(head.parameters())
     history, unfrozen_at = [], {}
     bar = tqdm(total=steps, desc=f"finetune ({cfg.unfreeze})", disable=not progress)

@@ -14,6 +14,8 @@ import json
 import os
 from pathlib import Path
 
+from tabulate import tabulate
+
 from headstore.data.files import atomic_write_text
 from headstore.heads.run import eval_head
 
@@ -105,18 +107,16 @@ def write_report(cfg, out: Path, rows: list[dict], mlm: dict, step_seconds: dict
     if mlm:
         header += ["MLM loss general", "MLM loss in-domain held-out"]
     header.append("seconds")
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    cells = []
     for row in rows:
-        cells = [row["setup"]]
-        for d in datasets:
-            m = row["metrics"][d]
-            cells.append(f"{m['value']:.4f} ({m['metric']})")
+        line = [row["setup"], *(f"{row['metrics'][d]['value']:.4f} ({row['metrics'][d]['metric']})" for d in datasets)]
         if mlm:
             mm = row["mlm_loss"] or {}
-            cells += [f"{mm['general']:.3f}" if "general" in mm else "-",
-                      f"{mm['in_domain']:.3f}" if "in_domain" in mm else "-"]
-        cells.append(f"{row['seconds']:.0f}")
-        lines.append("| " + " | ".join(cells) + " |")
+            line += [f"{mm['general']:.3f}" if "general" in mm else "-",
+                     f"{mm['in_domain']:.3f}" if "in_domain" in mm else "-"]
+        line.append(f"{row['seconds']:.0f}")
+        cells.append(line)
+    lines = [tabulate(cells, headers=header, tablefmt="github", disable_numparse=True)]
     notes = [
         "",
         f"In-domain: {cfg.in_domain} (test split); out-of-domain: {', '.join(cfg.out_of_domain) or 'none'} "
@@ -130,7 +130,7 @@ def write_report(cfg, out: Path, rows: list[dict], mlm: dict, step_seconds: dict
                      "encoder with its own head. general = wikitext-2 validation lines, in-domain = texts held out "
                      "of adaptation.")
     table = "\n".join(lines + notes) + "\n"
-    (out / "compare.md").write_text(f"# compare: {cfg.model}, heads trained on {_name(cfg.in_domain)}\n\n" + table)
+    atomic_write_text(out / "compare.md", f"# compare: {cfg.model}, heads trained on {_name(cfg.in_domain)}\n\n" + table)
     atomic_write_text(out / "compare.json", json.dumps({"rows": rows, "step_seconds": step_seconds,
                                                   "in_domain": cfg.in_domain, "out_of_domain": list(cfg.out_of_domain),
                                                   "model": cfg.model}, indent=1, default=float))

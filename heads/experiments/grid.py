@@ -36,7 +36,8 @@ from headstore.heads.config import TrainConfig, check_types, stack_key
 from headstore.heads.evaluate import IR_TOPK, PREFIX, evaluate_split, embed_rows, primary_metric
 from headstore.heads.features import load_features
 from headstore.heads.losses import LOSS_KINDS
-from headstore.heads.model import HeadConfig, save_heads
+from headstore.heads.model import HeadConfig
+from headstore.heads.experiments.grid_heads import save_stack
 from headstore.heads.experiments.report import write_report
 from headstore.heads.tasks import DEV_FRACTION, DEV_SEED, WHOLE, Task, load_task, task_rows, without_overlap
 from headstore.heads.train import GENUINE_THRESHOLD, train_stack
@@ -233,12 +234,12 @@ def run_grid(store_path: str, data_path: str, grid_path: str, out_dir: str, data
         for name, t in ood.items():
             metrics[f"ood_{name}"] = evaluate_split(t, transfer_split(t), lambda r: embed_rows(model, Xn, r), (energy,))
         group_id = items[0][0]
-        (out / "heads").mkdir(exist_ok=True)
-        save_heads(out / "heads" / f"{group_id}.safetensors", model)
+        save_stack(out, group_id, model, norm, [it[0] for it in items], configs, array,
+                   stack_context(task, store, store_path, data_path, data_format))
         for h, (hid, head, train, _) in enumerate(items):
             run = runs[h]
-            row = {"head_id": hid, "grid_version": GRID_VERSION, "stack": group_id, **_flat(head, train, array),
-                   "status": run.status,
+            row = {"head_id": hid, "grid_version": GRID_VERSION, "stack": group_id, "stack_index": h,
+                   **_flat(head, train, array), "status": run.status,
                    "reason": run.reason, "best_epoch": run.best_epoch,
                    "train_seconds": (time.perf_counter() - t0) / len(items),
                    "primary": primary_metric(task.kind, energy), "history": json.dumps(run.history)}
@@ -260,6 +261,14 @@ def run_grid(store_path: str, data_path: str, grid_path: str, out_dir: str, data
     atomic_write_json(out / "baseline.json", baselines)
     write_report(frame, task, baselines, out, print_it=progress)
     return frame
+
+
+def stack_context(task: Task, store: FeatureStore, store_path: str, data_path: str, data_format: str | None) -> dict:
+    """What a head needs to know of its dataset and store (train-head's config.json fields), saved per stack."""
+    return {"data": str(data_path), "format": data_format, "task": task.name, "kind": task.kind,
+            "dev": task.dev_note or "the dataset's dev split", "store": str(store_path),
+            "store_fingerprint": store.fingerprint,
+            "store_manifest": {k: v for k, v in store.manifest.items() if k != "arrays"}}
 
 
 def _flat(head: HeadConfig, train: TrainConfig, array: str) -> dict:

@@ -8,7 +8,9 @@ from pathlib import Path
 
 import numpy as np
 import polars as pl
+from tabulate import tabulate
 
+from headstore.data.files import atomic_write_text
 from headstore.heads.metrics import bootstrap_ci
 from headstore.heads.experiments.plots import plot_best_curves, plot_by_setting
 from headstore.heads.tasks import Task
@@ -16,7 +18,8 @@ from headstore.heads.tasks import Task
 N_BOOT = 1000  # bootstrap resamples for the 95% CIs
 TOP = 15  # configurations listed in the leaderboard
 # result columns that are not settings (left out when grouping seeds into configurations)
-VARIED_EXCLUDE = {"head_id", "grid_version", "stack", "status", "reason", "best_epoch", "train_seconds", "primary",
+VARIED_EXCLUDE = {"head_id", "grid_version", "stack", "stack_index", "status", "reason", "best_epoch",
+                  "train_seconds", "primary",
                   "history"}
 
 
@@ -35,16 +38,37 @@ def _ci(task: Task, items: list[np.ndarray], split: str = "test") -> tuple[float
     return bootstrap_ci(per_seed, gold=(np.asarray(labels) > 0.5).astype(float), statistic="auc", n_boot=N_BOOT)
 
 
-def aggregate(frame: pl.DataFrame, task: Task) -> tuple[pl.DataFrame, list[str]]:
-    """One row per configuration (all settings but the seed): dev/test mean ± std over seeds, test CI."""
+def ranked_configs(frame: pl.DataFrame) -> tuple[list[pl.DataFrame], list[str]]:
+    """The ok heads grouped into configurations (every setting but the seed), best dev mean first.
+
+    The one ranking of a grid: the leaderboard's order and what `GRID#rank=K` refers to. Ties keep
+    the order of first appearance; configurations without a dev value come last."""
     ok = frame.filter(pl.col("status") == "ok")
     settings = [c for c in ok.columns if c not in VARIED_EXCLUDE and not c.startswith(("dev_", "test_", "ood_"))]
-    varied = [c for c in settings if c != "seed" and ok[c].n_unique() > 1]
-    if ok.is_empty():
-        return ok, varied
     keys = [c for c in settings if c != "seed"]
+    if ok.is_empty():
+        return [], keys
+    groups = [g for _, g in ok.group_by(keys, maintain_order=True)]
+
+    def dev_mean(g: pl.DataFrame) -> float | None:
+        if "dev_primary" not in g.columns or g["dev_primary"].null_count() == g.height:
+            return None
+        return float(g["dev_primary"].drop_nulls().mean())
+
+    means = [dev_mean(g) for g in groups]
+    order = sorted(range(len(groups)), key=lambda i: (means[i] is None, -(means[i] or 0.0)))
+    return [groups[i] for i in order], keys
+
+
+def aggregate(frame: pl.DataFrame, task: Task) -> tuple[pl.DataFrame, list[str]]:
+    """One row per configuration (all settings but the seed): dev/test mean ± std over seeds, test CI."""
+    groups, keys = ranked_configs(frame)
+    ok = frame.filter(pl.col("status") == "ok")
+    varied = [c for c in keys if ok[c].n_unique() > 1]
+    if not groups:
+        return ok, varied
     rows = []
-    for _, g in ok.group_by(keys, maintain_order=True):
+    for g in groups:
         r = {k: g[k][0] for k in keys}
         r["seeds"] = g.height
         for split in ("dev", "test"):
@@ -61,8 +85,7 @@ def aggregate(frame: pl.DataFrame, task: Task) -> tuple[pl.DataFrame, list[str]]
         r["train_seconds"] = float(g["train_seconds"].sum())
         r["head_ids"] = ",".join(g["head_id"].to_list())
         rows.append(r)
-    agg = pl.DataFrame(rows, infer_schema_length=None).sort("dev_mean", descending=True, nulls_last=True)
-    return agg, varied
+    return pl.DataFrame(rows, infer_schema_length=None), varied
 
 
 def _baseline_rows(task: Task, baselines: dict) -> list[dict]:
@@ -90,6 +113,15 @@ def _fmt(v, digits=4) -> str:
     return "" if v is None or (isinstance(v, float) and np.isnan(v)) else f"{v:.{digits}f}"
 
 
+def _ci_text(r: dict) -> str:
+    return f"[{_fmt(r.get('test_ci_lo'))}, {_fmt(r.get('test_ci_hi'))}]"
+
+
+def _markdown(rows: list[list], headers: list[str]) -> str:
+    """A GitHub-flavoured markdown table; cells are shown as given (already formatted)."""
+    return tabulate(rows, headers=headers, tablefmt="github", disable_numparse=True)
+
+
 def leaderboard_markdown(agg: pl.DataFrame, varied: list[str], task: Task, baselines: dict, frame: pl.DataFrame) -> str:
     metric = frame["primary"].drop_nulls()[0] if "primary" in frame.columns and frame["primary"].drop_nulls().len() else "primary"
     lines = [f"# Leaderboard: {task.name} ({task.kind})", "",
@@ -97,33 +129,31 @@ def leaderboard_markdown(agg: pl.DataFrame, varied: list[str], task: Task, basel
              f"Evaluation: {task.evaluation or task.kind}. "
              f"Primary metric: `{metric}` (head energy); mean ± std over seeds; 95% bootstrap CI (scipy, "
              f"percentile) of that mean over seeds, resampling {'queries' if task.kind == 'ir' else 'pairs'} "
-             "(paired across seeds).", ""]
-    cols = ["config"] + varied
+             "(paired across seeds). "
+             "Rank K's best-dev seed loads as `headstore.Head.load(\"<this dir>#rank=K\")` and exports with "
+             "`cli export --grid <this dir> --rank K`.", ""]
     ood = sorted(c for c in agg.columns if c.startswith("ood_"))
-    lines.append("| rank | " + " | ".join(cols + ["seeds", "dev", "test mean ± std", "test 95% CI"]
-                                         + [f"OOD {c[4:]}" for c in ood]) + " |")
-    lines.append("|" + "---|" * (len(cols) + 5 + len(ood)))
+    headers = ["rank", "config", *varied, "seeds", "dev", "test mean ± std", "test 95% CI",
+               *[f"OOD {c[4:]}" for c in ood]]
+    rows = []
     for b in _baseline_rows(task, baselines):
-        lines.append(f"| – | {b['config']} | " + " | ".join([""] * len(varied)) + f"{' | ' if varied else ''}– | "
-                     f"{_fmt(b.get('dev_mean'))} | {_fmt(b.get('test_mean'))} | "
-                     f"[{_fmt(b.get('test_ci_lo'))}, {_fmt(b.get('test_ci_hi'))}] |"
-                     + "".join(f" {_fmt(b.get(c))} |" for c in ood))
+        rows.append(["–", b["config"], *[""] * len(varied), "–", _fmt(b.get("dev_mean")), _fmt(b.get("test_mean")),
+                     _ci_text(b), *[_fmt(b.get(c)) for c in ood]])
     for i, r in enumerate(agg.head(TOP).iter_rows(named=True)):
-        vals = [str(r[v]) for v in varied]
-        lines.append(f"| {i + 1} | head | " + " | ".join(vals) + f"{' | ' if vals else ''}{r['seeds']} | "
-                     f"{_fmt(r.get('dev_mean'))} | {_fmt(r.get('test_mean'))} ± {_fmt(r.get('test_std'))} | "
-                     f"[{_fmt(r.get('test_ci_lo'))}, {_fmt(r.get('test_ci_hi'))}] |"
-                     + "".join(f" {_fmt(r.get(c))} |" for c in ood))
+        rows.append([i + 1, "head", *[str(r[v]) for v in varied], r["seeds"], _fmt(r.get("dev_mean")),
+                     f"{_fmt(r.get('test_mean'))} ± {_fmt(r.get('test_std'))}", _ci_text(r),
+                     *[_fmt(r.get(c)) for c in ood]])
+    lines.append(_markdown(rows, headers))
     if "loss" in agg.columns and agg["loss"].n_unique() > 1:
-        lines += ["", "## Best configuration of each loss (selected on dev)", "",
-                  "| loss | dev | test mean ± std | test 95% CI | " + "".join(f"OOD {c[4:]} | " for c in ood)
-                  + "settings |", "|---|---|---|---|" + "---|" * len(ood) + "---|"]
+        lines += ["", "## Best configuration of each loss (selected on dev)", ""]
+        best = []
         for loss in sorted(agg["loss"].unique().to_list()):
             r = agg.filter(pl.col("loss") == loss).row(0, named=True)
             s = ", ".join(f"{v}={r[v]}" for v in varied if v != "loss")
-            lines.append(f"| {loss} | {_fmt(r.get('dev_mean'))} | {_fmt(r.get('test_mean'))} ± {_fmt(r.get('test_std'))} "
-                         f"| [{_fmt(r.get('test_ci_lo'))}, {_fmt(r.get('test_ci_hi'))}] | "
-                         + "".join(f"{_fmt(r.get(c))} | " for c in ood) + f"{s} |")
+            best.append([loss, _fmt(r.get("dev_mean")), f"{_fmt(r.get('test_mean'))} ± {_fmt(r.get('test_std'))}",
+                         _ci_text(r), *[_fmt(r.get(c)) for c in ood], s])
+        lines.append(_markdown(best, ["loss", "dev", "test mean ± std", "test 95% CI",
+                                      *[f"OOD {c[4:]}" for c in ood], "settings"]))
     failed = frame.filter(pl.col("status") != "ok")
     if failed.height:
         lines += ["", f"## Not trained / failed ({failed.height})", ""]
@@ -138,7 +168,7 @@ def write_report(frame: pl.DataFrame, task: Task, baselines: dict, out: Path, pr
         return ""
     agg, varied = aggregate(frame, task)
     md = leaderboard_markdown(agg, varied, task, baselines, frame)
-    (out / "leaderboard.md").write_text(md)
+    atomic_write_text(out / "leaderboard.md", md)
     if not agg.is_empty():
         agg.write_csv(out / "configs.csv")
     ok = frame.filter(pl.col("status") == "ok")

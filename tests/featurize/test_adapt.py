@@ -214,7 +214,7 @@ def test_cli_command_runs_and_resumes(tmp_path, corpus):
     from headstore.featurize.tuning.adapt_cli import adapt_command
 
     model_dir = save_tiny_model(tmp_path / "tiny")
-    args = [str(corpus), "--model", str(model_dir), "--out", str(tmp_path / "out"),
+    args = ["--data", str(corpus), "--model", str(model_dir), "--out", str(tmp_path / "out"),
             "--max-length", "16", "--batch-size", "8", "--device", "cpu"]
     first = CliRunner().invoke(adapt_command, args + ["--max-steps", "3", "--stop-after-steps", "2"])
     assert first.exit_code == 0, first.output

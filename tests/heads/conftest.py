@@ -12,6 +12,7 @@ from click.testing import CliRunner
 
 from headstore.cli import main
 
+from .api_world import World
 from .finetune_world import sentence, tiny_bert, tiny_beir
 
 
@@ -99,3 +100,9 @@ def real_dataset():
             pytest.skip(f"real dataset {root / name} not present (set HEADSTORE_DATA)")
         return root / name
     return find
+
+
+@pytest.fixture(scope="session")
+def world(tmp_path_factory) -> World:
+    """A tiny random BERT, a BEIR folder, a float32 store of it and a trained head (see api_world)."""
+    return World(tmp_path_factory.mktemp("api-world"))

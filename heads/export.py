@@ -1,0 +1,188 @@
+"""`cli export`: a head leaves headstore, as a sentence-transformers model or as plain safetensors.
+
+`sentence-transformers`: a directory `SentenceTransformer(DIR)` loads with no `trust_remote_code`,
+made of stock modules only, computing what `Pipeline.encode` computes:
+
+    Transformer (the store's encoder, its max length) -> Pooling (the store's pooling)
+    -> normaliser: Dense(diag(1/scale), -center/scale) for centring/standardising, Normalize for L2
+    -> head: Dense layers (nn.Linear + a torch.nn activation)
+
+A residual head f(x) = x + g(x) with a hidden layer carries x through the hidden Dense layers as the
+extra rows [x; -x]: the activation a of relu and gelu satisfies a(x) - a(-x) = x (relu exactly; gelu
+because Phi(x) + Phi(-x) = 1), so the next layer recovers x with weights [I, -I] and the last adds it
+to g's output. A one-layer residual head is a Dense with `use_residual`. `similarity_fn_name` is the
+head's energy: manhattan (L1), euclidean (L2) or cosine, so `model.similarity` ranks as the energy
+does (similarity = -energy for L1/L2).
+Not exportable exactly (refused, never approximated): tanh or layer-norm inside a residual head, a
+store array other than the last layer. A float16 store rounds features to float16 before the head;
+the exported model does not (differences ~1e-3 relative; a float32 store matches to ~1e-6).
+
+`safetensors`: the head as a directory `Head.load` reads (head, normaliser, config.json).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from headstore.data.files import atomic_write_json
+from headstore.heads.head import Head
+
+SIMILARITY = {"l1": "manhattan", "l2": "euclidean", "cosine": "cosine"}
+EXACT_ODD_PART = ("relu", "gelu")  # a(x) - a(-x) = x: carry x through a hidden layer as [x; -x]
+
+
+def _activation(name: str) -> torch.nn.Module:
+    return {"relu": torch.nn.ReLU(), "gelu": torch.nn.GELU(), "tanh": torch.nn.Tanh(),
+            "identity": torch.nn.Identity()}[name]
+
+
+def _dense(weight: torch.Tensor, bias: torch.Tensor, activation: str, residual: bool = False):
+    """A stock Dense computing activation(weight @ x + bias) (+ x); weight (out, in) as nn.Linear's."""
+    from sentence_transformers.sentence_transformer.modules import Dense
+
+    out_f, in_f = weight.shape
+    return Dense(in_f, out_f, bias=True, activation_function=_activation(activation),
+                 init_weight=weight.detach().clone().float(), init_bias=bias.detach().clone().float(),
+                 use_residual=residual)
+
+
+def normalizer_modules(head: Head) -> list:
+    """x -> (x - center) / scale, then L2 for the l2 kinds."""
+    from sentence_transformers.sentence_transformer.modules import Normalize
+
+    norm, modules = head.normalizer, []
+    if norm.kind in ("center", "center-l2", "standardize"):
+        modules.append(_dense(torch.diag(1.0 / norm.scale), -norm.center / norm.scale, "identity"))
+    if norm.kind in ("l2", "center-l2"):
+        modules.append(Normalize())
+    return modules
+
+
+def head_modules(head: Head) -> list:
+    """The head's MLP as stock Dense (and LayerNorm) modules; ValueError where no exact form exists."""
+    from sentence_transformers.sentence_transformer.modules import LayerNorm
+
+    cfg, model = head.head_config, head.model
+    layers = [(model.weights[i][0].T, model.biases[i][0]) for i in range(cfg.depth)]  # (out, in), (out,)
+    act = cfg.activation
+    if cfg.depth == 0:
+        return []
+    if cfg.residual and cfg.depth == 1:
+        return [_dense(*layers[0], "identity", residual=True)]
+    if not cfg.residual:
+        modules = []
+        for i, (w, b) in enumerate(layers):
+            last = i == cfg.depth - 1
+            if cfg.layer_norm and not last:
+                modules.append(_dense(w, b, "identity"))
+                ln = LayerNorm(w.shape[0])
+                with torch.no_grad():
+                    ln.norm.weight.copy_(model.ln_weights[i][0])
+                    ln.norm.bias.copy_(model.ln_biases[i][0])
+                modules += [ln, _dense(torch.eye(w.shape[0]), torch.zeros(w.shape[0]), act)]
+            else:
+                modules.append(_dense(w, b, "identity" if last else act))
+        return modules
+    if cfg.layer_norm:
+        raise ValueError("a residual head with layer norm has no exact form in stock sentence-transformers "
+                         "modules (the norm would also act on the carried input); export refused")
+    if act not in EXACT_ODD_PART + ("identity",):
+        raise ValueError(f"a residual head with activation {act!r} cannot carry its input through a hidden "
+                         f"layer exactly (needs a(x) - a(-x) = x: {list(EXACT_ODD_PART)}, or identity); export refused")
+    return _residual_modules(layers, act)
+
+
+def _residual_modules(layers: list[tuple[torch.Tensor, torch.Tensor]], act: str) -> list:
+    """f(x) = x + g(x), depth >= 2: hidden Dense layers output [h; x; -x] (identity: [h; x])."""
+    D = layers[0][0].shape[1]
+    eye = torch.eye(D)
+    carry_in = torch.cat([eye, -eye]) if act != "identity" else eye  # (C, D): x -> carried rows
+    C = carry_in.shape[0]
+    recover = torch.cat([eye, -eye], dim=1) if act != "identity" else eye  # (D, C): carried rows -> x
+    modules = []
+    for i, (w, b) in enumerate(layers):
+        out_f, in_f = w.shape
+        last = i == len(layers) - 1
+        if i == 0:
+            weight = torch.cat([w, carry_in])  # (out + C, D)
+        elif last:
+            weight = torch.cat([w, recover], dim=1)  # (D, in + C)
+        else:
+            weight = torch.block_diag(w, carry_in @ recover)  # (out + C, in + C)
+        bias = b if last else torch.cat([b, torch.zeros(C)])
+        modules.append(_dense(weight, bias, "identity" if last else act))
+    return modules
+
+
+def export_sentence_transformers(head: Head, out: Path, model: str | None = None) -> dict:
+    """Write a SentenceTransformer directory at `out` (stock modules only); returns a summary."""
+    try:
+        from sentence_transformers import SentenceTransformer
+        from sentence_transformers.sentence_transformer.modules import Pooling, Transformer
+    except ImportError:
+        raise ValueError("export to sentence-transformers needs it installed: pip install 'headstore[export]'") from None
+    from headstore.featurize.model import model_identity
+    from headstore.featurize.pipeline import check_encoder, encoder_source
+
+    parts = head.store_manifest
+    layer = dict(zip(_array_names(parts), parts["layers"]))[head.array]
+    name = encoder_source(head, model)
+    check_encoder(head, name)
+    model_dir = model_identity(name, int(parts["max_length"])).model_dir
+    transformer = Transformer(model_dir, max_seq_length=int(parts["max_length"]), do_lower_case=False)
+    n_layers = transformer.auto_model.config.num_hidden_layers
+    if layer not in (-1, n_layers):
+        raise ValueError(f"{head.source} was trained on layer {layer} ({head.array}); a sentence-transformers "
+                         "Transformer module gives the last layer only; export refused")
+    pooling = Pooling(transformer.get_embedding_dimension(), pooling_mode=parts["pooling"])
+    modules = [transformer, pooling, *normalizer_modules(head), *head_modules(head)]
+    st = SentenceTransformer(modules=modules, device="cpu",
+                             similarity_fn_name=SIMILARITY[head.energy_name])
+    out.mkdir(parents=True, exist_ok=True)
+    st.save(str(out), create_model_card=False)
+    notes = []
+    if parts.get("dtype") == "float16":
+        notes.append("the store holds float16 features and the head was trained on them; the exported model "
+                     "feeds float32 pooled features to the head (differences ~1e-3 relative)")
+    if parts.get("precision") == "bf16":
+        notes.append("the store was encoded under bf16 autocast; the exported model runs in float32")
+    summary = {"format": "sentence-transformers", "out": str(out), "head": head.source, "encoder": name,
+               "modules": [type(m).__name__ for m in modules], "similarity_fn_name": SIMILARITY[head.energy_name],
+               "embedding_dim": head.out_dim, "store_fingerprint": head.store_fingerprint, "notes": notes,
+               "load": f"SentenceTransformer({str(out)!r})"}
+    atomic_write_json(out / "headstore_export.json", {**summary, "head_config": head.config}, sort_keys=True)
+    return summary
+
+
+def _array_names(parts: dict) -> list[str]:
+    from headstore.featurize.store import array_names
+
+    return list(array_names(parts["layers"]))
+
+
+def export_safetensors(head: Head, out: Path, model: str | None = None) -> dict:
+    """Write the head as a directory `Head.load` reads; `model` is recorded as its encoder when given."""
+    if model and Path(model).is_dir():  # where its encoder is, for Pipeline.from_head
+        head.config = {**head.config, "encoder_dir": str(Path(model).resolve())}
+    head.save(out)
+    return {"format": "safetensors", "out": str(out), "head": head.source,
+            "files": sorted(p.name for p in out.iterdir()), "load": f"headstore.Head.load({str(out)!r})"}
+
+
+# format name -> writer(head, out dir, encoder override) -> summary; the CLI offers sorted(EXPORT_FORMATS)
+EXPORT_FORMATS: dict[str, Callable[[Head, Path, str | None], dict]] = {
+    "sentence-transformers": export_sentence_transformers,
+    "safetensors": export_safetensors,
+}
+
+
+def export_head(ref: str, fmt: str, out: str | Path, model: str | None = None) -> dict:
+    """Export the head `ref` names (a train-head dir, or GRID#rank=K / GRID#id=HEAD_ID) in format `fmt`."""
+    if fmt not in EXPORT_FORMATS:
+        raise ValueError(f"export format {fmt!r}; valid: {sorted(EXPORT_FORMATS)}")
+    out = Path(out)
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise ValueError(f"{out}: exists and is not an empty directory; give a new --out")
+    return EXPORT_FORMATS[fmt](Head.load(ref), out, model)

@@ -1,0 +1,92 @@
+"""`cli export`, `cli index`, `cli search`: a trained head used outside training (registered by cli.py)."""
+from __future__ import annotations
+
+import click
+
+from headstore.data.dataset import FORMATS
+from headstore.heads.export import EXPORT_FORMATS
+
+
+def _head_ref(head: str | None, grid: str | None, rank: int | None, head_id: str | None) -> str:
+    """The Head.load reference the options name (exactly one of --head and --grid)."""
+    if (head is None) == (grid is None):
+        raise click.UsageError("give either --head (a train-head dir or GRID#rank=K) or --grid with --rank/--id")
+    if head is not None:
+        if rank is not None or head_id is not None:
+            raise click.UsageError("--rank and --id select a head of --grid; with --head write HEAD#rank=K")
+        return head
+    if rank is not None and head_id is not None:
+        raise click.UsageError("give --rank or --id, not both")
+    return f"{grid}#id={head_id}" if head_id is not None else f"{grid}#rank={1 if rank is None else rank}"
+
+
+@click.command("export")
+@click.option("--head", "head", default=None, help="A `cli train-head --out` dir (or GRID#rank=K, GRID#id=HEAD_ID).")
+@click.option("--grid", "grid", default=None, help="A `cli grid --out` dir: export its --rank (default 1) or --id head.")
+@click.option("--rank", type=int, default=None, help="With --grid: the leaderboard rank (selected on dev).")
+@click.option("--id", "head_id", default=None, help="With --grid: a head_id from its results.csv.")
+@click.option("--format", "fmt", type=click.Choice(sorted(EXPORT_FORMATS)), required=True,
+              help="sentence-transformers: a model dir plain SentenceTransformer(DIR) loads; "
+                   "safetensors: head + normaliser + config.json (headstore.Head.load).")
+@click.option("--out", required=True, help="New (or empty) output directory.")
+@click.option("--model", default=None, help="The encoder the head's store was featurized with (default: found "
+                                            "from the store; checked against its fingerprint).")
+def export_command(head, grid, rank, head_id, fmt, out, model):
+    """Export one trained head (encoder included for sentence-transformers) to OUT."""
+    from headstore.heads.export import export_head
+
+    ref = _head_ref(head, grid, rank, head_id)
+    summary = export_head(ref, fmt, out, model)
+    click.echo(f"exported {ref} -> {summary['out']} ({fmt})")
+    if "modules" in summary:
+        click.echo(f"modules: {' -> '.join(summary['modules'])}; similarity: {summary['similarity_fn_name']}")
+    for note in summary.get("notes", []):
+        click.echo(f"note: {note}")
+    click.echo(f"load with: {summary['load']}")
+
+
+@click.command("index")
+@click.option("--store", required=True, help="The feature store the head was trained on.")
+@click.option("--head", "head", required=True, help="A train-head dir, GRID#rank=K or GRID#id=HEAD_ID.")
+@click.option("--data", required=True, help="Corpus to index: a BEIR folder (its corpus) or any dataset (its texts).")
+@click.option("--format", "data_format", type=click.Choice(sorted(FORMATS)), default=None,
+              help="Dataset format (default: detected).")
+@click.option("--out", required=True, help="New (or empty) index directory.")
+@click.option("--hnsw", type=int, default=None, help="Approximate HNSW index with M links per node (default: exact flat).")
+@click.option("--ef-construction", type=int, default=80, show_default=True, help="HNSW build beam.")
+def index_command(store, head, data, data_format, out, hnsw, ef_construction):
+    """Put the head's outputs of a corpus (from stored features) into a FAISS index for `cli search`."""
+    from headstore.heads.search import build_index
+
+    info = build_index(store, head, data, out, hnsw, data_format, ef_construction)
+    kind = f"HNSW (M={info['hnsw_m']})" if info["kind"] == "hnsw" else "flat (exact)"
+    click.echo(f"{out}: {info['n']} vectors of dim {info['dim']}, {kind}, {info['metric']} ({info['energy']} energy)")
+
+
+@click.command("search")
+@click.option("--index", "index_dir", required=True, help="A `cli index --out` directory.")
+@click.option("--query", "queries", multiple=True, help="A query text (repeatable).")
+@click.option("--queries", "queries_file", default=None, help="File of queries: .txt (one per line) or Parquet text column.")
+@click.option("--k", type=int, default=10, show_default=True, help="Results per query.")
+@click.option("--model", default=None, help="Encoder override (default: the head's store's encoder).")
+@click.option("--ef-search", type=int, default=64, show_default=True, help="HNSW query beam (ignored for flat).")
+@click.option("--out", default=None, help="Also write every result to this JSON file.")
+def search_command(index_dir, queries, queries_file, k, model, ef_search, out):
+    """Encode queries with the head's encoder and head, and list the k lowest-energy items of the index."""
+    from headstore.data.files import atomic_write_json
+    from headstore.heads.search import SearchIndex, results_table
+
+    texts = list(queries)
+    if queries_file:
+        from headstore.data.readers import read_text
+
+        texts += read_text(queries_file)["text"].to_list()
+    if not texts:
+        raise click.UsageError("give --query TEXT (repeatable) or --queries FILE")
+    index = SearchIndex(index_dir, ef_search=ef_search)
+    results = index.search(texts, k, model)
+    for text, hits in zip(texts, results):
+        click.echo(results_table(text, hits) + "\n")
+    if out:
+        atomic_write_json(out, [{"query": q, "hits": h} for q, h in zip(texts, results)])
+        click.echo(f"wrote {out}")

@@ -1,0 +1,188 @@
+"""`cli index` / `cli search`: a head's outputs of a corpus in a FAISS index, searched with new queries.
+
+Index directory IDX:
+- `index.faiss`: the vectors. L1 heads: `METRIC_L1` (the energy itself); L2 heads: `METRIC_L2`
+  (squared; energies reported as its square root); cosine heads: inner product on L2-normalised
+  vectors (energy = 1 - inner product). `IndexFlat` (exact) by default; `--hnsw M` builds an
+  `IndexHNSWFlat` with M links per node (approximate, for large corpora);
+- `items.parquet`: per vector position: `id` (BEIR doc id, else the text_id), `text_id`, `text`, `row`;
+- `index.json`: metric, energy, HNSW settings, counts, the store and dataset it came from;
+- `head/`: the head (`Head.save`), so `cli search` needs nothing but IDX and the encoder.
+
+Corpus: a BEIR folder's corpus (documents as `title + " " + text`, as they were featurized), or every
+text of another dataset. Features are read from the store (only the corpus rows); the encoder is not
+run. A query is encoded by a `Pipeline` (the head's own encoder, checked against its store).
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+import polars as pl
+from tqdm.auto import tqdm
+
+from headstore.data.files import atomic_write_json, atomic_write_parquet
+from headstore.heads.head import Head
+
+INDEX_FILE, ITEMS_FILE, INFO_FILE, HEAD_DIR = "index.faiss", "items.parquet", "index.json", "head"
+EMBED_CHUNK = 65536  # corpus rows read and embedded at a time: bounds memory for large corpora
+EF_CONSTRUCTION = 80  # HNSW build-time beam: 2x faiss' 40 buys recall for a one-off build cost
+EF_SEARCH = 64  # HNSW query-time beam (>= k); raise it for recall, lower for speed
+
+
+def _faiss():
+    try:
+        import faiss
+    except ImportError:
+        raise ValueError("cli index / search need FAISS: pip install 'headstore[faiss]'") from None
+    return faiss
+
+
+def _metric(faiss, energy: str) -> int:
+    return {"l1": faiss.METRIC_L1, "l2": faiss.METRIC_L2, "cosine": faiss.METRIC_INNER_PRODUCT}[energy]
+
+
+def _prepare(vectors: np.ndarray, energy: str) -> np.ndarray:
+    """What goes into / searches the index: float32, rows L2-normalised for cosine heads."""
+    x = np.ascontiguousarray(vectors, dtype=np.float32)
+    if energy == "cosine":
+        x = x / np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-8)
+    return x
+
+
+def _to_energy(distances: np.ndarray, energy: str) -> np.ndarray:
+    """FAISS distances -> the head's energies (low = similar)."""
+    if energy == "cosine":
+        return 1.0 - distances
+    if energy == "l2":
+        return np.sqrt(np.maximum(distances, 0.0))
+    return distances
+
+
+def corpus_items(data_path: str, data_format: str | None = None) -> pl.DataFrame:
+    """`id`, `text` of every item to index: a BEIR corpus's documents, else the dataset's unique texts."""
+    from headstore.data.dataset import load_dataset
+    from headstore.data.text_id import doc_text, text_ids
+
+    ds = load_dataset(data_path, data_format)
+    if ds.kind == "beir":
+        corpus = ds.beir.corpus
+        texts = [doc_text(t, x) for t, x in zip(corpus["title"].to_list(), corpus["text"].to_list())]
+        return pl.DataFrame({"id": corpus["_id"].cast(pl.String), "text": texts})
+    texts = list(dict.fromkeys(ds.texts()))
+    return pl.DataFrame({"id": text_ids(texts), "text": texts})
+
+
+def build_index(store_path: str, head_ref: str, data_path: str, out_dir: str, hnsw: int | None = None,
+                data_format: str | None = None, ef_construction: int = EF_CONSTRUCTION,
+                progress: bool = True) -> dict:
+    """Embed the corpus of `data_path` (stored features -> head) into a FAISS index at `out_dir`."""
+    from headstore.featurize.store_api import Store
+
+    faiss = _faiss()
+    out = Path(out_dir)
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise ValueError(f"{out}: exists and is not an empty directory; give a new --out")
+    if hnsw is not None and hnsw < 2:
+        raise ValueError(f"--hnsw M needs M >= 2 links per node; got {hnsw}")
+    store, head = Store.open(store_path), Head.load(head_ref)
+    if store.fingerprint != head.store_fingerprint:
+        raise ValueError(f"{store_path}: its fingerprint differs from the store {head_ref} was trained on "
+                         f"({head.store_fingerprint[:12]}); index with the head's own store")
+    items = corpus_items(data_path, data_format)
+    if items.is_empty():
+        raise ValueError(f"{data_path}: no texts to index")
+    try:
+        rows = store.rows_for(items["text"].to_list())
+    except KeyError as err:
+        raise ValueError(f"{data_path}: {err.args[0]}") from None
+    items = items.with_columns(pl.Series("row", rows), pl.Series("text_id", store.texts["text_id"].gather(rows)))
+    energy = head.energy_name
+    index = (faiss.IndexHNSWFlat(head.out_dim, hnsw, _metric(faiss, energy)) if hnsw
+             else faiss.IndexFlat(head.out_dim, _metric(faiss, energy)))
+    if hnsw:
+        index.hnsw.efConstruction = ef_construction
+    bar = tqdm(total=len(rows), unit="text", desc="index", disable=not progress)
+    for start in range(0, len(rows), EMBED_CHUNK):
+        chunk = rows[start:start + EMBED_CHUNK]
+        index.add(_prepare(head.embed(store.features(chunk, array=head.array)), energy))
+        bar.update(len(chunk))
+    bar.close()
+    out.mkdir(parents=True, exist_ok=True)
+    head.save(out / HEAD_DIR)
+    faiss.write_index(index, str(out / INDEX_FILE))  # faiss writes in place: the other files say it is whole
+    atomic_write_parquet(out / ITEMS_FILE, items.select("id", "text_id", "text", "row"))
+    info = {"kind": "hnsw" if hnsw else "flat", "hnsw_m": hnsw, "ef_construction": ef_construction if hnsw else None,
+            "metric": {"l1": "METRIC_L1", "l2": "METRIC_L2", "cosine": "METRIC_INNER_PRODUCT"}[energy],
+            "energy": energy, "n": int(index.ntotal), "dim": head.out_dim, "head": head.source,
+            "store": str(store_path), "store_fingerprint": store.fingerprint, "data": str(data_path)}
+    atomic_write_json(out / INFO_FILE, info, sort_keys=True)
+    return info
+
+
+class SearchIndex:
+    """An index directory opened for search: `search_vectors` (head outputs) or `search` (texts)."""
+
+    def __init__(self, index_dir: str | Path, ef_search: int = EF_SEARCH):
+        d = Path(index_dir)
+        missing = [n for n in (INDEX_FILE, ITEMS_FILE, INFO_FILE, HEAD_DIR) if not (d / n).exists()]
+        if missing:
+            raise FileNotFoundError(f"{d}: missing {missing} (is this a `cli index --out` directory?)")
+        faiss = _faiss()
+        self.dir, self.info = d, json.loads((d / INFO_FILE).read_text())
+        self.index = faiss.read_index(str(d / INDEX_FILE))
+        self.items = pl.read_parquet(d / ITEMS_FILE)
+        if self.index.ntotal != self.items.height:
+            raise ValueError(f"{d}: {INDEX_FILE} holds {self.index.ntotal} vectors, {ITEMS_FILE} "
+                             f"{self.items.height} items; the index is incomplete, rebuild it")
+        if self.info["kind"] == "hnsw":
+            self.index.hnsw.efSearch = ef_search
+        self.head = Head.load(d / HEAD_DIR)
+        self._pipeline = None
+
+    def search_vectors(self, vectors: np.ndarray, k: int = 10) -> tuple[np.ndarray, np.ndarray]:
+        """(positions (Q, k) int64, energies (Q, k)) of the k lowest-energy items per head output."""
+        if k < 1:
+            raise ValueError(f"k must be >= 1; got {k}")
+        k = min(k, self.index.ntotal)
+        if self.info["kind"] == "hnsw":
+            self.index.hnsw.efSearch = max(self.index.hnsw.efSearch, k)
+        dist, pos = self.index.search(_prepare(vectors, self.info["energy"]), k)
+        return pos, _to_energy(dist, self.info["energy"])
+
+    def pipeline(self, model: str | None = None):
+        if self._pipeline is None:
+            from headstore.featurize.pipeline import Pipeline
+
+            self._pipeline = Pipeline.from_head(self.head, model)
+        return self._pipeline
+
+    def search(self, queries: Sequence[str], k: int = 10, model: str | None = None) -> list[list[dict]]:
+        """Per query, the top k items: rank, id, text, energy (ascending)."""
+        pos, energies = self.search_vectors(self.pipeline(model).encode(list(queries)), k)
+        ids, texts = self.items["id"].to_list(), self.items["text"].to_list()
+        return [[{"rank": r + 1, "id": ids[p], "text": texts[p], "energy": float(e)}
+                 for r, (p, e) in enumerate(zip(pos[q], energies[q])) if p >= 0]
+                for q in range(len(queries))]
+
+
+def recall_at_k(approx: np.ndarray, exact: np.ndarray) -> float:
+    """Mean over queries of |approx top-k ∩ exact top-k| / k."""
+    k = exact.shape[1]
+    return float(np.mean([len(set(a.tolist()) & set(e.tolist())) / k for a, e in zip(approx, exact)]))
+
+
+def short(text: str, width: int = 80) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= width else text[:width - 1] + "…"
+
+
+def results_table(query: str, hits: list[dict]) -> str:
+    """The terminal view of one query's hits."""
+    from tabulate import tabulate
+
+    rows = [(h["rank"], h["id"], f"{h['energy']:.4f}", short(h["text"])) for h in hits]
+    return f"query: {short(query, 100)}\n" + tabulate(rows, headers=["rank", "id", "energy", "text"])
+
