@@ -31,8 +31,9 @@ import torch
 PerHead = Union[float, Sequence[float], torch.Tensor]
 
 # parameter updates (parameters x steps) from which compiling the fused update pays for its compile time:
-# eager costs ~0.1 us per parameter update more (2 cores), compiling ~3-10 s from torch's disk cache
-FUSED_MIN_UPDATES = 2e9
+# eager costs ~5-10 ns per parameter update more (2 cores), compiling ~3-10 s from torch's disk cache
+# (a minute when the cache is cold); once compiled in a process, every later stack uses it
+FUSED_MIN_UPDATES = 1e9
 COMPILE_ENV = "HEADSTORE_COMPILE"  # "0": never compile, "1": always, unset: by the amount of work
 
 
@@ -41,7 +42,7 @@ def fused_pays(n_params: int, steps: int) -> bool:
     setting = os.environ.get(COMPILE_ENV, "")
     if setting in ("0", "1"):
         return setting == "1"
-    return n_params * steps >= FUSED_MIN_UPDATES
+    return _compiled_ok or n_params * steps >= FUSED_MIN_UPDATES
 
 
 def _adamw_update(p, g, m, v, grad_scale, decay, step_size, bc2_sqrt, beta1: float, beta2: float, eps: float):
@@ -55,11 +56,12 @@ def _adamw_update(p, g, m, v, grad_scale, decay, step_size, bc2_sqrt, beta1: flo
 
 
 _compiled_update = None  # torch.compile(_adamw_update), built on first use; False after a failed compile
+_compiled_ok = False  # the compiled update ran in this process (compiling again costs nothing)
 
 
 def _fused_update(*args) -> bool:
     """Run the compiled update; False (nothing changed) when it cannot be compiled here."""
-    global _compiled_update
+    global _compiled_update, _compiled_ok
     if _compiled_update is None:
         _compiled_update = torch.compile(_adamw_update, dynamic=True, fullgraph=True)
     if _compiled_update is False:
@@ -71,6 +73,7 @@ def _fused_update(*args) -> bool:
                       "using the eager update")
         _compiled_update = False
         return False
+    _compiled_ok = True
     return True
 
 
