@@ -32,7 +32,17 @@ def resolve_model(name: str) -> str:
         return str(Path(name).resolve())
     if Path(name).exists():
         raise ValueError(f"model {name!r} is a file; give a model directory, 'minilm' or a Hub id")
+    if _looks_like_a_path(name):
+        raise FileNotFoundError(f"{name}: no such model directory (--model takes 'minilm', a local "
+                                "model directory, or a Hub id such as org/name)")
     return name  # a Hub id: transformers downloads it (online users only)
+
+
+def _looks_like_a_path(name: str) -> bool:
+    """A name a Hub id cannot be: absolute, ./ ../ ~, several slashes, or inside an existing folder."""
+    if name.startswith(("/", ".", "~")) or name.count("/") > 1 or "\\" in name:
+        return True
+    return "/" in name and Path(name).parent.is_dir()
 
 
 def _local_dir(path_or_id: str) -> Path:
@@ -42,7 +52,12 @@ def _local_dir(path_or_id: str) -> Path:
     from huggingface_hub import snapshot_download
 
     allow = ["*.safetensors", "*.json", "vocab.txt"]
-    return Path(snapshot_download(path_or_id, allow_patterns=allow))
+    try:
+        return Path(snapshot_download(path_or_id, allow_patterns=allow))
+    except Exception as err:  # offline, unknown id, gated: one line, not a traceback
+        raise ValueError(f"model {path_or_id!r}: not a local model directory, and fetching it from "
+                         f"the Hugging Face Hub failed ({type(err).__name__}); give a local "
+                         "directory or 'minilm'") from None
 
 
 def file_sha256(path: Path) -> str:
@@ -189,3 +204,32 @@ def load_encoder(name_or_path: str, device: str = "auto", max_length: int | None
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "true")
     return Encoder(model=model, tokenizer=tokenizer, identity=identity, device=device,
                    attn_implementation=attn)
+
+
+# model types whose position ids start after the padding index (RoBERTa family): 2 positions fewer
+_POSITION_OFFSET = {"roberta": 2, "xlm-roberta": 2, "camembert": 2, "longformer": 2, "mpnet": 2}
+
+
+def check_options(name: str, max_length: int | None, layers) -> tuple[ModelIdentity, int]:
+    """Refuse options the model cannot honour, from its config.json alone (no weights loaded): a
+    missing model, max_length past its position embeddings, a layer it does not have. Returns the
+    identity and the hidden size."""
+    identity = model_identity(name, max_length)
+    config_file = Path(identity.model_dir) / "config.json"
+    try:
+        config = json.loads(config_file.read_text())
+    except (OSError, json.JSONDecodeError) as err:
+        raise ValueError(f"{config_file}: cannot read the model's config ({err})") from None
+    positions = config.get("max_position_embeddings")
+    if positions is not None:
+        limit = int(positions) - _POSITION_OFFSET.get(config.get("model_type", ""), 0)
+        if identity.max_length > limit:
+            raise ValueError(f"--max-length {identity.max_length} is more than {name}'s position "
+                             f"limit of {limit} tokens ({config_file}: max_position_embeddings "
+                             f"{positions}); give --max-length {limit} or less")
+    n_layers = int(config.get("num_hidden_layers", 0))
+    for layer in layers:
+        if not -(n_layers + 1) <= layer <= n_layers:
+            raise ValueError(f"layer {layer} out of range for a {n_layers}-layer model "
+                             f"(valid {-(n_layers + 1)}..{n_layers}; 0 = embeddings, -1 = last)")
+    return identity, int(config["hidden_size"])
