@@ -16,7 +16,7 @@ import os
 import queue
 import threading
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -27,7 +27,8 @@ from tqdm import tqdm
 
 from headstore.data.files import atomic_write_text
 from headstore.featurize.config import FeaturizeConfig
-from headstore.featurize.encode import CODE_VERSION, encode_batch, plan_batches, prefetch_batches, tokenize
+from headstore.featurize.encode import (CODE_VERSION, Batch, Tokenized, encode_batch, plan_batches,
+                                        prefetch_batches, tokenize)
 from headstore.featurize.ids import IdSet, digests, first_occurrences, keys_of_digests, keys_of_hex
 from headstore.featurize.model import check_options, load_encoder, model_identity, pick_device
 from headstore.featurize.source import all_chunks, open_sources, windows
@@ -245,29 +246,38 @@ def _load(config: FeaturizeConfig, device: str):
     return load_encoder(config.model, device, config.max_length)
 
 
-def _encode_window(config: FeaturizeConfig, encoder, device: str, committer: _Committer, bar,
-                   counts: dict, base: int, new_ids: list[str], new_texts: list[str]) -> None:
-    """Tokenise, plan and encode one window's new texts (rows base, base+1, ... in plan order)."""
+def encode_in_plan_order(config: FeaturizeConfig, encoder, device: str, ids: list[str],
+                         texts: list[str]) -> Iterator[tuple[np.ndarray, dict, Tokenized, Batch]]:
+    """Tokenise and plan the texts (longest first), encode batch by batch: yields (indices into
+    texts, {array name: (B, D) features in the store dtype}, the tokenisation, the batch)."""
     names = list(array_names(config.layers))
     np_dtype = np.dtype(config.dtype)
-    tok = tokenize(encoder.tokenizer, new_texts, encoder.max_length)
+    tok = tokenize(encoder.tokenizer, texts, encoder.max_length)
     precision = config.resolved_precision(device)
-    order, batches = plan_batches(tok.n_tokens, new_ids, config.batch_tokens, config.max_batch_size,
+    order, batches = plan_batches(tok.n_tokens, ids, config.batch_tokens, config.max_batch_size,
                                   batch_overhead_tokens=config.resolved_batch_overhead(device),
                                   attention_width=6 * encoder.model.config.hidden_size)
     pad_id = encoder.tokenizer.pad_token_id or 0
-    t0 = time.perf_counter()
     # CPU: collate inline (the cores are busy with the forward); GPU: in a background thread
     depth = 4 if device == "cuda" else 0
     for batch in prefetch_batches(tok, order, batches, pad_id, pin=device == "cuda", depth=depth):
         pooled = encode_batch(encoder, batch, config.pooling, config.layers, precision)  # [(B, D)]
         feats = {name: p.to(torch.float32).cpu().numpy().astype(np_dtype, copy=False)
                  for name, p in zip(names, pooled)}
-        idx = order[batch.start: batch.start + batch.input_ids.shape[0]]
+        yield order[batch.start: batch.start + batch.input_ids.shape[0]], feats, tok, batch
+
+
+def _encode_window(config: FeaturizeConfig, encoder, device: str, committer: _Committer, bar,
+                   counts: dict, base: int, new_ids: list[str], new_texts: list[str]) -> None:
+    """Encode one window's new texts; rows base, base+1, ... in plan order go to the committer."""
+    t0 = time.perf_counter()
+    done = 0
+    for idx, feats, tok, batch in encode_in_plan_order(config, encoder, device, new_ids, new_texts):
         rows = pl.DataFrame({
             "text_id": [new_ids[i] for i in idx], "text": [new_texts[i] for i in idx],
-            "row": np.arange(base + batch.start, base + batch.start + len(idx), dtype=np.int64),
+            "row": np.arange(base + done, base + done + len(idx), dtype=np.int64),
             "n_tokens": tok.n_tokens[idx], "truncated": tok.truncated[idx]})
+        done += len(idx)
         committer.put((feats, rows))
         counts["real_tokens"] += batch.n_real_tokens
         counts["padded_tokens"] += batch.input_ids.numel()
