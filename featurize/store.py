@@ -266,20 +266,26 @@ class FeatureStore:
         text_ids = list(text_ids)
         try:
             keys = keys_of_hex(text_ids)
-        except ValueError:
-            bad = next(t for t in text_ids if len(t) != 32 or not all(c in "0123456789abcdef" for c in t))
+            if len(keys) != len(text_ids):
+                raise ValueError("an id of another length")
+        except ValueError:  # not 32 hex characters: certainly not stored
+            bad = next((t for t in text_ids if len(t) != 32 or not _is_hex(t)), text_ids[0])
             raise KeyError(f"{self.path}: text_id {bad} is not in the store; "
                            "featurize the dataset into it first") from None
-        if len(keys) != len(text_ids):  # an id of another length
-            bad = next(t for t in text_ids if len(t) != 32)
-            raise KeyError(f"{self.path}: text_id {bad} is not in the store; "
-                           "featurize the dataset into it first")
         found = self._index.find(keys)
         if (found < 0).any():
             missing = text_ids[int(np.argmax(found < 0))]
             raise KeyError(f"{self.path}: text_id {missing} is not in the store; "
                            "featurize the dataset into it first")
         return self._index.values[found].astype(np.int64)
+
+
+def _is_hex(text: str) -> bool:
+    try:
+        bytes.fromhex(text)
+        return True
+    except ValueError:
+        return False
 
 
 def check_fingerprint(path: Path, manifest: dict, parts: dict) -> None:
