@@ -123,6 +123,7 @@ def model_identity(name: str, max_length: int | None = None) -> ModelIdentity:
     model_dir = _local_dir(path)
     if max_length is None:
         max_length = default_max_length(model_dir, _tokenizer_config_only(model_dir))
+        max_length = min(max_length, position_limit(model_dir) or max_length)
     model_id = name if name == "minilm" or not Path(name).is_dir() else model_dir.name
     return ModelIdentity(
         model_id=model_id,
@@ -199,8 +200,9 @@ def load_encoder(name_or_path: str, device: str = "auto", max_length: int | None
     model.eval().requires_grad_(False).to(device)
     tokenizer = AutoTokenizer.from_pretrained(model_dir, trust_remote_code=False)
     if max_length is None:
-        identity = ModelIdentity(**{**identity.__dict__,
-                                    "max_length": default_max_length(Path(model_dir), tokenizer)})
+        default = default_max_length(Path(model_dir), tokenizer)
+        default = min(default, position_limit(Path(model_dir)) or default)
+        identity = ModelIdentity(**{**identity.__dict__, "max_length": default})
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "true")
     return Encoder(model=model, tokenizer=tokenizer, identity=identity, device=device,
                    attn_implementation=attn)
@@ -208,6 +210,18 @@ def load_encoder(name_or_path: str, device: str = "auto", max_length: int | None
 
 # model types whose position ids start after the padding index (RoBERTa family): 2 positions fewer
 _POSITION_OFFSET = {"roberta": 2, "xlm-roberta": 2, "camembert": 2, "longformer": 2, "mpnet": 2}
+
+
+def position_limit(model_dir: Path) -> int | None:
+    """Tokens the model's position embeddings allow (None when config.json does not say)."""
+    try:
+        config = json.loads((Path(model_dir) / "config.json").read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+    positions = config.get("max_position_embeddings")
+    if positions is None:
+        return None
+    return int(positions) - _POSITION_OFFSET.get(config.get("model_type", ""), 0)
 
 
 def check_options(name: str, max_length: int | None, layers) -> tuple[ModelIdentity, int]:
@@ -220,13 +234,11 @@ def check_options(name: str, max_length: int | None, layers) -> tuple[ModelIdent
         config = json.loads(config_file.read_text())
     except (OSError, json.JSONDecodeError) as err:
         raise ValueError(f"{config_file}: cannot read the model's config ({err})") from None
-    positions = config.get("max_position_embeddings")
-    if positions is not None:
-        limit = int(positions) - _POSITION_OFFSET.get(config.get("model_type", ""), 0)
-        if identity.max_length > limit:
-            raise ValueError(f"--max-length {identity.max_length} is more than {name}'s position "
-                             f"limit of {limit} tokens ({config_file}: max_position_embeddings "
-                             f"{positions}); give --max-length {limit} or less")
+    limit = position_limit(Path(identity.model_dir))
+    if limit is not None and identity.max_length > limit:
+        raise ValueError(f"--max-length {identity.max_length} is more than {name}'s position limit "
+                         f"of {limit} tokens ({config_file}: max_position_embeddings "
+                         f"{config.get('max_position_embeddings')}); give --max-length {limit} or less")
     n_layers = int(config.get("num_hidden_layers", 0))
     for layer in layers:
         if not -(n_layers + 1) <= layer <= n_layers:
