@@ -143,6 +143,7 @@ class StoreWriter:
                 stray.unlink()
         for stray in [*self.path.glob(".*.incomplete"), *self.path.glob(".*.tmp")]:
             stray.unlink()
+        shutil.rmtree(self.path / ".ray-staging", ignore_errors=True)  # a killed ray driver's
 
     def append(self, features: dict[str, np.ndarray], rows: pl.DataFrame) -> None:
         """Commit rows [n, n + B): features (name -> (B, D)) and their texts rows, atomically."""
