@@ -139,7 +139,11 @@ def run_ray(plan: Plan, chunks, *, address: str | None = None, workers: int = 2,
     t0 = time.perf_counter()
     config = plan.config
     if not ray.is_initialized():
-        ray.init(address=address, log_to_driver=False, include_dashboard=False)
+        try:
+            ray.init(address=address, log_to_driver=False, include_dashboard=False)
+        except (ConnectionError, RuntimeError, ValueError) as err:
+            raise ValueError(f"--address {address}: cannot start or join Ray ({err}); start a "
+                             "cluster with `ray start --head`, or leave --address out") from None
     DataContext.get_current().enable_progress_bars = False
     names = list(array_names(config.layers))
     counts = {"n_input_texts": 0, "n_encoded": 0, "n_truncated": 0, "real_tokens": 0,
