@@ -1,5 +1,5 @@
 """Bad input to featurize and damaged stores, through the CLI: a message naming the file / row, no
-traceback, and (featurize) no store left behind. docs/bad-input-store.md lists the cases."""
+traceback, and (featurize) no store left behind. docs/bad-input.md lists the cases."""
 
 from __future__ import annotations
 
@@ -82,7 +82,7 @@ def test_verify_names_a_truncated_texts_part(store):
     with pytest.raises(StoreError, match=f"{part}: has .* bytes"):
         FeatureStore.open(store)
     info = invoke("store", "info", store)
-    assert info.exit_code != 0 and str(part) in info.output
+    assert info.exit_code == 2 and str(part) in info.output
 
 
 def test_verify_names_a_manifest_that_is_not_json(store):
@@ -90,7 +90,7 @@ def test_verify_names_a_manifest_that_is_not_json(store):
     result = invoke("store", "verify", store)
     assert result.exit_code == 1 and f"{store / 'manifest.json'}: not valid JSON" in result.output
     info = invoke("store", "info", store)
-    assert info.exit_code != 0 and "manifest.json: not valid JSON" in info.output
+    assert info.exit_code == 2 and "manifest.json: not valid JSON" in info.output
 
 
 # ---- featurize: refused before any store exists ---------------------------------------------------
@@ -109,7 +109,7 @@ def test_featurize_of_no_texts_is_an_error(tiny_model, tmp_path, kind):
             featurize_texts(config(tiny_model), [], tmp_path / "s")
     else:
         result = invoke(*featurize_args(tiny_model, data, tmp_path / "s", "--format", "text"))
-        assert result.exit_code != 0 and f"{data}" in result.output and "no texts" in result.output
+        assert result.exit_code == 2 and f"{data}" in result.output and "no texts" in result.output
     assert not (tmp_path / "s").exists()
 
 
@@ -128,7 +128,7 @@ def test_bad_model_options_are_refused_before_the_store_is_created(tiny_model, t
     else:
         args += extra
     result = invoke(*args)
-    assert result.exit_code != 0 and message in result.output
+    assert result.exit_code == 2 and message in result.output
     if extra[0] == "--model":
         assert str(tmp_path / "models" / "nope") in result.output
     assert not (tmp_path / "s").exists() and not (tmp_path / "s.incomplete").exists()
@@ -171,6 +171,6 @@ def test_a_read_only_store_reads_and_takes_a_no_op_featurize(tiny_model, texts, 
     assert json.loads(noop.stdout)["n_encoded"] == 0
     more = run_on_read_only(store, featurize_args(tiny_model, tmp_path / "more.txt", store,
                                                   "--dtype", "float32"))
-    assert more.returncode != 0 and "Traceback" not in more.stderr
+    assert more.returncode == 2 and "Traceback" not in more.stderr
     assert f"{store}: cannot write to the store" in more.stderr
     assert sorted((p.relative_to(store), p.stat().st_mtime_ns) for p in store.rglob("*")) == before
