@@ -203,9 +203,10 @@ def run_local(plan: Plan, chunks: Iterable[list[str]]) -> dict:
                 encoder = _load(config, plan.device)
                 committer = _Committer(writer, config.commit_seconds, config.shard_rows)
                 next_row = writer.n_texts
-                bar = tqdm(total=0, unit="text", desc="featurize", smoothing=0.1, dynamic_ncols=True)
+                # in tokens: texts vary in length by 100x (a sentence vs a 256-token abstract), tokens are the work
+                bar = tqdm(total=0, unit="tok", unit_scale=True, desc="featurize", smoothing=0.1,
+                           dynamic_ncols=True)
             plan.added.add(keys)
-            bar.total += len(new_ids)
             t = time.perf_counter()
             _encode_window(config, encoder, plan.device, committer, bar, counts,
                            base=next_row, new_ids=new_ids, new_texts=new_texts)
@@ -270,9 +271,11 @@ def encode_in_plan_order(config: FeaturizeConfig, encoder, device: str, ids: lis
 def _encode_window(config: FeaturizeConfig, encoder, device: str, committer: _Committer, bar,
                    counts: dict, base: int, new_ids: list[str], new_texts: list[str]) -> None:
     """Encode one window's new texts; rows base, base+1, ... in plan order go to the committer."""
-    t0 = time.perf_counter()
     done = 0
     for idx, feats, tok, batch in encode_in_plan_order(config, encoder, device, new_ids, new_texts):
+        if done == 0:  # the window is tokenised: its tokens join the bar's total
+            bar.total += int(tok.n_tokens.sum())
+            bar.refresh()
         rows = pl.DataFrame({
             "text_id": [new_ids[i] for i in idx], "text": [new_texts[i] for i in idx],
             "row": np.arange(base + done, base + done + len(idx), dtype=np.int64),
@@ -282,7 +285,7 @@ def _encode_window(config: FeaturizeConfig, encoder, device: str, committer: _Co
         counts["real_tokens"] += batch.n_real_tokens
         counts["padded_tokens"] += batch.input_ids.numel()
         counts["n_batches"] += 1
-        bar.update(len(idx))
-        bar.set_postfix(tok_s=f"{counts['real_tokens'] / max(time.perf_counter() - t0, 1e-9):,.0f}")
+        bar.update(batch.n_real_tokens)
+        bar.set_postfix(texts=f"{counts['n_encoded'] + done:,}")
     counts["n_encoded"] += len(new_ids)
     counts["n_truncated"] += int(tok.truncated.sum())
