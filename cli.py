@@ -106,25 +106,41 @@ def main(debug):
               help="Encoder maths: auto = fp32 on CPU (exact), bf16 autocast on GPU; part of the fingerprint.")
 @click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto",
               show_default=True)
+@click.option("--engine", type=click.Choice(["local", "ray"]), default="local", show_default=True,
+              help="local: this process encodes; ray: a pool of Ray actors (pip install '.[ray]').")
+@click.option("--address", default=None,
+              help="--engine ray: the Ray cluster to join ('auto': the running one; default: start a local Ray).")
+@click.option("--workers", type=int, default=2, show_default=True,
+              help="--engine ray: encoder actors (one per GPU with --gpus-per-worker 1).")
+@click.option("--gpus-per-worker", type=float, default=0.0, show_default=True,
+              help="--engine ray: GPUs per actor (0: CPU actors).")
 def featurize(model, data_paths, formats, store, pooling, layers, dtype, max_length, batch_tokens,
-              precision, device):
+              precision, device, engine, address, workers, gpus_per_worker):
     """Encode every text of the datasets that STORE does not hold yet (a no-op when none are new)."""
     from headstore.featurize.config import FeaturizeConfig, parse_layers
     from headstore.featurize.model import pick_device
     from headstore.featurize.run import featurize as run_featurize
 
     if batch_tokens is None:
-        batch_tokens = 65536 if pick_device(device) == "cuda" else FeaturizeConfig.batch_tokens
+        on_gpu = gpus_per_worker > 0 if engine == "ray" else pick_device(device) == "cuda"
+        batch_tokens = 65536 if on_gpu else FeaturizeConfig.batch_tokens
     config = FeaturizeConfig(model=model, pooling=pooling, layers=parse_layers(layers),
                              max_length=max_length, dtype=dtype, batch_tokens=batch_tokens,
                              precision=precision, device=device)
-    summary = run_featurize(config, data_paths, store, formats=list(formats) or None)
+    if engine == "ray":
+        from headstore.featurize.ray_engine import featurize_ray
+
+        summary = featurize_ray(config, data_paths, store, formats=list(formats) or None,
+                                address=address, workers=workers,
+                                gpus_per_worker=gpus_per_worker)
+    else:
+        summary = run_featurize(config, data_paths, store, formats=list(formats) or None)
     click.echo(json.dumps(summary, indent=2))
 
 
 @main.group()
 def store():
-    """Inspect a feature store."""
+    """Inspect and maintain a feature store."""
 
 
 @store.command()
@@ -149,6 +165,28 @@ def info(path):
     from headstore.featurize.verify import store_info
 
     summary = store_info(path)
+    click.echo(json.dumps(summary, indent=2))
+
+
+@store.command()
+@click.argument("path")
+def migrate(path):
+    """Convert PATH from store format 1 (one texts.parquet) to format 2 (segments, checksums), in place."""
+    from headstore.featurize.maintain import migrate_store
+
+    summary = migrate_store(path)
+    click.echo(json.dumps(summary, indent=2))
+
+
+@store.command()
+@click.argument("path")
+@click.option("--target-rows", type=int, default=1 << 20, show_default=True,
+              help="Rows per merged texts part at most.")
+def compact(path, target_rows):
+    """Merge PATH's small texts parts (optional: reads are correct without it)."""
+    from headstore.featurize.maintain import compact_store
+
+    summary = compact_store(path, target_rows)
     click.echo(json.dumps(summary, indent=2))
 
 

@@ -46,8 +46,8 @@ class FeaturizeConfig:
     max_batch_size: int = 1024
     # auto: cuda when available, else cpu.
     device: str = "auto"
-    # commit (atomically rewrite texts.parquet) at most this often: bounds the work lost to a
-    # crash while keeping the rewrite cost negligible for large corpora. 0 = after every batch.
+    # commit (one new texts part + the manifest) at most this often, or every shard_rows rows:
+    # bounds the work lost to a crash and the number of parts. 0 = after every batch.
     commit_seconds: float = 30.0
     # rows per zarr chunk and per shard file: 256-row chunks read fast for row subsets; 64k-row
     # shards keep the file count low (one file per 64k texts).
@@ -55,6 +55,10 @@ class FeaturizeConfig:
     shard_rows: int = 65536
     # CPU threads for torch; 0 = all cores.
     num_threads: int = 0
+    # input texts read, deduplicated, tokenised and planned at a time: bounds memory (~1 KB per
+    # text of a window) whatever the corpus size, while 256k texts still sort well by length. Window
+    # boundaries depend on the input alone; a rerun must use the same value to resume bit-exactly.
+    window_texts: int = 262144
 
     def __post_init__(self):
         if self.dtype not in DTYPES:
@@ -75,6 +79,8 @@ class FeaturizeConfig:
             raise ValueError(f"max_length must be >= 2 (room for [CLS] and [SEP]), got {self.max_length}")
         if self.batch_tokens < 1 or self.max_batch_size < 1:
             raise ValueError("batch_tokens and max_batch_size must be positive")
+        if self.window_texts < 1:
+            raise ValueError(f"window_texts must be positive, got {self.window_texts}")
         if self.shard_rows % self.chunk_rows:
             raise ValueError(f"shard_rows ({self.shard_rows}) must be a multiple of chunk_rows ({self.chunk_rows})")
 

@@ -32,7 +32,17 @@ def resolve_model(name: str) -> str:
         return str(Path(name).resolve())
     if Path(name).exists():
         raise ValueError(f"model {name!r} is a file; give a model directory, 'minilm' or a Hub id")
+    if _looks_like_a_path(name):
+        raise FileNotFoundError(f"{name}: no such model directory (--model takes 'minilm', a local "
+                                "model directory, or a Hub id such as org/name)")
     return name  # a Hub id: transformers downloads it (online users only)
+
+
+def _looks_like_a_path(name: str) -> bool:
+    """A name a Hub id cannot be: absolute, ./ ../ ~, several slashes, or inside an existing folder."""
+    if name.startswith(("/", ".", "~")) or name.count("/") > 1 or "\\" in name:
+        return True
+    return "/" in name and Path(name).parent.is_dir()
 
 
 def _local_dir(path_or_id: str) -> Path:
@@ -42,7 +52,12 @@ def _local_dir(path_or_id: str) -> Path:
     from huggingface_hub import snapshot_download
 
     allow = ["*.safetensors", "*.json", "vocab.txt"]
-    return Path(snapshot_download(path_or_id, allow_patterns=allow))
+    try:
+        return Path(snapshot_download(path_or_id, allow_patterns=allow))
+    except Exception as err:  # offline, unknown id, gated: one line, not a traceback
+        raise ValueError(f"model {path_or_id!r}: not a local model directory, and fetching it from "
+                         f"the Hugging Face Hub failed ({type(err).__name__}); give a local "
+                         "directory or 'minilm'") from None
 
 
 def file_sha256(path: Path) -> str:
@@ -108,6 +123,7 @@ def model_identity(name: str, max_length: int | None = None) -> ModelIdentity:
     model_dir = _local_dir(path)
     if max_length is None:
         max_length = default_max_length(model_dir, _tokenizer_config_only(model_dir))
+        max_length = min(max_length, position_limit(model_dir) or max_length)
     model_id = name if name == "minilm" or not Path(name).is_dir() else model_dir.name
     return ModelIdentity(
         model_id=model_id,
@@ -184,8 +200,48 @@ def load_encoder(name_or_path: str, device: str = "auto", max_length: int | None
     model.eval().requires_grad_(False).to(device)
     tokenizer = AutoTokenizer.from_pretrained(model_dir, trust_remote_code=False)
     if max_length is None:
-        identity = ModelIdentity(**{**identity.__dict__,
-                                    "max_length": default_max_length(Path(model_dir), tokenizer)})
+        default = default_max_length(Path(model_dir), tokenizer)
+        default = min(default, position_limit(Path(model_dir)) or default)
+        identity = ModelIdentity(**{**identity.__dict__, "max_length": default})
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "true")
     return Encoder(model=model, tokenizer=tokenizer, identity=identity, device=device,
                    attn_implementation=attn)
+
+
+# model types whose position ids start after the padding index (RoBERTa family): 2 positions fewer
+_POSITION_OFFSET = {"roberta": 2, "xlm-roberta": 2, "camembert": 2, "longformer": 2, "mpnet": 2}
+
+
+def position_limit(model_dir: Path) -> int | None:
+    """Tokens the model's position embeddings allow (None when config.json does not say)."""
+    try:
+        config = json.loads((Path(model_dir) / "config.json").read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+    positions = config.get("max_position_embeddings")
+    if positions is None:
+        return None
+    return int(positions) - _POSITION_OFFSET.get(config.get("model_type", ""), 0)
+
+
+def check_options(name: str, max_length: int | None, layers) -> tuple[ModelIdentity, int]:
+    """Refuse options the model cannot honour, from its config.json alone (no weights loaded): a
+    missing model, max_length past its position embeddings, a layer it does not have. Returns the
+    identity and the hidden size."""
+    identity = model_identity(name, max_length)
+    config_file = Path(identity.model_dir) / "config.json"
+    try:
+        config = json.loads(config_file.read_text())
+    except (OSError, json.JSONDecodeError) as err:
+        raise ValueError(f"{config_file}: cannot read the model's config ({err})") from None
+    limit = position_limit(Path(identity.model_dir))
+    if limit is not None and identity.max_length > limit:
+        raise ValueError(f"--max-length {identity.max_length} is more than {name}'s position limit "
+                         f"of {limit} tokens ({config_file}: max_position_embeddings "
+                         f"{config.get('max_position_embeddings')}); give --max-length {limit} or less")
+    n_layers = int(config.get("num_hidden_layers", 0))
+    for layer in layers:
+        if not -(n_layers + 1) <= layer <= n_layers:
+            raise ValueError(f"layer {layer} out of range for a {n_layers}-layer model "
+                             f"(valid {-(n_layers + 1)}..{n_layers}; 0 = embeddings, -1 = last)")
+    return identity, int(config["hidden_size"])

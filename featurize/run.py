@@ -1,4 +1,14 @@
-"""One featurize run: datasets -> texts not yet stored -> encoder -> committed rows of the store."""
+"""One featurize run, streamed: input windows -> texts not yet stored -> encoder -> committed segments.
+
+The input is read in windows of `window_texts` texts (source.py). In each window the texts whose id
+is neither in the store nor earlier in the input are tokenised, planned longest-first (encode.py) and
+encoded; a writer thread commits segments as they finish. Memory is one window plus the ids (16
+bytes per text, ids.py), whatever the corpus size. Window boundaries depend on the input alone and a
+window's plan on its texts alone, so after a crash the rerun skips committed texts, re-plans the
+interrupted window's rest exactly as the first run would have, and gives every text the same row and
+bit-identical features. The store and the encoder are opened only when a window has new texts: an
+up-to-date store (even a read-only one) is never written, and an empty input never creates a store.
+"""
 
 from __future__ import annotations
 
@@ -6,7 +16,8 @@ import os
 import queue
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -14,43 +25,112 @@ import polars as pl
 import torch
 from tqdm import tqdm
 
-from headstore.data.text_id import text_ids as compute_text_ids
-from headstore.featurize.config import FeaturizeConfig
-from headstore.featurize.encode import CODE_VERSION, encode_batch, plan_batches, prefetch_batches, tokenize
-from headstore.featurize.model import load_encoder, model_identity, pick_device
 from headstore.data.files import atomic_write_text
-from headstore.featurize.store import StoreWriter, array_names
+from headstore.featurize.config import FeaturizeConfig
+from headstore.featurize.encode import (CODE_VERSION, Batch, Tokenized, encode_batch, plan_batches,
+                                        prefetch_batches, tokenize)
+from headstore.featurize.ids import IdSet, digests, first_occurrences, keys_of_digests, keys_of_hex
+from headstore.featurize.model import check_options, load_encoder, model_identity, pick_device
+from headstore.featurize.source import all_chunks, open_sources, windows
+from headstore.featurize.store import (MANIFEST, FeatureStore, StoreError, array_names,
+                                       check_fingerprint, stored_ids)
+from headstore.featurize.writer import StoreWriter
 
 
-def fingerprint_parts(config: FeaturizeConfig) -> dict:
+def fingerprint_parts(config: FeaturizeConfig, device: str | None = None) -> dict:
     """The fingerprint parts of a run with this config (hashes are cached: cheap to repeat)."""
     identity = model_identity(config.model, config.max_length)
+    device = device or pick_device(config.device)
     return {"model_id": identity.model_id, "weights_hash": identity.weights_hash,
             "tokenizer_hash": identity.tokenizer_hash, "pooling": config.pooling,
             "layers": list(config.layers), "max_length": identity.max_length,
-            "dtype": config.dtype, "precision": config.resolved_precision(pick_device(config.device)),
+            "dtype": config.dtype, "precision": config.resolved_precision(device),
             "code_version": CODE_VERSION}
 
 
 def featurize(config: FeaturizeConfig, data_paths: Sequence[str | Path], store_path: str | Path,
               formats: Sequence[str | None] | None = None) -> dict:
     """Encode every text of the datasets that the store does not hold yet; returns a summary."""
-    from headstore.data.dataset import load_dataset
+    plan = Plan.make(config, store_path)  # refuses bad options before anything is read or created
+    sources = open_sources(data_paths, formats)
+    return run_local(plan, all_chunks(sources))
 
-    formats = list(formats) if formats else [None] * len(data_paths)
-    if len(formats) == 1 and len(data_paths) > 1:
-        formats = formats * len(data_paths)
-    if len(formats) != len(data_paths):
-        raise ValueError(f"give one format for all datasets or one per dataset "
-                         f"({len(data_paths)} datasets, {len(formats)} formats)")
-    texts: list[str] = []
-    for path, fmt in zip(data_paths, formats):
-        texts.extend(load_dataset(path, format=fmt).texts())
-    return featurize_texts(config, texts, store_path)
+
+def featurize_texts(config: FeaturizeConfig, texts: Sequence[str], store_path: str | Path) -> dict:
+    """Encode the texts (deduplicated by text_id) missing from the store; a no-op if none are."""
+    plan = Plan.make(config, store_path)
+    if not len(texts):
+        raise ValueError("no texts to featurize (an empty input); give at least one text")
+    return run_local(plan, [list(texts)])
+
+
+@dataclass
+class Plan:
+    """What a run needs before reading any input: checked options, fingerprint, the stored ids."""
+
+    config: FeaturizeConfig
+    store_path: Path
+    parts: dict
+    dim: int
+    device: str
+    stored: IdSet  # committed ids when the run began (marks count the ones the input holds)
+    n_stored: int  # committed rows when the run began
+    added: IdSet = field(default_factory=IdSet)  # ids queued for encoding by this run
+
+    @classmethod
+    def make(cls, config: FeaturizeConfig, store_path: str | Path, device: str | None = None) -> "Plan":
+        store_path = Path(store_path)
+        device = device or pick_device(config.device)
+        _, dim = check_options(config.model, config.max_length, config.layers)
+        parts = fingerprint_parts(config, device)
+        if store_path.exists() and (not store_path.is_dir() or (
+                any(store_path.iterdir()) and not (store_path / MANIFEST).is_file())):
+            raise StoreError(f"{store_path}: exists and is not a feature store (no {MANIFEST}); "
+                             "give a new or an existing store path")
+        stored, n_stored = IdSet(), 0
+        if (store_path / MANIFEST).is_file():
+            store = FeatureStore.open(store_path)
+            check_fingerprint(store_path, store.manifest, parts)
+            stored, n_stored = stored_ids(store), store.n_texts
+        return cls(config, store_path, parts, dim, device, stored, n_stored)
+
+    def new_in_window(self, window: list[str]) -> tuple[list[str], list[str], np.ndarray]:
+        """(hex ids, texts, keys) of the window's texts that are neither stored nor queued."""
+        raw = digests(window)
+        keys = keys_of_digests(raw)
+        fresh = ~(self.stored.mark(keys) | self.added.contains(keys))
+        idx = np.flatnonzero(fresh)
+        idx = idx[first_occurrences(keys[idx])]
+        return [raw[i].hex() for i in idx], [window[i] for i in idx], keys[idx]
+
+    def open_writer(self) -> StoreWriter:
+        """Lock the store (creating it); ids another writer committed meanwhile join `added`."""
+        config = self.config
+        writer = StoreWriter.open_or_create(self.store_path, self.parts, dim=self.dim,
+                                            chunk_rows=config.chunk_rows,
+                                            shard_rows=config.shard_rows)
+        if writer.n_texts != self.n_stored:
+            for part in writer.manifest["parts"]:
+                if part["start"] >= self.n_stored:
+                    frame = pl.read_parquet(self.store_path / part["path"], columns=["text_id"])
+                    self.added.add(keys_of_hex(frame["text_id"]))
+            self.n_stored = writer.n_texts
+        return writer
+
+    def summary(self, writer: StoreWriter | None, counts: dict, t0: float) -> dict:
+        store = FeatureStore.open(self.store_path) if (self.store_path / MANIFEST).is_file() else None
+        n_truncated = int(store.scan_texts(["truncated"]).select(pl.col("truncated").sum())
+                          .collect().item() or 0) if store else 0
+        return {"store": str(self.store_path), **counts,
+                "n_already_stored": self.stored.n_marked(),
+                "n_unique": self.stored.n_marked() + counts["n_encoded"],
+                "n_texts": store.n_texts if store else 0,
+                "fingerprint": store.fingerprint if store else None,
+                "n_truncated_in_store": n_truncated, "seconds": round(time.perf_counter() - t0, 3)}
 
 
 class _Committer:
-    """Writer thread: writes features of finished batches, commits at most every commit_seconds."""
+    """Writer thread: commits finished batches as one segment at most every commit_seconds."""
 
     def __init__(self, writer: StoreWriter, commit_seconds: float, max_pending_rows: int):
         self.writer = writer
@@ -58,6 +138,8 @@ class _Committer:
         self.max_pending_rows = max_pending_rows
         self.inbox: queue.Queue = queue.Queue(maxsize=64)
         self.error: BaseException | None = None
+        self.seconds = 0.0  # spent committing
+        self.n_commits = 0
         self.thread = threading.Thread(target=self._run, name="headstore-writer", daemon=True)
         self.thread.start()
 
@@ -86,9 +168,11 @@ class _Committer:
                 due = (item is None or time.monotonic() - last >= self.commit_seconds
                        or n_pending >= self.max_pending_rows)
                 if due and pending_rows:
+                    t = time.perf_counter()
                     feats = {k: np.concatenate([f[k] for f in pending_feats]) for k in pending_feats[0]}
-                    self.writer.write_rows(self.writer.n_texts, feats)
-                    self.writer.commit(pl.concat(pending_rows))
+                    self.writer.append(feats, pl.concat(pending_rows))
+                    self.seconds += time.perf_counter() - t
+                    self.n_commits += 1
                     pending_feats, pending_rows, last = [], [], time.monotonic()
                 if item is None:
                     return
@@ -98,98 +182,110 @@ class _Committer:
                 pass
 
 
-def featurize_texts(config: FeaturizeConfig, texts: Sequence[str], store_path: str | Path) -> dict:
-    """Encode the texts (deduplicated by text_id) missing from the store; a no-op if none are."""
+def run_local(plan: Plan, chunks: Iterable[list[str]]) -> dict:
+    """The local engine: this process encodes every window, a thread commits."""
     t0 = time.perf_counter()
-    parts = fingerprint_parts(config)
-    ids = compute_text_ids(list(texts))
-    unique: dict[str, str] = {}
-    for tid, text in zip(ids, texts):
-        unique.setdefault(tid, text)
-    summary = {"store": str(store_path), "n_input_texts": len(texts), "n_unique": len(unique)}
-    with StoreWriter.open_or_create(store_path, parts, dim=_dim_of(config),
-                                    chunk_rows=config.chunk_rows,
-                                    shard_rows=config.shard_rows) as writer:
-        stored = writer.text_ids()
-        new_ids = [t for t in unique if t not in stored]
-        summary.update(n_already_stored=len(unique) - len(new_ids), n_encoded=len(new_ids))
-        if new_ids:
-            summary.update(_encode_new(config, writer, new_ids, [unique[t] for t in new_ids]))
-            # the settings of the latest run that added rows, beside the store (speed settings
-            # may differ between runs; the parts that change numbers are in the fingerprint)
-            atomic_write_text(Path(store_path) / "config.json", config.to_json())
-        else:
-            summary.update(n_truncated=0, real_tokens=0)
-        summary.update(n_texts=writer.n_texts, fingerprint=writer.manifest["fingerprint"],
-                       n_truncated_in_store=int(writer.texts["truncated"].sum()),
-                       seconds=round(time.perf_counter() - t0, 3))
-    return summary
-
-
-def _dim_of(config: FeaturizeConfig) -> int:
-    """Hidden size from config.json, without loading weights."""
-    import json
-
-    identity = model_identity(config.model, config.max_length)
-    return int(json.loads((Path(identity.model_dir) / "config.json").read_text())["hidden_size"])
-
-
-def _encode_new(config: FeaturizeConfig, writer: StoreWriter, new_ids: list[str],
-                new_texts: list[str]) -> dict:
-    device = pick_device(config.device)
-    if device == "cpu":
-        torch.set_num_threads(config.num_threads or os.cpu_count() or 1)
-    encoder = load_encoder(config.model, device, config.max_length)
-    n_layers = encoder.model.config.num_hidden_layers
-    for layer in config.layers:
-        if not -(n_layers + 1) <= layer <= n_layers:
-            raise ValueError(f"layer {layer} out of range for a {n_layers}-layer model "
-                             f"(valid {-(n_layers + 1)}..{n_layers}; 0 = embeddings, -1 = last)")
-    names = list(array_names(config.layers))
-    np_dtype = np.dtype(config.dtype)
-
-    t0 = time.perf_counter()  # timing includes tokenisation (as sentence-transformers' encode does)
-    tok = tokenize(encoder.tokenizer, new_texts, encoder.max_length)
-    precision = config.resolved_precision(device)
-    order, batches = plan_batches(tok.n_tokens, new_ids, config.batch_tokens, config.max_batch_size,
-                                  batch_overhead_tokens=config.resolved_batch_overhead(device),
-                                  attention_width=6 * encoder.model.config.hidden_size)
-    base = writer.n_texts
-    pad_id = encoder.tokenizer.pad_token_id or 0
-    committer = _Committer(writer, config.commit_seconds, max_pending_rows=config.shard_rows)
-    real_tokens, padded_tokens = 0, 0
-    bar = tqdm(total=len(new_ids), unit="text", desc="featurize", smoothing=0.1, dynamic_ncols=True)
+    config = plan.config
+    counts = {"n_input_texts": 0, "n_encoded": 0, "n_truncated": 0, "real_tokens": 0,
+              "padded_tokens": 0, "n_batches": 0, "n_windows": 0}
+    writer = committer = encoder = bar = None
+    t_encode, next_row = 0.0, 0
     try:
-        # CPU: collate inline (the cores are busy with the forward); GPU: in a background thread
-        depth = 4 if device == "cuda" else 0
-        for batch in prefetch_batches(tok, order, batches, pad_id, pin=device == "cuda", depth=depth):
-            pooled = encode_batch(encoder, batch, config.pooling, config.layers, precision)  # [(B, D)]
-            feats = {name: p.to(torch.float32).cpu().numpy().astype(np_dtype, copy=False)
-                     for name, p in zip(names, pooled)}
-            idx = order[batch.start: batch.start + batch.input_ids.shape[0]]
-            rows = pl.DataFrame({
-                "text_id": [new_ids[i] for i in idx], "text": [new_texts[i] for i in idx],
-                "row": np.arange(base + batch.start, base + batch.start + len(idx), dtype=np.int64),
-                "n_tokens": tok.n_tokens[idx], "truncated": tok.truncated[idx]})
-            committer.put((feats, rows))
-            real_tokens += batch.n_real_tokens
-            padded_tokens += batch.input_ids.numel()
-            bar.update(len(idx))
-            bar.set_postfix(tok_s=f"{real_tokens / max(time.perf_counter() - t0, 1e-9):,.0f}")
+        for window in windows(chunks, config.window_texts):
+            counts["n_input_texts"] += len(window)
+            counts["n_windows"] += 1
+            new_ids, new_texts, keys = plan.new_in_window(window)
+            if not new_ids:
+                continue
+            if writer is None:
+                writer = plan.open_writer()
+                new_ids, new_texts, keys = plan.new_in_window(window)  # another writer's rows
+                encoder = _load(config, plan.device)
+                committer = _Committer(writer, config.commit_seconds, config.shard_rows)
+                next_row = writer.n_texts
+                # in tokens: texts vary in length by 100x (a sentence vs a 256-token abstract), tokens are the work
+                bar = tqdm(total=0, unit="tok", unit_scale=True, desc="featurize", smoothing=0.1,
+                           dynamic_ncols=True)
+            plan.added.add(keys)
+            t = time.perf_counter()
+            _encode_window(config, encoder, plan.device, committer, bar, counts,
+                           base=next_row, new_ids=new_ids, new_texts=new_texts)
+            next_row += len(new_ids)
+            t_encode += time.perf_counter() - t
     except BaseException:
-        committer.put(None)  # commit what was finished, then re-raise
-        committer.thread.join()
+        if committer is not None:  # commit what was finished, then re-raise
+            committer.put(None)
+            committer.thread.join()
         raise
     finally:
-        bar.close()
-    committer.finish()
-    seconds = time.perf_counter() - t0
-    n_trunc = int(tok.truncated.sum())
-    if n_trunc:
-        tqdm.write(f"featurize: {n_trunc} of {len(new_ids)} texts were truncated at "
-                   f"{encoder.max_length} tokens (column `truncated` in texts.parquet)")
-    return {"n_truncated": n_trunc, "real_tokens": int(real_tokens),
-            "padded_tokens": int(padded_tokens), "precision": precision,
-            "encode_seconds": round(seconds, 3), "texts_per_s": round(len(new_ids) / seconds, 1),
-            "tokens_per_s": round(real_tokens / seconds, 1), "device": device,
-            "max_length": encoder.max_length, "n_batches": len(batches)}
+        if bar is not None:
+            bar.close()
+        if writer is not None and committer is None:
+            writer.close()
+    if writer is not None:
+        try:
+            committer.finish()
+            # the settings of the latest run that added rows, beside the store (speed settings
+            # may differ between runs; the parts that change numbers are in the fingerprint)
+            atomic_write_text(plan.store_path / "config.json", config.to_json())
+        finally:
+            writer.close()
+        if counts["n_truncated"]:
+            tqdm.write(f"featurize: {counts['n_truncated']} of {counts['n_encoded']} texts were "
+                       f"truncated at {encoder.max_length} tokens (column `truncated` in texts/)")
+        counts.update(precision=config.resolved_precision(plan.device), device=plan.device,
+                      max_length=encoder.max_length, encode_seconds=round(t_encode, 3),
+                      texts_per_s=round(counts["n_encoded"] / max(t_encode, 1e-9), 1),
+                      tokens_per_s=round(counts["real_tokens"] / max(t_encode, 1e-9), 1),
+                      commit_seconds_total=round(committer.seconds, 3), n_commits=committer.n_commits)
+    return plan.summary(writer, counts, t0)
+
+
+def _load(config: FeaturizeConfig, device: str):
+    if device == "cpu":
+        torch.set_num_threads(config.num_threads or os.cpu_count() or 1)
+    return load_encoder(config.model, device, config.max_length)
+
+
+def encode_in_plan_order(config: FeaturizeConfig, encoder, device: str, ids: list[str],
+                         texts: list[str]) -> Iterator[tuple[np.ndarray, dict, Tokenized, Batch]]:
+    """Tokenise and plan the texts (longest first), encode batch by batch: yields (indices into
+    texts, {array name: (B, D) features in the store dtype}, the tokenisation, the batch)."""
+    names = list(array_names(config.layers))
+    np_dtype = np.dtype(config.dtype)
+    tok = tokenize(encoder.tokenizer, texts, encoder.max_length)
+    precision = config.resolved_precision(device)
+    order, batches = plan_batches(tok.n_tokens, ids, config.batch_tokens, config.max_batch_size,
+                                  batch_overhead_tokens=config.resolved_batch_overhead(device),
+                                  attention_width=6 * encoder.model.config.hidden_size)
+    pad_id = encoder.tokenizer.pad_token_id or 0
+    # CPU: collate inline (the cores are busy with the forward); GPU: in a background thread
+    depth = 4 if device == "cuda" else 0
+    for batch in prefetch_batches(tok, order, batches, pad_id, pin=device == "cuda", depth=depth):
+        pooled = encode_batch(encoder, batch, config.pooling, config.layers, precision)  # [(B, D)]
+        feats = {name: p.to(torch.float32).cpu().numpy().astype(np_dtype, copy=False)
+                 for name, p in zip(names, pooled)}
+        yield order[batch.start: batch.start + batch.input_ids.shape[0]], feats, tok, batch
+
+
+def _encode_window(config: FeaturizeConfig, encoder, device: str, committer: _Committer, bar,
+                   counts: dict, base: int, new_ids: list[str], new_texts: list[str]) -> None:
+    """Encode one window's new texts; rows base, base+1, ... in plan order go to the committer."""
+    done = 0
+    for idx, feats, tok, batch in encode_in_plan_order(config, encoder, device, new_ids, new_texts):
+        if done == 0:  # the window is tokenised: its tokens join the bar's total
+            bar.total += int(tok.n_tokens.sum())
+            bar.refresh()
+        rows = pl.DataFrame({
+            "text_id": [new_ids[i] for i in idx], "text": [new_texts[i] for i in idx],
+            "row": np.arange(base + done, base + done + len(idx), dtype=np.int64),
+            "n_tokens": tok.n_tokens[idx], "truncated": tok.truncated[idx]})
+        done += len(idx)
+        committer.put((feats, rows))
+        counts["real_tokens"] += batch.n_real_tokens
+        counts["padded_tokens"] += batch.input_ids.numel()
+        counts["n_batches"] += 1
+        bar.update(batch.n_real_tokens)
+        bar.set_postfix(texts=f"{counts['n_encoded'] + done:,}")
+    counts["n_encoded"] += len(new_ids)
+    counts["n_truncated"] += int(tok.truncated.sum())

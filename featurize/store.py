@@ -1,22 +1,24 @@
 """The feature store: one directory that plain zarr / polars / json can read.
 
-Layout of a store S:
-    S/features.zarr           Zarr v3 array (N, D), float16 or float32, chunked and sharded
-    S/features_layer-4.zarr   one sibling array per extra layer (named in the manifest)
-    S/texts.parquet           text_id, text, row, n_tokens, truncated -- the committed rows
-    S/manifest.json           fingerprint, its parts, arrays, dim, n_texts
-    S/.lock                   held by the one writer (the OS drops it when the writer dies)
+Layout of a store S (format 2, an append-only segment store):
+    S/manifest.json            the commit record: format_version, fingerprint and its parts, arrays,
+                               dim, n_texts, and the committed texts parts (path, rows, size, sha256)
+    S/texts/part-000000.parquet  text_id, text, row, n_tokens, truncated -- one part per commit
+    S/features.zarr            Zarr v3 array (N, D), float16 or float32, chunked and sharded, every
+                               chunk carrying a crc32c checksum (zarr's crc32c codec)
+    S/features_layer-4.zarr    one sibling array per extra layer (named in the manifest)
+    S/.lock                    held by the one writer (the OS drops it when the writer dies)
 
-Commit protocol (what makes a SIGKILL at any moment safe):
-  1. a new store is built as `S.incomplete/` (empty arrays, empty table, manifest) and renamed to S;
-  2. rows are only ever appended: features for rows [n, m) are written to the arrays first
-     (zarr's LocalStore writes every shard file and zarr.json via temp file + os.replace, so a
-     shard holding committed rows is either the old or the new whole file, never half of one);
-  3. then texts.parquet is replaced atomically (temp + os.replace) by the table with rows [0, m):
-     this is the commit point. manifest.json (n_texts) follows, also atomically;
-  4. opening for writing reconciles: texts.parquet is the truth, arrays are cut back to its length
-     (rows past it were never committed and are recomputed), the manifest is rewritten, and zarr's
-     stray `*.partial` temp files are removed.
+Commit protocol (writer.py; what makes a SIGKILL at any moment safe): features of the new rows
+[n, m) are written to the arrays, their shard files and folders fsynced; the new texts part is
+written and fsynced; then manifest.json is replaced atomically (temp + fsync + rename): that is the
+commit point. Nothing is ever rewritten in proportion to the store: a commit writes its rows' shard
+files (at most one shard of old rows), one new part, and the manifest (a line per part; `cli store
+compact` merges parts). Readers see only what the manifest lists: rows past n_texts in the arrays and
+parts not listed are an interrupted commit's leftovers, removed by the next writer.
+
+Format 1 (a single texts.parquet, no format_version, arrays without checksums) is still read; a
+writer refuses it until `cli store migrate S` converts it (maintain.py).
 """
 
 from __future__ import annotations
@@ -24,7 +26,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import shutil
 import signal
 from collections.abc import Sequence
 from pathlib import Path
@@ -32,13 +33,13 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 import zarr
-from filelock import FileLock, Timeout
-
-from headstore.data.files import atomic_write_bytes, atomic_write_parquet
 
 MANIFEST = "manifest.json"
-TEXTS = "texts.parquet"
+TEXTS_DIR = "texts"
+LEGACY_TEXTS = "texts.parquet"  # format 1
+TEXTS = LEGACY_TEXTS  # kept for older imports
 LOCK = ".lock"
+FORMAT_VERSION = 2
 FINGERPRINT_PARTS = ("model_id", "weights_hash", "tokenizer_hash", "pooling", "layers",
                      "max_length", "dtype", "precision", "code_version")
 TEXTS_SCHEMA = {"text_id": pl.String, "text": pl.String, "row": pl.Int64,
@@ -46,7 +47,7 @@ TEXTS_SCHEMA = {"text_id": pl.String, "text": pl.String, "row": pl.Int64,
 
 
 class StoreError(ValueError):
-    """A store that cannot be used as asked (fingerprint mismatch, missing, locked)."""
+    """A store that cannot be used as asked (fingerprint mismatch, missing, locked, corrupted)."""
 
 
 def fingerprint_of(parts: dict) -> str:
@@ -60,10 +61,6 @@ def array_names(layers: Sequence[int]) -> dict[str, int]:
     """The first listed layer is `features`; every other one `features_layer{L}`."""
     return {("features" if i == 0 else f"features_layer{layer}"): layer
             for i, layer in enumerate(layers)}
-
-
-def _write_table(path: Path, table: pl.DataFrame) -> None:
-    atomic_write_parquet(path, table, before_publish=lambda: crash_point("table_written"))
 
 
 _crash_counts: dict[str, int] = {}
@@ -82,23 +79,72 @@ def crash_point(name: str) -> None:
         os.kill(os.getpid(), signal.SIGKILL)
 
 
-class FeatureStore:
-    """Read access to a store. Open with `FeatureStore.open(path)`."""
+def read_manifest(path: Path) -> dict:
+    """The manifest as a dict; StoreError naming the file when absent or not JSON."""
+    file = path / MANIFEST
+    if not file.is_file():
+        raise StoreError(f"{path}: not a feature store (no {MANIFEST}); give the directory "
+                         "`cli featurize --store` wrote")
+    try:
+        manifest = json.loads(file.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise StoreError(f"{file}: not valid JSON ({err}); the store is corrupted "
+                         f"(run `cli store verify {path}`)") from None
+    if not isinstance(manifest, dict) or "fingerprint" not in manifest or "arrays" not in manifest:
+        raise StoreError(f"{file}: not a feature store manifest (no fingerprint/arrays)")
+    version = manifest.get("format_version", 1)
+    if version not in (1, FORMAT_VERSION):
+        raise StoreError(f"{file}: store format {version}; this headstore reads formats 1 and "
+                         f"{FORMAT_VERSION} (upgrade headstore)")
+    return manifest
 
-    def __init__(self, path: Path, manifest: dict, texts: pl.DataFrame):
+
+def format_version(manifest: dict) -> int:
+    return int(manifest.get("format_version", 1))
+
+
+def shard_file(array_path: Path, arr: zarr.Array, shard: int) -> Path:
+    """The file holding shard `shard` (rows [shard * shard_rows, ...)) of a 2-D sharded array."""
+    return array_path / arr.metadata.chunk_key_encoding.encode_chunk_key((shard, 0))
+
+
+def shard_rows_of(arr: zarr.Array) -> int:
+    return int((arr.shards or arr.chunks)[0])
+
+
+class FeatureStore:
+    """Read access to a store. Open with `FeatureStore.open(path)`; never writes."""
+
+    def __init__(self, path: Path, manifest: dict, texts: pl.DataFrame | None = None):
         self.path = path
         self.manifest = manifest
-        self.texts = texts  # committed rows, sorted by row
-        self._row_of: dict[str, int] | None = None
+        self._texts = texts
+        self._index = None  # SortedIds of text ids -> rows, built on the first rows_for
 
     @classmethod
     def open(cls, path: str | Path) -> "FeatureStore":
         path = Path(path)
-        if not (path / MANIFEST).is_file():
-            raise StoreError(f"{path}: not a feature store (no {MANIFEST})")
-        manifest = json.loads((path / MANIFEST).read_text())
-        texts = pl.read_parquet(path / TEXTS).sort("row")
-        return cls(path, manifest, texts)
+        manifest = read_manifest(path)
+        if format_version(manifest) == 1:
+            legacy = path / LEGACY_TEXTS
+            try:
+                texts = pl.read_parquet(legacy).sort("row")
+            except Exception as err:
+                raise StoreError(f"{legacy}: cannot be read ({err}); the store is corrupted "
+                                 f"(run `cli store verify {path}`)") from None
+            return cls(path, manifest, texts)
+        for part in manifest["parts"]:
+            file = path / part["path"]
+            size = file.stat().st_size if file.is_file() else None
+            if size != part["bytes"]:
+                what = "is missing" if size is None else f"has {size} bytes, the manifest says {part['bytes']}"
+                raise StoreError(f"{file}: {what} (truncated or replaced); the store is corrupted "
+                                 f"(run `cli store verify {path}`)")
+        return cls(path, manifest)
+
+    @property
+    def format_version(self) -> int:
+        return format_version(self.manifest)
 
     @property
     def fingerprint(self) -> str:
@@ -114,127 +160,132 @@ class FeatureStore:
 
     @property
     def n_texts(self) -> int:
-        return self.texts.height  # the committed rows (the manifest may lag after a crash)
+        if self.format_version == 1:
+            return self.texts.height  # the committed rows (the manifest may lag after a crash)
+        return int(self.manifest["n_texts"])
+
+    def part_files(self) -> list[Path]:
+        """The committed texts parts, in row order (format 1: the one texts.parquet)."""
+        if self.format_version == 1:
+            return [self.path / LEGACY_TEXTS]
+        return [self.path / p["path"] for p in self.manifest["parts"]]
+
+    def scan_texts(self, columns: Sequence[str] | None = None) -> pl.LazyFrame:
+        """The committed rows as a lazy frame (concatenated parts, row order)."""
+        columns = list(columns or TEXTS_SCHEMA)
+        if self._texts is not None:
+            return self._texts.lazy().select(columns)
+        files = self.part_files()
+        if not files:
+            return pl.DataFrame(schema=TEXTS_SCHEMA).lazy().select(columns)
+        return pl.scan_parquet([str(f) for f in files]).select(columns)
+
+    @property
+    def texts(self) -> pl.DataFrame:
+        """Every committed row (text_id, text, row, n_tokens, truncated), sorted by row."""
+        if self._texts is None:
+            try:
+                self._texts = self.scan_texts().collect().cast(TEXTS_SCHEMA)
+            except Exception as err:
+                raise StoreError(f"{self.path}: a texts part cannot be read ({err}); "
+                                 f"run `cli store verify {self.path}`") from None
+        return self._texts
 
     def array(self, name: str = "features") -> zarr.Array:
         if name not in self.manifest["arrays"]:
             raise KeyError(f"{self.path}: no array {name!r}; arrays: {self.arrays}")
         return zarr.open_array(self.path / self.manifest["arrays"][name]["path"], mode="r")
 
-    def features(self, array: str = "features") -> np.ndarray:
-        """The whole array (committed rows only) as float32 (N, D)."""
-        return np.asarray(self.array(array)[: self.n_texts], dtype=np.float32)
+    def features(self, rows: Sequence[int] | np.ndarray | None = None,
+                 array: str = "features") -> np.ndarray:
+        """Features of the given rows (default: every committed row) as float32 (len, D).
+
+        Reads only the chunks holding those rows. StoreError naming the file when a shard file
+        is missing or fails its checksum, and naming the rows when a feature is NaN/inf.
+        `features("features_layer-4")` (an array name first, as before rows existed) still works.
+        """
+        if isinstance(rows, str):
+            rows, array = None, rows
+        arr = self.array(array)
+        array_path = self.path / self.manifest["arrays"][array]["path"]
+        n = self.n_texts
+        if arr.shape[0] < n:
+            raise StoreError(f"{array_path}: {arr.shape[0]} rows but the store has {n} committed "
+                             f"(corrupted; run `cli store verify {self.path}`)")
+        if rows is None:
+            wanted = np.arange(n, dtype=np.int64)
+        else:
+            wanted = np.asarray(rows, dtype=np.int64).reshape(-1)
+            if len(wanted) and (wanted.min() < 0 or wanted.max() >= n):
+                bad = wanted[(wanted < 0) | (wanted >= n)][0]
+                raise IndexError(f"{self.path}: row {bad} out of range (the store has {n} rows)")
+        step = shard_rows_of(arr)
+        for shard in np.unique(wanted // step) if len(wanted) else []:
+            file = shard_file(array_path, arr, int(shard))
+            if not file.is_file():
+                raise StoreError(f"{file}: shard file missing (rows {shard * step}.."
+                                 f"{min(n, (shard + 1) * step) - 1} of {array}); the store is "
+                                 f"corrupted (run `cli store verify {self.path}`)")
+        try:
+            if rows is None:
+                out = np.asarray(arr[:n], dtype=np.float32)
+            else:
+                unique, inverse = np.unique(wanted, return_inverse=True)
+                block = arr.get_orthogonal_selection((unique, slice(None)))
+                out = np.asarray(block, dtype=np.float32)[inverse]
+        except Exception as err:
+            raise StoreError(self._which_shard_failed(arr, array_path, wanted, err)) from None
+        finite = np.isfinite(out).all(axis=1)
+        if not finite.all():
+            bad_rows = wanted[~finite]
+            raise StoreError(f"{array_path}: row(s) {', '.join(map(str, bad_rows[:5].tolist()))}"
+                             f"{' ...' if len(bad_rows) > 5 else ''} ({len(bad_rows)} in all) hold "
+                             f"NaN/inf features; the store is corrupted (run `cli store verify "
+                             f"{self.path}`; featurize again into a new store)")
+        return out
+
+    def _which_shard_failed(self, arr, array_path: Path, wanted: np.ndarray, err: Exception) -> str:
+        step = shard_rows_of(arr)
+        for shard in np.unique(wanted // step):
+            start = int(shard) * step
+            try:
+                arr[start: min(start + step, self.n_texts)]
+            except Exception as shard_err:
+                return (f"{shard_file(array_path, arr, int(shard))}: cannot be read "
+                        f"({type(shard_err).__name__}: {shard_err}); checksum mismatch or damaged "
+                        f"file: the store is corrupted (run `cli store verify {self.path}`)")
+        return f"{array_path}: cannot be read ({type(err).__name__}: {err})"
 
     def rows_for(self, text_ids: Sequence[str]) -> np.ndarray:
         """Row of each text_id (int64); KeyError naming the first text that is not stored."""
-        if self._row_of is None:
-            self._row_of = dict(zip(self.texts["text_id"].to_list(), self.texts["row"].to_list()))
+        from headstore.featurize.ids import SortedIds, keys_of_hex
+
+        if self._index is None:
+            frame = self.scan_texts(["text_id", "row"]).collect()
+            self._index = SortedIds(keys_of_hex(frame["text_id"]), frame["row"].to_numpy())
+        text_ids = list(text_ids)
         try:
-            return np.fromiter((self._row_of[t] for t in text_ids), dtype=np.int64,
-                               count=len(text_ids))
-        except KeyError as err:
-            raise KeyError(f"{self.path}: text_id {err.args[0]} is not in the store; "
+            keys = keys_of_hex(text_ids)
+            if len(keys) != len(text_ids):
+                raise ValueError("an id of another length")
+        except ValueError:  # not 32 hex characters: certainly not stored
+            bad = next((t for t in text_ids if len(t) != 32 or not _is_hex(t)), text_ids[0])
+            raise KeyError(f"{self.path}: text_id {bad} is not in the store; "
                            "featurize the dataset into it first") from None
+        found = self._index.find(keys)
+        if (found < 0).any():
+            missing = text_ids[int(np.argmax(found < 0))]
+            raise KeyError(f"{self.path}: text_id {missing} is not in the store; "
+                           "featurize the dataset into it first")
+        return self._index.values[found].astype(np.int64)
 
 
-def _create_array(path: Path, dim: int, dtype: str, chunk_rows: int, shard_rows: int) -> None:
-    zarr.create_array(store=str(path), shape=(0, dim), dtype=dtype, chunks=(chunk_rows, dim),
-                      shards=(shard_rows, dim), compressors=None, fill_value=0,
-                      zarr_format=3, overwrite=True)
-
-
-class StoreWriter:
-    """The single writer of a store: holds `.lock`, appends rows, commits atomically."""
-
-    def __init__(self, path: Path, manifest: dict, lock: FileLock):
-        self.path = path
-        self.manifest = manifest
-        self.lock = lock
-        self.texts = pl.read_parquet(path / TEXTS).sort("row")
-        self.arrays = {name: zarr.open_array(path / spec["path"], mode="r+")
-                       for name, spec in manifest["arrays"].items()}
-        self._reconcile()
-
-    @classmethod
-    def open_or_create(cls, path: str | Path, parts: dict, dim: int, chunk_rows: int = 256,
-                       shard_rows: int = 65536) -> "StoreWriter":
-        """Open S for writing (refusing another fingerprint or a second writer), creating it if absent."""
-        path = Path(path)
-        if path.exists() and not path.is_dir() or (
-                path.is_dir() and any(path.iterdir()) and not (path / MANIFEST).is_file()):
-            raise StoreError(f"{path}: exists and is not a feature store (no {MANIFEST}); "
-                             "give a new or an existing store path")
-        if not (path / MANIFEST).is_file():
-            _create(path, parts, dim, chunk_rows, shard_rows)
-        lock = FileLock(str(path / LOCK), timeout=0)
-        try:
-            lock.acquire()
-        except Timeout:
-            raise StoreError(f"{path}: another process is writing this store (lock {path / LOCK} "
-                             "is held); wait for it to finish") from None
-        try:
-            manifest = json.loads((path / MANIFEST).read_text())
-            check_fingerprint(path, manifest, parts)
-            return cls(path, manifest, lock)
-        except BaseException:
-            lock.release()
-            raise
-
-    @property
-    def n_texts(self) -> int:
-        return self.texts.height
-
-    def text_ids(self) -> set[str]:
-        return set(self.texts["text_id"].to_list())
-
-    def _reconcile(self) -> None:
-        """Make arrays and manifest agree with texts.parquet (the commit record) after a crash."""
-        n = self.n_texts
-        assert self.texts["row"].to_list() == list(range(n)), "texts.parquet rows are not 0..N-1"
-        for name, arr in self.arrays.items():
-            if arr.shape[0] != n:
-                arr.resize((n, arr.shape[1]))
-            for stray in (self.path / self.manifest["arrays"][name]["path"]).rglob("*.partial"):
-                stray.unlink()
-        for stray in [*self.path.glob(".*.tmp"), *self.path.glob(".*.incomplete")]:
-            stray.unlink()
-        if self.manifest["n_texts"] != n:
-            self._write_manifest()
-
-    def write_rows(self, start: int, features: dict[str, np.ndarray]) -> None:
-        """Write features for rows [start, start+B) of every array (not yet committed)."""
-        assert start == self.n_texts, "rows are appended right after the committed ones"
-        for name, arr in self.arrays.items():
-            block = features[name]  # (B, D)
-            stop = start + block.shape[0]
-            if arr.shape[0] < stop:
-                arr.resize((stop, arr.shape[1]))
-            crash_point("resized")
-            arr[start:stop] = block
-        crash_point("features_written")
-
-    def commit(self, rows: pl.DataFrame) -> None:
-        """Make rows (text_id, text, row, n_tokens, truncated) part of the store, atomically."""
-        assert rows["row"].to_list() == list(range(self.n_texts, self.n_texts + rows.height))
-        table = pl.concat([self.texts, rows.select(list(TEXTS_SCHEMA)).cast(TEXTS_SCHEMA)])
-        _write_table(self.path / TEXTS, table)
-        self.texts = table
-        crash_point("committed")
-        self._write_manifest()
-
-    def _write_manifest(self) -> None:
-        self.manifest = {**self.manifest, "n_texts": self.n_texts}
-        atomic_write_bytes(self.path / MANIFEST, json.dumps(self.manifest, indent=2).encode())
-
-    def close(self) -> None:
-        if self.lock.is_locked:
-            self.lock.release()
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
+def _is_hex(text: str) -> bool:
+    try:
+        bytes.fromhex(text)
+        return True
+    except ValueError:
+        return False
 
 
 def check_fingerprint(path: Path, manifest: dict, parts: dict) -> None:
@@ -248,32 +299,19 @@ def check_fingerprint(path: Path, manifest: dict, parts: dict) -> None:
                      + "\nuse another --store, or the store's settings")
 
 
-def _create(path: Path, parts: dict, dim: int, chunk_rows: int, shard_rows: int) -> None:
-    """Build an empty store in `S.incomplete/` under its own lock, then rename it to S."""
-    tmp = path.with_name(path.name + ".incomplete")
-    tmp.mkdir(parents=True, exist_ok=True)
-    lock = FileLock(str(tmp / LOCK), timeout=0)
-    try:
-        lock.acquire()
-    except Timeout:
-        raise StoreError(f"{path}: another process is creating this store ({tmp})") from None
-    try:
-        if (path / MANIFEST).is_file():  # another writer finished creating it meanwhile
-            return
-        for child in tmp.iterdir():  # leftovers of a creator that died
-            if child.name != LOCK:
-                shutil.rmtree(child) if child.is_dir() else child.unlink()
-        arrays = {}
-        for name, layer in array_names(parts["layers"]).items():
-            _create_array(tmp / f"{name}.zarr", dim, parts["dtype"], chunk_rows, shard_rows)
-            arrays[name] = {"path": f"{name}.zarr", "layer": layer}
-        _write_table(tmp / TEXTS, pl.DataFrame(schema=TEXTS_SCHEMA))
-        manifest = {"fingerprint": fingerprint_of(parts),
-                    **{k: parts[k] for k in FINGERPRINT_PARTS},
-                    "arrays": arrays, "dim": dim, "n_texts": 0}
-        atomic_write_bytes(tmp / MANIFEST, json.dumps(manifest, indent=2).encode())
-        if path.exists() and not any(path.iterdir()):
-            path.rmdir()  # an empty directory the user made for it
-        os.rename(tmp, path)  # fails if S exists and is not empty: never clobber
-    finally:
-        lock.release()
+def stored_ids(store: FeatureStore):
+    """An IdSet of every committed text id (read part by part: text_id column only)."""
+    from headstore.featurize.ids import IdSet, keys_of_hex
+
+    ids = IdSet()
+    for file in store.part_files():
+        ids.add(keys_of_hex(pl.read_parquet(file, columns=["text_id"])["text_id"]))
+    return ids
+
+
+def __getattr__(name):  # StoreWriter lives in writer.py; keep `from ...store import StoreWriter`
+    if name == "StoreWriter":
+        from headstore.featurize.writer import StoreWriter
+
+        return StoreWriter
+    raise AttributeError(name)

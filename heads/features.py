@@ -14,8 +14,11 @@ from headstore.featurize.store import FeatureStore
 
 
 def load_features(store: FeatureStore, array: str = "features") -> torch.Tensor:
-    """The whole feature array of a store as float32, (N, D)."""
-    return torch.from_numpy(np.ascontiguousarray(store.features(array), dtype=np.float32))
+    """The whole feature array of a store as float32, (N, D).
+
+    Never trains on damaged numbers: a missing shard file or a chunk failing its checksum is a
+    StoreError naming the file, a NaN/inf feature one naming the rows (`FeatureStore.features`)."""
+    return torch.from_numpy(np.ascontiguousarray(store.features(array=array), dtype=np.float32))
 
 
 class Normalizer:

@@ -14,3 +14,12 @@ def tiny_model(tmp_path_factory) -> str:
 @pytest.fixture(scope="session")
 def texts() -> list[str]:
     return random_texts(60)
+
+
+@pytest.fixture(scope="session")
+def ray_address():
+    """One real local Ray for the whole test run (2 CPUs); its address for child drivers."""
+    ray = pytest.importorskip("ray")
+    context = ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    yield context.address_info["address"]
+    ray.shutdown()

@@ -20,7 +20,7 @@ from headstore.featurize.store import FeatureStore
 from headstore.featurize.verify import verify_store
 
 SETTINGS = dict(dtype="float32", batch_tokens=128, commit_seconds=0, chunk_rows=4, shard_rows=16,
-                device="cpu", layers=(-1, -2))
+                device="cpu", layers=(-1, -2), window_texts=25)  # 3 windows of the 60 texts
 
 CHILD = textwrap.dedent("""
     import json, os, signal, sys
@@ -83,6 +83,9 @@ def test_sigkill_then_rerun_equals_uninterrupted(tiny_model, texts, tmp_path, un
         assert committed.n_texts < len(texts)
         np.testing.assert_array_equal(committed.features(),
                                       uninterrupted[1]["features"][: committed.n_texts])
+        # verify names only the leftovers of the interrupted commit, and says what completes it
+        assert all("rerunning featurize into this store completes it" in p
+                   for p in verify_store(store))
     featurize_texts(FeaturizeConfig(model=tiny_model, **SETTINGS), texts, store)
     assert verify_store(store) == []
     rows, feats, table = snapshot(store)
@@ -128,3 +131,13 @@ def test_kill_at_a_random_moment(tiny_model, texts, tmp_path, uninterrupted):
     rows, feats, _ = snapshot(store)
     assert rows == uninterrupted[0]
     np.testing.assert_array_equal(feats["features"], uninterrupted[1]["features"])
+
+
+def test_verify_after_a_kill_says_rerun_completes_it(tiny_model, texts, tmp_path):
+    store = tmp_path / "s"
+    result = run_child(tiny_model, texts, store, crash_at="features_written:3")
+    assert result.returncode == -signal.SIGKILL
+    problems = verify_store(store)
+    assert problems and all("uncommitted" in p and "rerunning featurize" in p for p in problems)
+    featurize_texts(FeaturizeConfig(model=tiny_model, **SETTINGS), texts, store)
+    assert verify_store(store) == []

@@ -90,7 +90,8 @@ def test_default_max_length(tiny_model, tmp_path):
     cfg.pop("model_max_length", None)
     (copy / "tokenizer_config.json").write_text(json.dumps(cfg))
     (copy / "sentence_bert_config.json").unlink()
-    assert model_identity(str(copy)).max_length == 512
+    # no sentence-transformers or tokenizer length: 512, capped at the 64 position embeddings
+    assert model_identity(str(copy)).max_length == 64
 
 
 def test_load_encoder(tiny_model):

@@ -51,7 +51,7 @@ def test_round_trip_matches_reference_and_plain_readers(tiny_model, texts, tmp_p
     got2 = store.features("features_layer-2")[store.rows_for(text_ids(texts))]
     np.testing.assert_allclose(got2, reference(tiny_model, texts, layer=-2), atol=1e-5)
     # plain zarr + polars, no headstore code
-    table = pl.read_parquet(tmp_path / "s" / "texts.parquet")
+    table = pl.read_parquet(tmp_path / "s" / "texts" / "*.parquet")
     plain = zarr.open_array(tmp_path / "s" / "features.zarr", mode="r")[:]
     assert plain.shape == (len(texts), 32) and plain.dtype == np.float32
     by_id = dict(zip(table["text_id"], table["row"]))
@@ -120,13 +120,13 @@ def test_rerun_with_nothing_new_does_not_load_the_model(tiny_model, texts, tmp_p
 
 def test_fingerprint_mismatch_is_refused_naming_the_parts(tiny_model, texts, tmp_path):
     featurize_texts(config(tiny_model), texts[:10], tmp_path / "s")
-    before = (tmp_path / "s" / "texts.parquet").read_bytes()
+    before = (tmp_path / "s" / "manifest.json").read_bytes()
     with pytest.raises(StoreError, match="pooling: store has 'mean', this run has 'max'"):
         featurize_texts(config(tiny_model, pooling="max"), texts, tmp_path / "s")
     with pytest.raises(StoreError, match="dtype") as err:
         featurize_texts(config(tiny_model, dtype="float16", max_length=16), texts, tmp_path / "s")
     assert "max_length" in str(err.value)
-    assert (tmp_path / "s" / "texts.parquet").read_bytes() == before
+    assert (tmp_path / "s" / "manifest.json").read_bytes() == before
 
 
 def test_other_weights_are_refused(tiny_model, texts, tmp_path, tmp_path_factory):

@@ -1,0 +1,162 @@
+"""`cli store migrate` (format 1 -> 2, in place) and `cli store compact` (merge small texts parts).
+
+Migrate builds the format-2 store beside the old files, in `S/.migrate.incomplete/`: one texts part
+holding every committed row, and each array copied shard by shard into a new array whose chunks
+carry crc32c checksums (same chunking). Renaming that folder to `S/.migrate.ready/` marks the copy
+complete; the arrays are then swapped in and the format-2 manifest replaces the old one (the commit
+point), and the old texts.parquet goes. Killed anywhere, a rerun of migrate finishes the job; until
+the manifest is replaced the store stays a readable format-1 store (the swapped arrays hold the
+same numbers).
+
+Compact rewrites runs of small consecutive parts as one part each, commits the manifest listing the
+merged parts, then deletes the old files (a crash in between leaves unlisted files, which the next
+writer removes). Reads are correct with or without it; it only bounds the number of files.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+import zarr
+
+from headstore.data.files import fsync_dir
+from headstore.featurize.store import (LEGACY_TEXTS, MANIFEST, TEXTS_DIR, TEXTS_SCHEMA, StoreError,
+                                       format_version, read_manifest, shard_rows_of)
+from headstore.featurize.writer import (acquire_lock, create_array, fsync_rows, new_manifest,
+                                        write_manifest, write_part)
+
+STAGING, READY, OLD = ".migrate.incomplete", ".migrate.ready", ".migrate.old"
+
+
+def migrate_store(path: str | Path) -> dict:
+    """Convert a format-1 store to format 2 in place; a no-op summary for a format-2 store."""
+    path = Path(path)
+    lock = acquire_lock(path) if (path / MANIFEST).is_file() else None
+    if lock is None:
+        read_manifest(path)  # the StoreError for "not a store"
+    try:
+        manifest = read_manifest(path)
+        if format_version(manifest) == 2 and not (path / READY).exists():
+            return {"store": str(path), "format_version": 2, "migrated": False}
+        if not (path / READY).exists():
+            _stage(path, manifest)
+        _swap_in(path)
+        return {"store": str(path), "format_version": 2, "migrated": True,
+                "n_texts": read_manifest(path)["n_texts"]}
+    finally:
+        if lock is not None:
+            lock.release()
+
+
+def _stage(path: Path, manifest: dict) -> None:
+    staging = path / STAGING
+    if staging.exists():
+        shutil.rmtree(staging)  # a migration killed while copying: start the copy again
+    staging.mkdir()
+    (staging / TEXTS_DIR).mkdir()
+    try:
+        texts = pl.read_parquet(path / LEGACY_TEXTS).sort("row")
+    except Exception as err:
+        raise StoreError(f"{path / LEGACY_TEXTS}: cannot be read ({err}); cannot migrate a "
+                         "damaged store") from None
+    n = texts.height
+    if texts["row"].to_list() != list(range(n)):
+        raise StoreError(f"{path / LEGACY_TEXTS}: rows are not 0..{n - 1}; cannot migrate "
+                         f"(run `cli store verify {path}`)")
+    parts = [write_part(staging / TEXTS_DIR, 0, texts, 0)] if n else []
+    arrays = {}
+    chunk_rows = shard_rows = None
+    for name, spec in manifest["arrays"].items():
+        old = zarr.open_array(path / spec["path"], mode="r")
+        if old.shape[0] < n:
+            raise StoreError(f"{path / spec['path']}: {old.shape[0]} rows, {n} committed; "
+                             "cannot migrate a damaged store")
+        chunk_rows, shard_rows = int(old.chunks[0]), shard_rows_of(old)
+        new = create_array(staging / spec["path"], int(manifest["dim"]), manifest["dtype"],
+                           chunk_rows, shard_rows)
+        new.resize((n, new.shape[1]))
+        for start in range(0, n, shard_rows):
+            block = old[start: min(n, start + shard_rows)]
+            if not np.isfinite(block).all():
+                raise StoreError(f"{path / spec['path']}: NaN/inf in rows {start}.."
+                                 f"{start + len(block) - 1}; cannot migrate a damaged store")
+            new[start: start + len(block)] = block
+        if n:
+            fsync_rows(staging / spec["path"], new, 0, n)
+        arrays[name] = spec
+    parts_fp = {k: manifest[k] for k in manifest}  # the fingerprint parts, unchanged
+    fresh = new_manifest(parts_fp, int(manifest["dim"]), arrays, chunk_rows or 256,
+                         shard_rows or 65536)
+    assert fresh["fingerprint"] == manifest["fingerprint"], "migration must keep the fingerprint"
+    write_manifest(staging, {**fresh, "n_texts": n, "next_part": len(parts), "parts": parts})
+    fsync_dir(staging / TEXTS_DIR)
+    fsync_dir(staging)
+    os.rename(staging, path / READY)
+    fsync_dir(path)
+
+
+def _swap_in(path: Path) -> None:
+    """Move the staged arrays and texts into place, then the manifest (idempotent)."""
+    ready, old = path / READY, path / OLD
+    old.mkdir(exist_ok=True)
+    manifest = read_manifest(ready)
+    for item in [TEXTS_DIR, *(spec["path"] for spec in manifest["arrays"].values())]:
+        if not (ready / item).exists():
+            continue  # moved by an earlier, interrupted swap
+        if (path / item).exists():
+            target = old / item
+            if target.exists():
+                shutil.rmtree(target)
+            os.rename(path / item, target)
+        os.rename(ready / item, path / item)
+    fsync_dir(path)
+    os.replace(ready / MANIFEST, path / MANIFEST)  # the commit point: format 2 from here on
+    fsync_dir(path)
+    (path / LEGACY_TEXTS).unlink(missing_ok=True)
+    shutil.rmtree(old, ignore_errors=True)
+    shutil.rmtree(ready, ignore_errors=True)
+
+
+def compact_store(path: str | Path, target_rows: int = 1 << 20) -> dict:
+    """Merge runs of consecutive parts into parts of up to target_rows rows."""
+    from headstore.featurize.writer import StoreWriter
+
+    path = Path(path)
+    lock = acquire_lock(path)
+    try:
+        manifest = read_manifest(path)
+        if format_version(manifest) != 2:
+            raise StoreError(f"{path}: a format-1 store has one texts file; nothing to compact "
+                             f"(`cli store migrate {path}` converts it)")
+        writer = StoreWriter(path, manifest, lock)  # reconciles leftovers first
+        groups, current = [], []
+        for part in writer.manifest["parts"]:
+            if current and sum(p["n_rows"] for p in current) + part["n_rows"] > target_rows:
+                groups.append(current)
+                current = []
+            current.append(part)
+        if current:
+            groups.append(current)
+        number = int(writer.manifest["next_part"])
+        new_parts, replaced = [], []
+        for group in groups:
+            if len(group) == 1:
+                new_parts.append(group[0])
+                continue
+            frame = pl.concat([pl.read_parquet(path / p["path"]) for p in group]).cast(TEXTS_SCHEMA)
+            new_parts.append(write_part(path / TEXTS_DIR, number, frame, group[0]["start"]))
+            number += 1
+            replaced += [path / p["path"] for p in group]
+        before = len(writer.manifest["parts"])
+        if replaced:
+            writer.commit_manifest(parts=new_parts, next_part=number)
+            for file in replaced:
+                file.unlink(missing_ok=True)
+            fsync_dir(path / TEXTS_DIR)
+        return {"store": str(path), "parts_before": before, "parts_after": len(new_parts)}
+    finally:
+        lock.release()

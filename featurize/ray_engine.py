@@ -1,0 +1,232 @@
+"""`cli featurize --engine ray`: encoding spread over a pool of Ray actors, one store writer.
+
+The driver reads and deduplicates the input exactly as the local engine does (run.py: windows,
+ids) and stages the new texts as segment files of `segment_texts` texts in `S/.ray-staging/` (inside
+the store, so on a cluster it is on the store's shared filesystem). A Ray dataset of the segments
+(`from_items`: number and file) goes through `map_batches` with `SegmentEncoder`, an actor class
+that reads a segment's file and holds the encoder
+(one actor per GPU with `--gpus-per-worker 1`, or CPU actors), in one fixed-size
+`ActorPoolStrategy` pool for the whole run. The driver, the one writer holding the store's lock, commits each segment
+as soon as all its rows are back: features, one texts part, the manifest. A killed actor is
+restarted by Ray and its segment retried; a killed job leaves only whole committed segments, and the
+rerun skips their texts (they are in the store) and encodes the rest. Features equal the local
+engine's up to the float rounding of other batch shapes (fp32: < 1e-6); the store does not record
+which engine wrote a segment (the summary and the log do).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import time
+from collections.abc import Sequence
+from dataclasses import asdict
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+from tqdm import tqdm
+
+from headstore.featurize.config import FeaturizeConfig
+from headstore.featurize.run import Plan, encode_in_plan_order
+from headstore.featurize.source import all_chunks, open_sources, windows
+from headstore.featurize.store import array_names
+
+SEGMENT_TEXTS = 16384  # texts per segment: one actor call, one commit, one texts part
+STAGING = ".ray-staging"  # in the store: the new texts as segment files Ray Data reads (shared FS)
+
+
+class SegmentEncoder:
+    """Ray actor: loads the encoder once, then encodes one segment per call (batch_size=1)."""
+
+    def __init__(self, config: dict, device: str, num_threads: int, crash_at: str | None = None,
+                 crash_marker: str | None = None):
+        import torch
+
+        from headstore.featurize.model import load_encoder
+
+        self.config = FeaturizeConfig(**{**config, "layers": tuple(config["layers"])})
+        self.device = device
+        if device == "cpu":
+            torch.set_num_threads(max(1, num_threads))
+        self.encoder = load_encoder(self.config.model, device, self.config.max_length)
+        self.names = list(array_names(self.config.layers))
+        self.crash_at, self.crash_marker, self.calls = crash_at, crash_marker, 0
+
+    def __call__(self, batch: dict) -> dict:
+        """One staged segment (batch_size=1: its number and file) -> its rows, encoded, in plan order."""
+        self._maybe_crash()
+        frame = pl.read_parquet(str(batch["path"][0]))
+        ids, texts = frame["text_id"].to_list(), frame["text"].to_list()
+        segment = np.full(len(ids), int(batch["segment"][0]), dtype=np.int64)
+        out = {k: [] for k in ("index", "n_tokens", "truncated", *self.names)}
+        for idx, feats, tok, _ in encode_in_plan_order(self.config, self.encoder, self.device,
+                                                       ids, texts):
+            out["index"].append(idx)
+            out["n_tokens"].append(tok.n_tokens[idx])
+            out["truncated"].append(tok.truncated[idx])
+            for name in self.names:
+                out[name].append(feats[name])
+        index = np.concatenate(out["index"])
+        result = {"segment": segment[index],
+                  "text_id": np.asarray(ids, dtype=object)[index],
+                  "text": np.asarray(texts, dtype=object)[index],
+                  "n_tokens": np.concatenate(out["n_tokens"]),
+                  "truncated": np.concatenate(out["truncated"])}
+        result.update({name: np.concatenate(out[name]) for name in self.names})  # (B, D)
+        return result
+
+    def _maybe_crash(self) -> None:
+        """Test hook: HEADSTORE_CRASH_AT='actor_segment:k' kills this actor at its k-th call, once
+        per marker file (Ray restarts the actor and retries the segment)."""
+        self.calls += 1
+        if not self.crash_at or not self.crash_marker:
+            return
+        point, _, count = self.crash_at.partition(":")
+        if point == "actor_segment" and self.calls >= int(count or 1):
+            try:
+                fd = os.open(self.crash_marker, os.O_CREAT | os.O_EXCL)
+            except FileExistsError:
+                return
+            os.close(fd)
+            os.kill(os.getpid(), signal.SIGKILL)
+
+
+def featurize_ray(config: FeaturizeConfig, data_paths: Sequence[str | Path], store_path: str | Path,
+                  formats: Sequence[str | None] | None = None, *, address: str | None = None,
+                  workers: int = 2, gpus_per_worker: float = 0.0, cpus_per_worker: float = 1.0,
+                  segment_texts: int = SEGMENT_TEXTS) -> dict:
+    """The ray engine; returns the same summary as `featurize` (plus engine, workers)."""
+    if workers < 1:
+        raise ValueError(f"--workers must be at least 1, got {workers}")
+    if gpus_per_worker < 0:
+        raise ValueError(f"--gpus-per-worker must be >= 0, got {gpus_per_worker}")
+    device = "cuda" if gpus_per_worker > 0 else "cpu"
+    if config.device == "cuda" and device == "cpu":
+        raise ValueError("--device cuda with the ray engine needs --gpus-per-worker 1 (or more)")
+    plan = Plan.make(config, store_path, device=device)
+    sources = open_sources(data_paths, formats)
+    return run_ray(plan, all_chunks(sources), address=address, workers=workers,
+                   gpus_per_worker=gpus_per_worker, cpus_per_worker=cpus_per_worker,
+                   segment_texts=segment_texts)
+
+
+def featurize_texts_ray(config: FeaturizeConfig, texts: Sequence[str], store_path: str | Path,
+                        **options) -> dict:
+    device = "cuda" if options.get("gpus_per_worker", 0) > 0 else "cpu"
+    plan = Plan.make(config, store_path, device=device)
+    if not len(texts):
+        raise ValueError("no texts to featurize (an empty input); give at least one text")
+    return run_ray(plan, [list(texts)], **options)
+
+
+def _ray():
+    try:
+        import ray
+    except ImportError:
+        raise ValueError("--engine ray needs Ray: pip install 'headstore[ray]' "
+                         "(or `python3 -m pip install ray[data]==2.60.0`)") from None
+    return ray
+
+
+def run_ray(plan: Plan, chunks, *, address: str | None = None, workers: int = 2,
+            gpus_per_worker: float = 0.0, cpus_per_worker: float = 1.0,
+            segment_texts: int = SEGMENT_TEXTS) -> dict:
+    ray = _ray()
+    from ray.data import ActorPoolStrategy, DataContext
+
+    t0 = time.perf_counter()
+    config = plan.config
+    if not ray.is_initialized():
+        try:
+            ray.init(address=address, log_to_driver=False, include_dashboard=False)
+        except (ConnectionError, RuntimeError, ValueError) as err:
+            raise ValueError(f"--address {address}: cannot start or join Ray ({err}); start a "
+                             "cluster with `ray start --head`, or leave --address out") from None
+    DataContext.get_current().enable_progress_bars = False
+    names = list(array_names(config.layers))
+    counts = {"n_input_texts": 0, "n_encoded": 0, "n_truncated": 0, "real_tokens": 0,
+              "n_windows": 0, "n_segments": 0}
+    writer, bar, commit_seconds = None, None, 0.0
+    actor_args = {"config": {**asdict(config), "layers": list(config.layers)},
+                  "device": plan.device, "num_threads": int(max(1, cpus_per_worker)),
+                  "crash_at": os.environ.get("HEADSTORE_CRASH_AT"),
+                  "crash_marker": os.environ.get("HEADSTORE_CRASH_MARKER")}
+    staging = plan.store_path / STAGING
+    sizes: dict[int, int] = {}
+    try:
+        # 1. the driver streams the input, keeps the texts that are new, stages them as segments
+        for window in windows(chunks, config.window_texts):
+            counts["n_input_texts"] += len(window)
+            counts["n_windows"] += 1
+            new_ids, new_texts, keys = plan.new_in_window(window)
+            if not new_ids:
+                continue
+            if writer is None:
+                writer = plan.open_writer()  # the lock covers the staging folder too
+                new_ids, new_texts, keys = plan.new_in_window(window)
+                shutil.rmtree(staging, ignore_errors=True)
+                staging.mkdir()
+            plan.added.add(keys)
+            for start in range(0, len(new_ids), segment_texts):
+                segment = len(sizes)
+                ids = new_ids[start:start + segment_texts]
+                sizes[segment] = len(ids)
+                pl.DataFrame({"text_id": ids, "text": new_texts[start:start + segment_texts]}).write_parquet(
+                    staging / f"segment-{segment:06d}.parquet")
+        if sizes:
+            # 2. Ray Data reads the segments, the actor pool encodes, the driver commits
+            bar = tqdm(total=sum(sizes.values()), unit="text", desc="featurize (ray)",
+                       dynamic_ncols=True)
+            items = [{"segment": k, "path": str(staging / f"segment-{k:06d}.parquet")}
+                     for k in sorted(sizes)]
+            dataset = ray.data.from_items(items, override_num_blocks=len(items))
+            encoded = dataset.map_batches(
+                SegmentEncoder, fn_constructor_kwargs=actor_args, batch_size=1,
+                batch_format="numpy", compute=ActorPoolStrategy(size=workers),
+                num_gpus=gpus_per_worker, num_cpus=cpus_per_worker)
+            pending: dict[int, list[dict]] = {}
+            for block in encoded.iter_batches(batch_size=None, batch_format="numpy"):
+                for segment in np.unique(block["segment"]).tolist():
+                    take = block["segment"] == segment
+                    pending.setdefault(segment, []).append({k: v[take] for k, v in block.items()})
+                    if sum(len(p["segment"]) for p in pending[segment]) == sizes[segment]:
+                        t = time.perf_counter()
+                        _commit(writer, pending.pop(segment), names, counts)
+                        commit_seconds += time.perf_counter() - t
+                        bar.update(sizes[segment])
+            assert not pending, f"segments never completed: {sorted(pending)}"
+    finally:
+        if bar is not None:
+            bar.close()
+        if writer is not None:
+            shutil.rmtree(staging, ignore_errors=True)
+            writer.close()
+    if writer is not None:
+        from headstore.data.files import atomic_write_text
+
+        atomic_write_text(plan.store_path / "config.json", config.to_json())
+    encode_seconds = time.perf_counter() - t0
+    counts.update(engine="ray", workers=workers, gpus_per_worker=gpus_per_worker,
+                  device=plan.device, precision=config.resolved_precision(plan.device),
+                  encode_seconds=round(encode_seconds, 3),
+                  texts_per_s=round(counts["n_encoded"] / max(encode_seconds, 1e-9), 1),
+                  commit_seconds_total=round(commit_seconds, 3), n_commits=counts["n_segments"])
+    return plan.summary(writer, counts, t0)
+
+
+def _commit(writer, pieces: list[dict], names: list[str], counts: dict) -> None:
+    """One finished segment -> rows n.. of the store, committed."""
+    part = {k: np.concatenate([p[k] for p in pieces]) for k in pieces[0]}
+    start = writer.n_texts
+    rows = pl.DataFrame({"text_id": part["text_id"].tolist(), "text": part["text"].tolist(),
+                         "row": np.arange(start, start + len(part["text_id"]), dtype=np.int64),
+                         "n_tokens": part["n_tokens"].astype(np.int32),
+                         "truncated": part["truncated"].astype(bool)})
+    writer.append({name: np.asarray(part[name]) for name in names}, rows)
+    counts["n_encoded"] += rows.height
+    counts["n_truncated"] += int(rows["truncated"].sum())
+    counts["real_tokens"] += int(rows["n_tokens"].sum())
+    counts["n_segments"] += 1
+

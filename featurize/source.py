@@ -1,0 +1,149 @@
+"""The texts to featurize, read in chunks so a corpus never has to fit in memory.
+
+Plain-text corpora -- a `.txt` file (one passage per line) or a Parquet text column -- are streamed:
+a `.txt` line by line, a Parquet file by record batches. They yield exactly what
+`load_dataset(path).texts()` lists (lines stripped and blank lines skipped; Parquet values as they
+are, empty ones skipped and counted), in the same order. The labelled formats (BEIR, STS, pairs)
+are small by nature and read whole with `load_dataset`. Every source is opened -- existence,
+format, emptiness -- before any store is created.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from headstore.data.errors import DataError
+
+CHUNK_ROWS = 65536  # texts read at a time from a streamed file
+
+
+@dataclass
+class Source:
+    path: Path  # the file or BEIR folder read
+    kind: str  # txt | parquet | dataset
+    column: str | None = None  # Parquet text column
+    texts: list[str] | None = None  # dataset: read up front (small)
+    skipped: int = 0  # empty passages skipped (counted while streaming)
+    n_texts: int = 0  # texts yielded so far
+
+    def chunks(self, chunk_rows: int = CHUNK_ROWS) -> Iterator[list[str]]:
+        produce = {"txt": self._txt_chunks, "parquet": self._parquet_chunks,
+                   "dataset": self._dataset_chunks}[self.kind]
+        for chunk in produce(chunk_rows):
+            self.n_texts += len(chunk)
+            yield chunk
+        if self.n_texts == 0:
+            raise DataError(self.path, "no texts to featurize (an empty or header-only file"
+                            + (f"; {self.skipped} empty value(s) skipped" if self.skipped else "")
+                            + "); give a file with texts")
+
+    def _dataset_chunks(self, chunk_rows: int) -> Iterator[list[str]]:
+        for start in range(0, len(self.texts), chunk_rows):
+            yield self.texts[start:start + chunk_rows]
+
+    def _txt_chunks(self, chunk_rows: int) -> Iterator[list[str]]:
+        chunk: list[str] = []
+        with open(self.path, "rb") as f:
+            for number, raw in enumerate(f, start=1):
+                try:
+                    line = raw.decode("utf-8")
+                except UnicodeDecodeError as e:
+                    raise DataError(self.path, f"not valid UTF-8 ({e.reason} at byte {e.start} of "
+                                    "the line)", line=number) from None
+                if number == 1:
+                    line = line.removeprefix("\ufeff")  # a byte-order mark
+                text = line.strip()
+                if text:
+                    chunk.append(text)
+                    if len(chunk) >= chunk_rows:
+                        yield chunk
+                        chunk = []
+        if chunk:
+            yield chunk
+
+    def _parquet_chunks(self, chunk_rows: int) -> Iterator[list[str]]:
+        import pyarrow.parquet as pq
+
+        row = 0
+        for batch in pq.ParquetFile(self.path).iter_batches(batch_size=chunk_rows,
+                                                            columns=[self.column]):
+            values = batch.column(0).to_pylist()
+            if None in values:
+                raise DataError(self.path, f"{self.column} is missing (null)",
+                                row=row + values.index(None))
+            kept = [v for v in values if v.strip()]
+            self.skipped += len(values) - len(kept)
+            row += len(values)
+            if kept:
+                yield kept
+
+
+def open_source(path: str | Path, fmt: str | None) -> Source:
+    """Check one --data input and say how to read it (no texts read, except small datasets)."""
+    from headstore.data.dataset import detect_format, load_dataset, resolve_data_path
+    from headstore.data.readers import TEXT_FILE_SUFFIXES, string_columns
+
+    resolved = resolve_data_path(path)
+    fmt = fmt or detect_format(resolved)
+    suffix = resolved.suffix.lower() if resolved.is_file() else ""
+    if resolved.is_file() and resolved.stat().st_size == 0:
+        raise DataError(resolved, "empty file (0 bytes): no texts to featurize")
+    if fmt == "text" and suffix in TEXT_FILE_SUFFIXES:
+        return Source(resolved, "txt")
+    if fmt == "text" and suffix == ".parquet":
+        import pyarrow.parquet as pq
+
+        try:
+            meta = pq.ParquetFile(resolved).metadata
+            strings = string_columns(resolved)
+        except Exception as err:
+            raise DataError(resolved, f"not a readable Parquet file ({type(err).__name__}: {err})") from None
+        names = pq.ParquetFile(resolved).schema_arrow.names
+        column = "text" if "text" in names else (strings[0] if len(strings) == 1 else None)
+        if column is None:
+            raise DataError(resolved, f"no 'text' column and not exactly one text column "
+                            f"(text columns: {', '.join(strings) or 'none'})")
+        if meta.num_rows == 0:
+            raise DataError(resolved, "no rows (a header-only file): no texts to featurize")
+        return Source(resolved, "parquet", column=column)
+    texts = load_dataset(resolved, format=fmt).texts()
+    if not texts:
+        raise DataError(resolved, "no texts to featurize (an empty or header-only file)")
+    return Source(resolved, "dataset", texts=texts)
+
+
+def open_sources(data_paths: Sequence[str | Path], formats: Sequence[str | None] | None) -> list[Source]:
+    formats = list(formats) if formats else [None] * len(data_paths)
+    if len(formats) == 1 and len(data_paths) > 1:
+        formats = formats * len(data_paths)
+    if len(formats) != len(data_paths):
+        raise ValueError(f"give one format for all datasets or one per dataset "
+                         f"({len(data_paths)} datasets, {len(formats)} formats)")
+    if not data_paths:
+        raise ValueError("no --data given: nothing to featurize")
+    return [open_source(path, fmt) for path, fmt in zip(data_paths, formats)]
+
+
+def windows(chunks: Iterable[list[str]], window_texts: int) -> Iterator[list[str]]:
+    """Cut a stream of chunks into lists of exactly window_texts texts (the last may be shorter).
+
+    Window boundaries depend on the input alone, so a rerun cuts the same windows (resume)."""
+    window: list[str] = []
+    for chunk in chunks:
+        start = 0
+        while start < len(chunk):
+            take = chunk[start:start + window_texts - len(window)]
+            window.extend(take)
+            start += len(take)
+            if len(window) == window_texts:
+                yield window
+                window = []
+    if window:
+        yield window
+
+
+def all_chunks(sources: Sequence[Source], chunk_rows: int = CHUNK_ROWS) -> Iterator[list[str]]:
+    for source in sources:
+        yield from source.chunks(chunk_rows)
