@@ -16,7 +16,7 @@ import click
 from headstore.data.dataset import FORMATS
 from headstore.featurize.config import PRECISIONS
 from headstore.featurize.pooling import POOLINGS
-from headstore.heads.config import NORMALIZATIONS, SCHEDULES
+from headstore.heads.config import NORMALIZATIONS, PRECISIONS as HEAD_PRECISIONS, SCHEDULES
 from headstore.heads.energy import ENERGIES
 from headstore.heads.losses import IMPOSTOR_MODES, LOSSES
 from headstore.heads.model import ACTIVATIONS
@@ -229,6 +229,9 @@ def _head_and_train_options(f):
         click.option("--margin", type=float, default=None, help="Margin of contrastive/triplet (default per energy)."),
         click.option("--impostors", type=click.Choice(IMPOSTOR_MODES), default=t.impostors, show_default=True),
         click.option("--genuine-weight", type=float, default=t.genuine_weight, show_default=True),
+        click.option("--precision", type=click.Choice(HEAD_PRECISIONS), default=t.precision, show_default=True,
+                     help="Training maths: fp32, or bf16 autocast for the matmuls (fp32 master weights and "
+                          "losses; faster on CPUs with AMX and on GPUs)."),
     ]
     for option in reversed(options):
         f = option(f)

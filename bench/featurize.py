@@ -14,11 +14,17 @@ and as the median over rounds of (best headstore / best sentence-transformers in
 Reports texts/s, real (non-padding) tokens/s, padded/real tokens, and the max abs difference of
 each run's features from a plain fp32 transformers mean-pooling reference on a sample of texts.
 
+The machine's limit is measured in the same run (bench/limits.py: a large fp32 and bf16 matmul, probed
+before and after, the best kept), and every row states its share of the limit of its precision: real
+tokens/s x FLOPs per token of the model, counted from its config.json as
+    2 * L * (4 H^2 + 2 H I)   (Q, K, V and output projections, the FFN's two matmuls; multiply-add = 2)
+  + 4 * L * n * H            (QK^T and attention-times-V over the text's own n tokens, per token)
+with L layers, hidden H, intermediate I (embeddings, LayerNorm, softmax and pooling left out): about
+22 MFLOP per token for MiniLM at n ~ 128. The shares count the useful work only (padding is waste).
+
 On GPU it also measures real tokens/s of a random-weight BERT-base-shaped model at 128 tokens as a
-fraction of the bf16 peak (--peak-tflops, 989 for an H100 SXM), counting forward FLOPs per token as
-    2 * L * 12 * H^2          (Q, K, V, output projections 4H^2 + FFN 2*H*4H, multiply-add = 2)
-  + 4 * L * S * H             (QK^T and attention-times-V: 2*S*H each, per token per layer)
-with L layers, hidden H, sequence length S (embeddings, LayerNorm, softmax and pooling left out).
+fraction of the bf16 peak (--peak-tflops, 989 for an H100 SXM; the matmul probe is printed beside it),
+counting FLOPs per token as above with I = 4H at n = 128.
 """
 
 from __future__ import annotations
@@ -41,6 +47,7 @@ from pathlib import Path  # noqa: E402
 import numpy as np  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from headstore.data.readers import read_beir, read_sts  # noqa: E402
 from headstore.data.text_id import doc_text, text_ids  # noqa: E402
@@ -71,6 +78,15 @@ def reference(model_dir: str, texts: list[str], max_length: int) -> np.ndarray:
             enc = tok([text], truncation=True, max_length=max_length, return_tensors="pt")
             out.append(model(**enc).last_hidden_state[0].mean(0).numpy())
     return np.stack(out)
+
+
+def model_flops(model_dir: str, n_tokens: np.ndarray) -> float:
+    """Useful forward FLOPs of encoding texts of n_tokens tokens each (see the module doc)."""
+    config = json.loads((Path(model_dir) / "config.json").read_text())
+    L, H = int(config["num_hidden_layers"]), int(config["hidden_size"])
+    inter = int(config.get("intermediate_size", 4 * H))
+    n = np.asarray(n_tokens, dtype=np.float64)
+    return float((n * (2 * L * (4 * H * H + 2 * H * inter)) + 4 * L * H * n * n).sum())
 
 
 def st_padded_tokens(texts: list[str], n_tokens: np.ndarray, batch_size: int) -> int:
@@ -174,7 +190,7 @@ def gpu_flop_fraction(texts: list[str], peak_tflops: float, batch_tokens: int) -
     finally:
         shutil.rmtree(folder)
     L, H, S = config.num_hidden_layers, config.hidden_size, 128
-    flops_per_token = 2 * L * 12 * H * H + 4 * L * S * H
+    flops_per_token = 2 * L * (4 * H * H + 2 * H * config.intermediate_size) + 4 * L * S * H
     tokens_per_s = run["real_tokens"] / run["seconds"]
     return {"tokens_per_s": tokens_per_s, "flops_per_token": flops_per_token,
             "tflops": tokens_per_s * flops_per_token / 1e12,
@@ -226,6 +242,10 @@ def main():
     from headstore.featurize.encode import tokenize
 
     n_tokens = tokenize(AutoTokenizer.from_pretrained(model_dir), texts, max_length).n_tokens
+    total_flops = model_flops(model_dir, n_tokens)  # useful forward FLOPs of encoding every text once
+    import limits
+
+    probes = [limits.probe(precisions, device)]
 
     def st_env(omp: str) -> dict:
         env = dict(ENV_AT_START)
@@ -261,6 +281,8 @@ def main():
     finally:
         shutil.rmtree(folder)
 
+    probes.append(limits.probe(precisions, device))
+    limit = limits.best_of(*probes)
     hs_any = next(v for k, v in best.items() if k[0] == "headstore")
     real_tokens = hs_any["real_tokens"]
     rows = []
@@ -274,6 +296,8 @@ def main():
                      "texts_per_s": round(len(texts) / r["seconds"], 1),
                      "real_tokens_per_s": round(real_tokens / r["seconds"], 0),
                      "padded_per_real": round(padded / real_tokens, 3),
+                     "gflop_per_s": round(total_flops / r["seconds"] / 1e9, 1),
+                     "share_of_limit": round(total_flops / r["seconds"] / 1e9 / limit[precision], 3),
                      "max_abs_diff_vs_fp32_ref": float(np.abs(r["features"] - ref).max())})
 
     def ratio(precision: str, omp: str) -> dict:
@@ -287,19 +311,23 @@ def main():
 
     speedups = {f"{p} vs sentence-transformers omp={o}": ratio(p, o) for p in precisions for o in st_omps}
     result = {"device": device, "n_texts": len(texts), "real_tokens": real_tokens,
+              "flops_per_token": total_flops / real_tokens, "matmul_probes": probes, "limit_gflop_per_s": limit,
               "n_truncated": hs_any["n_truncated"], "torch_threads": hs_any["torch_threads"],
               "load_average": os.getloadavg(), "runs": rows, "speedups": speedups}
     if gpu:
         result["bert_base_128"] = gpu_flop_fraction(texts, args.peak_tflops, max(batch_tokens))
 
-    print(f"\n{len(texts)} texts, {real_tokens} real tokens, device {device}, "
-          f"{hs_any['torch_threads']} torch threads, load average {os.getloadavg()[0]:.1f}")
-    print(f"{'system':<22} {'prec':<5} {'batch':<18} {'omp':<8} {'seconds':>8} {'texts/s':>8} "
-          f"{'real tok/s':>10} {'pad/real':>8} {'max|diff|':>9}")
+    print(f"\n{len(texts)} texts, {real_tokens} real tokens, {total_flops / real_tokens / 1e6:.1f} MFLOP per token, "
+          f"device {device}, {hs_any['torch_threads']} torch threads, load average {os.getloadavg()[0]:.1f}")
+    print("matmul limit (best of the probes before/after): " +
+          ", ".join(f"{p} {v:,.0f} GFLOP/s" for p, v in limit.items()))
+    print("\n| system | precision | setting | omp | real tokens/s | GFLOP/s | share of limit | padded/real | "
+          "max abs diff vs fp32 reference |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for r in rows:
-        print(f"{r['system']:<22} {r['precision']:<5} {r['batch']:<18} {r['omp_wait_policy']:<8} "
-              f"{r['seconds']:>8} {r['texts_per_s']:>8} {r['real_tokens_per_s']:>10.0f} "
-              f"{r['padded_per_real']:>8} {r['max_abs_diff_vs_fp32_ref']:>9.2e}")
+        print(f"| {r['system']} | {r['precision']} | {r['batch']} | {r['omp_wait_policy']} | "
+              f"{r['real_tokens_per_s']:,.0f} | {r['gflop_per_s']:,.0f} | {100 * r['share_of_limit']:.0f}% | "
+              f"{r['padded_per_real']} | {r['max_abs_diff_vs_fp32_ref']:.1e} |")
     for name, s in speedups.items():
         print(f"headstore {name}: {s['best_over_best']}x best/best, "
               f"{s['median_per_round']}x median per round")

@@ -14,11 +14,18 @@ import torch
 
 from headstore.heads.energy import ENERGIES, pairwise_energy
 from headstore.heads.metrics import ir_metrics_per_query, pair_metrics, sts_metrics, topk_ranking, trec_tie_order
+from headstore.heads.model import autocast
 from headstore.heads.tasks import IRSplit, PairSet, Task
 
 PREFIX = {"l1": "manhattan", "l2": "euclidean", "cosine": "cosine"}
 IR_TOPK = 100  # one top-k pass serves every cutoff (1, 10, 100)
 EMBED_BATCH = 8192  # rows per forward pass when embedding a split; bounds memory, not results
+# epoch selection on an IR split with L1 energy: each query's exact L1 energies are computed for its
+# SELECT_CANDIDATES nearest documents by L2 (one batched matmul for all heads) instead of all documents
+# (torch.cdist p=1 has no matmul form and dominated SciFact grids); the exact L1 top 10 was inside the
+# candidates for every query, head and epoch measured (bench/grid.py reports the recall)
+SELECT_CANDIDATES = 100
+SELECT_BLOCK = 1 << 25  # energy entries (heads x queries x documents) per block of the selection pass
 
 Embed = Callable[[np.ndarray], torch.Tensor]  # store rows (n,) -> (H, n, d)
 
@@ -139,3 +146,61 @@ def baseline_metrics(task: Task, split: str, features: torch.Tensor) -> dict[str
     """The frozen baseline: raw stored features, cosine and L1, no head."""
     results, _ = evaluate_split(task, split, lambda rows: embed_rows(None, features, rows), ("cosine", "l1"))
     return results[0]
+
+
+# ------------------------------------------------------------------ epoch selection: one pass, all heads
+
+
+def l1_on_candidates(q: torch.Tensor, d: torch.Tensor, n_candidates: int, precision: str = "fp32") -> torch.Tensor:
+    """(H, Q, N) L1 energies: exact (fp32 torch.cdist) on each query's `n_candidates` nearest documents by
+    L2 distance, +inf elsewhere. q (H, Q, dim), d (H, N, dim); the L2 proxy is one batched matmul, in bf16
+    under precision "bf16" (it only picks candidates; the energies kept are exact)."""
+    H, Q, dim = q.shape
+    with autocast(precision, q.device):
+        dots = torch.bmm(q, d.transpose(1, 2)).float()  # (H, Q, N)
+    proxy = d.pow(2).sum(-1).unsqueeze(1) - 2 * dots  # ||q - d||^2 - ||q||^2: the same order per query
+    cand = proxy.topk(n_candidates, dim=-1, largest=False).indices  # (H, Q, c)
+    docs = d[torch.arange(H, device=d.device)[:, None, None], cand]  # (H, Q, c, dim)
+    exact = torch.cdist(q.reshape(H * Q, 1, dim), docs.reshape(H * Q, n_candidates, dim), p=1.0)  # (HQ, 1, c)
+    out = torch.full((H, Q, d.shape[1]), float("inf"), device=q.device)
+    return out.scatter_(2, cand, exact.view(H, Q, n_candidates))
+
+
+def _head_energies(energy: str, q: torch.Tensor, d: torch.Tensor, k: int, precision: str) -> torch.Tensor:
+    """(H, Q, N) energies of a block of heads whose top k is exact (see l1_on_candidates)."""
+    n_candidates = max(SELECT_CANDIDATES, k)
+    if energy == "l1" and d.shape[1] > n_candidates:
+        return l1_on_candidates(q, d, n_candidates, precision)
+    return pairwise_energy(energy, q, d)  # cosine and l2: matmul-based already, exact fp32
+
+
+def selection_scores(task: Task, split: str, embed: Embed, energy: str, precision: str = "fp32") -> list[float]:
+    """The primary metric of every head on `split`: what training selects epochs on, once per epoch.
+
+    IR splits are scored for all heads in one pass (energies of a block of heads in one batched call,
+    L1 on candidates: `l1_on_candidates`), with the ranking rules of `evaluate_split` (trec_eval ties,
+    a query's own text dropped); other tasks go through `evaluate_split`. A head whose outputs are not
+    finite scores NaN."""
+    metric = primary_metric(task.kind, energy)
+    if task.kind != "ir":
+        results, _ = evaluate_split(task, split, embed, (energy,))
+        return [r[metric] for r in results]
+    data = task.eval_sets[split]
+    zq, zd = embed(data.query_rows).float(), embed(data.doc_rows).float()  # (H, Q, d), (H, N, d)
+    H, Q, N = zq.shape[0], zq.shape[1], zd.shape[1]
+    k = 10 + int(data.exclude_self)  # nDCG@10, one spare for a query's own text
+    tie = trec_tie_order(data.doc_ids)
+    block = max(1, SELECT_BLOCK // max(1, Q * N, Q * max(SELECT_CANDIDATES, k) * zq.shape[2]))
+    scores: list[float] = []
+    for h0 in range(0, H, block):
+        q, d = zq[h0:h0 + block], zd[h0:h0 + block]
+        finite = torch.isfinite(q).flatten(1).all(1) & torch.isfinite(d).flatten(1).all(1)
+        E = _head_energies(energy, q.nan_to_num(0.0, 0.0, 0.0), d.nan_to_num(0.0, 0.0, 0.0), k, precision)
+        for h in range(q.shape[0]):
+            if not finite[h]:
+                scores.append(float("nan"))
+                continue
+            ranked = topk_ranking(E[h], k=k, tie_order=tie)
+            _, per_query = ir_metrics_per_query(_ranked_ids(data, ranked, 10), data.qrels, (10,))
+            scores.append(float(per_query["ndcg@10"].mean()))
+    return scores

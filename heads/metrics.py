@@ -237,6 +237,67 @@ def _auc_along(score: np.ndarray, labels: np.ndarray, axis: int = -1) -> np.ndar
 STATISTICS = {"pearson": _pearson_along, "spearman": _spearman_along, "auc": _auc_along}
 
 
+def _tie_groups(v: np.ndarray) -> tuple[np.ndarray, int]:
+    """(group of each item among equal values, numbered by increasing value (n,), number of groups)."""
+    order = np.argsort(v, kind="stable")
+    sorted_v = v[order]
+    gid = np.cumsum(np.r_[True, sorted_v[1:] != sorted_v[:-1]]) - 1
+    group = np.empty(len(v), dtype=np.int64)
+    group[order] = gid
+    return group, int(gid[-1]) + 1
+
+
+def _resample_ranks(group: np.ndarray, n_groups: int, counts: np.ndarray) -> np.ndarray:
+    """(B, n) rank of each item within each resample, ties averaged (scipy.stats.rankdata's "average"),
+    from counts (B, n): how often each item was drawn. Group g of c drawn items holds ranks
+    below + 1 .. below + c, below = the drawn items of lower groups: their mean is cumsum - (c - 1) / 2."""
+    B = counts.shape[0]
+    flat = ((np.arange(B) * n_groups)[:, None] + group).ravel()
+    per_group = np.bincount(flat, weights=counts.ravel(), minlength=B * n_groups).reshape(B, n_groups)
+    average = np.cumsum(per_group, axis=1) - (per_group - 1) / 2
+    return np.take_along_axis(average, np.broadcast_to(group, counts.shape), axis=1)
+
+
+def _weighted_pearson(a: np.ndarray, b: np.ndarray, w: np.ndarray) -> np.ndarray:
+    """Pearson of rows of a and b where item i counts w[:, i] times: (B, n) -> (B,)."""
+    n = w.sum(1, keepdims=True)
+    a = a - (w * a).sum(1, keepdims=True) / n
+    b = b - (w * b).sum(1, keepdims=True) / n
+    with np.errstate(invalid="ignore", divide="ignore"):  # a constant resample has no correlation: NaN
+        return (w * a * b).sum(1) / np.sqrt((w * a * a).sum(1) * (w * b * b).sum(1))
+
+
+def _rank_statistic(x: np.ndarray, gold: np.ndarray, statistic: str):
+    """The vectorised statistic of `_bootstrap` for spearman / auc, on resamples given as item indices.
+
+    A resample of items is a multiset of the originals, so its ranks follow from how often each item was
+    drawn (`_resample_ranks`) without sorting every resample; the values equal the rank statistics of
+    the resampled arrays (mean over the seeds of x (S, n) of statistic(pred_seed, gold))."""
+    n = x.shape[1]
+    preds = [_tie_groups(p) for p in x]
+    gold_groups = _tie_groups(gold)
+    positive = gold > 0.5
+
+    def per_seed(ranks: np.ndarray, counts: np.ndarray, gold_ranks) -> np.ndarray:
+        if statistic == "spearman":
+            return _weighted_pearson(ranks, gold_ranks, counts)
+        n_pos = (counts * positive).sum(1)
+        n_neg = counts.sum(1) - n_pos
+        with np.errstate(invalid="ignore", divide="ignore"):  # a one-class resample: NaN
+            return ((counts * ranks * positive).sum(1) - n_pos * (n_pos + 1) / 2) / (n_pos * n_neg)
+
+    def stat(idx, axis=-1):
+        rows = np.atleast_2d(idx)  # (B, n) item indices; the point estimate passes (n,)
+        B = rows.shape[0]
+        counts = np.bincount(((np.arange(B) * n)[:, None] + rows).ravel(), minlength=B * n).reshape(B, n)
+        counts = counts.astype(np.float64)
+        gold_ranks = _resample_ranks(*gold_groups, counts) if statistic == "spearman" else None
+        value = np.mean([per_seed(_resample_ranks(g, k, counts), counts, gold_ranks) for g, k in preds], axis=0)
+        return value if np.ndim(idx) > 1 else value[0]
+
+    return stat
+
+
 def bootstrap_ci(values, n_boot: int = 1000, seed: int = 0, *, gold=None, statistic: str = "mean",
                  confidence: float = 0.95) -> tuple[float, float]:
     """Percentile bootstrap interval (`scipy.stats.bootstrap`), resampling items with replacement.
@@ -281,6 +342,8 @@ def _bootstrap(x: np.ndarray, gold, statistic: str, common: dict):
         raise ValueError(f"bootstrap_ci: gold shape {g.shape} != values shape {x.shape[1:]}")
     if statistic not in STATISTICS:
         raise ValueError(f"bootstrap_ci: statistic {statistic!r}; valid with gold: {sorted(STATISTICS)}")
+    if statistic in ("spearman", "auc"):  # resample item indices: ranks from counts (the same draws)
+        return stats.bootstrap((np.arange(g.shape[0]),), _rank_statistic(x, g, statistic), **common)
     fn = STATISTICS[statistic]
 
     def seed_mean(gold_resampled, *per_seed, axis=-1):  # every seed sees the same resampled items

@@ -8,6 +8,7 @@ the masks separate runs would draw).
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 from dataclasses import asdict, dataclass
@@ -64,6 +65,16 @@ class HeadConfig:
         if self.depth == 0:
             return [self.in_dim]
         return [self.in_dim] + [self.hidden] * (self.depth - 1) + [self.out_features]
+
+
+def autocast(precision: str, device: str | torch.device = "cpu"):
+    """The context head maths run in: "bf16" = torch.autocast to bfloat16 (the matmuls run in bf16, the
+    parameters stay fp32 and elementwise maths follow autocast's rules); "fp32" = no context."""
+    if precision == "bf16":
+        return torch.autocast(torch.device(device).type, dtype=torch.bfloat16)
+    if precision != "fp32":
+        raise ValueError(f"precision={precision!r}; valid: ['bf16', 'fp32']")
+    return contextlib.nullcontext()
 
 
 def _check_buildable(cfg: HeadConfig) -> None:

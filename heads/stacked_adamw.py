@@ -6,6 +6,13 @@ over each parameter's leading head axis; the update is otherwise torch.optim.Ada
 (decoupled weight decay, bias-corrected moments), so head h follows exactly the trajectory it would
 under torch.optim.AdamW(lr=lr[h], weight_decay=weight_decay[h]) trained on its own.
 
+Fused: with `fused=True` each parameter's update (and a per-head gradient scale, for clipping) runs as
+one loop compiled by `torch.compile` instead of ~10 eager passes over p, grad and the moments: the update
+of a stack of small heads is bound by memory traffic, not arithmetic, so this is 3-5x faster (measured
+on a 2-core CPU; bench/grid.py). The maths are the same; the compiled loop may round differently in the
+last bit. Compiling costs seconds once per process (cached on disk by torch), so heads.train uses it
+only for stacks with enough work (`fused_pays`); if compiling fails the eager update is used, with a warning.
+
 LR schedulers: torch schedulers need a scalar group["lr"], so the per-head rates live in
 group["head_lr"] and the effective rate of head h is group["lr"] * group["head_lr"][h]. Given a
 per-head lr, the constructor sets group["lr"] = 1.0 (a schedule factor) and head_lr = lr; given a
@@ -15,11 +22,59 @@ LinearLR, ...) therefore scale every head's rate alike.
 from __future__ import annotations
 
 import math
-from typing import Iterable, Sequence, Union
+import os
+import warnings
+from typing import Iterable, Optional, Sequence, Union
 
 import torch
 
 PerHead = Union[float, Sequence[float], torch.Tensor]
+
+# parameter updates (parameters x steps) from which compiling the fused update pays for its compile time:
+# eager costs ~5-10 ns per parameter update more (2 cores), compiling ~3-10 s from torch's disk cache
+# (a minute when the cache is cold); once compiled in a process, every later stack uses it
+FUSED_MIN_UPDATES = 1e9
+COMPILE_ENV = "HEADSTORE_COMPILE"  # "0": never compile, "1": always, unset: by the amount of work
+
+
+def fused_pays(n_params: int, steps: int) -> bool:
+    """Whether a run of `steps` updates of `n_params` parameters should use the compiled update."""
+    setting = os.environ.get(COMPILE_ENV, "")
+    if setting in ("0", "1"):
+        return setting == "1"
+    return _compiled_ok or n_params * steps >= FUSED_MIN_UPDATES
+
+
+def _adamw_update(p, g, m, v, grad_scale, decay, step_size, bc2_sqrt, beta1: float, beta2: float, eps: float):
+    """One AdamW update of a stacked parameter in place; per-head factors are (H, 1, ...) tensors."""
+    g = g * grad_scale
+    p.mul_(decay)  # decoupled weight decay: 1 - lr * wd
+    m.lerp_(g, 1 - beta1)
+    v.mul_(beta2).addcmul_(g, g, value=1 - beta2)
+    denom = (v.sqrt() / bc2_sqrt).add_(eps)
+    p.sub_(step_size * m / denom)
+
+
+_compiled_update = None  # torch.compile(_adamw_update), built on first use; False after a failed compile
+_compiled_ok = False  # the compiled update ran in this process (compiling again costs nothing)
+
+
+def _fused_update(*args) -> bool:
+    """Run the compiled update; False (nothing changed) when it cannot be compiled here."""
+    global _compiled_update, _compiled_ok
+    if _compiled_update is None:
+        _compiled_update = torch.compile(_adamw_update, dynamic=True, fullgraph=True)
+    if _compiled_update is False:
+        return False
+    try:
+        _compiled_update(*args)
+    except Exception as e:  # no C++ compiler, unsupported platform: compiling fails before any write
+        warnings.warn(f"StackedAdamW: the fused update could not be compiled ({type(e).__name__}: {e}); "
+                      "using the eager update")
+        _compiled_update = False
+        return False
+    _compiled_ok = True
+    return True
 
 
 def _per_head(value: PerHead, name: str) -> torch.Tensor:
@@ -36,7 +91,7 @@ class StackedAdamW(torch.optim.Optimizer):
     Parameter groups work as in torch (e.g. a group with weight_decay=0 for biases)."""
 
     def __init__(self, params: Iterable, lr: PerHead = 1e-3, betas=(0.9, 0.999), eps: float = 1e-8,
-                 weight_decay: PerHead = 1e-2):
+                 weight_decay: PerHead = 1e-2, fused: bool = False):
         if not 0.0 <= betas[0] < 1.0 or not 0.0 <= betas[1] < 1.0 or eps < 0:
             raise ValueError(f"StackedAdamW: need 0 <= betas < 1 and eps >= 0; got betas={betas}, eps={eps}")
         head_lr = _per_head(lr, "lr")
@@ -44,6 +99,7 @@ class StackedAdamW(torch.optim.Optimizer):
         defaults = dict(lr=base_lr, head_lr=head_lr / base_lr if base_lr else head_lr, betas=betas, eps=eps,
                         weight_decay=_per_head(weight_decay, "weight_decay"))
         super().__init__(params, defaults)
+        self.fused = fused
 
     @staticmethod
     def _broadcast(value, p: torch.Tensor, name: str) -> torch.Tensor:
@@ -57,7 +113,9 @@ class StackedAdamW(torch.optim.Optimizer):
         return v.to(device=p.device, dtype=p.dtype).reshape(-1, *([1] * (p.dim() - 1)))
 
     @torch.no_grad()
-    def step(self, closure=None):
+    def step(self, closure=None, *, grad_scale: Optional[torch.Tensor] = None):
+        """One update. grad_scale: optional (H,) factor each head's gradient is multiplied by first (per-head
+        gradient clipping folded into the update; p.grad itself is left unscaled on the fused path)."""
         loss = None
         if closure is not None:
             with torch.enable_grad():
@@ -79,6 +137,14 @@ class StackedAdamW(torch.optim.Optimizer):
                 lr = float(group["lr"]) * self._broadcast(group["head_lr"], p, "lr")
                 wd = self._broadcast(group["weight_decay"], p, "weight_decay")
                 m, v, g = state["exp_avg"], state["exp_avg_sq"], p.grad
+                scale = None if grad_scale is None else self._broadcast(grad_scale, p, "grad_scale")
+                if self.fused and _fused_update(
+                        p, g, m, v, torch.ones_like(lr) if scale is None else scale, 1 - lr * wd,
+                        lr / (1 - beta1 ** t), torch.tensor(math.sqrt(1 - beta2 ** t), dtype=p.dtype, device=p.device),
+                        beta1, beta2, group["eps"]):
+                    continue
+                if scale is not None:
+                    g = g.mul_(scale)
                 p.mul_(1 - lr * wd)  # decoupled weight decay
                 m.lerp_(g, 1 - beta1)
                 v.mul_(beta2).addcmul_(g, g, value=1 - beta2)

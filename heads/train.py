@@ -26,13 +26,13 @@ import torch
 from tqdm.auto import tqdm
 
 from headstore.heads.config import TrainConfig, stack_key
-from headstore.heads.evaluate import embed_rows, evaluate_split, primary_metric
+from headstore.heads.evaluate import embed_rows, primary_metric, selection_scores
 from headstore.heads.features import Normalizer
 from headstore.heads.losses import LOSS_KINDS, get_loss
 from headstore.heads.mining import mine_negatives
-from headstore.heads.model import HeadConfig, StackedMLP
+from headstore.heads.model import HeadConfig, StackedMLP, autocast
 from headstore.heads.schedule import lr_lambda
-from headstore.heads.stacked_adamw import StackedAdamW
+from headstore.heads.stacked_adamw import StackedAdamW, fused_pays
 from headstore.heads.tasks import Task
 
 
@@ -178,7 +178,8 @@ class Batch:
     positive: torch.Tensor  # (H, b)
     negative: Optional[torch.Tensor]  # (H, b, K) or None
     labels: Optional[torch.Tensor]  # (H, b) or None
-    same: torch.Tensor  # (H, b, b) in-batch pairs that are no impostors (same_mask)
+    same: Optional[torch.Tensor]  # (H, b, b) in-batch pairs that are no impostors (same_mask); None for
+    # labelled pairs, whose impostors are the pairs labelled so (no loss takes in-batch impostors then)
 
 
 def make_batch(data: TrainingData, idx: torch.Tensor, negatives: Optional[torch.Tensor]) -> Batch:
@@ -187,17 +188,24 @@ def make_batch(data: TrainingData, idx: torch.Tensor, negatives: Optional[torch.
     n_rows = None
     if negatives is not None:
         n_rows = torch.gather(negatives, 1, idx.unsqueeze(-1).expand(-1, -1, negatives.shape[-1]))  # (H, b, K)
-    labels = data.labels[idx] if data.labels is not None else None
-    return Batch(a_rows, p_rows, n_rows, labels, same_mask(a_rows, p_rows, data.relevant, data.code_base))
+    if data.labels is not None:
+        return Batch(a_rows, p_rows, n_rows, data.labels[idx], None)
+    return Batch(a_rows, p_rows, n_rows, None, same_mask(a_rows, p_rows, data.relevant, data.code_base))
 
 
 def batch_losses(model: StackedMLP, X: torch.Tensor, batch: Batch, cfg: TrainConfig,
                  init: Optional[list[torch.Tensor]] = None) -> torch.Tensor:
-    """(H,) loss of every head on its batch (plus the decay-to-init penalty when cfg asks for it)."""
-    za, zp = model(X[batch.anchor]), model(X[batch.positive])  # (H, b, d)
-    zn = None
-    if batch.negative is not None:
-        zn = model(X[batch.negative.flatten(1)]).unflatten(1, batch.negative.shape[1:])  # (H, b, K, d)
+    """(H,) loss of every head on its batch (plus the decay-to-init penalty when cfg asks for it).
+
+    Anchors, positives and negatives go through the heads in one forward pass, so each layer is one
+    batched matmul over all H heads x (2 + K) b rows; under cfg.precision "bf16" the matmuls run in bf16
+    and the outputs are cast to fp32 before the loss (losses and their reductions stay fp32)."""
+    H, b = batch.anchor.shape
+    rows = [batch.anchor, batch.positive] + ([batch.negative.flatten(1)] if batch.negative is not None else [])
+    with autocast(cfg.precision, X.device):
+        z = model(X[torch.cat(rows, dim=1)]).float()  # (H, (2 + K) b, d)
+    za, zp = z[:, :b], z[:, b:2 * b]  # (H, b, d)
+    zn = z[:, 2 * b:].unflatten(1, batch.negative.shape[1:]) if batch.negative is not None else None  # (H, b, K, d)
     losses = get_loss(cfg.loss)(za, zp, zn, batch.labels, energy=cfg.energy, cfg=cfg.loss_config(),
                                 same=batch.same)  # (H,)
     if cfg.decay_to_init and init is not None:
@@ -209,13 +217,9 @@ def batch_losses(model: StackedMLP, X: torch.Tensor, batch: Batch, cfg: TrainCon
 # ---------------------------------------------------------------------------- optimisation
 
 
-def _clip_per_head(params: list[torch.Tensor], max_norm: float) -> None:
-    norms = torch.zeros(params[0].shape[0])
-    for p in params:
-        norms += p.grad.pow(2).flatten(1).sum(1)
-    scale = (max_norm / (norms.sqrt() + 1e-6)).clamp(max=1.0)  # (H,)
-    for p in params:
-        p.grad.mul_(scale.view(-1, *([1] * (p.dim() - 1))))
+def grad_norms(params: list[torch.Tensor]) -> torch.Tensor:
+    """(H,) L2 norm of each head's whole gradient (all its parameters), one pass over the gradients."""
+    return torch.stack([torch.linalg.vector_norm(p.grad.flatten(1), dim=1) for p in params]).norm(dim=0)
 
 
 class StackOptimizer:
@@ -224,7 +228,10 @@ class StackOptimizer:
     heads' rates at 0. A stack without parameters (depth 0) is a no-op.
 
     The schedule is transformers' lambda (heads.schedule.lr_lambda) applied to every head's own rate:
-    head_lr = lr_h * factor(step) * alive_h, the per-head form of a LambdaLR."""
+    head_lr = lr_h * factor(step) * alive_h, the per-head form of a LambdaLR. The step makes few passes
+    over the parameters (what bounds a stack of small heads): gradients are set to None instead of zeroed,
+    the clipping factor is folded into the update, the NaN clean-up runs only when a head needs it, and a
+    stack with enough work uses StackedAdamW's compiled update (`fused_pays`)."""
 
     def __init__(self, model: StackedMLP, configs: list[TrainConfig], total_steps: int):
         cfg = configs[0]
@@ -236,8 +243,10 @@ class StackOptimizer:
         self.steps_taken = 0
         self.opt = None
         if self.params:
+            n_params = sum(p.numel() for p in self.params)
             self.opt = StackedAdamW(self.params, lr=[c.lr for c in configs],
-                                    weight_decay=[c.weight_decay for c in configs])
+                                    weight_decay=[c.weight_decay for c in configs],
+                                    fused=fused_pays(n_params, total_steps))
 
     def step(self, losses: torch.Tensor, finite: torch.Tensor, ok: torch.Tensor, alive: torch.Tensor) -> None:
         """Backward of the finite losses (H,), then one update of the heads still training (`alive`);
@@ -245,25 +254,30 @@ class StackOptimizer:
         step, self.steps_taken = self.steps_taken, self.steps_taken + 1
         if self.opt is None:
             return
-        self.opt.zero_grad(set_to_none=False)
         torch.where(finite, losses, torch.zeros_like(losses)).sum().backward()
-        for p in self.params:
-            p.grad[~ok] = 0.0
-            p.grad.nan_to_num_(0.0, 0.0, 0.0)
-        if self.grad_clip:
-            _clip_per_head(self.params, self.grad_clip)
+        norms = grad_norms(self.params)  # (H,)
+        if not (bool(ok.all()) and bool(torch.isfinite(norms).all())):  # failed heads, NaN/inf gradients -> 0
+            for p in self.params:
+                p.grad[~ok] = 0.0
+                p.grad.nan_to_num_(0.0, 0.0, 0.0)
+            norms = grad_norms(self.params)
+        clip = (self.grad_clip / (norms + 1e-6)).clamp(max=1.0) if self.grad_clip else None  # (H,)
         self.opt.param_groups[0]["head_lr"] = self.base_lr * self.factor(step) * alive.double()
-        self.opt.step()
+        self.opt.step(grad_scale=clip)
+        self.opt.zero_grad(set_to_none=True)
 
 
 # ---------------------------------------------------------------------------- selection
 
 
-def dev_scores(task: Task, split: str, model: StackedMLP, X: torch.Tensor, energy: str,
-               metric: str) -> list[float]:
-    """The selection metric of every head on `split` (NaN for a head whose outputs are not finite)."""
-    dev, _ = evaluate_split(task, split, lambda rows: embed_rows(model, X, rows), (energy,))
-    return [d[metric] for d in dev]
+def dev_scores(task: Task, split: str, model: StackedMLP, X: torch.Tensor, cfg: TrainConfig) -> list[float]:
+    """The selection metric of every head on `split` (NaN for a head whose outputs are not finite):
+    one pass for all heads (heads.evaluate.selection_scores), the embeddings in cfg.precision."""
+    def embed(rows):
+        with autocast(cfg.precision, X.device):
+            return embed_rows(model, X, rows).float()
+
+    return selection_scores(task, split, embed, cfg.eval_energy, cfg.precision)
 
 
 class HeadTracker:
@@ -361,7 +375,7 @@ def train_stack(task: Task, features: torch.Tensor, head_cfg: HeadConfig, config
             epoch_loss += torch.where(finite, losses.detach(), torch.zeros_like(losses)).double()
             step += 1
             bar.update(1)
-        scores = dev_scores(task, select_split, model, data.X, cfg0.eval_energy, metric)
+        scores = dev_scores(task, select_split, model, data.X, cfg0)
         tracker.end_epoch(epoch + 1, epoch_loss / steps_per_epoch, scores, metric, step)
         bar.set_postfix({f"best {metric}": f"{tracker.best_so_far():.4f}"})
     bar.close()

@@ -120,6 +120,8 @@ def resolved_settings(settings: dict, in_dim: int | None = None) -> dict:
         head_dict.update(in_dim=in_dim, out_dim=HeadConfig(**{**head_dict, "in_dim": in_dim}).out_features)
     loss = train.loss_config().resolved(train.eval_energy)
     train_dict = {**asdict(train), **{k: loss[k] for k in ("q", "tau", "margin")}}  # None -> the default used
+    if train_dict["precision"] == "fp32":  # fp32 heads keep the ids they had before `precision` existed
+        del train_dict["precision"]
     return {"head": head_dict, "train": train_dict, "array": array, "loss": loss,
             "constants": {"dev_fraction": DEV_FRACTION, "dev_seed": DEV_SEED, "genuine_threshold": GENUINE_THRESHOLD,
                           "ir_topk": IR_TOPK}}

@@ -218,3 +218,18 @@ def test_ir_ci_over_seeds_is_the_ci_of_the_seed_averaged_queries():
     lo, hi = bootstrap_ci(per_seed, n_boot=1500)
     ref = _loop_bootstrap(per_seed, np.zeros(150), lambda p, _: p.mean())
     assert (lo, hi) == pytest.approx(tuple(ref), abs=0.01)
+
+
+def test_resample_ranks_from_counts_equal_rankdata_of_the_resample():
+    from scipy.stats import rankdata
+
+    from headstore.heads.metrics import _resample_ranks, _tie_groups
+
+    rng = np.random.default_rng(3)
+    values = np.round(rng.normal(size=40), 1)  # many ties
+    group, n_groups = _tie_groups(values)
+    draws = rng.integers(0, 40, size=(5, 40))  # five resamples (item indices)
+    counts = np.stack([np.bincount(d, minlength=40) for d in draws]).astype(float)
+    ranks = _resample_ranks(group, n_groups, counts)  # (5, 40): the rank each item has in each resample
+    for d, r in zip(draws, ranks):
+        np.testing.assert_allclose(r[d], rankdata(values[d]))

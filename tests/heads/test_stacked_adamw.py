@@ -57,3 +57,53 @@ def test_lr_head_count_mismatch():
     stack(torch.randn(2, 4)).sum().backward()
     with pytest.raises(ValueError, match="3 heads"):
         opt.step()
+
+
+def _train(opt_kwargs, monkeypatch=None, steps=5):
+    c = HeadConfig(in_dim=5, hidden=7, out_dim=3, residual=False)
+    stack = StackedMLP(3, c, seeds=[0, 1, 2])
+    opt = StackedAdamW(stack.parameters(), lr=[1e-2, 3e-3, 0.05], weight_decay=[0.0, 0.1, 0.01], **opt_kwargs)
+    g = torch.Generator().manual_seed(0)
+    for _ in range(steps):
+        x, target = torch.randn(8, 5, generator=g), torch.randn(8, 3, generator=g)
+        opt.zero_grad()
+        head_loss(stack(x), target).sum().backward()
+        opt.step(grad_scale=torch.tensor([1.0, 0.5, 0.25]))
+    return stack
+
+
+def test_fused_update_is_the_eager_update(monkeypatch):
+    import headstore.heads.stacked_adamw as module
+
+    # the function torch.compile fuses, run as plain torch: same maths as the eager path, grad_scale included
+    monkeypatch.setattr(module, "_compiled_update", module._adamw_update)
+    fused, eager = _train({"fused": True}), _train({})
+    for p, q in zip(fused.parameters(), eager.parameters()):
+        torch.testing.assert_close(p, q, rtol=1e-6, atol=1e-7)
+    assert not torch.equal(fused.weights[0], StackedMLP(3, fused.cfg, seeds=[0, 1, 2]).weights[0])
+
+
+def test_grad_scale_scales_each_heads_gradient():
+    stack = StackedMLP(2, HeadConfig(in_dim=4, hidden=4, out_dim=2, residual=False))
+    p0 = [p.detach().clone() for p in stack.parameters()]
+    opt = StackedAdamW(stack.parameters(), lr=[1e-2, 1e-2], weight_decay=0.0, eps=1e-3)
+    stack(torch.randn(3, 4)).pow(2).sum().backward()
+    grads = [p.grad.clone() for p in stack.parameters()]
+    opt.step(grad_scale=torch.tensor([1.0, 0.0]))
+    for p, q, g in zip(stack.parameters(), p0, grads):
+        assert torch.equal(p[1], q[1])  # a zero gradient moves nothing (no weight decay)
+        torch.testing.assert_close(p[0], q[0] - 1e-2 * g[0] / (g[0].abs() + 1e-3))  # Adam's first step
+
+
+def test_fused_update_that_cannot_compile_falls_back_to_eager(monkeypatch):
+    import headstore.heads.stacked_adamw as module
+
+    def broken(*args):
+        raise RuntimeError("no compiler here")
+
+    monkeypatch.setattr(module, "_compiled_update", broken)
+    with pytest.warns(UserWarning, match="could not be compiled"):
+        fused = _train({"fused": True})
+    assert module._compiled_update is False
+    for p, q in zip(fused.parameters(), _train({}).parameters()):
+        torch.testing.assert_close(p, q)
