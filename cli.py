@@ -18,7 +18,7 @@ from headstore.featurize.config import PRECISIONS
 from headstore.featurize.pooling import POOLINGS
 from headstore.heads.config import NORMALIZATIONS, SCHEDULES
 from headstore.heads.energy import ENERGIES
-from headstore.heads.losses import IMPOSTOR_MODES, LOSSES
+from headstore.heads.losses import GRADED_MODES, IMPOSTOR_MODES, LOSSES
 from headstore.heads.model import ACTIVATIONS
 
 
@@ -191,6 +191,9 @@ def _head_and_train_options(f):
         click.option("--margin", type=float, default=None, help="Margin of contrastive/triplet (default per energy)."),
         click.option("--impostors", type=click.Choice(IMPOSTOR_MODES), default=t.impostors, show_default=True),
         click.option("--genuine-weight", type=float, default=t.genuine_weight, show_default=True),
+        click.option("--graded", type=click.Choice(GRADED_MODES), default=t.graded, show_default=True,
+                     help="How graded (STS) or 0/1 labels enter l1-energy / contrastive: weight (s and 1 - s), "
+                          "regress (E toward Q (1 - s)), pearson (1 + corr(E, s) per batch)."),
     ]
     for option in reversed(options):
         f = option(f)

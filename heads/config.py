@@ -6,7 +6,7 @@ import typing
 from dataclasses import asdict, dataclass, fields
 
 from headstore.heads.energy import ENERGIES
-from headstore.heads.losses import DEFAULT_IMPOSTORS, IMPOSTOR_MODES, LOSSES, LossConfig
+from headstore.heads.losses import DEFAULT_IMPOSTORS, GRADED_MODES, IMPOSTOR_MODES, LOSSES, LossConfig
 
 SCHEDULES = ("cosine", "linear", "constant")
 NORMALIZATIONS = ("none", "center", "l2", "center-l2", "standardize")
@@ -38,12 +38,13 @@ class TrainConfig:
     impostors: str = DEFAULT_IMPOSTORS  # which impostors enter the energy losses: the mean over all of them
     # is dominated by easy ones; the hardest / semi-hard one per anchor trains (docs/l1-energy.md)
     genuine_weight: float = 1.0  # genuine vs impostor balance of the energy losses
+    graded: str = "weight"  # how graded labels enter l1-energy / contrastive: weight | regress | pearson
 
     def __post_init__(self):
         check_types(type(self), asdict(self))
         checks = [("loss", self.loss, sorted(LOSSES)), ("energy", self.energy, sorted(ENERGIES)),
                   ("schedule", self.schedule, SCHEDULES), ("normalize", self.normalize, NORMALIZATIONS),
-                  ("impostors", self.impostors, IMPOSTOR_MODES)]
+                  ("impostors", self.impostors, IMPOSTOR_MODES), ("graded", self.graded, GRADED_MODES)]
         for name, value, valid in checks:
             if value not in valid:
                 raise ValueError(f"{name}={value!r}; valid: {list(valid)}")
@@ -71,7 +72,7 @@ class TrainConfig:
 
     def loss_config(self) -> LossConfig:
         return LossConfig(q=self.q, tau=self.tau, margin=self.margin, impostors=self.impostors,
-                          genuine_weight=self.genuine_weight)
+                          genuine_weight=self.genuine_weight, graded=self.graded)
 
     def to_dict(self) -> dict:
         return asdict(self)
