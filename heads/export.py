@@ -14,7 +14,7 @@ to g's output. A one-layer residual head is a Dense with `use_residual`. `simila
 head's energy: manhattan (L1), euclidean (L2) or cosine, so `model.similarity` ranks as the energy
 does (similarity = -energy for L1/L2).
 Not exportable exactly (refused, never approximated): tanh or layer-norm inside a residual head, a
-store array other than the last layer. A float16 store rounds features to float16 before the head;
+store array other than the last layer, a head mixing several layers. A float16 store rounds features to float16 before the head;
 the exported model does not (differences ~1e-3 relative; a float32 store matches to ~1e-6).
 
 `safetensors`: the head as a directory `Head.load` reads (head, normaliser, config.json).
@@ -127,6 +127,10 @@ def export_sentence_transformers(head: Head, out: Path, model: str | None = None
     from headstore.featurize.pipeline import check_encoder, encoder_source
 
     parts = head.store_manifest
+    if head.head_config.mix > 1:
+        raise ValueError(f"{head.source} mixes several encoder layers ({head.array}); a sentence-transformers "
+                         "Transformer module gives the last layer only; export refused (use --format safetensors "
+                         "and headstore.Pipeline)")
     layer = dict(zip(_array_names(parts), parts["layers"]))[head.array]
     name = encoder_source(head, model)
     check_encoder(head, name)

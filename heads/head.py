@@ -146,7 +146,8 @@ class Head:
 
     @property
     def in_dim(self) -> int:
-        return int(self.head_config.in_dim)
+        """The width of the features `embed` takes: the store's dim, times the arrays a mixing head mixes."""
+        return int(self.head_config.in_dim) * int(self.head_config.mix)
 
     @property
     def out_dim(self) -> int:

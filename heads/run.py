@@ -24,7 +24,7 @@ from headstore.data.outputs import prepare_output_dir
 from headstore.featurize.store import FeatureStore
 from headstore.heads.config import TrainConfig
 from headstore.heads.evaluate import PREFIX, embed_rows, evaluate_split, primary_metric
-from headstore.heads.features import Normalizer, load_features
+from headstore.heads.features import Normalizer, array_list, load_features
 from headstore.heads.metrics import bootstrap_ci
 from headstore.heads.model import HeadConfig, save_heads
 from headstore.heads.experiments.plots import plot_curve
@@ -50,8 +50,12 @@ def ci_of(task: Task, split: str, items: dict, prefix: str, n_boot: int = 1000) 
 
 
 def evaluate_head(task: Task, features: torch.Tensor, model, norm: Normalizer | None, energy: str,
-                  splits: tuple[str, ...]) -> dict:
-    """metrics.json content for the splits present: baseline and head, with CIs of the primary metric."""
+                  splits: tuple[str, ...], dim: int | None = None) -> dict:
+    """metrics.json content for the splits present: baseline and head, with CIs of the primary metric.
+
+    dim: the store's feature dim when `features` holds several arrays side by side (a mixing head): the
+    frozen baseline is the first array (the last layer) alone."""
+    base_features = features if dim is None else features[:, :dim]
     out: dict = {"primary": primary_metric(task.kind, energy),
                  "baseline_primary": primary_metric(task.kind, "cosine"), "ci": {}, "n_scored": {}}
     energies = (energy,) if energy == "cosine" else (energy, "cosine")
@@ -59,7 +63,7 @@ def evaluate_head(task: Task, features: torch.Tensor, model, norm: Normalizer | 
     for split in splits:
         if split not in task.eval_sets:
             continue
-        base, base_items = evaluate_split(task, split, lambda r: embed_rows(None, features, r), ("cosine", "l1"))
+        base, base_items = evaluate_split(task, split, lambda r: embed_rows(None, base_features, r), ("cosine", "l1"))
         head, head_items = evaluate_split(task, split, lambda r: embed_rows(model, X, r), energies)
         block = {"baseline": base[0], "head": head[0]}
         data = task.eval_sets[split]
@@ -75,11 +79,21 @@ def evaluate_head(task: Task, features: torch.Tensor, model, norm: Normalizer | 
 
 
 def _array_layer(store: FeatureStore, array: str):
-    """The encoder layer a store array holds (None where the manifest does not say)."""
-    if array not in store.arrays:
-        raise ValueError(f"{store.path}: no array {array!r}; its arrays: {', '.join(store.arrays)} (--array)")
-    info = store.manifest.get("arrays", {}).get(array)
-    return info.get("layer") if isinstance(info, dict) else None
+    """The encoder layer a store array holds (None where the manifest does not say); for several arrays
+    joined by '+' (a mixing head), the list of their layers."""
+    layers = []
+    for name in array_list(array):
+        if name not in store.arrays:
+            raise ValueError(f"{store.path}: no array {name!r}; its arrays: {', '.join(store.arrays)} (--array)")
+        info = store.manifest.get("arrays", {}).get(name)
+        layers.append(info.get("layer") if isinstance(info, dict) else None)
+    return layers[0] if len(layers) == 1 else layers
+
+
+def head_shape(head_cfg: HeadConfig, features: torch.Tensor, array: str) -> HeadConfig:
+    """The head config completed from the features: in_dim (one array's dim) and mix (arrays mixed)."""
+    mix = len(array_list(array))
+    return HeadConfig(**{**asdict(head_cfg), "in_dim": features.shape[1] // mix, "mix": mix})
 
 
 def _data_notes(task: Task) -> dict:
@@ -101,7 +115,7 @@ def train_head(store_path: str, data_path: str, out_dir: str, head_cfg: HeadConf
     layer = _array_layer(store, array)
     task = load_task(data_path, store, data_format, score_range=score_range)
     features = load_features(store, array)
-    head_cfg = HeadConfig(**{**asdict(head_cfg), "in_dim": features.shape[1]})
+    head_cfg = head_shape(head_cfg, features, array)
     model, norm, run = train_one(task, features, head_cfg, cfg, progress)
     out = prepare_output_dir(out_dir, "head", overwrite, inputs=(data_path,))
     save_heads(out / "head.safetensors", model)
@@ -113,7 +127,7 @@ def train_head(store_path: str, data_path: str, out_dir: str, head_cfg: HeadConf
               "store_manifest": {k: v for k, v in store.manifest.items() if k != "arrays"},
               "best_epoch": run.best_epoch, "train_seconds": run.seconds}
     atomic_write_json(out / "config.json", config, sort_keys=True)
-    metrics = evaluate_head(task, features, model, norm, cfg.eval_energy, ("dev", TEST_SPLIT))
+    metrics = evaluate_head(task, features, model, norm, cfg.eval_energy, ("dev", TEST_SPLIT), dim=store.dim)
     metrics.update(_data_notes(task))
     if TEST_SPLIT not in task.eval_sets:
         metrics["split"] = "dev"
@@ -183,7 +197,7 @@ def eval_head(store_path: str, head_dir: str, data_path: str, out_dir: str, data
     features = load_features(store, array)
     energy = TrainConfig.from_dict(config["train"]).eval_energy
     split = eval_split(task)
-    metrics = evaluate_head(task, features, model, norm, energy, (split,))
+    metrics = evaluate_head(task, features, model, norm, energy, (split,), dim=store.dim)
     if split != TEST_SPLIT:  # report the split there is under the usual keys
         only = metrics.pop(split)
         metrics.update({"baseline": only["baseline"], "head": only["head"], "ci": only["ci"]})

@@ -3,7 +3,8 @@
 Grid file: a `[grid]` table of lists (every combination is trained) and an optional `[fixed]` table of
 single values. Keys are HeadConfig fields (depth, hidden, out_dim, activation, dropout, layer_norm,
 residual, init), TrainConfig fields (loss, energy, lr, weight_decay, epochs, mined_k, seed, ...) and
-`array` (the store array: another layer or pooling). Heads that share everything but lr, weight decay
+`array` (the store array: another layer or pooling; `features+features_layer-4` for a head that mixes
+several layers). Heads that share everything but lr, weight decay
 and seed train together in one stack (one batched pass per step for all of them).
 
 Combinations that cannot apply to the dataset (a loss that needs graded labels on IR pairs) are
@@ -34,15 +35,16 @@ from headstore.data.tables import read_utf8
 from headstore.featurize.store import FeatureStore
 from headstore.heads.config import TrainConfig, check_types, stack_key
 from headstore.heads.evaluate import IR_TOPK, PREFIX, evaluate_split, embed_rows, primary_metric
-from headstore.heads.features import load_features
+from headstore.heads.features import array_list, load_features
 from headstore.heads.losses import LOSS_KINDS
 from headstore.heads.model import HeadConfig
 from headstore.heads.experiments.grid_heads import save_stack
 from headstore.heads.experiments.report import write_report
 from headstore.heads.tasks import DEV_FRACTION, DEV_SEED, WHOLE, Task, load_task, task_rows, without_overlap
+from headstore.heads.run import head_shape
 from headstore.heads.train import GENUINE_THRESHOLD, train_stack
 
-HEAD_KEYS = tuple(f.name for f in fields(HeadConfig) if f.name != "in_dim")
+HEAD_KEYS = tuple(f.name for f in fields(HeadConfig) if f.name not in ("in_dim", "mix"))  # both set from the array
 TRAIN_KEYS = tuple(f.name for f in fields(TrainConfig))
 GRID_KEYS = HEAD_KEYS + TRAIN_KEYS + ("array",)
 # bump when training/evaluation changes so old results are not reused. 2: dev carved by text, trec_eval
@@ -181,7 +183,7 @@ def run_grid(store_path: str, data_path: str, grid_path: str, out_dir: str, data
     inputs = (data_path, grid_path, *transfer)
     prepare_output_dir(out_dir, "grid", overwrite, resumable=True, inputs=inputs, create=False)
     store = FeatureStore.open(store_path)
-    missing = sorted({c.get("array", "features") for c in combos} - set(store.arrays))
+    missing = sorted({a for c in combos for a in array_list(c.get("array", "features"))} - set(store.arrays))
     if missing:
         raise ValueError(f"{grid_path}: array {missing} not in {store_path}; its arrays: {store.arrays}")
     task = load_task(data_path, store, data_format, score_range=score_range)
@@ -219,9 +221,9 @@ def run_grid(store_path: str, data_path: str, grid_path: str, out_dir: str, data
     for (_, _, array), items in groups.items():
         if array not in features_cache:
             features_cache[array] = load_features(store, array)
-            baselines[array] = _baseline(task, features_cache[array], ood)
+            baselines[array] = _baseline(task, features_cache[array][:, :store.dim], ood)  # the first array
         X = features_cache[array]
-        head_cfg = HeadConfig(**{**asdict(items[0][1]), "in_dim": X.shape[1]})
+        head_cfg = head_shape(items[0][1], X, array)
         configs = [it[2] for it in items]
         t0 = time.perf_counter()
         model, norm, runs = train_stack(task, X, head_cfg, configs, progress=progress)
