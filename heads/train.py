@@ -4,12 +4,22 @@ Every head keeps its own seed (init, batch order, mined negatives), its own lear
 decay, its own early stopping on the dev metric and its own failure status, so a head's result does
 not depend on which other heads share its stack: training H heads stacked equals training each alone.
 A head whose loss turns NaN/inf is marked failed (with the step) and frozen; the others go on.
+
+`train_stack` runs the parts below, one job each:
+- `prepare_data`: the normalised features and the training pairs as tensors (`TrainingData`);
+- `epoch_batches`: each head's batches of one epoch, from its own generator;
+- `NegativeSource`: given and mined negatives of every pair (mined once, or each epoch with --remine);
+- `make_batch` + `batch_losses`: the rows of one step and every head's loss on them;
+- `StackOptimizer`: one optimisation step (backward, per-head clipping, StackedAdamW, lr schedule);
+- `dev_scores`: the per-epoch selection metric of every head;
+- `HeadTracker`: failures, early stopping and the best-on-dev weights of every head.
 """
 from __future__ import annotations
 
 import math
 import time
 from dataclasses import dataclass, field
+from typing import Optional
 
 import numpy as np
 import torch
@@ -21,6 +31,7 @@ from headstore.heads.features import Normalizer
 from headstore.heads.losses import LOSS_KINDS, get_loss
 from headstore.heads.mining import mine_negatives
 from headstore.heads.model import HeadConfig, StackedMLP
+from headstore.heads.schedule import lr_lambda
 from headstore.heads.stacked_adamw import StackedAdamW
 from headstore.heads.tasks import Task
 
@@ -47,24 +58,15 @@ class HeadRun:
     seconds: float = 0.0
 
 
+def warmup_steps(cfg: TrainConfig, total: int) -> int:
+    """Warm-up updates of a run of `total` updates: warmup_ratio of them, rounded."""
+    return int(round(cfg.warmup_ratio * total))
+
+
 def lr_factor(step: int, total: int, cfg: TrainConfig) -> float:
-    """Linear warm-up, then cosine / linear decay to 0 (or constant)."""
-    warm = int(round(cfg.warmup_ratio * total))
-    if step < warm:
-        return (step + 1) / warm
-    if cfg.schedule == "constant":
-        return 1.0
-    progress = (step - warm) / max(1, total - warm)
-    return 0.5 * (1 + math.cos(math.pi * progress)) if cfg.schedule == "cosine" else max(0.0, 1 - progress)
-
-
-def _clip_per_head(params: list[torch.Tensor], max_norm: float) -> None:
-    norms = torch.zeros(params[0].shape[0])
-    for p in params:
-        norms += p.grad.pow(2).flatten(1).sum(1)
-    scale = (max_norm / (norms.sqrt() + 1e-6)).clamp(max=1.0)  # (H,)
-    for p in params:
-        p.grad.mul_(scale.view(-1, *([1] * (p.dim() - 1))))
+    """Factor of the peak lr at update `step` of `total` under cfg's schedule (heads.schedule: transformers'
+    warm-up schedules, the warm-up counting the update being taken)."""
+    return lr_lambda(cfg.schedule, warmup_steps(cfg, total), total)(step)
 
 
 def same_mask(a: torch.Tensor, p: torch.Tensor, relevant: torch.Tensor, n_rows: int) -> torch.Tensor:
@@ -98,6 +100,233 @@ def training_pairs(task: Task, loss: str):
     return train, None
 
 
+# ---------------------------------------------------------------------------- data and batches
+
+
+@dataclass(frozen=True)
+class TrainingData:
+    """What a stack trains on: the features the heads read and the training pairs, as tensors.
+
+    Rows are store rows; `X[rows]` is what a head's forward pass takes (a head with another input,
+    e.g. several layers per text, only needs X to hold that input per row)."""
+
+    X: torch.Tensor  # (N, D) features after the normaliser
+    norm: Normalizer  # fitted on the training texts only
+    pairs: object  # the PairSet trained on (heads.tasks), after `training_pairs`
+    anchor: torch.Tensor  # (P,) int64 store rows
+    positive: torch.Tensor  # (P,) int64
+    labels: Optional[torch.Tensor]  # (P,) float32 pair labels / STS scores, or None (positives only)
+    given: Optional[torch.Tensor]  # (P, K) int64 given negatives the loss uses, or None
+    relevant: torch.Tensor  # sorted codes anchor * code_base + positive of known relevant pairs
+    code_base: int  # len(X) + 1
+
+    def __len__(self) -> int:
+        return len(self.anchor)
+
+
+def prepare_data(task: Task, features: torch.Tensor, cfg: TrainConfig) -> TrainingData:
+    """Training pairs of cfg's loss, the normaliser fitted on their texts, the normalised features."""
+    if task.train is None or len(task.train) == 0:
+        raise ValueError(f"{task.name}: no training pairs (no train split)")
+    pairs, labels = training_pairs(task, cfg.loss)
+    fit_rows = np.unique(np.concatenate([pairs.anchor, pairs.positive]))
+    norm = Normalizer.fit(cfg.normalize, features[torch.as_tensor(fit_rows)])
+    X = norm(features)  # (N, D)
+    base = len(X) + 1
+    relevant = torch.as_tensor(sorted(a * base + p for a, p in task.relevant), dtype=torch.long)
+    use_given = pairs.negative is not None and LOSS_KINDS[cfg.loss].negatives
+    return TrainingData(X, norm, pairs, torch.as_tensor(pairs.anchor), torch.as_tensor(pairs.positive), labels,
+                        torch.as_tensor(pairs.negative) if use_given else None, relevant, base)
+
+
+def epoch_batches(gens: list[torch.Generator], n_pairs: int, batch_size: int) -> list[torch.Tensor]:
+    """One epoch's batches: a permutation of the pairs per head from its own generator, cut into
+    (H, b) index blocks (the last block holds the remainder)."""
+    perms = torch.stack([torch.randperm(n_pairs, generator=g) for g in gens])  # (H, P)
+    return list(perms.split(batch_size, dim=1))
+
+
+class NegativeSource:
+    """Negatives of every training pair for an epoch: given ones, then mined ones, (H, P, K) store rows.
+
+    Mined once in feature space (cosine over the stored features, shared by all heads), or with
+    cfg.remine re-mined each epoch after the first in each head's own space with its own energy."""
+
+    def __init__(self, task: Task, data: TrainingData, cfg: TrainConfig, n_heads: int):
+        self.task, self.data, self.cfg, self.n_heads = task, data, cfg, n_heads
+        self.mining = bool(cfg.mined_k and LOSS_KINDS[cfg.loss].negatives and task.corpus_rows is not None)
+        self.mined: Optional[torch.Tensor] = None  # (H, P, k)
+
+    def for_epoch(self, epoch: int, model: StackedMLP) -> Optional[torch.Tensor]:
+        """(H, P, K) negatives for epoch `epoch` (0-based), or None when the loss uses none."""
+        cfg, data = self.cfg, self.data
+        given = data.given.unsqueeze(0).expand(self.n_heads, -1, -1) if data.given is not None else None
+        if self.mining and (self.mined is None or cfg.remine):
+            embed = (lambda rows: embed_rows(model, data.X, rows)) if cfg.remine and epoch > 0 else None
+            self.mined = mine_negatives(data.X, data.pairs.anchor, self.task.corpus_rows, self.task.relevant,
+                                        cfg.mined_k, embed, self.n_heads, energy=cfg.eval_energy)
+        if self.mined is None:
+            return given
+        return self.mined if given is None else torch.cat([given, self.mined], dim=-1)
+
+
+@dataclass(frozen=True)
+class Batch:
+    """The store rows of one step for every head."""
+
+    anchor: torch.Tensor  # (H, b)
+    positive: torch.Tensor  # (H, b)
+    negative: Optional[torch.Tensor]  # (H, b, K) or None
+    labels: Optional[torch.Tensor]  # (H, b) or None
+    same: torch.Tensor  # (H, b, b) in-batch pairs that are no impostors (same_mask)
+
+
+def make_batch(data: TrainingData, idx: torch.Tensor, negatives: Optional[torch.Tensor]) -> Batch:
+    """Batch of pair indices idx (H, b), with each pair's negatives from `negatives` (H, P, K)."""
+    a_rows, p_rows = data.anchor[idx], data.positive[idx]
+    n_rows = None
+    if negatives is not None:
+        n_rows = torch.gather(negatives, 1, idx.unsqueeze(-1).expand(-1, -1, negatives.shape[-1]))  # (H, b, K)
+    labels = data.labels[idx] if data.labels is not None else None
+    return Batch(a_rows, p_rows, n_rows, labels, same_mask(a_rows, p_rows, data.relevant, data.code_base))
+
+
+def batch_losses(model: StackedMLP, X: torch.Tensor, batch: Batch, cfg: TrainConfig,
+                 init: Optional[list[torch.Tensor]] = None) -> torch.Tensor:
+    """(H,) loss of every head on its batch (plus the decay-to-init penalty when cfg asks for it)."""
+    za, zp = model(X[batch.anchor]), model(X[batch.positive])  # (H, b, d)
+    zn = None
+    if batch.negative is not None:
+        zn = model(X[batch.negative.flatten(1)]).unflatten(1, batch.negative.shape[1:])  # (H, b, K, d)
+    losses = get_loss(cfg.loss)(za, zp, zn, batch.labels, energy=cfg.energy, cfg=cfg.loss_config(),
+                                same=batch.same)  # (H,)
+    if cfg.decay_to_init and init is not None:
+        losses = losses + cfg.decay_to_init * sum((p - p0).pow(2).flatten(1).sum(1)
+                                                  for p, p0 in zip(model.parameters(), init))
+    return losses
+
+
+# ---------------------------------------------------------------------------- optimisation
+
+
+def _clip_per_head(params: list[torch.Tensor], max_norm: float) -> None:
+    norms = torch.zeros(params[0].shape[0])
+    for p in params:
+        norms += p.grad.pow(2).flatten(1).sum(1)
+    scale = (max_norm / (norms.sqrt() + 1e-6)).clamp(max=1.0)  # (H,)
+    for p in params:
+        p.grad.mul_(scale.view(-1, *([1] * (p.dim() - 1))))
+
+
+class StackOptimizer:
+    """One optimisation step for a stack: StackedAdamW (a lr and weight decay per head) under the
+    configs' warm-up schedule, per-head gradient clipping, failed heads' gradients zeroed and stopped
+    heads' rates at 0. A stack without parameters (depth 0) is a no-op.
+
+    The schedule is transformers' lambda (heads.schedule.lr_lambda) applied to every head's own rate:
+    head_lr = lr_h * factor(step) * alive_h, the per-head form of a LambdaLR."""
+
+    def __init__(self, model: StackedMLP, configs: list[TrainConfig], total_steps: int):
+        cfg = configs[0]
+        self.params = list(model.parameters())
+        self.init = [p.detach().clone() for p in self.params]  # for decay_to_init
+        self.grad_clip = cfg.grad_clip
+        self.base_lr = torch.tensor([c.lr for c in configs], dtype=torch.float64)
+        self.factor = lr_lambda(cfg.schedule, warmup_steps(cfg, total_steps), total_steps)
+        self.steps_taken = 0
+        self.opt = None
+        if self.params:
+            self.opt = StackedAdamW(self.params, lr=[c.lr for c in configs],
+                                    weight_decay=[c.weight_decay for c in configs])
+
+    def step(self, losses: torch.Tensor, finite: torch.Tensor, ok: torch.Tensor, alive: torch.Tensor) -> None:
+        """Backward of the finite losses (H,), then one update of the heads still training (`alive`);
+        heads not `ok` (failed) get zero gradients."""
+        step, self.steps_taken = self.steps_taken, self.steps_taken + 1
+        if self.opt is None:
+            return
+        self.opt.zero_grad(set_to_none=False)
+        torch.where(finite, losses, torch.zeros_like(losses)).sum().backward()
+        for p in self.params:
+            p.grad[~ok] = 0.0
+            p.grad.nan_to_num_(0.0, 0.0, 0.0)
+        if self.grad_clip:
+            _clip_per_head(self.params, self.grad_clip)
+        self.opt.param_groups[0]["head_lr"] = self.base_lr * self.factor(step) * alive.double()
+        self.opt.step()
+
+
+# ---------------------------------------------------------------------------- selection
+
+
+def dev_scores(task: Task, split: str, model: StackedMLP, X: torch.Tensor, energy: str,
+               metric: str) -> list[float]:
+    """The selection metric of every head on `split` (NaN for a head whose outputs are not finite)."""
+    dev, _ = evaluate_split(task, split, lambda rows: embed_rows(model, X, rows), (energy,))
+    return [d[metric] for d in dev]
+
+
+class HeadTracker:
+    """Per head across epochs: failure, early stopping on the dev score, and the best-scoring weights.
+
+    `alive[h]`: still training; `ok[h]`: not failed. `end_epoch` records an epoch (loss and score per head)
+    and keeps head h's weights when its score beats its best so far; `patience` epochs without that stop it.
+    A selection rule other than "higher dev score" only needs to hand end_epoch other scores."""
+
+    def __init__(self, configs: list[TrainConfig], params: list[torch.Tensor], patience: int):
+        H = len(configs)
+        self.runs = [HeadRun(c) for c in configs]
+        self.params, self.patience = params, patience
+        self.alive = torch.ones(H, dtype=torch.bool)
+        self.ok = torch.ones(H, dtype=torch.bool)
+        self.best = torch.full((H,), -float("inf"))
+        self.stale = torch.zeros(H, dtype=torch.long)
+        self.best_state = [p.detach().clone() for p in params]
+
+    def fail(self, h: int, reason: str) -> None:
+        self.runs[h].status, self.runs[h].reason = "failed", reason
+        self.ok[h] = self.alive[h] = False
+
+    def check_losses(self, losses: torch.Tensor, where: str) -> torch.Tensor:
+        """Fail every still-ok head whose loss is NaN/inf ("at epoch E, step S ..." in `where`); (H,) finite."""
+        finite = torch.isfinite(losses.detach())
+        for h in torch.nonzero(~finite & self.ok).flatten().tolist():
+            self.fail(h, f"loss became {losses[h].item()} {where}")
+        return finite
+
+    def end_epoch(self, epoch: int, losses: torch.Tensor, scores: list[float], metric: str, step: int) -> None:
+        """Record epoch `epoch` (1-based): mean loss (H,) and dev score per head; keep improved weights."""
+        for h, value in enumerate(scores):
+            run = self.runs[h]
+            run.history.append({"epoch": epoch, "loss": float(losses[h]), f"dev_{metric}": value})
+            if not self.alive[h]:
+                continue
+            if not math.isfinite(value):  # the head's outputs overflowed or became NaN
+                self.fail(h, f"dev {metric} became {value} after epoch {epoch} (global step {step})")
+                continue
+            if value > self.best[h]:
+                self.best[h], self.stale[h] = value, 0
+                run.best_epoch, run.best_dev = epoch, value
+                for p, b in zip(self.params, self.best_state):
+                    b[h] = p.detach()[h]
+            else:
+                self.stale[h] += 1
+                if self.stale[h] >= self.patience:
+                    self.alive[h] = False
+
+    def best_so_far(self) -> float:
+        return float(self.best[self.ok].max()) if self.ok.any() else float("nan")
+
+    def restore_best(self) -> None:
+        """Every head's parameters set to its best-scoring epoch's."""
+        with torch.no_grad():
+            for p, b in zip(self.params, self.best_state):
+                p.copy_(b)
+
+
+# ---------------------------------------------------------------------------- the loop
+
+
 def train_stack(task: Task, features: torch.Tensor, head_cfg: HeadConfig, configs: list[TrainConfig],
                 progress: bool = True, select_split: str = "dev") -> tuple[StackedMLP, Normalizer, list[HeadRun]]:
     """Train len(configs) heads of one shape together; returns the best-on-dev stack.
@@ -106,113 +335,41 @@ def train_stack(task: Task, features: torch.Tensor, head_cfg: HeadConfig, config
     lr, weight decay and seed)."""
     assert len({stack_key(c) for c in configs}) == 1, "a stack mixes settings that must be shared"
     cfg0 = configs[0]
-    if task.train is None or len(task.train) == 0:
-        raise ValueError(f"{task.name}: no training pairs (no train split)")
-    kind = LOSS_KINDS[cfg0.loss]
-    train, labels_all = training_pairs(task, cfg0.loss)
-    H, P, B = len(configs), len(train), min(cfg0.batch_size, len(train))
-    fit_rows = np.unique(np.concatenate([train.anchor, train.positive]))
-    norm = Normalizer.fit(cfg0.normalize, features[torch.as_tensor(fit_rows)])
-    X = norm(features)  # (N, D)
+    data = prepare_data(task, features, cfg0)
+    H, P, B = len(configs), len(data), min(cfg0.batch_size, len(data))
     model = StackedMLP(H, head_cfg, seeds=[c.seed for c in configs])
-    params = list(model.parameters())
-    init = [p.detach().clone() for p in params]
-    opt = StackedAdamW(params, lr=[c.lr for c in configs], weight_decay=[c.weight_decay for c in configs]) if params else None
-    base_lr = torch.tensor([c.lr for c in configs], dtype=torch.float64)
-    alive = torch.ones(H, dtype=torch.bool)  # still training (not stopped early, not failed)
-    ok = torch.ones(H, dtype=torch.bool)
-    runs = [HeadRun(c) for c in configs]
-    best_state = [p.detach().clone() for p in params]
-    best = torch.full((H,), -float("inf"))
-    stale = torch.zeros(H, dtype=torch.long)
-    loss_fn, loss_cfg = get_loss(cfg0.loss), cfg0.loss_config()
-    anchor = torch.as_tensor(train.anchor)
-    positive = torch.as_tensor(train.positive)
-    relevant = torch.as_tensor(sorted(a * (len(X) + 1) + p for a, p in task.relevant), dtype=torch.long)
-    gens = [torch.Generator().manual_seed(c.seed) for c in configs]
     steps_per_epoch = math.ceil(P / B)
     total = steps_per_epoch * cfg0.epochs
-    given = None if train.negative is None or not kind.negatives else torch.as_tensor(train.negative)
-    energy = cfg0.eval_energy
-    metric = primary_metric(task.kind, energy)
+    optimizer = StackOptimizer(model, configs, total)
+    tracker = HeadTracker(configs, optimizer.params, cfg0.patience)
+    negatives = NegativeSource(task, data, cfg0, H)
+    gens = [torch.Generator().manual_seed(c.seed) for c in configs]
+    metric = primary_metric(task.kind, cfg0.eval_energy)
     bar = tqdm(total=total, desc=f"{H} head(s) {cfg0.loss}", disable=not progress, leave=False)
     step = 0
     t0 = time.perf_counter()
-    mining = bool(cfg0.mined_k and kind.negatives and task.corpus_rows is not None)
-    mined = None
     for epoch in range(cfg0.epochs):
-        if not bool(alive.any()):
+        if not bool(tracker.alive.any()):
             break
-        negs = given.unsqueeze(0).expand(H, -1, -1) if given is not None else None  # (H, P, K)
-        if mining and (mined is None or cfg0.remine):  # once in feature space; each epoch with --remine
-            embed = (lambda rows: embed_rows(model, X, rows)) if cfg0.remine and epoch > 0 else None
-            mined = mine_negatives(X, train.anchor, task.corpus_rows, task.relevant, cfg0.mined_k, embed, H,
-                                   energy=energy)
-        if mined is not None:
-            negs = mined if negs is None else torch.cat([negs, mined], dim=-1)
-        perms = torch.stack([torch.randperm(P, generator=g) for g in gens])  # (H, P)
+        negs = negatives.for_epoch(epoch, model)  # (H, P, K) or None
         epoch_loss = torch.zeros(H, dtype=torch.float64)
         model.train()
-        for s in range(steps_per_epoch):
-            idx = perms[:, s * B:(s + 1) * B]  # (H, b)
-            a_rows, p_rows = anchor[idx], positive[idx]
-            za, zp = model(X[a_rows]), model(X[p_rows])  # (H, b, d)
-            zn = None
-            if negs is not None:
-                n_rows = torch.gather(negs, 1, idx.unsqueeze(-1).expand(-1, -1, negs.shape[-1]))  # (H, b, K)
-                zn = model(X[n_rows.flatten(1)]).unflatten(1, n_rows.shape[1:])  # (H, b, K, d)
-            labels = labels_all[idx] if labels_all is not None else None  # (H, b)
-            same = same_mask(a_rows, p_rows, relevant, len(X) + 1)
-            losses = loss_fn(za, zp, zn, labels, energy=cfg0.energy, cfg=loss_cfg, same=same)  # (H,)
-            if cfg0.decay_to_init:
-                losses = losses + cfg0.decay_to_init * sum((p - p0).pow(2).flatten(1).sum(1) for p, p0 in zip(params, init))
-            finite = torch.isfinite(losses.detach())
-            for h in torch.nonzero(~finite & ok).flatten().tolist():
-                runs[h].status, ok[h], alive[h] = "failed", False, False
-                runs[h].reason = (f"loss became {losses[h].item()} at epoch {epoch + 1}, step {s + 1} "
-                                  f"(global step {step + 1})")
-            if opt is not None:
-                opt.zero_grad(set_to_none=False)
-                torch.where(finite, losses, torch.zeros_like(losses)).sum().backward()
-                for p in params:
-                    p.grad[~ok] = 0.0
-                    p.grad.nan_to_num_(0.0, 0.0, 0.0)
-                if cfg0.grad_clip:
-                    _clip_per_head(params, cfg0.grad_clip)
-                opt.param_groups[0]["head_lr"] = base_lr * lr_factor(step, total, cfg0) * alive.double()
-                opt.step()
+        for s, idx in enumerate(epoch_batches(gens, P, B)):
+            losses = batch_losses(model, data.X, make_batch(data, idx, negs), cfg0, optimizer.init)
+            finite = tracker.check_losses(losses, f"at epoch {epoch + 1}, step {s + 1} (global step {step + 1})")
+            optimizer.step(losses, finite, tracker.ok, tracker.alive)
             epoch_loss += torch.where(finite, losses.detach(), torch.zeros_like(losses)).double()
             step += 1
             bar.update(1)
-        dev, _ = evaluate_split(task, select_split, lambda rows: embed_rows(model, X, rows), (energy,))
-        for h in range(H):
-            value = dev[h][metric]
-            runs[h].history.append({"epoch": epoch + 1, "loss": float(epoch_loss[h] / steps_per_epoch),
-                                    f"dev_{metric}": value})
-            if not alive[h]:
-                continue
-            if not math.isfinite(value):  # the head's outputs overflowed or became NaN
-                runs[h].status, ok[h], alive[h] = "failed", False, False
-                runs[h].reason = f"dev {metric} became {value} after epoch {epoch + 1} (global step {step})"
-                continue
-            if value > best[h]:
-                best[h], stale[h] = value, 0
-                runs[h].best_epoch, runs[h].best_dev = epoch + 1, value
-                for p, b in zip(params, best_state):
-                    b[h] = p.detach()[h]
-            else:
-                stale[h] += 1
-                if stale[h] >= cfg0.patience:
-                    alive[h] = False
-        bar.set_postfix({f"best {metric}": f"{float(best[ok].max()) if ok.any() else float('nan'):.4f}"})
+        scores = dev_scores(task, select_split, model, data.X, cfg0.eval_energy, metric)
+        tracker.end_epoch(epoch + 1, epoch_loss / steps_per_epoch, scores, metric, step)
+        bar.set_postfix({f"best {metric}": f"{tracker.best_so_far():.4f}"})
     bar.close()
-    with torch.no_grad():
-        for p, b in zip(params, best_state):
-            p.copy_(b)
+    tracker.restore_best()
     elapsed = time.perf_counter() - t0
-    for r in runs:
+    for r in tracker.runs:
         r.seconds = elapsed / H
-    return model, norm, runs
+    return model, data.norm, tracker.runs
 
 
 def train_one(task: Task, features: torch.Tensor, head_cfg: HeadConfig, cfg: TrainConfig,

@@ -30,6 +30,7 @@ from headstore.data.files import atomic_write_json
 from headstore.featurize.model import pick_device
 from headstore.featurize.tuning.mlm_head import head_parameters, load_mlm_model, masked_lm_loss, save_encoder, save_head
 from headstore.featurize.tuning.packing import MLMCollator, load_texts, pack_texts, split_holdout, texts_fingerprint
+from headstore.heads.schedule import lr_lambda
 
 log = logging.getLogger(__name__)
 
@@ -70,10 +71,9 @@ class AdaptConfig:
 
 
 def lr_at(step: int, total: int, warmup: int, peak: float) -> float:
-    """Linear warm-up to `peak` over `warmup` steps, then linear decay to 0 at `total`."""
-    if step < warmup:
-        return peak * (step + 1) / warmup
-    return peak * max(0.0, (total - step) / max(1, total - warmup))
+    """Linear warm-up to `peak` over `warmup` steps, then linear decay to 0 at `total`: transformers'
+    linear schedule (heads.schedule.lr_lambda), the warm-up counting the update being taken."""
+    return peak * lr_lambda("linear", warmup, total)(step)
 
 
 def _device(name: str) -> torch.device:

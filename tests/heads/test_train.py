@@ -137,3 +137,26 @@ def test_positive_pair_losses_on_a_table_without_positives_are_an_error():
     with pytest.raises(ValueError, match="no train pair has a label >= 0.8"):
         train_one(low, X, HeadConfig(depth=1, out_dim=8, in_dim=16, residual=False), TrainConfig(loss="mnr"),
                   progress=False)
+
+
+@pytest.mark.parametrize("schedule", ["cosine", "linear", "constant"])
+def test_lr_schedule_is_transformers_schedule_with_the_warmup_counting_the_update(schedule):
+    import transformers.optimization as hf
+
+    from headstore.heads.schedule import lr_lambda
+
+    make = {"cosine": hf.get_cosine_schedule_with_warmup, "linear": hf.get_linear_schedule_with_warmup,
+            "constant": hf.get_constant_schedule_with_warmup}[schedule]
+    total, warm = 50, 7
+    opt = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=1.0)
+    kwargs = {} if schedule == "constant" else {"num_training_steps": total}
+    sched = make(opt, num_warmup_steps=warm, **kwargs)
+    reference = []  # the lr transformers' scheduler gives each update (stepped after the optimiser)
+    for _ in range(total + 1):
+        reference.append(opt.param_groups[0]["lr"])
+        opt.step()
+        sched.step()
+    f = lr_lambda(schedule, warm, total)
+    assert [f(s) for s in range(warm)] == pytest.approx(reference[1:warm + 1])  # warm-up: the update being taken counts
+    assert [f(s) for s in range(warm, total)] == pytest.approx(reference[warm:total])
+    assert f(warm - 1) == 1.0
