@@ -33,12 +33,15 @@ class TrainConfig:
     # L2 puts every L1 energy on one scale (~10-20 for MiniLM), so one energy bound Q fits all data
     # loss settings (None = the per-energy default in heads.losses)
     q: float | None = None  # Chopra et al.'s energy bound Q (l1-energy)
+    q_start: float | None = None  # a Q schedule: Q goes linearly from q_start to q over training (None: fixed Q)
     tau: float | None = None  # temperature of l1-ce
     margin: float | None = None  # contrastive / triplet margin
     impostors: str = DEFAULT_IMPOSTORS  # which impostors enter the energy losses: the mean over all of them
     # is dominated by easy ones; the hardest / semi-hard one per anchor trains (docs/l1-energy.md)
     genuine_weight: float = 1.0  # genuine vs impostor balance of the energy losses
     graded: str = "weight"  # how graded labels enter l1-energy / contrastive: weight | regress | pearson
+    guard: bool = True  # the starting point (the identity head for a residual head) is a selection candidate:
+    # a head that never beats it on dev is returned as it (the frozen features), never worse than no head
 
     def __post_init__(self):
         check_types(type(self), asdict(self))
@@ -64,6 +67,8 @@ class TrainConfig:
             if not holds:
                 raise ValueError(f"{name} must be {what}, got {getattr(self, name)}")
         self.loss_config()  # q, tau, margin, genuine_weight: finite and positive
+        if self.q_start is not None and not (math.isfinite(self.q_start) and self.q_start > 0):
+            raise ValueError(f"q_start must be a finite number > 0 (or unset: no Q schedule), got {self.q_start}")
 
     @property
     def eval_energy(self) -> str:

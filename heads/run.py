@@ -28,6 +28,7 @@ from headstore.heads.features import Normalizer, array_list, load_features
 from headstore.heads.metrics import bootstrap_ci
 from headstore.heads.model import HeadConfig, save_heads
 from headstore.heads.experiments.plots import plot_curve
+from headstore.heads.selection import DEFAULT_DELTA, load_selection
 from headstore.heads.tasks import WHOLE, Task, load_task, task_rows, without_overlap
 from headstore.heads.train import train_one
 from headstore.heads.trec import write_trec_runs
@@ -106,18 +107,22 @@ def _data_notes(task: Task) -> dict:
 
 def train_head(store_path: str, data_path: str, out_dir: str, head_cfg: HeadConfig, cfg: TrainConfig,
                data_format: str | None = None, array: str = "features", progress: bool = True,
-               score_range=None, overwrite: bool = False) -> dict:
+               score_range=None, overwrite: bool = False, select_ood: tuple[str, ...] = (),
+               ood_delta: float = DEFAULT_DELTA) -> dict:
     """Train one head on `data_path`'s train split, select on dev, report test once; write `out_dir`.
 
-    score_range: the (LO, HI) scale of an STS table's scores (default: detected as 0-1 or 0-5)."""
-    prepare_output_dir(out_dir, "head", overwrite, inputs=(data_path,), create=False)  # refuse before training
+    score_range: the (LO, HI) scale of an STS table's scores (default: detected as 0-1 or 0-5).
+    select_ood / ood_delta: out-of-domain dev sets in the selection rule (heads.selection)."""
+    inputs = (data_path, *select_ood)
+    prepare_output_dir(out_dir, "head", overwrite, inputs=inputs, create=False)  # refuse before training
     store = FeatureStore.open(store_path)
     layer = _array_layer(store, array)
     task = load_task(data_path, store, data_format, score_range=score_range)
     features = load_features(store, array)
+    selection = load_selection(store, select_ood, task, features[:, :store.dim], ood_delta)
     head_cfg = head_shape(head_cfg, features, array)
-    model, norm, run = train_one(task, features, head_cfg, cfg, progress)
-    out = prepare_output_dir(out_dir, "head", overwrite, inputs=(data_path,))
+    model, norm, run = train_one(task, features, head_cfg, cfg, progress, selection)
+    out = prepare_output_dir(out_dir, "head", overwrite, inputs=inputs)
     save_heads(out / "head.safetensors", model)
     norm.save(out / "normalizer.safetensors")
     config = {"head": asdict(head_cfg), "train": cfg.to_dict(), "data": str(data_path), "format": data_format,
@@ -125,10 +130,15 @@ def train_head(store_path: str, data_path: str, out_dir: str, head_cfg: HeadConf
               **_data_notes(task),
               "store": str(store_path), "store_fingerprint": store.fingerprint, "array": array, "array_layer": layer,
               "store_manifest": {k: v for k, v in store.manifest.items() if k != "arrays"},
-              "best_epoch": run.best_epoch, "train_seconds": run.seconds}
+              "best_epoch": run.best_epoch, "train_seconds": run.seconds,
+              **({"selection": selection.describe()} if selection else {})}
     atomic_write_json(out / "config.json", config, sort_keys=True)
     metrics = evaluate_head(task, features, model, norm, cfg.eval_energy, ("dev", TEST_SPLIT), dim=store.dim)
     metrics.update(_data_notes(task))
+    metrics["guard"] = guard_report(task, metrics, run, cfg)
+    if selection:
+        metrics["selection"] = {**selection.describe(), "ood_dev_loss": run.best_sel_loss,
+                                "within_delta": run.best_sel_loss is not None and run.best_sel_loss <= ood_delta}
     if TEST_SPLIT not in task.eval_sets:
         metrics["split"] = "dev"
         metrics["note"] = f"{data_path} has no test split: only dev figures are reported"
@@ -137,6 +147,36 @@ def train_head(store_path: str, data_path: str, out_dir: str, head_cfg: HeadConf
     write_trec_runs(task, features, model, norm, cfg.eval_energy, ("dev", TEST_SPLIT), out, task.name)
     plot_curve(run.history, out / "curve.png", title=f"{task.name}: {cfg.loss} ({cfg.eval_energy})")
     return metrics
+
+
+def guard_report(task: Task, metrics: dict, run, cfg: TrainConfig) -> dict:
+    """The head against the frozen baseline on dev in the user's metric (metrics.json "guard"), with a
+    warning saying what to try when the head is worse than the frozen features with cosine."""
+    dev = metrics.get("dev")
+    report = {"enabled": cfg.guard, "start_dev": run.start_dev, "best_epoch": run.best_epoch,
+              "returned": "the starting point (epoch 0: no update kept)" if run.best_epoch == 0
+              else f"the trained head (epoch {run.best_epoch})"}
+    if not dev:
+        return report
+    frozen, head = dev["baseline"][metrics["baseline_primary"]], dev["head"][metrics["primary"]]
+    report.update(frozen_dev=frozen, head_dev=head, head_minus_frozen=head - frozen,
+                  worse_than_frozen=bool(head < frozen))
+    if head < frozen:
+        report["warning"] = (f"the head is WORSE than no head on dev: {metrics['primary']} {head:.4f} vs "
+                             f"{frozen:.4f} for the frozen features with cosine ({head - frozen:+.4f}). "
+                             f"Try: {SUGGESTIONS.get(task.kind, SUGGESTIONS['pairs'])}; or use the frozen "
+                             "features with cosine (no head).")
+    return report
+
+
+# what to try when a head loses to the frozen features on dev (docs/l1-energy.md, round 2)
+SUGGESTIONS = {
+    "sts": "--graded pearson --depth 1 --batch-size 256 (the energy regressed onto the scores), and a layer mix "
+           "(featurize --layers -1,-2,-4; --array features+features_layer-2+features_layer-4)",
+    "ir": "--depth 1 --lr 3e-3 --remine, --q 15 with --normalize l2, or --select-ood with a dev set of "
+          "your other domains",
+    "pairs": "--depth 1, a lower --lr, --normalize l2",
+}
 
 
 def load_head(head_dir: str):

@@ -72,9 +72,32 @@ def l1_grid(world, tmp_path_factory):
                     'mined_k = 2\n')
     out = spec.parent / "out"
     r = CliRunner().invoke(main, ["grid", "--store", str(world.store), "--data", str(world.beir), "--grid", str(spec),
-                                  "--out", str(out)])
+                                  "--out", str(out), "--ensemble", "2", "--ensemble", "1"])
     assert r.exit_code == 0, r.output
     return out
+
+
+def test_grid_scores_ensembles_per_seed(world, l1_grid):
+    from headstore.featurize.store import FeatureStore
+    from headstore.heads.evaluate import embed_rows, evaluate_split
+    from headstore.heads.features import load_features
+    from headstore.heads.tasks import load_task
+
+    info = json.loads((l1_grid / "ensembles.json").read_text())
+    assert [r["k"] for r in info["rows"]] == [1, 2] and all(r["seeds"] == 2 for r in info["rows"])
+    results = pl.read_parquet(l1_grid / "results.parquet")
+    store = FeatureStore.open(world.store)
+    task, X = load_task(str(world.beir), store), load_features(store)
+    for rec in info["per_seed"]:
+        members = [headstore.Head.load(f"{l1_grid}#id={h}") for h in rec["head_ids"]]
+        assert {results.filter(pl.col("head_id") == h)["seed"][0] for h in rec["head_ids"]} == {rec["seed"]}
+        ens = EnsembleHead(members)
+        res, _ = evaluate_split(task, "test", lambda r: embed_rows(ens.model, X, r), ("l1",))
+        assert res[0]["manhattan_ndcg@10"] == pytest.approx(rec["test_primary"])
+        if rec["k"] == 1:  # an ensemble of one is that head
+            row = results.filter(pl.col("head_id") == rec["head_ids"][0])
+            assert rec["dev_primary"] == pytest.approx(row["dev_primary"][0], abs=1e-6)
+    assert "## Ensembles" in (l1_grid / "leaderboard.md").read_text()
 
 
 def test_grid_ensemble_is_its_best_configurations(world, l1_grid, tmp_path):
