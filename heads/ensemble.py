@@ -8,8 +8,9 @@ share their normaliser and layer shapes).
 
 On disk an ensemble is a directory `Head.load` reads: `ensemble.json` (format, members, how they were
 chosen) and one train-head-style directory per member (`member-1/`, ...). From a grid,
-`GRID#ensemble=K` is the best-dev seed of each of the K best configurations of the leaderboard (the
-heads `GRID#rank=1` ... `GRID#rank=K` name), chosen on dev only.
+`GRID#ensemble=K` is the best-dev seed of each of the K best l1 configurations of the leaderboard (on the
+best one's store array; in a grid of l1 heads only, the heads `GRID#rank=1` ... `GRID#rank=K` name),
+chosen on dev only.
 """
 from __future__ import annotations
 
@@ -112,20 +113,29 @@ def check_members(members: list[Head]) -> None:
                              f"{m.store_fingerprint[:12]}) vs {first.source} ({first.array}, {first.store_fingerprint[:12]})")
 
 
-def grid_ensemble(grid_dir: str | Path, k: int | str, seed: int | None = None) -> EnsembleHead:
-    """The ensemble of the K best configurations of a grid (leaderboard order, dev only): of each, the
-    head of `seed`, or its best-dev seed when seed is None."""
-    from headstore.heads.experiments.grid_heads import load_grid_head
+def ensemble_groups(frame) -> list:
+    """The configurations an ensemble of a grid draws from, best first (the leaderboard's order, dev only):
+    those trained with the l1 energy (mnr is cosine) on the same store array as the best of them."""
     from headstore.heads.experiments.report import ranked_configs
-    from headstore.heads.experiments.grid_heads import _results
+
+    groups, _ = ranked_configs(frame)
+    l1 = [g for g in groups if g["loss"][0] != "mnr" and g["energy"][0] == ENERGY]
+    return [g for g in l1 if g["array"][0] == l1[0]["array"][0]] if l1 else []
+
+
+def grid_ensemble(grid_dir: str | Path, k: int | str, seed: int | None = None) -> EnsembleHead:
+    """The ensemble of the K best l1 configurations of a grid (`ensemble_groups`): of each, the head of
+    `seed`, or its best-dev seed when seed is None."""
+    from headstore.heads.experiments.grid_heads import _results, load_grid_head
 
     try:
         k = int(k)
     except (TypeError, ValueError):
         raise ValueError(f"grid reference ensemble={k!r}: give a positive integer, e.g. {grid_dir}#ensemble=3") from None
-    groups, _ = ranked_configs(_results(Path(grid_dir)))
+    groups = ensemble_groups(_results(Path(grid_dir)))
     if not 1 <= k <= len(groups):
-        raise ValueError(f"{grid_dir}: ensemble of {k} out of range; the grid has {len(groups)} trained configurations")
+        raise ValueError(f"{grid_dir}: ensemble of {k} out of range; the grid has {len(groups)} trained l1 "
+                         "configurations on one array")
     members = []
     for rank, group in enumerate(groups[:k], 1):
         if seed is not None:
@@ -135,8 +145,9 @@ def grid_ensemble(grid_dir: str | Path, k: int | str, seed: int | None = None) -
             model, norm, config = load_grid_head(grid_dir, id=rows["head_id"][0])
             source = f"{grid_dir}#id={rows['head_id'][0]}"
         else:
-            model, norm, config = load_grid_head(grid_dir, rank=rank)
-            source = f"{grid_dir}#rank={rank}"
+            best = group.sort("dev_primary", descending=True, nulls_last=True, maintain_order=True)
+            model, norm, config = load_grid_head(grid_dir, id=best["head_id"][0])
+            source = f"{grid_dir}#id={best['head_id'][0]}"
         members.append(Head(model, norm, config, source))
     selection = {"grid": str(grid_dir), "k": k, "seed": seed,
                  "rule": "the K best configurations by mean dev metric; " +

@@ -14,25 +14,19 @@ import numpy as np
 import polars as pl
 import torch
 
-from headstore.heads.ensemble import EnsembleHead
+from headstore.heads.ensemble import EnsembleHead, ensemble_groups
 from headstore.heads.evaluate import PREFIX, embed_rows, evaluate_split, primary_metric
 from headstore.heads.experiments.grid_heads import load_grid_head
-from headstore.heads.experiments.report import _ci, ranked_configs
+from headstore.heads.experiments.report import _ci
 from headstore.heads.head import Head
 from headstore.heads.tasks import Task
-
-
-def _l1_groups(frame: pl.DataFrame) -> list[pl.DataFrame]:
-    groups, _ = ranked_configs(frame)
-    l1 = [g for g in groups if g["loss"][0] != "mnr" and g["energy"][0] == "l1"]
-    return [g for g in l1 if g["array"][0] == l1[0]["array"][0]] if l1 else []
 
 
 def score_ensembles(out, frame: pl.DataFrame, task: Task, features: dict[str, torch.Tensor], transfer: dict,
                     selection, ks: tuple[int, ...], split_of) -> tuple[list[dict], list[dict]]:
     """(one aggregated row per K, one row per K and seed). `features`: raw features per array;
     `transfer`: name -> out-of-domain task; `split_of(task)`: the split a transfer set is scored on."""
-    groups = _l1_groups(frame)
+    groups = ensemble_groups(frame)
     if not groups:
         return [], []
     seeds = sorted(set.intersection(*[set(g["seed"].to_list()) for g in groups]))

@@ -113,3 +113,15 @@ def test_grid_ensemble_is_its_best_configurations(world, l1_grid, tmp_path):
     assert json.loads((tmp_path / "e" / "ensemble.json").read_text())["config"]["ensemble"]["k"] == 2
     with pytest.raises(ValueError, match="out of range"):
         headstore.Head.load(f"{l1_grid}#ensemble=9")
+
+
+def test_ensemble_groups_skip_cosine_heads_and_other_arrays():
+    from headstore.heads.ensemble import ensemble_groups
+
+    rows = [{"head_id": f"h{i}", "status": "ok", "loss": loss, "energy": "l1", "array": array, "lr": lr, "seed": 0,
+             "dev_primary": dev}
+            for i, (loss, array, lr, dev) in enumerate([("mnr", "features", 1e-3, 0.9), ("l1-energy", "features", 1e-3, 0.8),
+                                                        ("l1-energy", "features+features_layer-4", 1e-3, 0.7),
+                                                        ("l1-energy", "features", 3e-3, 0.6)])]
+    groups = ensemble_groups(pl.DataFrame(rows))
+    assert [g["head_id"][0] for g in groups] == ["h1", "h3"]
