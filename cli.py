@@ -166,6 +166,7 @@ def info(path):
 
 def _head_and_train_options(f):
     """Options shared by train-head (every HeadConfig and TrainConfig field, defaults from the dataclasses)."""
+    from headstore.heads.config import GRADED_DEFAULTS as GRADED
     from headstore.heads.config import TrainConfig
     from headstore.heads.model import HeadConfig
 
@@ -174,7 +175,8 @@ def _head_and_train_options(f):
         click.option("--loss", type=click.Choice(sorted(LOSSES)), default=t.loss, show_default=True),
         click.option("--energy", type=click.Choice(sorted(ENERGIES)), default=t.energy, show_default=True,
                      help="E(a, b) between head outputs (mnr is cosine by definition)."),
-        click.option("--depth", type=int, default=h.depth, show_default=True, help="Linear layers (0 = identity)."),
+        click.option("--depth", type=int, default=None,
+                     help=f"Linear layers (0 = identity). Default {h.depth}; {GRADED['depth']} for graded (STS) tables."),
         click.option("--hidden", type=int, default=h.hidden, show_default=True),
         click.option("--out-dim", type=int, default=h.out_dim, show_default=True),
         click.option("--activation", type=click.Choice(sorted(ACTIVATIONS)), default=h.activation, show_default=True),
@@ -184,11 +186,12 @@ def _head_and_train_options(f):
                      help="f(x) = x + g(x), starting exactly at the frozen features (needs out-dim = feature dim)."),
         click.option("--mix-init", type=float, default=h.mix_init, show_default=True,
                      help="With --array A+B+...: the starting softmax weight of the first array in the head's layer mix."),
-        click.option("--lr", type=float, default=t.lr, show_default=True),
+        click.option("--lr", type=float, default=None, help=f"Default {t.lr:g}; {GRADED['lr']:g} for graded (STS) tables."),
         click.option("--weight-decay", type=float, default=t.weight_decay, show_default=True),
         click.option("--decay-to-init", type=float, default=t.decay_to_init, show_default=True,
                      help="L2-SP pull of the weights toward their initial values."),
-        click.option("--epochs", type=int, default=t.epochs, show_default=True),
+        click.option("--epochs", type=int, default=None,
+                     help=f"Default {t.epochs}; {GRADED['epochs']} for graded (STS) tables (early stopping on dev either way)."),
         click.option("--batch-size", type=int, default=t.batch_size, show_default=True),
         click.option("--schedule", type=click.Choice(SCHEDULES), default=t.schedule, show_default=True),
         click.option("--warmup-ratio", type=float, default=t.warmup_ratio, show_default=True),
@@ -234,15 +237,18 @@ def train_head(store, data, data_format, out, array, select_ood, ood_delta, scor
     """Train one siamese energy head on stored features: train on train, select on dev, report test once."""
     from dataclasses import fields
 
-    from headstore.heads.config import TrainConfig
+    from headstore.heads.config import GRADED_DEFAULTS, TrainConfig
     from headstore.heads.model import HeadConfig
     from headstore.heads.run import train_head as run_train_head
 
     head_keys = {f.name for f in fields(HeadConfig)}
+    unset = tuple(k for k in GRADED_DEFAULTS if settings[k] is None)  # left to the defaults of the data's kind
+    settings = {k: v for k, v in settings.items() if v is not None or k not in GRADED_DEFAULTS}
     head_cfg = HeadConfig(**{k: v for k, v in settings.items() if k in head_keys})
     cfg = TrainConfig(**{k: v for k, v in settings.items() if k not in head_keys})
     metrics = run_train_head(store, data, out, head_cfg, cfg, data_format, array, score_range=score_range,
-                             overwrite=overwrite, select_ood=tuple(select_ood), ood_delta=ood_delta)
+                             overwrite=overwrite, select_ood=tuple(select_ood), ood_delta=ood_delta,
+                             kind_defaults=unset)
     _echo_metrics(metrics, out)
 
 

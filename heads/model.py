@@ -40,7 +40,8 @@ HEADS_FORMAT = "headstore.heads/1"  # safetensors metadata tag; bump when the la
 
 @dataclass(frozen=True)
 class HeadConfig:
-    depth: int = 2  # number of linear layers; 0 = the identity head (no parameters), 1 = one linear map
+    depth: int = 2  # number of linear layers; 0 = the identity head (no parameters), 1 = one linear map. 2: SciFact's
+    # dev choice (round 2); graded (STS) tables take 1 in train-head (config.GRADED_DEFAULTS)
     hidden: int = 512  # width of hidden layers (depth >= 2); ~1.3x MiniLM's 384 keeps heads small
     out_dim: Optional[int] = None  # output dim; None -> in_dim (what a residual head needs). Ignored at depth 0
     activation: str = "gelu"  # between layers: gelu | relu | tanh | identity (GELU as in the encoder)

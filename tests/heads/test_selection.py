@@ -102,7 +102,7 @@ def test_train_head_reports_a_head_worse_than_no_head(data_world, tmp_path):
 
     out = tmp_path / "bad"
     r = cli("train-head", "--store", data_world["store"], "--data", data_world["sts05"], "--out", out, *FAST,
-            "--no-guard", "--lr", "5", "--grad-clip", "0", "--normalize", "none")
+            "--no-guard", "--lr", "5", "--grad-clip", "0", "--normalize", "none", "--graded", "weight", "--depth", "2")
     assert r.exit_code == 0, r.output
     guard = json.loads((out / "metrics.json").read_text())["guard"]
     assert guard["enabled"] is False and guard["worse_than_frozen"] is True
@@ -155,3 +155,30 @@ def test_select_ood_never_uses_a_test_split(data_world, tmp_path):
     r = cli("train-head", "--store", data_world["store"], "--data", data_world["pos"], "--out", tmp_path / "h",
             *FAST, "--select-ood", test_only)
     assert_bad_input(r, "never selected on")
+
+
+def test_train_head_defaults_depend_on_the_kind_of_data(data_world, tmp_path):
+    """Graded (STS) tables take GRADED_DEFAULTS for settings left unset; IR data the dataclass defaults;
+    a value the user gives always wins."""
+    import json
+
+    from headstore.heads.config import GRADED_DEFAULTS, TrainConfig
+    from headstore.heads.model import HeadConfig
+
+    from .conftest import cli
+
+    fast = ("--hidden", "16", "--batch-size", "8", "--mined-k", "2")
+
+    def config(data, *extra):
+        out = tmp_path / f"run{len(list(tmp_path.iterdir()))}"
+        r = cli("train-head", "--store", data_world["store"], "--data", data, "--out", out, *fast, *extra)
+        assert r.exit_code == 0, r.output
+        return json.loads((out / "config.json").read_text())
+
+    sts = config(data_world["sts05"], "--epochs", "1")
+    assert sts["head"]["depth"] == GRADED_DEFAULTS["depth"] and sts["train"]["lr"] == GRADED_DEFAULTS["lr"]
+    assert "graded data" in sts["defaults"]
+    ir = config(data_world["beir"], "--epochs", "1")
+    assert ir["head"]["depth"] == HeadConfig().depth and ir["train"]["lr"] == TrainConfig().lr
+    given = config(data_world["sts05"], "--depth", "2", "--lr", "0.01", "--epochs", "1")
+    assert given["head"]["depth"] == 2 and given["train"]["lr"] == 0.01
