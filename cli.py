@@ -18,7 +18,7 @@ from headstore.featurize.config import PRECISIONS
 from headstore.featurize.pooling import POOLINGS
 from headstore.heads.config import NORMALIZATIONS, PRECISIONS as HEAD_PRECISIONS, SCHEDULES
 from headstore.heads.energy import ENERGIES
-from headstore.heads.losses import IMPOSTOR_MODES, LOSSES
+from headstore.heads.losses import GRADED_MODES, IMPOSTOR_MODES, LOSSES
 from headstore.heads.model import ACTIVATIONS
 
 
@@ -75,6 +75,18 @@ score_range_option = click.option(
     "--score-range", type=ScoreRange(), default=None,
     help="Scale of an STS table's scores, e.g. 0,5 (default: detected as 0-1 or 0-5); "
          "a score outside it is an error naming its row.")
+
+
+def select_ood_options(f):
+    """--select-ood D (repeatable) and --ood-delta: out-of-domain dev splits in the selection rule."""
+    f = click.option("--ood-delta", type=float, default=0.01, show_default=True,
+                     help="Largest out-of-domain dev loss (frozen cosine minus head) a selected head may have.")(f)
+    return click.option("--select-ood", multiple=True,
+                        help="Out-of-domain dataset whose dev split (else train split, never test) takes part in "
+                             "selection: the best dev head within --ood-delta of the frozen baseline on it, else "
+                             "the least-losing (repeatable).")(f)
+
+
 overwrite_option = click.option(
     "--overwrite", is_flag=True,
     help="Replace what --out already holds (a head, an eval, a grid); a feature store is never replaced.")
@@ -192,6 +204,7 @@ def compact(path, target_rows):
 
 def _head_and_train_options(f):
     """Options shared by train-head (every HeadConfig and TrainConfig field, defaults from the dataclasses)."""
+    from headstore.heads.config import GRADED_DEFAULTS as GRADED
     from headstore.heads.config import TrainConfig
     from headstore.heads.model import HeadConfig
 
@@ -200,7 +213,8 @@ def _head_and_train_options(f):
         click.option("--loss", type=click.Choice(sorted(LOSSES)), default=t.loss, show_default=True),
         click.option("--energy", type=click.Choice(sorted(ENERGIES)), default=t.energy, show_default=True,
                      help="E(a, b) between head outputs (mnr is cosine by definition)."),
-        click.option("--depth", type=int, default=h.depth, show_default=True, help="Linear layers (0 = identity)."),
+        click.option("--depth", type=int, default=None,
+                     help=f"Linear layers (0 = identity). Default {h.depth}; {GRADED['depth']} for graded (STS) tables."),
         click.option("--hidden", type=int, default=h.hidden, show_default=True),
         click.option("--out-dim", type=int, default=h.out_dim, show_default=True),
         click.option("--activation", type=click.Choice(sorted(ACTIVATIONS)), default=h.activation, show_default=True),
@@ -208,11 +222,14 @@ def _head_and_train_options(f):
         click.option("--layer-norm/--no-layer-norm", default=h.layer_norm, show_default=True),
         click.option("--residual/--no-residual", default=h.residual, show_default=True,
                      help="f(x) = x + g(x), starting exactly at the frozen features (needs out-dim = feature dim)."),
-        click.option("--lr", type=float, default=t.lr, show_default=True),
+        click.option("--mix-init", type=float, default=h.mix_init, show_default=True,
+                     help="With --array A+B+...: the starting softmax weight of the first array in the head's layer mix."),
+        click.option("--lr", type=float, default=None, help=f"Default {t.lr:g}; {GRADED['lr']:g} for graded (STS) tables."),
         click.option("--weight-decay", type=float, default=t.weight_decay, show_default=True),
         click.option("--decay-to-init", type=float, default=t.decay_to_init, show_default=True,
                      help="L2-SP pull of the weights toward their initial values."),
-        click.option("--epochs", type=int, default=t.epochs, show_default=True),
+        click.option("--epochs", type=int, default=None,
+                     help=f"Default {t.epochs}; {GRADED['epochs']} for graded (STS) tables (early stopping on dev either way)."),
         click.option("--batch-size", type=int, default=t.batch_size, show_default=True),
         click.option("--schedule", type=click.Choice(SCHEDULES), default=t.schedule, show_default=True),
         click.option("--warmup-ratio", type=float, default=t.warmup_ratio, show_default=True),
@@ -232,6 +249,14 @@ def _head_and_train_options(f):
         click.option("--precision", type=click.Choice(HEAD_PRECISIONS), default=t.precision, show_default=True,
                      help="Training maths: fp32, or bf16 autocast for the matmuls (fp32 master weights and "
                           "losses; faster on CPUs with AMX and on GPUs)."),
+        click.option("--q-start", type=float, default=None,
+                     help="A Q schedule: l1-energy's Q goes linearly from this to --q over training."),
+        click.option("--guard/--no-guard", default=t.guard, show_default=True,
+                     help="Keep the starting point (the identity head) as a candidate: a head that never beats "
+                          "it on dev is returned as it; a head worse than the frozen features is reported."),
+        click.option("--graded", type=click.Choice(GRADED_MODES), default=t.graded, show_default=True,
+                     help="How graded (STS) or 0/1 labels enter l1-energy / contrastive: weight (s and 1 - s), "
+                          "regress (E toward Q (1 - s)), pearson (1 + corr(E, s) per batch)."),
     ]
     for option in reversed(options):
         f = option(f)
@@ -245,22 +270,26 @@ def _head_and_train_options(f):
               help="Dataset format (default: detected).")
 @click.option("--out", required=True, help="Output directory for head.safetensors, config.json, metrics.json, curve.png.")
 @click.option("--array", default="features", show_default=True, help="Store array (another layer) to train on.")
+@select_ood_options
 @score_range_option
 @overwrite_option
 @_head_and_train_options
-def train_head(store, data, data_format, out, array, score_range, overwrite, **settings):
+def train_head(store, data, data_format, out, array, select_ood, ood_delta, score_range, overwrite, **settings):
     """Train one siamese energy head on stored features: train on train, select on dev, report test once."""
     from dataclasses import fields
 
-    from headstore.heads.config import TrainConfig
+    from headstore.heads.config import GRADED_DEFAULTS, TrainConfig
     from headstore.heads.model import HeadConfig
     from headstore.heads.run import train_head as run_train_head
 
     head_keys = {f.name for f in fields(HeadConfig)}
+    unset = tuple(k for k in GRADED_DEFAULTS if settings[k] is None)  # left to the defaults of the data's kind
+    settings = {k: v for k, v in settings.items() if v is not None or k not in GRADED_DEFAULTS}
     head_cfg = HeadConfig(**{k: v for k, v in settings.items() if k in head_keys})
     cfg = TrainConfig(**{k: v for k, v in settings.items() if k not in head_keys})
     metrics = run_train_head(store, data, out, head_cfg, cfg, data_format, array, score_range=score_range,
-                             overwrite=overwrite)
+                             overwrite=overwrite, select_ood=tuple(select_ood), ood_delta=ood_delta,
+                             kind_defaults=unset)
     _echo_metrics(metrics, out)
 
 
@@ -270,6 +299,10 @@ def _echo_metrics(metrics: dict, out: str) -> None:
 
     click.echo(metrics_table(metrics))
     click.echo(f"full metrics: {out}/metrics.json")
+    warning = metrics.get("guard", {}).get("warning")
+    if warning:
+        bar = "!" * 78
+        click.secho(f"{bar}\nWARNING: {warning}\n{bar}", fg="red", bold=True, err=True)
 
 
 @main.command("eval")
@@ -302,14 +335,17 @@ def eval_(store, head_dir, data, data_format, out, exclude_overlap, score_range,
 @click.option("--grid", "grid_path", required=True, help="TOML grid file ([grid] lists, [fixed] values).")
 @click.option("--out", required=True, help="Results directory (rerunning into it skips finished heads).")
 @click.option("--transfer", multiple=True, help="Out-of-domain dataset every head is also scored on (repeatable).")
+@select_ood_options
+@click.option("--ensemble", "ensembles", multiple=True, type=click.IntRange(min=1),
+              help="Also score ensembles (mean L1 energy) of the K best l1 configurations, one per seed (repeatable).")
 @score_range_option
 @overwrite_option
-def grid(store, data, data_format, grid_path, out, transfer, score_range, overwrite):
+def grid(store, data, data_format, grid_path, out, transfer, select_ood, ood_delta, ensembles, score_range, overwrite):
     """Train every combination of a grid of heads (stacked by shape); write results, leaderboard and plots."""
     from headstore.heads.experiments.grid import run_grid
 
     run_grid(store, data, grid_path, out, data_format, transfer=tuple(transfer), score_range=score_range,
-             overwrite=overwrite)
+             overwrite=overwrite, select_ood=tuple(select_ood), ood_delta=ood_delta, ensembles=tuple(ensembles))
 
 
 @main.command()

@@ -270,7 +270,7 @@ def main() -> None:
 
 def report(rows: list[dict], peers: list[dict], probes: list[dict], load_before: float) -> None:
     limit = limits.best_of(*probes)
-    print(f"\nmatmul limit (best of the probes before/after): " +
+    print("\nmatmul limit (best of the probes before/after): " +
           ", ".join(f"{p} {v:,.0f} GFLOP/s" for p, v in limit.items()) +
           f"; torch threads {torch.get_num_threads()}; load average {load_before:.1f} -> {os.getloadavg()[0]:.1f}")
     print("\n| dataset | pairs | precision | 64 heads stacked | head matmuls | rate | share of limit | "

@@ -79,10 +79,14 @@ class Pipeline:
         parts = head.store_manifest
         self.encoder, self.head, self.model_source = encoder, head, model_source
         self.pooling = parts["pooling"]
-        self.layer = array_names(parts["layers"]).get(head.array)
-        if self.layer is None:
-            raise ValueError(f"{head.source}: array {head.array!r} is not one of the store's "
-                             f"{sorted(array_names(parts['layers']))}")
+        from headstore.heads.features import array_list
+
+        names = array_names(parts["layers"])
+        unknown = [a for a in array_list(head.array) if a not in names]
+        if unknown:
+            raise ValueError(f"{head.source}: array {unknown[0]!r} is not one of the store's {sorted(names)}")
+        self.layers = tuple(names[a] for a in array_list(head.array))  # a mixing head takes several, side by side
+        self.layer = self.layers[0]
         self.precision = parts.get("precision", "fp32")
         self.store_dtype = np.dtype(parts["dtype"])
         self.max_length = int(parts["max_length"])
@@ -97,7 +101,7 @@ class Pipeline:
         return cls(encoder, head, name)
 
     def __repr__(self) -> str:
-        return (f"Pipeline({self.model_source!r}, {self.pooling} pooling, layer {self.layer}, "
+        return (f"Pipeline({self.model_source!r}, {self.pooling} pooling, layer {self.layer if len(self.layers) == 1 else list(self.layers)}, "
                 f"max_length {self.max_length}, {self.precision}, head {self.head!r})")
 
     def features(self, texts: Sequence[str], batch_size: int = 32, progress: bool = False) -> np.ndarray:
@@ -119,7 +123,8 @@ class Pipeline:
             idx = order[start:start + batch_size]
             input_ids, mask = collate([tok.ids[i] for i in idx], pad_id, pin=False)
             batch = Batch(start, input_ids, mask, int(tok.n_tokens[idx].sum()))
-            pooled = encode_batch(self.encoder, batch, self.pooling, (self.layer,), self.precision)[0]  # (B, D)
+            pooled = encode_batch(self.encoder, batch, self.pooling, self.layers, self.precision)  # L x (B, D)
+            pooled = torch.cat(list(pooled), dim=-1)  # (B, L * D)
             out[idx] = pooled.cpu().numpy().astype(self.store_dtype).astype(np.float32)
             bar.update(batch.n_real_tokens)
         bar.close()

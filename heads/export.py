@@ -14,7 +14,7 @@ to g's output. A one-layer residual head is a Dense with `use_residual`. `simila
 head's energy: manhattan (L1), euclidean (L2) or cosine, so `model.similarity` ranks as the energy
 does (similarity = -energy for L1/L2).
 Not exportable exactly (refused, never approximated): tanh or layer-norm inside a residual head, a
-store array other than the last layer. A float16 store rounds features to float16 before the head;
+store array other than the last layer, a head mixing several layers. A float16 store rounds features to float16 before the head;
 the exported model does not (differences ~1e-3 relative; a float32 store matches to ~1e-6).
 
 `safetensors`: the head as a directory `Head.load` reads (head, normaliser, config.json).
@@ -94,16 +94,16 @@ def head_modules(head: Head) -> list:
     return _residual_modules(layers, act)
 
 
-def _residual_modules(layers: list[tuple[torch.Tensor, torch.Tensor]], act: str) -> list:
-    """f(x) = x + g(x), depth >= 2: hidden Dense layers output [h; x; -x] (identity: [h; x])."""
+def _residual_layers(layers: list[tuple[torch.Tensor, torch.Tensor]], act: str) -> list[tuple]:
+    """f(x) = x + g(x), depth >= 2, as (weight, bias, activation) layers: the hidden ones output [h; x; -x]
+    (identity activation: [h; x])."""
     D = layers[0][0].shape[1]
     eye = torch.eye(D)
     carry_in = torch.cat([eye, -eye]) if act != "identity" else eye  # (C, D): x -> carried rows
     C = carry_in.shape[0]
     recover = torch.cat([eye, -eye], dim=1) if act != "identity" else eye  # (D, C): carried rows -> x
-    modules = []
+    out = []
     for i, (w, b) in enumerate(layers):
-        out_f, in_f = w.shape
         last = i == len(layers) - 1
         if i == 0:
             weight = torch.cat([w, carry_in])  # (out + C, D)
@@ -112,8 +112,66 @@ def _residual_modules(layers: list[tuple[torch.Tensor, torch.Tensor]], act: str)
         else:
             weight = torch.block_diag(w, carry_in @ recover)  # (out + C, in + C)
         bias = b if last else torch.cat([b, torch.zeros(C)])
-        modules.append(_dense(weight, bias, "identity" if last else act))
-    return modules
+        out.append((weight, bias, "identity" if last else act))
+    return out
+
+
+def _residual_modules(layers: list[tuple[torch.Tensor, torch.Tensor]], act: str) -> list:
+    """f(x) = x + g(x), depth >= 2, as stock Dense modules (`_residual_layers`)."""
+    return [_dense(*layer) for layer in _residual_layers(layers, act)]
+
+
+def member_layers(head: Head) -> list[tuple]:
+    """One ensemble member as plain (weight (out, in), bias, activation) layers; ValueError where none exist."""
+    cfg, model = head.head_config, head.model
+    layers = [(model.weights[i][0].T, model.biases[i][0]) for i in range(cfg.depth)]
+    if cfg.layer_norm and cfg.depth > 1:
+        raise ValueError(f"{head.source}: a head with layer norm cannot be merged into an ensemble's Dense layers; "
+                         "export refused")
+    if cfg.depth == 0:
+        return []
+    if cfg.residual and cfg.depth == 1:
+        w, b = layers[0]
+        return [(w + torch.eye(w.shape[0]), b, "identity")]
+    if cfg.residual:
+        if cfg.activation not in EXACT_ODD_PART + ("identity",):
+            raise ValueError(f"{head.source}: a residual head with activation {cfg.activation!r} has no exact "
+                             "Dense form; export refused")
+        return _residual_layers(layers, cfg.activation)
+    return [(w, b, "identity" if i == cfg.depth - 1 else cfg.activation) for i, (w, b) in enumerate(layers)]
+
+
+def ensemble_modules(head) -> list:
+    """An ensemble (heads.ensemble) as stock modules: the shared normaliser, then its members side by side as
+    block matrices (first layer stacked, later layers block-diagonal), the last scaled by 1/K."""
+    members = head.members
+    first = members[0].normalizer
+    for m in members[1:]:
+        n = m.normalizer
+        if n.kind != first.kind or not (torch.equal(n.center, first.center) and torch.equal(n.scale, first.scale)):
+            raise ValueError(f"{head.source}: its heads use different feature normalisers ({m.source}: {n.kind} vs "
+                             f"{first.kind}); a sentence-transformers stack has one; export refused (use --format "
+                             "safetensors)")
+    per_member = [member_layers(m) for m in members]
+    depths = {len(layers) for layers in per_member}
+    acts = {tuple(a for _, _, a in layers) for layers in per_member}
+    if len(depths) > 1 or len(acts) > 1:
+        raise ValueError(f"{head.source}: its heads differ in depth or activation; they cannot be merged into one "
+                         "Dense stack; export refused (use --format safetensors)")
+    K, depth = len(members), depths.pop()
+    if depth == 0:  # every member the identity: K copies of x, / K
+        D = members[0].in_dim
+        return [*normalizer_modules(members[0]), _dense(torch.eye(D).repeat(K, 1) / K, torch.zeros(K * D), "identity")]
+    modules = []
+    for i in range(depth):
+        ws = [layers[i][0] for layers in per_member]
+        bs = [layers[i][1] for layers in per_member]
+        weight = torch.cat(ws) if i == 0 else torch.block_diag(*ws)
+        bias = torch.cat(bs)
+        if i == depth - 1:
+            weight, bias = weight / K, bias / K
+        modules.append(_dense(weight, bias, per_member[0][i][2]))
+    return [*normalizer_modules(members[0]), *modules]
 
 
 def export_sentence_transformers(head: Head, out: Path, model: str | None = None) -> dict:
@@ -127,6 +185,10 @@ def export_sentence_transformers(head: Head, out: Path, model: str | None = None
     from headstore.featurize.pipeline import check_encoder, encoder_source
 
     parts = head.store_manifest
+    if head.head_config.mix > 1:
+        raise ValueError(f"{head.source} mixes several encoder layers ({head.array}); a sentence-transformers "
+                         "Transformer module gives the last layer only; export refused (use --format safetensors "
+                         "and headstore.Pipeline)")
     layer = dict(zip(_array_names(parts), parts["layers"]))[head.array]
     name = encoder_source(head, model)
     check_encoder(head, name)
@@ -137,7 +199,8 @@ def export_sentence_transformers(head: Head, out: Path, model: str | None = None
         raise ValueError(f"{head.source} was trained on layer {layer} ({head.array}); a sentence-transformers "
                          "Transformer module gives the last layer only; export refused")
     pooling = Pooling(transformer.get_embedding_dimension(), pooling_mode=parts["pooling"])
-    modules = [transformer, pooling, *normalizer_modules(head), *head_modules(head)]
+    body = ensemble_modules(head) if hasattr(head, "members") else [*normalizer_modules(head), *head_modules(head)]
+    modules = [transformer, pooling, *body]
     st = SentenceTransformer(modules=modules, device="cpu",
                              similarity_fn_name=SIMILARITY[head.energy_name])
     out.mkdir(parents=True, exist_ok=True)

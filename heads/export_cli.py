@@ -7,16 +7,21 @@ from headstore.data.dataset import FORMATS
 from headstore.heads.export import EXPORT_FORMATS
 
 
-def _head_ref(head: str | None, grid: str | None, rank: int | None, head_id: str | None) -> str:
+def _head_ref(head: str | None, grid: str | None, rank: int | None, head_id: str | None,
+              ensemble: int | None = None) -> str:
     """The Head.load reference the options name (exactly one of --head and --grid)."""
     if (head is None) == (grid is None):
-        raise click.UsageError("give either --head (a train-head dir or GRID#rank=K) or --grid with --rank/--id")
+        raise click.UsageError("give either --head (a train-head dir or GRID#rank=K) or --grid with --rank/--id/--ensemble")
     if head is not None:
-        if rank is not None or head_id is not None:
-            raise click.UsageError("--rank and --id select a head of --grid; with --head write HEAD#rank=K")
+        if rank is not None or head_id is not None or ensemble is not None:
+            raise click.UsageError("--rank, --id and --ensemble select from --grid; with --head write HEAD#rank=K")
         return head
-    if rank is not None and head_id is not None:
-        raise click.UsageError("give --rank or --id, not both")
+    if sum(x is not None for x in (rank, head_id, ensemble)) > 1:
+        raise click.UsageError("give one of --rank, --id and --ensemble")
+    if ensemble is not None:
+        if ensemble < 1:
+            raise click.UsageError(f"--ensemble {ensemble}: give the number of configurations, >= 1")
+        return f"{grid}#ensemble={ensemble}"
     return f"{grid}#id={head_id}" if head_id is not None else f"{grid}#rank={1 if rank is None else rank}"
 
 
@@ -25,17 +30,20 @@ def _head_ref(head: str | None, grid: str | None, rank: int | None, head_id: str
 @click.option("--grid", "grid", default=None, help="A `cli grid --out` dir: export its --rank (default 1) or --id head.")
 @click.option("--rank", type=int, default=None, help="With --grid: the leaderboard rank (selected on dev).")
 @click.option("--id", "head_id", default=None, help="With --grid: a head_id from its results.csv.")
+@click.option("--ensemble", type=int, default=None,
+              help="With --grid: one head averaging the L1 energies of the K best configurations (best-dev seed each).")
 @click.option("--format", "fmt", type=click.Choice(sorted(EXPORT_FORMATS)), required=True,
               help="sentence-transformers: a model dir plain SentenceTransformer(DIR) loads; "
                    "safetensors: head + normaliser + config.json (headstore.Head.load).")
 @click.option("--out", required=True, help="New (or empty) output directory.")
 @click.option("--model", default=None, help="The encoder the head's store was featurized with (default: found "
                                             "from the store; checked against its fingerprint).")
-def export_command(head, grid, rank, head_id, fmt, out, model):
-    """Export one trained head (encoder included for sentence-transformers) to OUT."""
+def export_command(head, grid, rank, head_id, ensemble, fmt, out, model):
+    """Export one trained head, or an ensemble of a grid's best as one head (encoder included for
+    sentence-transformers), to OUT."""
     from headstore.heads.export import export_head
 
-    ref = _head_ref(head, grid, rank, head_id)
+    ref = _head_ref(head, grid, rank, head_id, ensemble)
     summary = export_head(ref, fmt, out, model)
     click.echo(f"exported {ref} -> {summary['out']} ({fmt})")
     if "modules" in summary:

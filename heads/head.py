@@ -3,6 +3,7 @@
     head = headstore.Head.load("runs/scifact-l1")          # a `cli train-head --out` directory
     head = headstore.Head.load("runs/grid-stsb#rank=1")    # the dev-selected best of a `cli grid` output
     head = headstore.Head.load("runs/grid-stsb#id=3f2a...") # one head of a grid by its head_id
+    head = headstore.Head.load("runs/grid-stsb#ensemble=3") # mean L1 energy of its 3 best configurations
     z = head.embed(features)                                # (n, D) stored features -> (n, d) outputs
     E = head.energy(features_a, features_b)                 # (n_a, n_b) energies, low = similar
 
@@ -28,7 +29,7 @@ from headstore.heads.features import Normalizer
 from headstore.heads.model import HeadConfig, StackedMLP, load_heads, save_heads
 
 HEAD_FILE, NORMALIZER_FILE, CONFIG_FILE = "head.safetensors", "normalizer.safetensors", "config.json"
-GRID_REF = re.compile(r"(?P<key>rank|id)=(?P<value>.+)")  # what may follow '#' in a grid reference
+GRID_REF = re.compile(r"(?P<key>rank|id|ensemble)=(?P<value>.+)")  # what may follow '#' in a grid reference
 EMBED_BATCH = 8192  # rows per forward pass; bounds memory, not results
 
 
@@ -78,19 +79,28 @@ class Head:
     @classmethod
     def load(cls, ref: str | Path) -> "Head":
         """A `cli train-head --out` directory (or one `Head.save` / `cli export --format safetensors`
-        wrote), or `GRID_DIR#rank=K` / `GRID_DIR#id=HEAD_ID` for one head of a `cli grid` output."""
+        wrote), or `GRID_DIR#rank=K` / `GRID_DIR#id=HEAD_ID` for one head of a `cli grid` output, or
+        `GRID_DIR#ensemble=K` for the ensemble of its K best configurations (heads.ensemble)."""
         ref = str(ref)
         base, _, selector = ref.rpartition("#")
         if base and GRID_REF.fullmatch(selector) and not Path(ref).exists():
             from headstore.heads.experiments.grid_heads import load_grid_head
 
             match = GRID_REF.fullmatch(selector)
+            if match["key"] == "ensemble":
+                from headstore.heads.ensemble import grid_ensemble
+
+                return grid_ensemble(base, match["value"])
             model, norm, config = load_grid_head(base, **{match["key"]: match["value"]})
             return cls(model, norm, config, ref)
         return cls._load_dir(Path(ref))
 
     @classmethod
     def _load_dir(cls, d: Path) -> "Head":
+        from headstore.heads.ensemble import ENSEMBLE_FILE, EnsembleHead
+
+        if (d / ENSEMBLE_FILE).is_file() and not (d / HEAD_FILE).is_file():
+            return EnsembleHead.load_dir(d)
         if (d / "results.parquet").is_file() and not (d / HEAD_FILE).is_file():
             raise ValueError(f"{d} is a `cli grid` output; name one of its heads: '{d}#rank=1' (the dev-selected "
                              f"best) or '{d}#id=<head_id>' (see its results.csv)")
@@ -146,7 +156,8 @@ class Head:
 
     @property
     def in_dim(self) -> int:
-        return int(self.head_config.in_dim)
+        """The width of the features `embed` takes: the store's dim, times the arrays a mixing head mixes."""
+        return int(self.head_config.in_dim) * int(self.head_config.mix)
 
     @property
     def out_dim(self) -> int:

@@ -16,7 +16,14 @@ In-batch impostors of anchor i are zp[j] for j != i with same[i, j] False; given
 are impostors of anchor i too. `cfg.impostors` picks which of them enter the margin/energy losses:
 "all" (mean over every impostor), "hardest" (the lowest-energy one per anchor), "semi-hard" (the
 lowest-energy impostor that is still farther than the anchor's positive; falls back to the hardest
-when none is). The cross-entropy losses (l1-ce, mnr) always use every column.
+when none is), "distance-weighted" (every impostor, weighted by the inverse of how common its energy
+is in the batch: Wu et al. 2017's distance-weighted sampling taken in expectation, so hard, medium and
+easy impostors count alike). The cross-entropy losses (l1-ce, mnr) always use every column.
+
+Graded or 0/1 labels enter the energy losses as `cfg.graded` says: "weight" (the genuine term weighted
+by s, the impostor term by 1 - s), "regress" (E regressed onto Q (1 - s)) or "pearson" (E regressed onto
+the best affine map of s in the batch: 1 + corr(E, s), free of the energy scale). The pairwise ranking
+form on -E is `cosent`.
 """
 from __future__ import annotations
 
@@ -29,7 +36,9 @@ import torch.nn.functional as F
 
 from headstore.heads.energy import ENERGIES, check_energy, pairwise_energy
 
-IMPOSTOR_MODES = ("all", "hardest", "semi-hard")
+IMPOSTOR_MODES = ("all", "hardest", "semi-hard", "distance-weighted")
+GRADED_MODES = ("weight", "regress", "pearson")
+DISTANCE_BINS = 16  # histogram bins of the batch's impostor energies (distance-weighted impostors)
 # The one default for impostor choice (LossConfig and TrainConfig both use it): the mean over all
 # impostors is dominated by easy ones; the semi-hard one per anchor trains (docs/l1-energy.md).
 DEFAULT_IMPOSTORS = "semi-hard"
@@ -66,10 +75,14 @@ class LossConfig:
     impostors: str = DEFAULT_IMPOSTORS
     # weight of the genuine (positive pair) term against the impostor term; 1 = the paper's sum.
     genuine_weight: float = 1.0
+    # how graded / 0-1 labels enter l1-energy and contrastive: "weight" | "regress" | "pearson" (module doc)
+    graded: str = "weight"
 
     def __post_init__(self):
         if self.impostors not in IMPOSTOR_MODES:
             raise ValueError(f"impostors={self.impostors!r}; valid: {list(IMPOSTOR_MODES)}")
+        if self.graded not in GRADED_MODES:
+            raise ValueError(f"graded={self.graded!r}; valid: {list(GRADED_MODES)}")
         for name in ("q", "tau", "margin"):
             value = getattr(self, name)
             if value is not None and not (value > 0 and math.isfinite(value)):
@@ -85,7 +98,7 @@ class LossConfig:
         return {"q": _pick(self.q, DEFAULT_Q, energy), "tau": _pick(self.tau, DEFAULT_TAU, energy),
                 "margin": _pick(self.margin, DEFAULT_MARGIN, energy), "scale": self.scale,
                 "cosent_lambda": cosent_lambda(self.scale, energy), "impostors": self.impostors,
-                "genuine_weight": self.genuine_weight}
+                "genuine_weight": self.genuine_weight, "graded": self.graded}
 
 
 def _pick(value: Optional[float], defaults: dict[str, float], energy: str) -> float:
@@ -159,11 +172,33 @@ def _impostor_energies(za, zp, zn, energy, same, in_batch: bool):
     return torch.cat(cols, dim=-1), torch.cat(valid, dim=-1)
 
 
+def _distance_weights(E_imp, valid) -> torch.Tensor:
+    """Weights (H, B, M) of every valid impostor: 1 / (how many of the head's batch impostor energies share
+    its histogram bin), normalised to sum 1 per anchor. Each energy range then weighs alike, as if impostors
+    were sampled uniformly over distance (Wu et al. 2017) instead of as they come (mostly easy)."""
+    E = E_imp.detach()
+    valid = valid.expand_as(E)
+    weights = torch.zeros_like(E)
+    for h in range(E.shape[0]):
+        e = E[h][valid[h]]
+        if e.numel() == 0:
+            continue
+        lo, hi = e.min(), e.max()
+        width = (hi - lo).clamp_min(torch.finfo(E.dtype).eps) / DISTANCE_BINS
+        bins = ((E[h] - lo) / width).floor().clamp(0, DISTANCE_BINS - 1).long()  # (B, M)
+        counts = torch.bincount(bins[valid[h]], minlength=DISTANCE_BINS).to(E.dtype)
+        weights[h] = valid[h].to(E.dtype) / counts[bins].clamp_min(1.0)
+    return weights / weights.sum(-1, keepdim=True).clamp_min(torch.finfo(E.dtype).tiny)
+
+
 def _select_impostors(E_imp, valid, E_pos, mode: str) -> torch.Tensor:
-    """Weights (H, B, M) in {0, 1} marking the impostors used under `mode` (see module doc)."""
+    """Weights (H, B, M) of the impostors used under `mode` (see module doc): 0/1, or per-anchor
+    weights summing to 1 for distance-weighted."""
     weights = valid.to(E_imp.dtype).expand_as(E_imp)
     if mode == "all" or E_imp.shape[-1] == 0:
         return weights
+    if mode == "distance-weighted":
+        return _distance_weights(E_imp, valid)
     inf = torch.finfo(E_imp.dtype).max
     E = E_imp.detach().masked_fill(~valid, inf)  # (H, B, M)
     if mode == "semi-hard":
@@ -180,13 +215,32 @@ def _weighted_mean(values, weights) -> torch.Tensor:
     return (values.flatten(1) * w).sum(-1) / w.sum(-1).clamp_min(1.0)
 
 
-def _pair_plus_impostor_loss(name, za, zp, zn, labels, energy, cfg, same, genuine, impostor):
+def pearson_term(E, labels) -> torch.Tensor:
+    """1 + corr(E, s) per head: 0 when E is an exact decreasing affine map of s, 2 when increasing.
+    E (H, B), labels (B,) or (H, B). A batch whose scores (or energies) are all equal gives 1, no gradient."""
+    e = E - E.mean(-1, keepdim=True)
+    s = (labels - labels.mean(-1, keepdim=True)).expand_as(e)
+    denom = (e.pow(2).sum(-1) * s.pow(2).sum(-1)).sqrt()
+    return 1.0 + (e * s).sum(-1) / denom.clamp_min(1e-12)
+
+
+def _graded_term(E_pos, labels, cfg, genuine, impostor, target_scale):
+    """The per-pair part of a labelled batch under cfg.graded (module doc), (H,)."""
+    if cfg.graded == "pearson":
+        return pearson_term(E_pos, labels)
+    if cfg.graded == "regress":  # the genuine term with its target moved from 0 to target_scale (1 - s)
+        return cfg.genuine_weight * genuine(E_pos - target_scale * (1 - labels)).mean(-1)
+    return (cfg.genuine_weight * labels * genuine(E_pos) + (1 - labels) * impostor(E_pos)).mean(-1)
+
+
+def _pair_plus_impostor_loss(name, za, zp, zn, labels, energy, cfg, same, genuine, impostor, target_scale):
     """Shared form of l1-energy and contrastive: genuine term on positives, impostor term on impostors.
 
     Unlabelled: genuine_weight * mean_i genuine(E_ii) + mean over selected impostors impostor(E).
-    Labelled (score s_i in [0, 1]): mean_i [genuine_weight * s_i * genuine(E_ii) + (1 - s_i) * impostor(E_ii)]
-    plus the mean impostor term over given negatives zn; no in-batch impostors (the labels say which
-    pairs are impostors)."""
+    Labelled (score s_i in [0, 1]), cfg.graded = "weight": mean_i [genuine_weight * s_i * genuine(E_ii) +
+    (1 - s_i) * impostor(E_ii)]; "regress": genuine_weight * mean_i genuine(E_ii - T (1 - s_i)) with T the
+    energy scale (Q, the margin); "pearson": 1 + corr(E, s). Plus the mean impostor term over given
+    negatives zn; no in-batch impostors (the labels say which pairs are impostors)."""
     labels = _check_inputs(name, za, zp, zn, labels, same, LOSS_KINDS[name])
     E_pos = ENERGIES[check_energy(energy)](za, zp)  # (H, B)
     E_imp, valid = _impostor_energies(za, zp, zn, energy, same, in_batch=labels is None)
@@ -196,7 +250,7 @@ def _pair_plus_impostor_loss(name, za, zp, zn, labels, energy, cfg, same, genuin
                              f"pairs marked same); the loss would only pull pairs together")
         pair_term = cfg.genuine_weight * genuine(E_pos).mean(-1)
     else:
-        pair_term = (cfg.genuine_weight * labels * genuine(E_pos) + (1 - labels) * impostor(E_pos)).mean(-1)
+        pair_term = _graded_term(E_pos, labels, cfg, genuine, impostor, target_scale)
     if E_imp.shape[-1] == 0:
         return pair_term
     weights = _select_impostors(E_imp, valid, E_pos, cfg.impostors)
@@ -213,13 +267,15 @@ def l1_energy_loss(za, zp, zn=None, labels=None, *, energy="l1", cfg=LossConfig(
     energy's upper bound (cfg.q, default DEFAULT_Q[energy]). Impostors are in-batch mismatches
     (za[i], zp[j]), j != i and not `same`, plus given/mined negatives zn, chosen by cfg.impostors.
     With labels, pair i contributes s_i * L_G(E_i) + (1 - s_i) * L_I(E_i): label 1 -> genuine,
-    0 -> impostor, and a graded STS score s interpolates (genuine weighted by s, impostor by 1 - s).
-    See `_pair_plus_impostor_loss` for the exact reduction."""
+    0 -> impostor, and a graded STS score s interpolates (genuine weighted by s, impostor by 1 - s);
+    cfg.graded = "regress" pulls E toward Q (1 - s) with the genuine term's form, (2/Q) (E - Q (1 - s))^2,
+    and "pearson" takes 1 + corr(E, s) over the batch. See `_pair_plus_impostor_loss`."""
     Q = _pick(cfg.q, DEFAULT_Q, check_energy(energy))
     return _pair_plus_impostor_loss(
         "l1-energy", za, zp, zn, labels, energy, cfg, same,
         genuine=lambda E: (2.0 / Q) * E.pow(2),
         impostor=lambda E: (2.0 * Q) * torch.exp(-2.77 * E / Q),
+        target_scale=Q,
     )
 
 
@@ -234,6 +290,7 @@ def contrastive_loss(za, zp, zn=None, labels=None, *, energy="l1", cfg=LossConfi
         "contrastive", za, zp, zn, labels, energy, cfg, same,
         genuine=lambda E: 0.5 * E.pow(2),
         impostor=lambda E: 0.5 * F.relu(m - E).pow(2),
+        target_scale=m,
     )
 
 

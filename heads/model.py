@@ -1,7 +1,12 @@
 """Stacked MLP heads: H independent small MLPs whose parameters carry a leading head axis.
 
 Layer l of every head is one `(H, in, out)` weight and one `(H, out)` bias, so a forward pass over all
-H heads is one batched matmul per layer (`torch.baddbmm`). Head h is initialised from its own seed
+H heads is one batched matmul per layer (`torch.baddbmm`).
+
+A head over several stored encoder layers (`mix = L > 1`) takes their concatenation `(B, L * D)`, each
+layer already normalised on its own, and mixes them with its own learned softmax weights (a scalar mix
+per head, as ELMo's): `x = normalize(sum_l softmax(w)_l x_l)`, then the MLP on `x`. The first array
+(the last layer, `features`) starts with weight `mix_init`, the others share the rest. Head h is initialised from its own seed
 exactly like a one-head stack built with that seed, so training H heads stacked equals training
 them one by one (with dropout 0: dropout masks are drawn for the whole stack at once and differ from
 the masks separate runs would draw).
@@ -27,12 +32,17 @@ ACTIVATIONS = {
     "identity": lambda x: x,
 }
 INITS = ("default", "identity")
+# the mix weights are softmax(MIX_GAIN * theta): Adam moves theta by ~lr per step whatever its gradient's
+# size, so without a gain the mix would barely move from its start in a few hundred steps (on STS-B a gain
+# of 10 lets it move from 0.8 to ~0.73 on the last layer; docs/l1-energy.md)
+MIX_GAIN = 10.0
 HEADS_FORMAT = "headstore.heads/1"  # safetensors metadata tag; bump when the layout changes
 
 
 @dataclass(frozen=True)
 class HeadConfig:
-    depth: int = 2  # number of linear layers; 0 = the identity head (no parameters), 1 = one linear map
+    depth: int = 2  # number of linear layers; 0 = the identity head (no parameters), 1 = one linear map. 2: SciFact's
+    # dev choice (round 2); graded (STS) tables take 1 in train-head (config.GRADED_DEFAULTS)
     hidden: int = 512  # width of hidden layers (depth >= 2); ~1.3x MiniLM's 384 keeps heads small
     out_dim: Optional[int] = None  # output dim; None -> in_dim (what a residual head needs). Ignored at depth 0
     activation: str = "gelu"  # between layers: gelu | relu | tanh | identity (GELU as in the encoder)
@@ -42,6 +52,9 @@ class HeadConfig:
     # features, so training can only move away from the baseline as far as the data asks (docs/l1-energy.md)
     init: str = "default"  # "default": nn.Linear's U(+-1/sqrt(fan_in)); "identity": W = I, b = 0 (depth 1)
     in_dim: Optional[int] = None  # feature dim of the store; must be set before building a head
+    mix: int = 1  # stored arrays (encoder layers) the head mixes into its input; 1 = one array, no mix
+    mix_init: float = 0.8  # starting softmax weight of the first array (the last layer) when mix > 1: near
+    # the one-layer head; lower layers add 0.003 Spearman on STS-B dev (docs/l1-energy.md)
 
     def __post_init__(self):
         if self.activation not in ACTIVATIONS:
@@ -50,6 +63,9 @@ class HeadConfig:
             raise ValueError(f"init={self.init!r}; valid: {list(INITS)}")
         if self.depth < 0 or self.hidden < 1 or not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"need depth >= 0, hidden >= 1, 0 <= dropout < 1; got {self}")
+        if self.mix < 1 or not 0.0 < self.mix_init < 1.0:
+            raise ValueError(f"need mix >= 1 (arrays mixed) and 0 < mix_init < 1; got mix={self.mix}, "
+                             f"mix_init={self.mix_init}")
 
     @property
     def out_features(self) -> int:
@@ -120,6 +136,10 @@ class StackedMLP(nn.Module):
             [nn.Parameter(torch.stack([per_head[h][l][0] for h in range(n_heads)])) for l in range(cfg.depth)])
         self.biases = nn.ParameterList(
             [nn.Parameter(torch.stack([per_head[h][l][1] for h in range(n_heads)])) for l in range(cfg.depth)])
+        if cfg.mix > 1:  # theta of the scalar mix, (H, L): softmax(MIX_GAIN * theta) starts at mix_init on array 0
+            theta = torch.zeros(n_heads, cfg.mix)
+            theta[:, 0] = math.log(cfg.mix_init * (cfg.mix - 1) / (1 - cfg.mix_init)) / MIX_GAIN
+            self.mix_logits = nn.Parameter(theta)
         n_norms = max(cfg.depth - 1, 0) if cfg.layer_norm else 0
         self.ln_weights = nn.ParameterList([nn.Parameter(torch.ones(n_heads, cfg.hidden)) for _ in range(n_norms)])
         self.ln_biases = nn.ParameterList([nn.Parameter(torch.zeros(n_heads, cfg.hidden)) for _ in range(n_norms)])
@@ -128,12 +148,28 @@ class StackedMLP(nn.Module):
     def out_features(self) -> int:
         return self.cfg.out_features
 
+    def mix_weights(self) -> torch.Tensor:
+        """(H, L) softmax weights of the stored arrays each head mixes (ones (H, 1) without a mix)."""
+        if self.cfg.mix == 1:
+            return torch.ones(self.n_heads, 1)
+        return torch.softmax(MIX_GAIN * self.mix_logits, dim=-1)
+
+    def mixed_input(self, x: torch.Tensor) -> torch.Tensor:
+        """(B, L*D) or (H, B, L*D) concatenated arrays -> (H, B, D): each head's L2-normalised scalar mix."""
+        H, L, D = self.n_heads, self.cfg.mix, self.cfg.in_dim
+        layers = x.unflatten(-1, (L, D))  # (..., B, L, D)
+        w = self.mix_weights().view(H, 1, L, 1)  # (H, 1, L, 1)
+        return F.normalize((w * layers).sum(-2), dim=-1)  # (H, B, D)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         H, cfg = self.n_heads, self.cfg
-        if x.dim() == 2:
+        width = cfg.in_dim * cfg.mix
+        if x.dim() not in (2, 3) or x.shape[-1] != width or (x.dim() == 3 and x.shape[0] != H):
+            raise ValueError(f"StackedMLP input must be (B, {width}) or ({H}, B, {width}); got {tuple(x.shape)}")
+        if cfg.mix > 1:
+            x = self.mixed_input(x)
+        elif x.dim() == 2:
             x = x.unsqueeze(0).expand(H, *x.shape)  # shared input, a view: (H, B, D)
-        if x.dim() != 3 or x.shape[0] != H or x.shape[-1] != cfg.in_dim:
-            raise ValueError(f"StackedMLP input must be (B, {cfg.in_dim}) or ({H}, B, {cfg.in_dim}); got {tuple(x.shape)}")
         act = ACTIVATIONS[cfg.activation]
         h = x
         for l in range(cfg.depth):

@@ -15,19 +15,20 @@ folder holding another head or another command's output is refused unless `--ove
 """
 from __future__ import annotations
 
-from dataclasses import asdict
+from dataclasses import asdict, fields, replace
 
 import torch
 
 from headstore.data.files import atomic_write_json
 from headstore.data.outputs import prepare_output_dir
 from headstore.featurize.store import FeatureStore
-from headstore.heads.config import TrainConfig
+from headstore.heads.config import GRADED_DEFAULTS, TrainConfig
 from headstore.heads.evaluate import PREFIX, embed_rows, evaluate_split, primary_metric
-from headstore.heads.features import Normalizer, load_features
+from headstore.heads.features import Normalizer, array_list, load_features
 from headstore.heads.metrics import bootstrap_ci
 from headstore.heads.model import HeadConfig, save_heads
 from headstore.heads.experiments.plots import plot_curve
+from headstore.heads.selection import DEFAULT_DELTA, load_selection
 from headstore.heads.tasks import WHOLE, Task, load_task, task_rows, without_overlap
 from headstore.heads.train import train_one
 from headstore.heads.trec import write_trec_runs
@@ -50,8 +51,12 @@ def ci_of(task: Task, split: str, items: dict, prefix: str, n_boot: int = 1000) 
 
 
 def evaluate_head(task: Task, features: torch.Tensor, model, norm: Normalizer | None, energy: str,
-                  splits: tuple[str, ...]) -> dict:
-    """metrics.json content for the splits present: baseline and head, with CIs of the primary metric."""
+                  splits: tuple[str, ...], dim: int | None = None) -> dict:
+    """metrics.json content for the splits present: baseline and head, with CIs of the primary metric.
+
+    dim: the store's feature dim when `features` holds several arrays side by side (a mixing head): the
+    frozen baseline is the first array (the last layer) alone."""
+    base_features = features if dim is None else features[:, :dim]
     out: dict = {"primary": primary_metric(task.kind, energy),
                  "baseline_primary": primary_metric(task.kind, "cosine"), "ci": {}, "n_scored": {}}
     energies = (energy,) if energy == "cosine" else (energy, "cosine")
@@ -59,7 +64,7 @@ def evaluate_head(task: Task, features: torch.Tensor, model, norm: Normalizer | 
     for split in splits:
         if split not in task.eval_sets:
             continue
-        base, base_items = evaluate_split(task, split, lambda r: embed_rows(None, features, r), ("cosine", "l1"))
+        base, base_items = evaluate_split(task, split, lambda r: embed_rows(None, base_features, r), ("cosine", "l1"))
         head, head_items = evaluate_split(task, split, lambda r: embed_rows(model, X, r), energies)
         block = {"baseline": base[0], "head": head[0]}
         data = task.eval_sets[split]
@@ -75,11 +80,21 @@ def evaluate_head(task: Task, features: torch.Tensor, model, norm: Normalizer | 
 
 
 def _array_layer(store: FeatureStore, array: str):
-    """The encoder layer a store array holds (None where the manifest does not say)."""
-    if array not in store.arrays:
-        raise ValueError(f"{store.path}: no array {array!r}; its arrays: {', '.join(store.arrays)} (--array)")
-    info = store.manifest.get("arrays", {}).get(array)
-    return info.get("layer") if isinstance(info, dict) else None
+    """The encoder layer a store array holds (None where the manifest does not say); for several arrays
+    joined by '+' (a mixing head), the list of their layers."""
+    layers = []
+    for name in array_list(array):
+        if name not in store.arrays:
+            raise ValueError(f"{store.path}: no array {name!r}; its arrays: {', '.join(store.arrays)} (--array)")
+        info = store.manifest.get("arrays", {}).get(name)
+        layers.append(info.get("layer") if isinstance(info, dict) else None)
+    return layers[0] if len(layers) == 1 else layers
+
+
+def head_shape(head_cfg: HeadConfig, features: torch.Tensor, array: str) -> HeadConfig:
+    """The head config completed from the features: in_dim (one array's dim) and mix (arrays mixed)."""
+    mix = len(array_list(array))
+    return HeadConfig(**{**asdict(head_cfg), "in_dim": features.shape[1] // mix, "mix": mix})
 
 
 def _data_notes(task: Task) -> dict:
@@ -92,18 +107,25 @@ def _data_notes(task: Task) -> dict:
 
 def train_head(store_path: str, data_path: str, out_dir: str, head_cfg: HeadConfig, cfg: TrainConfig,
                data_format: str | None = None, array: str = "features", progress: bool = True,
-               score_range=None, overwrite: bool = False) -> dict:
+               score_range=None, overwrite: bool = False, select_ood: tuple[str, ...] = (),
+               ood_delta: float = DEFAULT_DELTA, kind_defaults: tuple[str, ...] = ()) -> dict:
     """Train one head on `data_path`'s train split, select on dev, report test once; write `out_dir`.
 
-    score_range: the (LO, HI) scale of an STS table's scores (default: detected as 0-1 or 0-5)."""
-    prepare_output_dir(out_dir, "head", overwrite, inputs=(data_path,), create=False)  # refuse before training
+    score_range: the (LO, HI) scale of an STS table's scores (default: detected as 0-1 or 0-5).
+    select_ood / ood_delta: out-of-domain dev sets in the selection rule (heads.selection).
+    kind_defaults: settings the user left unset (of config.GRADED_DEFAULTS): a graded (STS) table takes the
+    STS study's values for them, other data the dataclass defaults (the SciFact study's)."""
+    inputs = (data_path, *select_ood)
+    prepare_output_dir(out_dir, "head", overwrite, inputs=inputs, create=False)  # refuse before training
     store = FeatureStore.open(store_path)
     layer = _array_layer(store, array)
     task = load_task(data_path, store, data_format, score_range=score_range)
+    head_cfg, cfg, defaults_note = defaults_for_kind(task, head_cfg, cfg, kind_defaults)
     features = load_features(store, array)
-    head_cfg = HeadConfig(**{**asdict(head_cfg), "in_dim": features.shape[1]})
-    model, norm, run = train_one(task, features, head_cfg, cfg, progress)
-    out = prepare_output_dir(out_dir, "head", overwrite, inputs=(data_path,))
+    selection = load_selection(store, select_ood, task, features[:, :store.dim], ood_delta)
+    head_cfg = head_shape(head_cfg, features, array)
+    model, norm, run = train_one(task, features, head_cfg, cfg, progress, selection)
+    out = prepare_output_dir(out_dir, "head", overwrite, inputs=inputs)
     save_heads(out / "head.safetensors", model)
     norm.save(out / "normalizer.safetensors")
     config = {"head": asdict(head_cfg), "train": cfg.to_dict(), "data": str(data_path), "format": data_format,
@@ -111,10 +133,15 @@ def train_head(store_path: str, data_path: str, out_dir: str, head_cfg: HeadConf
               **_data_notes(task),
               "store": str(store_path), "store_fingerprint": store.fingerprint, "array": array, "array_layer": layer,
               "store_manifest": {k: v for k, v in store.manifest.items() if k != "arrays"},
-              "best_epoch": run.best_epoch, "train_seconds": run.seconds}
+              "best_epoch": run.best_epoch, "train_seconds": run.seconds, "defaults": defaults_note,
+              **({"selection": selection.describe()} if selection else {})}
     atomic_write_json(out / "config.json", config, sort_keys=True)
-    metrics = evaluate_head(task, features, model, norm, cfg.eval_energy, ("dev", TEST_SPLIT))
+    metrics = evaluate_head(task, features, model, norm, cfg.eval_energy, ("dev", TEST_SPLIT), dim=store.dim)
     metrics.update(_data_notes(task))
+    metrics["guard"] = guard_report(task, metrics, run, cfg)
+    if selection:
+        metrics["selection"] = {**selection.describe(), "ood_dev_loss": run.best_sel_loss,
+                                "within_delta": run.best_sel_loss is not None and run.best_sel_loss <= ood_delta}
     if TEST_SPLIT not in task.eval_sets:
         metrics["split"] = "dev"
         metrics["note"] = f"{data_path} has no test split: only dev figures are reported"
@@ -123,6 +150,48 @@ def train_head(store_path: str, data_path: str, out_dir: str, head_cfg: HeadConf
     write_trec_runs(task, features, model, norm, cfg.eval_energy, ("dev", TEST_SPLIT), out, task.name)
     plot_curve(run.history, out / "curve.png", title=f"{task.name}: {cfg.loss} ({cfg.eval_energy})")
     return metrics
+
+
+def defaults_for_kind(task: Task, head_cfg: HeadConfig, cfg: TrainConfig, unset: tuple[str, ...]):
+    """(head config, train config, note): graded (STS) data take GRADED_DEFAULTS for the settings left unset."""
+    if not unset:
+        return head_cfg, cfg, "every kind-dependent setting given"
+    if task.kind != "sts":
+        return head_cfg, cfg, f"{', '.join(unset)}: the defaults (the SciFact study's choice)"
+    values = {k: GRADED_DEFAULTS[k] for k in unset}
+    head_keys = {f.name for f in fields(HeadConfig)}
+    head_cfg = replace(head_cfg, **{k: v for k, v in values.items() if k in head_keys})
+    cfg = replace(cfg, **{k: v for k, v in values.items() if k not in head_keys})
+    return head_cfg, cfg, f"graded data: {values} (the STS-B study's choice)"
+
+
+def guard_report(task: Task, metrics: dict, run, cfg: TrainConfig) -> dict:
+    """The head against the frozen baseline on dev in the user's metric (metrics.json "guard"), with a
+    warning saying what to try when the head is worse than the frozen features with cosine."""
+    dev = metrics.get("dev")
+    report = {"enabled": cfg.guard, "start_dev": run.start_dev, "best_epoch": run.best_epoch,
+              "returned": "the starting point (epoch 0: no update kept)" if run.best_epoch == 0
+              else f"the trained head (epoch {run.best_epoch})"}
+    if not dev:
+        return report
+    frozen, head = dev["baseline"][metrics["baseline_primary"]], dev["head"][metrics["primary"]]
+    report.update(frozen_dev=frozen, head_dev=head, head_minus_frozen=head - frozen,
+                  worse_than_frozen=bool(head < frozen))
+    if head < frozen:
+        report["warning"] = (f"the head is WORSE than no head on dev: {metrics['primary']} {head:.4f} vs "
+                             f"{frozen:.4f} for the frozen features with cosine ({head - frozen:+.4f}). "
+                             f"Try: {SUGGESTIONS.get(task.kind, SUGGESTIONS['pairs'])}; or use the frozen "
+                             "features with cosine (no head).")
+    return report
+
+
+# what to try when a head loses to the frozen features on dev (docs/l1-energy.md, round 2)
+SUGGESTIONS = {
+    "sts": "--graded pearson --depth 1 --lr 1e-3 (train-head's defaults for STS tables) and a layer mix "
+           "(featurize --layers -1,-2,-4; --array features+features_layer-2+features_layer-4)",
+    "ir": "--depth 2 --lr 3e-3 --remine --epochs 15 (the defaults), --depth 1, --q 12, or --loss mnr",
+    "pairs": "--graded pearson, --depth 1 --lr 1e-3, --normalize l2",
+}
 
 
 def load_head(head_dir: str):
@@ -183,7 +252,7 @@ def eval_head(store_path: str, head_dir: str, data_path: str, out_dir: str, data
     features = load_features(store, array)
     energy = TrainConfig.from_dict(config["train"]).eval_energy
     split = eval_split(task)
-    metrics = evaluate_head(task, features, model, norm, energy, (split,))
+    metrics = evaluate_head(task, features, model, norm, energy, (split,), dim=store.dim)
     if split != TEST_SPLIT:  # report the split there is under the usual keys
         only = metrics.pop(split)
         metrics.update({"baseline": only["baseline"], "head": only["head"], "ci": only["ci"]})

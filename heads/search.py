@@ -24,6 +24,7 @@ import polars as pl
 from tqdm.auto import tqdm
 
 from headstore.data.files import atomic_write_json, atomic_write_parquet
+from headstore.heads.features import read_features
 from headstore.heads.head import Head
 
 INDEX_FILE, ITEMS_FILE, INFO_FILE, HEAD_DIR = "index.faiss", "items.parquet", "index.json", "head"
@@ -107,7 +108,7 @@ def build_index(store_path: str, head_ref: str, data_path: str, out_dir: str, hn
     bar = tqdm(total=len(rows), unit="text", desc="index", disable=not progress)
     for start in range(0, len(rows), EMBED_CHUNK):
         chunk = rows[start:start + EMBED_CHUNK]
-        index.add(_prepare(head.embed(store.features(chunk, array=head.array)), energy))
+        index.add(_prepare(head.embed(read_features(store, head.array, rows=chunk)), energy))
         bar.update(len(chunk))
     bar.close()
     out.mkdir(parents=True, exist_ok=True)

@@ -11,14 +11,17 @@ A head whose loss turns NaN/inf is marked failed (with the step) and frozen; the
 - `NegativeSource`: given and mined negatives of every pair (mined once, or each epoch with --remine);
 - `make_batch` + `batch_losses`: the rows of one step and every head's loss on them;
 - `StackOptimizer`: one optimisation step (backward, per-head clipping, StackedAdamW, lr schedule);
-- `dev_scores`: the per-epoch selection metric of every head;
-- `HeadTracker`: failures, early stopping and the best-on-dev weights of every head.
+- `dev_scores`: the per-epoch selection metric of every head (and, with `--select-ood`, the out-of-domain
+  dev loss of heads.selection);
+- `HeadTracker`: failures, early stopping and the best weights of every head under the selection rule;
+  with `guard` (the default) the starting point (the identity head, for the default residual head) is a
+  candidate too, so a head that never beats it on dev returns it.
 """
 from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Optional
 
 import numpy as np
@@ -32,6 +35,7 @@ from headstore.heads.losses import LOSS_KINDS, get_loss
 from headstore.heads.mining import mine_negatives
 from headstore.heads.model import HeadConfig, StackedMLP, autocast
 from headstore.heads.schedule import lr_lambda
+from headstore.heads.selection import OodSelection, rule_key
 from headstore.heads.stacked_adamw import StackedAdamW, fused_pays
 from headstore.heads.tasks import Task
 
@@ -52,10 +56,12 @@ class HeadRun:
     config: TrainConfig
     status: str = "ok"  # ok | failed
     reason: str = ""
-    best_epoch: int = -1
+    best_epoch: int = -1  # 0: the starting point (guard) was kept
     best_dev: float = float("nan")
     history: list[dict] = field(default_factory=list)  # per epoch: loss, dev metric
     seconds: float = 0.0
+    start_dev: float = float("nan")  # the dev metric of the starting point (before any update)
+    best_sel_loss: Optional[float] = None  # out-of-domain dev loss of the kept weights (--select-ood)
 
 
 def warmup_steps(cfg: TrainConfig, total: int) -> int:
@@ -124,13 +130,14 @@ class TrainingData:
         return len(self.anchor)
 
 
-def prepare_data(task: Task, features: torch.Tensor, cfg: TrainConfig) -> TrainingData:
-    """Training pairs of cfg's loss, the normaliser fitted on their texts, the normalised features."""
+def prepare_data(task: Task, features: torch.Tensor, cfg: TrainConfig, blocks: int = 1) -> TrainingData:
+    """Training pairs of cfg's loss, the normaliser fitted on their texts, the normalised features.
+    blocks: stored arrays side by side in `features` (a mixing head), each L2-normalised on its own."""
     if task.train is None or len(task.train) == 0:
         raise ValueError(f"{task.name}: no training pairs (no train split)")
     pairs, labels = training_pairs(task, cfg.loss)
     fit_rows = np.unique(np.concatenate([pairs.anchor, pairs.positive]))
-    norm = Normalizer.fit(cfg.normalize, features[torch.as_tensor(fit_rows)])
+    norm = Normalizer.fit(cfg.normalize, features[torch.as_tensor(fit_rows)], blocks=blocks)
     X = norm(features)  # (N, D)
     base = len(X) + 1
     relevant = torch.as_tensor(sorted(a * base + p for a, p in task.relevant), dtype=torch.long)
@@ -193,20 +200,31 @@ def make_batch(data: TrainingData, idx: torch.Tensor, negatives: Optional[torch.
     return Batch(a_rows, p_rows, n_rows, None, same_mask(a_rows, p_rows, data.relevant, data.code_base))
 
 
+def q_at(cfg: TrainConfig, step: int, total: int) -> Optional[float]:
+    """l1-energy's Q at update `step` of `total` under cfg's Q schedule: from q_start linearly to q (its
+    default when unset) over training; None without a schedule (the loss uses cfg's q)."""
+    if cfg.q_start is None:
+        return None
+    q_end = cfg.loss_config().resolved(cfg.energy)["q"]
+    return cfg.q_start + (q_end - cfg.q_start) * min(1.0, step / max(1, total - 1))
+
+
 def batch_losses(model: StackedMLP, X: torch.Tensor, batch: Batch, cfg: TrainConfig,
-                 init: Optional[list[torch.Tensor]] = None) -> torch.Tensor:
+                 init: Optional[list[torch.Tensor]] = None, q: Optional[float] = None) -> torch.Tensor:
     """(H,) loss of every head on its batch (plus the decay-to-init penalty when cfg asks for it).
 
     Anchors, positives and negatives go through the heads in one forward pass, so each layer is one
     batched matmul over all H heads x (2 + K) b rows; under cfg.precision "bf16" the matmuls run in bf16
-    and the outputs are cast to fp32 before the loss (losses and their reductions stay fp32)."""
+    and the outputs are cast to fp32 before the loss (losses and their reductions stay fp32).
+    q: l1-energy's Q for this step (a Q schedule, `q_at`); None = cfg's."""
     H, b = batch.anchor.shape
     rows = [batch.anchor, batch.positive] + ([batch.negative.flatten(1)] if batch.negative is not None else [])
     with autocast(cfg.precision, X.device):
         z = model(X[torch.cat(rows, dim=1)]).float()  # (H, (2 + K) b, d)
     za, zp = z[:, :b], z[:, b:2 * b]  # (H, b, d)
     zn = z[:, 2 * b:].unflatten(1, batch.negative.shape[1:]) if batch.negative is not None else None  # (H, b, K, d)
-    losses = get_loss(cfg.loss)(za, zp, zn, batch.labels, energy=cfg.energy, cfg=cfg.loss_config(),
+    loss_cfg = cfg.loss_config() if q is None else replace(cfg.loss_config(), q=q)
+    losses = get_loss(cfg.loss)(za, zp, zn, batch.labels, energy=cfg.energy, cfg=loss_cfg,
                                 same=batch.same)  # (H,)
     if cfg.decay_to_init and init is not None:
         losses = losses + cfg.decay_to_init * sum((p - p0).pow(2).flatten(1).sum(1)
@@ -284,18 +302,31 @@ class HeadTracker:
     """Per head across epochs: failure, early stopping on the dev score, and the best-scoring weights.
 
     `alive[h]`: still training; `ok[h]`: not failed. `end_epoch` records an epoch (loss and score per head)
-    and keeps head h's weights when its score beats its best so far; `patience` epochs without that stop it.
-    A selection rule other than "higher dev score" only needs to hand end_epoch other scores."""
+    and keeps head h's weights when it beats its best so far under the selection rule (heads.selection's
+    `rule_key`: the dev score alone, or with out-of-domain dev losses the best dev within delta, else the
+    least-losing); `patience` epochs without that stop it. `start` makes the starting point (epoch 0) the
+    first candidate (the guard)."""
 
-    def __init__(self, configs: list[TrainConfig], params: list[torch.Tensor], patience: int):
+    def __init__(self, configs: list[TrainConfig], params: list[torch.Tensor], patience: int,
+                 delta: float = 0.0):
         H = len(configs)
         self.runs = [HeadRun(c) for c in configs]
-        self.params, self.patience = params, patience
+        self.params, self.patience, self.delta = params, patience, delta
         self.alive = torch.ones(H, dtype=torch.bool)
         self.ok = torch.ones(H, dtype=torch.bool)
-        self.best = torch.full((H,), -float("inf"))
+        self.best: list[tuple] = [(-math.inf,)] * H  # rule_key of the kept weights
         self.stale = torch.zeros(H, dtype=torch.long)
         self.best_state = [p.detach().clone() for p in params]
+
+    def start(self, scores: list[float], sel_losses: Optional[list[float]], guard: bool) -> None:
+        """Record the starting point's dev scores; with `guard` its weights (already kept) are a candidate."""
+        for h, value in enumerate(scores):
+            run = self.runs[h]
+            run.start_dev = value
+            if guard and math.isfinite(value):
+                loss = None if sel_losses is None else sel_losses[h]
+                self.best[h] = rule_key(value, loss, self.delta)
+                run.best_epoch, run.best_dev, run.best_sel_loss = 0, value, loss
 
     def fail(self, h: int, reason: str) -> None:
         self.runs[h].status, self.runs[h].reason = "failed", reason
@@ -308,19 +339,24 @@ class HeadTracker:
             self.fail(h, f"loss became {losses[h].item()} {where}")
         return finite
 
-    def end_epoch(self, epoch: int, losses: torch.Tensor, scores: list[float], metric: str, step: int) -> None:
-        """Record epoch `epoch` (1-based): mean loss (H,) and dev score per head; keep improved weights."""
+    def end_epoch(self, epoch: int, losses: torch.Tensor, scores: list[float], metric: str, step: int,
+                  sel_losses: Optional[list[float]] = None) -> None:
+        """Record epoch `epoch` (1-based): mean loss (H,) and dev score per head (and out-of-domain dev loss);
+        keep improved weights."""
         for h, value in enumerate(scores):
             run = self.runs[h]
-            run.history.append({"epoch": epoch, "loss": float(losses[h]), f"dev_{metric}": value})
+            loss = None if sel_losses is None else float(sel_losses[h])
+            run.history.append({"epoch": epoch, "loss": float(losses[h]), f"dev_{metric}": value,
+                                **({"ood_dev_loss": loss} if loss is not None else {})})
             if not self.alive[h]:
                 continue
             if not math.isfinite(value):  # the head's outputs overflowed or became NaN
                 self.fail(h, f"dev {metric} became {value} after epoch {epoch} (global step {step})")
                 continue
-            if value > self.best[h]:
-                self.best[h], self.stale[h] = value, 0
-                run.best_epoch, run.best_dev = epoch, value
+            key = rule_key(value, loss, self.delta)
+            if key > self.best[h]:
+                self.best[h], self.stale[h] = key, 0
+                run.best_epoch, run.best_dev, run.best_sel_loss = epoch, value, loss
                 for p, b in zip(self.params, self.best_state):
                     b[h] = p.detach()[h]
             else:
@@ -329,7 +365,8 @@ class HeadTracker:
                     self.alive[h] = False
 
     def best_so_far(self) -> float:
-        return float(self.best[self.ok].max()) if self.ok.any() else float("nan")
+        devs = [r.best_dev for r, ok in zip(self.runs, self.ok.tolist()) if ok and math.isfinite(r.best_dev)]
+        return max(devs) if devs else float("nan")
 
     def restore_best(self) -> None:
         """Every head's parameters set to its best-scoring epoch's."""
@@ -342,23 +379,32 @@ class HeadTracker:
 
 
 def train_stack(task: Task, features: torch.Tensor, head_cfg: HeadConfig, configs: list[TrainConfig],
-                progress: bool = True, select_split: str = "dev") -> tuple[StackedMLP, Normalizer, list[HeadRun]]:
+                progress: bool = True, select_split: str = "dev",
+                selection: Optional[OodSelection] = None) -> tuple[StackedMLP, Normalizer, list[HeadRun]]:
     """Train len(configs) heads of one shape together; returns the best-on-dev stack.
 
-    features: (N, D) raw store features. All configs must share `stack_key` (they differ only in
-    lr, weight decay and seed)."""
+    features: (N, D) raw store features ((N, L * D) for a head mixing L arrays). All configs must share
+    `stack_key` (they differ only in lr, weight decay and seed). `selection`: out-of-domain dev sets that
+    take part in choosing each head's epoch (heads.selection)."""
     assert len({stack_key(c) for c in configs}) == 1, "a stack mixes settings that must be shared"
     cfg0 = configs[0]
-    data = prepare_data(task, features, cfg0)
+    data = prepare_data(task, features, cfg0, blocks=head_cfg.mix)
     H, P, B = len(configs), len(data), min(cfg0.batch_size, len(data))
     model = StackedMLP(H, head_cfg, seeds=[c.seed for c in configs])
     steps_per_epoch = math.ceil(P / B)
     total = steps_per_epoch * cfg0.epochs
     optimizer = StackOptimizer(model, configs, total)
-    tracker = HeadTracker(configs, optimizer.params, cfg0.patience)
+    tracker = HeadTracker(configs, optimizer.params, cfg0.patience, selection.delta if selection else 0.0)
     negatives = NegativeSource(task, data, cfg0, H)
     gens = [torch.Generator().manual_seed(c.seed) for c in configs]
     metric = primary_metric(task.kind, cfg0.eval_energy)
+
+    def sel_losses() -> Optional[list[float]]:
+        if not selection:
+            return None
+        return selection.losses(lambda rows: embed_rows(model, data.X, rows), cfg0.eval_energy)[0].tolist()
+
+    tracker.start(dev_scores(task, select_split, model, data.X, cfg0), sel_losses(), cfg0.guard)
     bar = tqdm(total=total, desc=f"{H} head(s) {cfg0.loss}", disable=not progress, leave=False)
     step = 0
     t0 = time.perf_counter()
@@ -369,14 +415,15 @@ def train_stack(task: Task, features: torch.Tensor, head_cfg: HeadConfig, config
         epoch_loss = torch.zeros(H, dtype=torch.float64)
         model.train()
         for s, idx in enumerate(epoch_batches(gens, P, B)):
-            losses = batch_losses(model, data.X, make_batch(data, idx, negs), cfg0, optimizer.init)
+            losses = batch_losses(model, data.X, make_batch(data, idx, negs), cfg0, optimizer.init,
+                                  q_at(cfg0, step, total))
             finite = tracker.check_losses(losses, f"at epoch {epoch + 1}, step {s + 1} (global step {step + 1})")
             optimizer.step(losses, finite, tracker.ok, tracker.alive)
             epoch_loss += torch.where(finite, losses.detach(), torch.zeros_like(losses)).double()
             step += 1
             bar.update(1)
         scores = dev_scores(task, select_split, model, data.X, cfg0)
-        tracker.end_epoch(epoch + 1, epoch_loss / steps_per_epoch, scores, metric, step)
+        tracker.end_epoch(epoch + 1, epoch_loss / steps_per_epoch, scores, metric, step, sel_losses())
         bar.set_postfix({f"best {metric}": f"{tracker.best_so_far():.4f}"})
     bar.close()
     tracker.restore_best()
@@ -387,9 +434,9 @@ def train_stack(task: Task, features: torch.Tensor, head_cfg: HeadConfig, config
 
 
 def train_one(task: Task, features: torch.Tensor, head_cfg: HeadConfig, cfg: TrainConfig,
-              progress: bool = True) -> tuple[StackedMLP, Normalizer, HeadRun]:
+              progress: bool = True, selection: Optional[OodSelection] = None) -> tuple[StackedMLP, Normalizer, HeadRun]:
     """Train a single head; a NaN/inf loss raises TrainingDiverged naming the step."""
-    model, norm, (run,) = train_stack(task, features, head_cfg, [cfg], progress)
+    model, norm, (run,) = train_stack(task, features, head_cfg, [cfg], progress, selection=selection)
     if run.status == "failed":
         raise TrainingDiverged(f"{task.name}: training stopped: {run.reason}; lower --lr or change the loss "
                                f"settings (q, margin, tau)")

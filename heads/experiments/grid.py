@@ -3,7 +3,8 @@
 Grid file: a `[grid]` table of lists (every combination is trained) and an optional `[fixed]` table of
 single values. Keys are HeadConfig fields (depth, hidden, out_dim, activation, dropout, layer_norm,
 residual, init), TrainConfig fields (loss, energy, lr, weight_decay, epochs, mined_k, seed, ...) and
-`array` (the store array: another layer or pooling). Heads that share everything but lr, weight decay
+`array` (the store array: another layer or pooling; `features+features_layer-4` for a head that mixes
+several layers). Heads that share everything but lr, weight decay
 and seed train together in one stack (one batched pass per step for all of them).
 
 Combinations that cannot apply to the dataset (a loss that needs graded labels on IR pairs) are
@@ -34,15 +35,17 @@ from headstore.data.tables import read_utf8
 from headstore.featurize.store import FeatureStore
 from headstore.heads.config import TrainConfig, check_types, stack_key
 from headstore.heads.evaluate import IR_TOPK, PREFIX, evaluate_split, embed_rows, primary_metric
-from headstore.heads.features import load_features
+from headstore.heads.features import array_list, load_features
 from headstore.heads.losses import LOSS_KINDS
 from headstore.heads.model import HeadConfig
 from headstore.heads.experiments.grid_heads import save_stack
 from headstore.heads.experiments.report import write_report
+from headstore.heads.selection import DEFAULT_DELTA, load_selection
 from headstore.heads.tasks import DEV_FRACTION, DEV_SEED, WHOLE, Task, load_task, task_rows, without_overlap
+from headstore.heads.run import head_shape
 from headstore.heads.train import GENUINE_THRESHOLD, train_stack
 
-HEAD_KEYS = tuple(f.name for f in fields(HeadConfig) if f.name != "in_dim")
+HEAD_KEYS = tuple(f.name for f in fields(HeadConfig) if f.name not in ("in_dim", "mix"))  # both set from the array
 TRAIN_KEYS = tuple(f.name for f in fields(TrainConfig))
 GRID_KEYS = HEAD_KEYS + TRAIN_KEYS + ("array",)
 # bump when training/evaluation changes so old results are not reused. 2: dev carved by text, trec_eval
@@ -128,10 +131,12 @@ def resolved_settings(settings: dict, in_dim: int | None = None) -> dict:
 
 
 def head_id(settings: dict, data: str, fingerprint: str, transfer: tuple[str, ...] = (), *,
-            in_dim: int | None = None, score_range=None) -> str:
+            in_dim: int | None = None, score_range=None, select_ood: tuple[str, ...] = (),
+            ood_delta: float = DEFAULT_DELTA) -> str:
+    selection = {"select_ood": sorted(select_ood), "ood_delta": ood_delta} if select_ood else {}
     blob = json.dumps({**resolved_settings(settings, in_dim), "data": data, "store": fingerprint,
                        "score_range": list(score_range) if score_range else None,
-                       "version": GRID_VERSION, "transfer": sorted(transfer)}, sort_keys=True)
+                       "version": GRID_VERSION, "transfer": sorted(transfer), **selection}, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
@@ -172,18 +177,22 @@ def transfer_split(task: Task) -> str:
 
 def run_grid(store_path: str, data_path: str, grid_path: str, out_dir: str, data_format: str | None = None,
              progress: bool = True, transfer: tuple[str, ...] = (), score_range=None,
-             overwrite: bool = False) -> pl.DataFrame:
+             overwrite: bool = False, select_ood: tuple[str, ...] = (), ood_delta: float = DEFAULT_DELTA,
+             ensembles: tuple[int, ...] = ()) -> pl.DataFrame:
     """Train every head of the grid (skipping finished ones); write results, leaderboard and plots.
 
     `transfer`: out-of-domain datasets (texts in the store) every head is also scored on, never
     trained or selected on: columns `ood_<name>_primary` (and the frozen baseline's in baseline.json);
     a transfer table without a split column is scored whole.
-    `score_range`: the scale of an STS table's scores (default: detected)."""
+    `score_range`: the scale of an STS table's scores (default: detected).
+    `select_ood`: out-of-domain datasets whose dev (else train) split takes part in selection, epochs and
+    configurations alike (heads.selection; `ood_delta` its tolerance); columns `sel_<name>_primary`, `sel_loss`.
+    `ensembles`: sizes K of ensembles of the best configurations to score per seed (heads.experiments.ensembles)."""
     combos = read_grid(grid_path)
-    inputs = (data_path, grid_path, *transfer)
+    inputs = (data_path, grid_path, *transfer, *select_ood)
     prepare_output_dir(out_dir, "grid", overwrite, resumable=True, inputs=inputs, create=False)
     store = FeatureStore.open(store_path)
-    missing = sorted({c.get("array", "features") for c in combos} - set(store.arrays))
+    missing = sorted({a for c in combos for a in array_list(c.get("array", "features"))} - set(store.arrays))
     if missing:
         raise ValueError(f"{grid_path}: array {missing} not in {store_path}; its arrays: {store.arrays}")
     task = load_task(data_path, store, data_format, score_range=score_range)
@@ -193,6 +202,7 @@ def run_grid(store_path: str, data_path: str, grid_path: str, out_dir: str, data
         ood[name], dropped = without_overlap(ood[name], in_domain)
         if any(dropped.values()):
             print(f"{name}: dropped items sharing a text with {task.name}: {dropped}")
+    selection = load_selection(store, select_ood, task, load_features(store, "features"), ood_delta)
     out = prepare_output_dir(out_dir, "grid", overwrite, resumable=True, inputs=inputs)  # data read: claim it
     atomic_write_text(out / "grid.toml", read_utf8(Path(grid_path)))
     rows, old_rows = _read_results(out)
@@ -200,7 +210,7 @@ def run_grid(store_path: str, data_path: str, grid_path: str, out_dir: str, data
     todo = []
     for s in combos:
         hid = head_id(s, str(data_path), store.fingerprint, tuple(ood), in_dim=store.dim,
-                      score_range=task.score_range)
+                      score_range=task.score_range, select_ood=tuple(selection.sets), ood_delta=ood_delta)
         if hid in done:
             continue
         head, train, array = split_settings(s)
@@ -221,12 +231,12 @@ def run_grid(store_path: str, data_path: str, grid_path: str, out_dir: str, data
     for (_, _, array), items in groups.items():
         if array not in features_cache:
             features_cache[array] = load_features(store, array)
-            baselines[array] = _baseline(task, features_cache[array], ood)
+            baselines[array] = _baseline(task, features_cache[array][:, :store.dim], ood)  # the first array
         X = features_cache[array]
-        head_cfg = HeadConfig(**{**asdict(items[0][1]), "in_dim": X.shape[1]})
+        head_cfg = head_shape(items[0][1], X, array)
         configs = [it[2] for it in items]
         t0 = time.perf_counter()
-        model, norm, runs = train_stack(task, X, head_cfg, configs, progress=progress)
+        model, norm, runs = train_stack(task, X, head_cfg, configs, progress=progress, selection=selection)
         energy = configs[0].eval_energy
         Xn = norm(X)
         metrics = {}
@@ -235,6 +245,7 @@ def run_grid(store_path: str, data_path: str, grid_path: str, out_dir: str, data
                 metrics[split] = evaluate_split(task, split, lambda r: embed_rows(model, Xn, r), (energy,))
         for name, t in ood.items():
             metrics[f"ood_{name}"] = evaluate_split(t, transfer_split(t), lambda r: embed_rows(model, Xn, r), (energy,))
+        sel_loss, sel_sets = selection.losses(lambda r: embed_rows(model, Xn, r), energy) if selection else (None, {})
         group_id = items[0][0]
         save_stack(out, group_id, model, norm, [it[0] for it in items], configs, array,
                    stack_context(task, store, store_path, data_path, data_format))
@@ -250,6 +261,9 @@ def run_grid(store_path: str, data_path: str, grid_path: str, out_dir: str, data
                 row.update({f"{split}_{k}": v for k, v in per_head[h].items()})
                 row[f"{split}_primary"] = per_head[h][primary_metric(kind, energy)]
                 row[f"{split}_items"] = json.dumps([float(x) for x in per_item[h][PREFIX[energy]]])
+            if selection:
+                row.update({f"sel_{n}_primary": float(v[h]) for n, v in sel_sets.items()})
+                row["sel_loss"], row["sel_delta"] = float(sel_loss[h]), float(ood_delta)
             rows.append(row)
         _write_results(out, old_rows + rows)
         bar.update(len(items))
@@ -260,8 +274,19 @@ def run_grid(store_path: str, data_path: str, grid_path: str, out_dir: str, data
     if not baselines:
         X = load_features(store, "features")
         baselines["features"] = _baseline(task, X, ood)
+    if selection:
+        for b in baselines.values():
+            b["selection"] = selection.describe()
     atomic_write_json(out / "baseline.json", baselines)
-    write_report(frame, task, baselines, out, print_it=progress)
+    ens_rows = []
+    if ensembles and not frame.is_empty():
+        arrays = {a: features_cache.get(a) if a in features_cache else load_features(store, a)
+                  for a in frame.filter(pl.col("status") == "ok")["array"].unique().to_list()}
+        from headstore.heads.experiments.ensembles import score_ensembles, write_ensembles
+
+        ens_rows, per_seed = score_ensembles(out, frame, task, arrays, ood, selection, tuple(ensembles), transfer_split)
+        write_ensembles(out, ens_rows, per_seed)
+    write_report(frame, task, baselines, out, print_it=progress, ensembles=ens_rows)
     return frame
 
 

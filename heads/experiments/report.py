@@ -13,6 +13,7 @@ from tabulate import tabulate
 from headstore.data.files import atomic_write_text
 from headstore.heads.metrics import bootstrap_ci
 from headstore.heads.experiments.plots import plot_best_curves, plot_by_setting
+from headstore.heads.selection import rule_key
 from headstore.heads.tasks import Task
 
 N_BOOT = 1000  # bootstrap resamples for the 95% CIs
@@ -21,6 +22,7 @@ TOP = 15  # configurations listed in the leaderboard
 VARIED_EXCLUDE = {"head_id", "grid_version", "stack", "stack_index", "status", "reason", "best_epoch",
                   "train_seconds", "primary",
                   "history"}
+RESULT_PREFIXES = ("dev_", "test_", "ood_", "sel_")  # result columns: per split, transfer and selection sets
 
 
 def _ci(task: Task, items: list[np.ndarray], split: str = "test") -> tuple[float, float]:
@@ -42,9 +44,11 @@ def ranked_configs(frame: pl.DataFrame) -> tuple[list[pl.DataFrame], list[str]]:
     """The ok heads grouped into configurations (every setting but the seed), best dev mean first.
 
     The one ranking of a grid: the leaderboard's order and what `GRID#rank=K` refers to. Ties keep
-    the order of first appearance; configurations without a dev value come last."""
+    the order of first appearance; configurations without a dev value come last. A grid run with
+    `--select-ood` ranks by the rule of heads.selection on the means over seeds: configurations whose
+    out-of-domain dev loss is within delta first (by dev), then the rest by least loss."""
     ok = frame.filter(pl.col("status") == "ok")
-    settings = [c for c in ok.columns if c not in VARIED_EXCLUDE and not c.startswith(("dev_", "test_", "ood_"))]
+    settings = [c for c in ok.columns if c not in VARIED_EXCLUDE and not c.startswith(RESULT_PREFIXES)]
     keys = [c for c in settings if c != "seed"]
     if ok.is_empty():
         return [], keys
@@ -56,6 +60,13 @@ def ranked_configs(frame: pl.DataFrame) -> tuple[list[pl.DataFrame], list[str]]:
         return float(g["dev_primary"].drop_nulls().mean())
 
     means = [dev_mean(g) for g in groups]
+    if "sel_loss" in ok.columns and ok["sel_loss"].null_count() < ok.height:
+        delta = float(ok["sel_delta"].drop_nulls()[0])
+        losses = [float(g["sel_loss"].drop_nulls().mean()) if g["sel_loss"].null_count() < g.height else None
+                  for g in groups]
+        keys_ = [rule_key(m, loss, delta) if m is not None else (-1, 0.0) for m, loss in zip(means, losses)]
+        order = sorted(range(len(groups)), key=lambda i: tuple(-x for x in keys_[i]))
+        return [groups[i] for i in order], keys
     order = sorted(range(len(groups)), key=lambda i: (means[i] is None, -(means[i] or 0.0)))
     return [groups[i] for i in order], keys
 
@@ -79,9 +90,9 @@ def aggregate(frame: pl.DataFrame, task: Task) -> tuple[pl.DataFrame, list[str]]
         if "test_items" in g.columns and g["test_items"].null_count() == 0:
             lo, hi = _ci(task, [np.asarray(json.loads(x)) for x in g["test_items"]])
             r["test_ci_lo"], r["test_ci_hi"] = lo, hi
-        for col in [c for c in g.columns if c.startswith("ood_") and c.endswith("_primary")]:
+        for col in [c for c in g.columns if c.startswith(("ood_", "sel_")) and c.endswith(("_primary", "_loss"))]:
             vals = g[col].drop_nulls().to_numpy()
-            r[col[:-len("_primary")]] = float(vals.mean()) if len(vals) else None
+            r[col[:-len("_primary")] if col.endswith("_primary") else col] = float(vals.mean()) if len(vals) else None
         r["train_seconds"] = float(g["train_seconds"].sum())
         r["head_ids"] = ",".join(g["head_id"].to_list())
         rows.append(r)
@@ -122,7 +133,8 @@ def _markdown(rows: list[list], headers: list[str]) -> str:
     return tabulate(rows, headers=headers, tablefmt="github", disable_numparse=True)
 
 
-def leaderboard_markdown(agg: pl.DataFrame, varied: list[str], task: Task, baselines: dict, frame: pl.DataFrame) -> str:
+def leaderboard_markdown(agg: pl.DataFrame, varied: list[str], task: Task, baselines: dict, frame: pl.DataFrame,
+                         ensembles: list[dict] | None = None) -> str:
     metric = frame["primary"].drop_nulls()[0] if "primary" in frame.columns and frame["primary"].drop_nulls().len() else "primary"
     lines = [f"# Leaderboard: {task.name} ({task.kind})", "",
              f"Selected on dev ({task.dev_note or 'the dataset dev split'}); test reported once. "
@@ -133,17 +145,34 @@ def leaderboard_markdown(agg: pl.DataFrame, varied: list[str], task: Task, basel
              "Rank K's best-dev seed loads as `headstore.Head.load(\"<this dir>#rank=K\")` and exports with "
              "`cli export --grid <this dir> --rank K`.", ""]
     ood = sorted(c for c in agg.columns if c.startswith("ood_"))
-    headers = ["rank", "config", *varied, "seeds", "dev", "test mean ± std", "test 95% CI",
-               *[f"OOD {c[4:]}" for c in ood]]
+    sel = "sel_loss" in agg.columns and agg["sel_loss"].null_count() < agg.height
+    if sel:
+        delta = frame["sel_delta"].drop_nulls()[0]
+        sets = sorted(c[4:] for c in agg.columns if c.startswith("sel_") and c != "sel_loss")
+        lines[-2] += (f" Ranked with out-of-domain selection on the dev splits of {', '.join(sets)}: configurations "
+                      f"whose worst out-of-domain dev loss (frozen cosine minus head, mean over seeds) is <= {delta} "
+                      "first, by dev; then the rest by least loss ('OOD dev loss').")
+    headers = ["rank", "config", *varied, "seeds", "dev", *(["OOD dev loss"] if sel else []), "test mean ± std",
+               "test 95% CI", *[f"OOD {c[4:]}" for c in ood]]
     rows = []
     for b in _baseline_rows(task, baselines):
-        rows.append(["–", b["config"], *[""] * len(varied), "–", _fmt(b.get("dev_mean")), _fmt(b.get("test_mean")),
-                     _ci_text(b), *[_fmt(b.get(c)) for c in ood]])
+        rows.append(["–", b["config"], *[""] * len(varied), "–", _fmt(b.get("dev_mean")), *([""] if sel else []),
+                     _fmt(b.get("test_mean")), _ci_text(b), *[_fmt(b.get(c)) for c in ood]])
     for i, r in enumerate(agg.head(TOP).iter_rows(named=True)):
         rows.append([i + 1, "head", *[str(r[v]) for v in varied], r["seeds"], _fmt(r.get("dev_mean")),
+                     *([_fmt(r.get("sel_loss"))] if sel else []),
                      f"{_fmt(r.get('test_mean'))} ± {_fmt(r.get('test_std'))}", _ci_text(r),
                      *[_fmt(r.get(c)) for c in ood]])
     lines.append(_markdown(rows, headers))
+    if ensembles:
+        lines += ["", "## Ensembles (mean L1 energy of the K best l1 configurations, one ensemble per seed)", "",
+                  "Ensemble K of seed s averages the seed-s heads of the K best configurations above (dev only); "
+                  "`<this dir>#ensemble=K` loads the best-dev seed of each.", ""]
+        erows = [[e["config"], e["seeds"], _fmt(e.get("dev_mean")), *([_fmt(e.get("sel_loss"))] if sel else []),
+                  f"{_fmt(e.get('test_mean'))} ± {_fmt(e.get('test_std'))}", _ci_text(e),
+                  *[_fmt(e.get(c)) for c in ood]] for e in ensembles]
+        lines.append(_markdown(erows, ["ensemble", "seeds", "dev", *(["OOD dev loss"] if sel else []),
+                                       "test mean ± std", "test 95% CI", *[f"OOD {c[4:]}" for c in ood]]))
     if "loss" in agg.columns and agg["loss"].n_unique() > 1:
         lines += ["", "## Best configuration of each loss (selected on dev)", ""]
         best = []
@@ -163,11 +192,12 @@ def leaderboard_markdown(agg: pl.DataFrame, varied: list[str], task: Task, basel
     return "\n".join(lines) + "\n"
 
 
-def write_report(frame: pl.DataFrame, task: Task, baselines: dict, out: Path, print_it: bool = True) -> str:
+def write_report(frame: pl.DataFrame, task: Task, baselines: dict, out: Path, print_it: bool = True,
+                 ensembles: list[dict] | None = None) -> str:
     if frame.is_empty():
         return ""
     agg, varied = aggregate(frame, task)
-    md = leaderboard_markdown(agg, varied, task, baselines, frame)
+    md = leaderboard_markdown(agg, varied, task, baselines, frame, ensembles)
     atomic_write_text(out / "leaderboard.md", md)
     if not agg.is_empty():
         agg.write_csv(out / "configs.csv")

@@ -9,7 +9,6 @@ from pathlib import Path
 
 import pytest
 
-import headstore.featurize.model as model_module
 from headstore.featurize.model import (default_max_length, load_encoder, model_identity, resolve_model,
                              tokenizer_hash, weights_hash)
 

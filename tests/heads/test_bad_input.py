@@ -171,10 +171,23 @@ def test_beir_validation_qrels_are_dev(data_world, tmp_path):
     ("--lr", "nan", "lr must be a finite number > 0"), ("--lr", "inf", "lr must be a finite number > 0"),
     ("--patience", "-1", "patience must be >= 1"), ("--warmup-ratio", "1.5", "warmup_ratio must be in [0, 1]"),
     ("--grad-clip", "-1", "grad_clip must be a finite number >= 0"), ("--q", "nan", "q must be a finite number > 0"),
+    ("--q-start", "0", "q_start must be a finite number > 0"), ("--ood-delta", "-1", "ood delta must be"),
 ])
 def test_bad_training_options(data_world, tmp_path, option, value, needle):
     assert_bad_input(train(data_world, data_world["pos"], tmp_path / "h", option, value), needle, value)
     assert not (tmp_path / "h").exists()
+
+
+def test_unknown_graded_form_and_ensemble_size_are_usage_errors(data_world, tmp_path):
+    r = train(data_world, data_world["sts05"], tmp_path / "h", "--graded", "rank")
+    assert r.exit_code == 2 and "pearson" in r.output
+    r = cli("export", "--grid", tmp_path, "--ensemble", "0", "--format", "safetensors", "--out", tmp_path / "e")
+    assert r.exit_code == 2 and ">= 1" in r.output
+
+
+def test_select_ood_must_be_another_dataset(data_world, tmp_path):
+    r = train(data_world, data_world["sts05"], tmp_path / "h", "--select-ood", data_world["sts05"])
+    assert_bad_input(r, "must be another dataset")
 
 
 def test_score_range_must_be_two_ordered_numbers(data_world, tmp_path):

@@ -290,3 +290,86 @@ def test_one_impostor_default():
     from headstore.heads.losses import DEFAULT_IMPOSTORS
 
     assert LossConfig().impostors == TrainConfig().impostors == TrainConfig().loss_config().impostors == DEFAULT_IMPOSTORS
+
+
+# ------------------------------------------------ graded labels and distance-weighted impostors
+
+
+def ref_pearson_term(e, s):
+    n = len(e)
+    me, ms = sum(e) / n, sum(s) / n
+    cov = sum((a - me) * (b - ms) for a, b in zip(e, s))
+    return 1 + cov / math.sqrt(sum((a - me) ** 2 for a in e) * sum((b - ms) ** 2 for b in s))
+
+
+@pytest.mark.parametrize("graded", ["regress", "pearson"])
+@pytest.mark.parametrize("with_zn", [False, True])
+def test_graded_modes_against_loops(graded, with_zn):
+    za, zp, zn = data(K=2 if with_zn else 0, seed=21)
+    labels = [0.9, 0.1, 0.5, 0.3]
+    Q, m = 5.0, 4.0
+    cfg = LossConfig(q=Q, margin=m, graded=graded, genuine_weight=0.5, impostors="all")
+    got_e = LOSSES["l1-energy"](za, zp, zn, torch.tensor(labels), cfg=cfg)
+    got_c = LOSSES["contrastive"](za, zp, zn, torch.tensor(labels), cfg=cfg)
+    for h in range(2):
+        e = [E_ref("l1", za[h][i].tolist(), zp[h][i].tolist()) for i in range(4)]
+        negs = [E_ref("l1", za[h][i].tolist(), zn[h][i][k].tolist()) for i in range(4) for k in range(2)] if with_zn else []
+        for got, scale, gen, imp in ((got_e, Q, lambda x: 2 / Q * x * x, lambda x: 2 * Q * math.exp(-2.77 * x / Q)),
+                                     (got_c, m, lambda x: x * x / 2, lambda x: max(0.0, m - x) ** 2 / 2)):
+            if graded == "pearson":
+                pair = ref_pearson_term(e, labels)
+            else:
+                pair = sum(0.5 * gen(x - scale * (1 - s)) for x, s in zip(e, labels)) / 4
+            extra = sum(imp(x) for x in negs) / len(negs) if negs else 0.0
+            assert got[h].item() == pytest.approx(pair + extra, rel=1e-5)
+
+
+def test_pearson_term_is_scale_free_and_signed():
+    from headstore.heads.losses import pearson_term
+
+    s = torch.tensor([0.0, 0.25, 0.5, 1.0])
+    perfect = 10 - 7 * s  # energy an exact decreasing affine map of the score
+    assert pearson_term(perfect.unsqueeze(0), s).item() == pytest.approx(0.0, abs=1e-6)
+    assert pearson_term((3 * perfect + 1).unsqueeze(0), s).item() == pytest.approx(0.0, abs=1e-6)
+    assert pearson_term((1 + s).unsqueeze(0), s).item() == pytest.approx(2.0, abs=1e-6)
+
+
+def ref_distance_weighted(cands_per_anchor, bins):
+    """Per anchor: {candidate index: weight}, weight 1/(count of the batch energies in its bin), normalised."""
+    flat = [e for c in cands_per_anchor for e in c]
+    lo, hi = min(flat), max(flat)
+    width = max(hi - lo, 1e-7) / bins
+    b = lambda e: min(bins - 1, max(0, int(math.floor((e - lo) / width))))
+    counts = {}
+    for e in flat:
+        counts[b(e)] = counts.get(b(e), 0) + 1
+    out = []
+    for c in cands_per_anchor:
+        w = [1 / counts[b(e)] for e in c]
+        out.append([x / sum(w) for x in w] if w else [])
+    return out
+
+
+@pytest.mark.parametrize("with_zn", [False, True])
+def test_distance_weighted_impostors_against_loop(with_zn):
+    from headstore.heads.losses import DISTANCE_BINS
+
+    za, zp, zn = data(B=6, K=3 if with_zn else 0, seed=23)
+    same = torch.zeros(6, 6, dtype=torch.bool)
+    same[0, 3] = True
+    Q = 4.0
+    cfg = LossConfig(q=Q, impostors="distance-weighted")
+    got = LOSSES["l1-energy"](za, zp, zn, cfg=cfg, same=same)
+    for h in range(2):
+        zs = [x.tolist() for x in (za[h], zp[h])]
+        cands = impostor_lists(*zs, tolist(zn[h]) if with_zn else None, "l1", same.tolist(), in_batch=True)
+        weights = ref_distance_weighted(cands, DISTANCE_BINS)
+        e_pos = [E_ref("l1", zs[0][i], zs[1][i]) for i in range(6)]
+        pair = sum(2 / Q * e * e for e in e_pos) / 6
+        imp = sum(w * 2 * Q * math.exp(-2.77 * e / Q) for c, ws in zip(cands, weights) for e, w in zip(c, ws)) / 6
+        assert got[h].item() == pytest.approx(pair + imp, rel=1e-5)
+
+
+def test_graded_mode_is_checked():
+    with pytest.raises(ValueError, match="pearson"):
+        LossConfig(graded="rank")

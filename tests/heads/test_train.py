@@ -160,3 +160,25 @@ def test_lr_schedule_is_transformers_schedule_with_the_warmup_counting_the_updat
     assert [f(s) for s in range(warm)] == pytest.approx(reference[1:warm + 1])  # warm-up: the update being taken counts
     assert [f(s) for s in range(warm, total)] == pytest.approx(reference[warm:total])
     assert f(warm - 1) == 1.0
+
+
+def test_q_schedule_goes_from_q_start_to_q():
+    from headstore.heads.losses import DEFAULT_Q
+    from headstore.heads.train import q_at
+
+    assert q_at(TrainConfig(), 5, 100) is None  # no schedule: the loss takes cfg's q
+    cfg = TrainConfig(q_start=30.0, q=10.0)
+    assert [q_at(cfg, s, 11) for s in (0, 5, 10)] == pytest.approx([30.0, 20.0, 10.0])
+    assert q_at(TrainConfig(q_start=5.0), 9, 10) == pytest.approx(DEFAULT_Q["l1"])  # toward the default Q
+    with pytest.raises(ValueError, match="q_start"):
+        TrainConfig(q_start=0.0)
+
+
+def test_q_schedule_changes_training_and_stays_stack_equal():
+    task, X = planted_ir_task(n_docs=120)
+    head_cfg = HeadConfig(depth=1, in_dim=16)
+    base = TrainConfig(normalize="none", mined_k=0, epochs=2, batch_size=16, q=8.0)
+    scheduled = dataclasses.replace(base, q_start=30.0)
+    _, _, (fixed,) = train_stack(task, X, head_cfg, [base], progress=False)
+    _, _, (sched,) = train_stack(task, X, head_cfg, [scheduled], progress=False)
+    assert fixed.history[0]["loss"] != pytest.approx(sched.history[0]["loss"])

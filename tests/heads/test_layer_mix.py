@@ -1,0 +1,79 @@
+"""Heads over several stored layers: a per-head softmax scalar mix of the layers as the head's input."""
+import json
+
+import numpy as np
+import pytest
+import torch
+
+import headstore
+from headstore.heads.features import Normalizer, read_features
+from headstore.heads.model import MIX_GAIN, HeadConfig, StackedMLP
+
+from .conftest import FAST, cli
+
+
+def test_mix_forward_equals_a_loop_reference():
+    cfg = HeadConfig(depth=1, in_dim=4, mix=3, mix_init=0.6)
+    model = StackedMLP(2, cfg, seeds=[0, 1])
+    w0 = torch.softmax(MIX_GAIN * model.mix_logits, -1)
+    assert w0[:, 0].tolist() == pytest.approx([0.6, 0.6]) and w0[:, 1].tolist() == pytest.approx([0.2, 0.2])
+    with torch.no_grad():
+        model.mix_logits.copy_(torch.randn(2, 3))
+        model.weights[0].copy_(torch.randn(2, 4, 4))
+    x = torch.randn(5, 12)  # 3 arrays of dim 4 side by side
+    got = model(x)
+    for h in range(2):
+        w = torch.softmax(MIX_GAIN * model.mix_logits[h], -1)
+        for i in range(5):
+            mixed = sum(w[l] * x[i, 4 * l:4 * (l + 1)] for l in range(3))
+            mixed = mixed / mixed.norm()
+            want = mixed + mixed @ model.weights[0][h] + model.biases[0][h]  # the residual linear head
+            torch.testing.assert_close(got[h, i], want, rtol=1e-5, atol=1e-6)
+    with pytest.raises(ValueError, match=r"\(B, 12\)"):
+        model(torch.randn(5, 4))
+
+
+def test_normalizer_l2_normalises_each_array():
+    x = torch.randn(6, 8) * 3
+    norm = Normalizer.fit("l2", x, blocks=2)
+    y = norm(x)
+    assert torch.allclose(y[:, :4].norm(dim=1), torch.ones(6)) and torch.allclose(y[:, 4:].norm(dim=1), torch.ones(6))
+
+
+@pytest.fixture(scope="module")
+def layer_store(data_world, tmp_path_factory):
+    store = tmp_path_factory.mktemp("layers") / "store"
+    r = cli("featurize", "--model", data_world["model"], "--data", data_world["sts05"], "--layers", "-1,-2",
+            "--store", store, "--dtype", "float32")
+    assert r.exit_code == 0, r.output
+    return store
+
+
+def test_train_head_on_a_layer_mix(data_world, layer_store, tmp_path):
+    w = data_world
+    mixed, single = tmp_path / "mixed", tmp_path / "single"
+    r = cli("train-head", "--store", layer_store, "--data", w["sts05"], "--out", mixed, *FAST,
+            "--array", "features+features_layer-2", "--mix-init", "0.7", "--depth", "1")
+    assert r.exit_code == 0, r.output
+    r = cli("train-head", "--store", layer_store, "--data", w["sts05"], "--out", single, *FAST, "--depth", "1")
+    assert r.exit_code == 0, r.output
+    config = json.loads((mixed / "config.json").read_text())
+    assert config["head"]["mix"] == 2 and config["head"]["mix_init"] == 0.7 and config["array_layer"] == [-1, -2]
+    m_mixed, m_single = (json.loads((d / "metrics.json").read_text()) for d in (mixed, single))
+    assert m_mixed["baseline"] == m_single["baseline"]  # the frozen baseline is the last layer alone
+    head = headstore.Head.load(mixed)
+    assert head.in_dim == 2 * headstore.Store.open(layer_store).dim
+    store = headstore.Store.open(layer_store)
+    texts = store.texts["text"].to_list()[:12]
+    stored = read_features(store, head.array, rows=store.rows_for(texts))
+    np.testing.assert_allclose(headstore.Pipeline.from_head(head).encode(texts), head.embed(stored), rtol=0, atol=1e-5)
+    r = cli("export", "--head", mixed, "--format", "sentence-transformers", "--out", tmp_path / "st")
+    assert r.exit_code == 2 and "several encoder layers" in r.output
+    r = cli("eval", "--store", layer_store, "--head", mixed, "--data", w["sts05"], "--out", tmp_path / "ev")
+    assert r.exit_code == 0, r.output
+
+
+def test_unknown_array_in_a_mix_is_named(data_world, layer_store, tmp_path):
+    r = cli("train-head", "--store", layer_store, "--data", data_world["sts05"], "--out", tmp_path / "h", *FAST,
+            "--array", "features+features_layer-7")
+    assert r.exit_code == 2 and "features_layer-7" in r.output
