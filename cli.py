@@ -20,6 +20,29 @@ def main():
     """headstore: featurize texts once with a frozen encoder, train many small heads on the features."""
 
 
+def _label_options(f):
+    """--text-column, --label-column, --label-sep, --label-columns: how to read labelled texts
+    (data/labels.py). Any of them implies --format labels; the command gets them folded into the
+    format string (`labels?text_column=body`), which every reader of the dataset understands."""
+    options = [
+        click.option("--text-column", default=None, help="Labelled texts: the column to encode (20 Newsgroups: body)."),
+        click.option("--label-column", default=None, help="Labelled texts: the class column (default label)."),
+        click.option("--label-sep", default=None, help="Labelled texts: split labels into levels on this string (e.g. '.')."),
+        click.option("--label-columns", default=None,
+                     help="Labelled texts: one column per level, coarse to fine, the last the label (level1,level2,label)."),
+    ]
+    for option in reversed(options):
+        f = option(f)
+    return f
+
+
+def _fold_label_options(fmt, settings: dict):
+    """Pop the label options from `settings` and fold them into the format string."""
+    from headstore.data.labels import label_format
+
+    return label_format(fmt, **{k: settings.pop(k) for k in ("text_column", "label_column", "label_sep", "label_columns")})
+
+
 @main.command()
 @click.option("--model", default="minilm", show_default=True,
               help="'minilm' (offline all-MiniLM-L6-v2), a local model dir, or a Hub id.")
@@ -40,8 +63,9 @@ def main():
               help="Encoder maths: auto = fp32 on CPU (exact), bf16 autocast on GPU; part of the fingerprint.")
 @click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto",
               show_default=True)
+@_label_options
 def featurize(model, data_paths, formats, store, pooling, layers, dtype, max_length, batch_tokens,
-              precision, device):
+              precision, device, **label_options):
     """Encode every text of the datasets that STORE does not hold yet (a no-op when none are new)."""
     from headstore.featurize.config import FeaturizeConfig, parse_layers
     from headstore.featurize.model import pick_device
@@ -53,6 +77,8 @@ def featurize(model, data_paths, formats, store, pooling, layers, dtype, max_len
         config = FeaturizeConfig(model=model, pooling=pooling, layers=parse_layers(layers),
                                  max_length=max_length, dtype=dtype, batch_tokens=batch_tokens,
                                  precision=precision, device=device)
+        if any(label_options.values()):  # labelled texts: the options apply to every --data
+            formats = [_fold_label_options(f, dict(label_options)) for f in (list(formats) or [None])]
         summary = run_featurize(config, data_paths, store, formats=list(formats) or None)
     except (ValueError, FileNotFoundError) as err:
         raise click.ClickException(str(err)) from None
@@ -131,6 +157,12 @@ def _head_and_train_options(f):
         click.option("--margin", type=float, default=None, help="Margin of contrastive/triplet (default per energy)."),
         click.option("--impostors", type=click.Choice(IMPOSTOR_MODES), default=t.impostors, show_default=True),
         click.option("--genuine-weight", type=float, default=t.genuine_weight, show_default=True),
+        click.option("--shots", type=int, default=t.shots, show_default=True,
+                     help="Labelled texts: texts per class drawn with --seed (few-shot); 0 = all of train."),
+        click.option("--per-class", type=int, default=t.per_class, show_default=True,
+                     help="Labelled texts: K texts per class in a batch of batch-size // K classes."),
+        click.option("--hierarchy/--no-hierarchy", default=t.hierarchy, show_default=True,
+                     help="Labelled texts: targets from the label tree (shared-prefix depth / depth)."),
     ]
     for option in reversed(options):
         f = option(f)
@@ -144,6 +176,7 @@ def _head_and_train_options(f):
 @click.option("--out", required=True, help="Output directory for head.safetensors, config.json, metrics.json, curve.png.")
 @click.option("--array", default="features", show_default=True, help="Store array (another layer) to train on.")
 @_head_and_train_options
+@_label_options
 def train_head(store, data, data_format, out, array, **settings):
     """Train one siamese energy head on stored features: train on train, select on dev, report test once."""
     from dataclasses import fields
@@ -154,12 +187,20 @@ def train_head(store, data, data_format, out, array, **settings):
 
     head_keys = {f.name for f in fields(HeadConfig)}
     try:
+        data_format = _fold_label_options(data_format, settings)
         head_cfg = HeadConfig(**{k: v for k, v in settings.items() if k in head_keys})
         cfg = TrainConfig(**{k: v for k, v in settings.items() if k not in head_keys})
         metrics = run_train_head(store, data, out, head_cfg, cfg, data_format, array)
     except (ValueError, FileNotFoundError, KeyError, RuntimeError) as err:
         raise click.ClickException(str(err)) from None
     _echo_metrics(metrics)
+
+
+def _is_labels(data: str, data_format: str | None) -> bool:
+    from headstore.data.dataset import detect_format
+    from headstore.data.labels import is_label_format
+
+    return is_label_format(data_format) or (data_format is None and detect_format(data) == "labels")
 
 
 def _echo_metrics(metrics: dict) -> None:
@@ -179,11 +220,13 @@ def _echo_metrics(metrics: dict) -> None:
 @click.option("--out", required=True, help="Directory for metrics.json.")
 @click.option("--exclude-overlap", default=None,
               help="Dataset whose texts must not be scored (drop evaluation items that use them), e.g. the training set.")
-def eval_(store, head_dir, data, data_format, out, exclude_overlap):
+@_label_options
+def eval_(store, head_dir, data, data_format, out, exclude_overlap, **label_options):
     """Evaluate a trained head (and the frozen baseline beside it) on any dataset whose texts are in the store."""
     from headstore.heads.run import eval_head
 
     try:
+        data_format = _fold_label_options(data_format, label_options)
         metrics = eval_head(store, head_dir, data, out, data_format, exclude_overlap)
     except (ValueError, FileNotFoundError, KeyError) as err:
         raise click.ClickException(str(err)) from None
@@ -197,11 +240,23 @@ def eval_(store, head_dir, data, data_format, out, exclude_overlap):
 @click.option("--grid", "grid_path", required=True, help="TOML grid file ([grid] lists, [fixed] values).")
 @click.option("--out", required=True, help="Results directory (rerunning into it skips finished heads).")
 @click.option("--transfer", multiple=True, help="Out-of-domain dataset every head is also scored on (repeatable).")
-def grid(store, data, data_format, grid_path, out, transfer):
-    """Train every combination of a grid of heads (stacked by shape); write results, leaderboard and plots."""
+@_label_options
+def grid(store, data, data_format, grid_path, out, transfer, **label_options):
+    """Train every combination of a grid of heads (stacked by shape); write results, leaderboard and plots.
+
+    On labelled texts (--format labels) the grid may sweep shots, hierarchy and per_class; each head is
+    scored beside the frozen probe and k-NN on the same labelled texts (docs/labels.md)."""
     from headstore.heads.experiments.grid import run_grid
 
     try:
+        data_format = _fold_label_options(data_format, label_options)
+        if _is_labels(data, data_format):
+            from headstore.heads.experiments.fewshot import run_label_grid
+
+            if transfer:
+                raise ValueError("--transfer is not supported on labelled texts")
+            run_label_grid(store, data, grid_path, out, data_format)
+            return
         run_grid(store, data, grid_path, out, data_format, transfer=tuple(transfer))
     except (ValueError, FileNotFoundError, KeyError) as err:
         raise click.ClickException(str(err)) from None

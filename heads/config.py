@@ -4,7 +4,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, fields
 
 from headstore.heads.energy import ENERGIES
-from headstore.heads.losses import IMPOSTOR_MODES, LOSSES, LossConfig
+from headstore.heads.losses import IMPOSTOR_MODES, LOSS_KINDS, LOSSES, LossConfig
 
 SCHEDULES = ("cosine", "linear", "constant")
 NORMALIZATIONS = ("none", "center", "l2", "center-l2", "standardize")
@@ -36,6 +36,10 @@ class TrainConfig:
     impostors: str = "semi-hard"  # which impostors enter the energy losses: the mean over all of them is
     # dominated by easy ones; the hardest / semi-hard one per anchor trains (docs/l1-energy.md)
     genuine_weight: float = 1.0  # genuine vs impostor balance of the energy losses
+    # labelled texts (--format labels; heads.label_tasks)
+    shots: int = 0  # labelled texts per class drawn with `seed` (few-shot: 8/16/32/64); 0 = every train text
+    per_class: int = 4  # K texts per class in a batch of batch_size // K classes: 3 partners per anchor
+    hierarchy: bool = False  # targets from the label tree (shared-prefix depth / depth), not same-class only
 
     def __post_init__(self):
         checks = [("loss", self.loss, sorted(LOSSES)), ("energy", self.energy, sorted(ENERGIES)),
@@ -46,11 +50,13 @@ class TrainConfig:
                 raise ValueError(f"{name}={value!r}; valid: {list(valid)}")
         if self.epochs < 1 or self.batch_size < 2 or self.lr <= 0 or self.mined_k < 0:
             raise ValueError(f"need epochs >= 1, batch_size >= 2, lr > 0, mined_k >= 0; got {self}")
+        if self.shots < 0 or self.per_class < 2:
+            raise ValueError(f"need shots >= 0 and per_class >= 2; got shots={self.shots}, per_class={self.per_class}")
 
     @property
     def eval_energy(self) -> str:
         """The energy heads are trained and ranked with (mnr is cosine by definition)."""
-        return "cosine" if self.loss == "mnr" else self.energy
+        return self.energy if LOSS_KINDS[self.loss].uses_energy else "cosine"
 
     def loss_config(self) -> LossConfig:
         return LossConfig(q=self.q, tau=self.tau, margin=self.margin, impostors=self.impostors,
@@ -74,5 +80,7 @@ PER_HEAD = ("lr", "weight_decay", "seed")
 
 
 def stack_key(cfg: TrainConfig) -> tuple:
-    """Heads whose configs share this key can be trained together in one stack."""
-    return tuple((k, v) for k, v in sorted(asdict(cfg).items()) if k not in PER_HEAD)
+    """Heads whose configs share this key can be trained together in one stack. Few-shot heads
+    (shots > 0) train on texts their seed draws, so the seed is shared within their stack."""
+    per_head = PER_HEAD if not cfg.shots else tuple(k for k in PER_HEAD if k != "seed")
+    return tuple((k, v) for k, v in sorted(asdict(cfg).items()) if k not in per_head)

@@ -9,6 +9,7 @@ Output directory:
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import asdict
 from pathlib import Path
@@ -23,6 +24,7 @@ from headstore.heads.features import Normalizer, load_features
 from headstore.heads.metrics import bootstrap_ci
 from headstore.heads.model import HeadConfig, load_heads, save_heads
 from headstore.heads.experiments.plots import plot_curve
+from headstore.heads.label_tasks import for_training
 from headstore.heads.tasks import Task, load_task, task_rows, without_overlap
 from headstore.heads.train import train_one
 
@@ -32,7 +34,7 @@ TEST_SPLIT = "test"
 def ci_of(task: Task, split: str, items: dict, prefix: str, n_boot: int = 1000) -> list[float]:
     """Bootstrap 95% CI of the primary metric over queries (IR) or pairs (STS/pairs)."""
     values = items[prefix]
-    if task.kind == "ir":
+    if task.kind in ("ir", "labels"):  # labels: per-text k-NN correctness -> CI of the accuracy
         return list(bootstrap_ci(values, n_boot=n_boot))
     gold = task.eval_sets[split].labels
     stat = "spearman" if task.kind == "sts" else None
@@ -68,7 +70,7 @@ def train_head(store_path: str, data_path: str, out_dir: str, head_cfg: HeadConf
                data_format: str | None = None, array: str = "features", progress: bool = True) -> dict:
     """Train one head on `data_path`'s train split, select on dev, report test once; write `out_dir`."""
     store = FeatureStore.open(store_path)
-    task = load_task(data_path, store, data_format)
+    task = for_training(load_task(data_path, store, data_format), cfg)  # labelled texts: shots, hierarchy
     features = load_features(store, array)
     head_cfg = HeadConfig(**{**asdict(head_cfg), "in_dim": features.shape[1]})
     model, norm, run = train_one(task, features, head_cfg, cfg, progress)
@@ -84,6 +86,8 @@ def train_head(store_path: str, data_path: str, out_dir: str, head_cfg: HeadConf
     atomic_write_json(out / "config.json", config, sort_keys=True)
     metrics = evaluate_head(task, features, model, norm, cfg.eval_energy, ("dev", TEST_SPLIT))
     metrics["history"] = run.history
+    if getattr(task, "report", None):  # labelled texts: unseen labels, skipped texts, duplicates
+        metrics["data_report"] = task.report
     atomic_write_json(out / "metrics.json", metrics, sort_keys=True)
     plot_curve(run.history, out / "curve.png", title=f"{task.name}: {cfg.loss} ({cfg.eval_energy})")
     return metrics
@@ -122,7 +126,10 @@ def eval_head(store_path: str, head_dir: str, data_path: str, out_dir: str, data
     if exclude_overlap:
         task, dropped = without_overlap(task, task_rows(load_task(exclude_overlap, store)))
     features = load_features(store, config.get("array", "features"))
-    energy = TrainConfig.from_dict(config["train"]).eval_energy
+    train_cfg = TrainConfig.from_dict(config["train"])
+    if task.kind == "labels":  # the labelled set k-NN / probe use: every train text, or the head's shots
+        task = for_training(task, dataclasses.replace(train_cfg, hierarchy=False))
+    energy = train_cfg.eval_energy
     splits = tuple(s for s in task.eval_sets if s != "dev") or tuple(task.eval_sets)
     metrics = evaluate_head(task, features, model, norm, energy, splits)
     if TEST_SPLIT not in task.eval_sets and splits:  # report the only split there is under the usual keys

@@ -18,6 +18,7 @@ from tqdm.auto import tqdm
 from headstore.heads.config import TrainConfig, stack_key
 from headstore.heads.evaluate import embed_rows, evaluate_split, primary_metric
 from headstore.heads.features import Normalizer
+from headstore.heads.label_tasks import loss_mismatch
 from headstore.heads.losses import LOSS_KINDS, get_loss
 from headstore.heads.mining import mine_negatives
 from headstore.heads.model import HeadConfig, StackedMLP
@@ -83,6 +84,9 @@ def training_pairs(task: Task, loss: str):
     the genuine pairs (label >= GENUINE_THRESHOLD) and drops the labels."""
     kind = LOSS_KINDS[loss]
     train = task.train
+    mismatch = loss_mismatch(task, loss)
+    if mismatch:
+        raise ValueError(mismatch)
     if kind.labels == "required" and train.labels is None:
         raise ValueError(f"loss {loss!r} needs labelled or graded pairs; {task.name} has positives only")
     if train.labels is not None and kind.labels != "none":
@@ -128,6 +132,8 @@ def train_stack(task: Task, features: torch.Tensor, head_cfg: HeadConfig, config
     gens = [torch.Generator().manual_seed(c.seed) for c in configs]
     steps_per_epoch = math.ceil(P / B)
     total = steps_per_epoch * cfg0.epochs
+    sampler = getattr(task, "sample_batches", None)  # labelled texts: P classes x K texts (heads.label_tasks)
+    select = select_split in task.eval_sets  # no split to select on (few-shot): every epoch, keep the last
     given = None if train.negative is None or not kind.negatives else torch.as_tensor(train.negative)
     energy = cfg0.eval_energy
     metric = primary_metric(task.kind, energy)
@@ -143,11 +149,14 @@ def train_stack(task: Task, features: torch.Tensor, head_cfg: HeadConfig, config
             mined = mine_negatives(X, train.anchor, task.corpus_rows, task.relevant, cfg0.mined_k, embed, H,
                                    energy=energy)
             negs = mined if negs is None else torch.cat([negs, mined], dim=-1)
-        perms = torch.stack([torch.randperm(P, generator=g) for g in gens])  # (H, P)
+        if sampler is not None:
+            batches = sampler(configs, gens, B, steps_per_epoch)  # (H, steps, b)
+        else:
+            perms = torch.stack([torch.randperm(P, generator=g) for g in gens])  # (H, P)
         epoch_loss = torch.zeros(H, dtype=torch.float64)
         model.train()
         for s in range(steps_per_epoch):
-            idx = perms[:, s * B:(s + 1) * B]  # (H, b)
+            idx = batches[:, s] if sampler is not None else perms[:, s * B:(s + 1) * B]  # (H, b)
             a_rows, p_rows = anchor[idx], positive[idx]
             za, zp = model(X[a_rows]), model(X[p_rows])  # (H, b, d)
             zn = None
@@ -177,16 +186,17 @@ def train_stack(task: Task, features: torch.Tensor, head_cfg: HeadConfig, config
             epoch_loss += torch.where(finite, losses.detach(), torch.zeros_like(losses)).double()
             step += 1
             bar.update(1)
-        dev, _ = evaluate_split(task, select_split, lambda rows: embed_rows(model, X, rows), (energy,))
+        if select:
+            dev, _ = evaluate_split(task, select_split, lambda rows: embed_rows(model, X, rows), (energy,))
         for h in range(H):
-            value = dev[h][metric]
-            runs[h].history.append({"epoch": epoch + 1, "loss": float(epoch_loss[h] / steps_per_epoch),
-                                    f"dev_{metric}": value})
+            value = dev[h][metric] if select else float(epoch + 1)  # no dev: the latest epoch is the best
+            runs[h].history.append({"epoch": epoch + 1, "loss": float(epoch_loss[h] / steps_per_epoch)}
+                                   | ({f"dev_{metric}": value} if select else {}))
             if not alive[h]:
                 continue
             if value > best[h]:
                 best[h], stale[h] = value, 0
-                runs[h].best_epoch, runs[h].best_dev = epoch + 1, value
+                runs[h].best_epoch, runs[h].best_dev = epoch + 1, value if select else float("nan")
                 for p, b in zip(params, best_state):
                     b[h] = p.detach()[h]
             else:
