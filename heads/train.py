@@ -7,6 +7,7 @@ A head whose loss turns NaN/inf is marked failed (with the step) and frozen; the
 """
 from __future__ import annotations
 
+import copy
 import math
 import time
 from dataclasses import dataclass, field
@@ -99,11 +100,13 @@ def training_pairs(task: Task, loss: str):
 
 
 def train_stack(task: Task, features: torch.Tensor, head_cfg: HeadConfig, configs: list[TrainConfig],
-                progress: bool = True, select_split: str = "dev") -> tuple[StackedMLP, Normalizer, list[HeadRun]]:
+                progress: bool = True, select_split: str = "dev",
+                init: tuple[StackedMLP, Normalizer] | None = None) -> tuple[StackedMLP, Normalizer, list[HeadRun]]:
     """Train len(configs) heads of one shape together; returns the best-on-dev stack.
 
     features: (N, D) raw store features. All configs must share `stack_key` (they differ only in
-    lr, weight decay and seed)."""
+    lr, weight decay and seed). `init`: heads (and their normaliser) to go on training instead of
+    fresh ones (a shared head trained on task A, then on B: heads.experiments.forgetting); copied."""
     assert len({stack_key(c) for c in configs}) == 1, "a stack mixes settings that must be shared"
     cfg0 = configs[0]
     if task.train is None or len(task.train) == 0:
@@ -112,9 +115,11 @@ def train_stack(task: Task, features: torch.Tensor, head_cfg: HeadConfig, config
     train, labels_all = training_pairs(task, cfg0.loss)
     H, P, B = len(configs), len(train), min(cfg0.batch_size, len(train))
     fit_rows = np.unique(np.concatenate([train.anchor, train.positive]))
-    norm = Normalizer.fit(cfg0.normalize, features[torch.as_tensor(fit_rows)])
+    norm = Normalizer.fit(cfg0.normalize, features[torch.as_tensor(fit_rows)]) if init is None else init[1]
     X = norm(features)  # (N, D)
-    model = StackedMLP(H, head_cfg, seeds=[c.seed for c in configs])
+    model = StackedMLP(H, head_cfg, seeds=[c.seed for c in configs]) if init is None else copy.deepcopy(init[0])
+    if model.n_heads != H or model.cfg != head_cfg:
+        raise ValueError(f"init holds {model.n_heads} head(s) of {model.cfg}; this stack needs {H} of {head_cfg}")
     params = list(model.parameters())
     init = [p.detach().clone() for p in params]
     opt = StackedAdamW(params, lr=[c.lr for c in configs], weight_decay=[c.weight_decay for c in configs]) if params else None

@@ -35,3 +35,30 @@ def planted_labels(folder: Path, n: int = 480, n_classes: int = 6, dim: int = 16
     pl.DataFrame({"text": texts, "label": [f"g{c // 3}.c{c}" for c in classes],
                   "split": np.where(np.arange(n) < 2 * n // 3, "train", "test")}).write_parquet(path)
     return path, MemoryStore(texts), torch.tensor(X, dtype=torch.float32)
+
+
+def topic_texts(folder: Path, seed: int = 0, per_class: int = 24, topic_words: int = 6) -> tuple[Path, Path]:
+    """Two labelled tables for a tiny BERT (words of tests/heads/finetune_world.WORDS):
+    A: four classes, each text `topic_words` of its class's own group of words and the rest any
+    word; B: other texts over all the words
+    with random labels, whose training pulls an encoder away from A's structure."""
+    import random
+
+    from .finetune_world import WORDS
+
+    rng = random.Random(seed)
+    groups = [WORDS[i::4] for i in range(4)]
+    n_train = 2 * per_class // 3
+    rows_a = [{"text": " ".join([rng.choice(groups[c]) for _ in range(topic_words)]
+                                + [rng.choice(WORDS) for _ in range(6 - topic_words)]) + f" {c}{i}",
+               "label": f"topic{c}", "split": "train" if i < n_train else "test"}
+              for c in range(4) for i in range(per_class)]
+    rows_b = [{"text": " ".join(rng.choice(WORDS) for _ in range(6)) + f" {i} {i}",
+               "label": f"noise{rng.randrange(4)}", "split": "train" if i < 4 * n_train else "test"}
+              for i in range(4 * per_class)]
+    paths = []
+    for name, rows in (("A", rows_a), ("B", rows_b)):
+        path = folder / f"topics-{name}.parquet"
+        pl.DataFrame(rows).write_parquet(path)
+        paths.append(path)
+    return paths[0], paths[1]
