@@ -11,6 +11,7 @@ from headstore.featurize.config import PRECISIONS
 from headstore.featurize.pooling import POOLINGS
 from headstore.heads.config import NORMALIZATIONS, SCHEDULES
 from headstore.heads.energy import ENERGIES
+from headstore.heads.experiments.labels_cli import fold_label_options, label_options
 from headstore.heads.losses import IMPOSTOR_MODES, LOSSES
 from headstore.heads.model import ACTIVATIONS
 
@@ -18,29 +19,6 @@ from headstore.heads.model import ACTIVATIONS
 @click.group()
 def main():
     """headstore: featurize texts once with a frozen encoder, train many small heads on the features."""
-
-
-def _label_options(f):
-    """--text-column, --label-column, --label-sep, --label-columns: how to read labelled texts
-    (data/labels.py). Any of them implies --format labels; the command gets them folded into the
-    format string (`labels?text_column=body`), which every reader of the dataset understands."""
-    options = [
-        click.option("--text-column", default=None, help="Labelled texts: the column to encode (20 Newsgroups: body)."),
-        click.option("--label-column", default=None, help="Labelled texts: the class column (default label)."),
-        click.option("--label-sep", default=None, help="Labelled texts: split labels into levels on this string (e.g. '.')."),
-        click.option("--label-columns", default=None,
-                     help="Labelled texts: one column per level, coarse to fine, the last the label (level1,level2,label)."),
-    ]
-    for option in reversed(options):
-        f = option(f)
-    return f
-
-
-def _fold_label_options(fmt, settings: dict):
-    """Pop the label options from `settings` and fold them into the format string."""
-    from headstore.data.labels import label_format
-
-    return label_format(fmt, **{k: settings.pop(k) for k in ("text_column", "label_column", "label_sep", "label_columns")})
 
 
 @main.command()
@@ -63,9 +41,9 @@ def _fold_label_options(fmt, settings: dict):
               help="Encoder maths: auto = fp32 on CPU (exact), bf16 autocast on GPU; part of the fingerprint.")
 @click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto",
               show_default=True)
-@_label_options
+@label_options
 def featurize(model, data_paths, formats, store, pooling, layers, dtype, max_length, batch_tokens,
-              precision, device, **label_options):
+              precision, device, **label_settings):
     """Encode every text of the datasets that STORE does not hold yet (a no-op when none are new)."""
     from headstore.featurize.config import FeaturizeConfig, parse_layers
     from headstore.featurize.model import pick_device
@@ -77,8 +55,8 @@ def featurize(model, data_paths, formats, store, pooling, layers, dtype, max_len
         config = FeaturizeConfig(model=model, pooling=pooling, layers=parse_layers(layers),
                                  max_length=max_length, dtype=dtype, batch_tokens=batch_tokens,
                                  precision=precision, device=device)
-        if any(label_options.values()):  # labelled texts: the options apply to every --data
-            formats = [_fold_label_options(f, dict(label_options)) for f in (list(formats) or [None])]
+        if any(label_settings.values()):  # labelled texts: the options apply to every --data
+            formats = [fold_label_options(f, dict(label_settings)) for f in (list(formats) or [None])]
         summary = run_featurize(config, data_paths, store, formats=list(formats) or None)
     except (ValueError, FileNotFoundError) as err:
         raise click.ClickException(str(err)) from None
@@ -176,7 +154,7 @@ def _head_and_train_options(f):
 @click.option("--out", required=True, help="Output directory for head.safetensors, config.json, metrics.json, curve.png.")
 @click.option("--array", default="features", show_default=True, help="Store array (another layer) to train on.")
 @_head_and_train_options
-@_label_options
+@label_options
 def train_head(store, data, data_format, out, array, **settings):
     """Train one siamese energy head on stored features: train on train, select on dev, report test once."""
     from dataclasses import fields
@@ -187,7 +165,7 @@ def train_head(store, data, data_format, out, array, **settings):
 
     head_keys = {f.name for f in fields(HeadConfig)}
     try:
-        data_format = _fold_label_options(data_format, settings)
+        data_format = fold_label_options(data_format, settings)
         head_cfg = HeadConfig(**{k: v for k, v in settings.items() if k in head_keys})
         cfg = TrainConfig(**{k: v for k, v in settings.items() if k not in head_keys})
         metrics = run_train_head(store, data, out, head_cfg, cfg, data_format, array)
@@ -220,13 +198,13 @@ def _echo_metrics(metrics: dict) -> None:
 @click.option("--out", required=True, help="Directory for metrics.json.")
 @click.option("--exclude-overlap", default=None,
               help="Dataset whose texts must not be scored (drop evaluation items that use them), e.g. the training set.")
-@_label_options
-def eval_(store, head_dir, data, data_format, out, exclude_overlap, **label_options):
+@label_options
+def eval_(store, head_dir, data, data_format, out, exclude_overlap, **label_settings):
     """Evaluate a trained head (and the frozen baseline beside it) on any dataset whose texts are in the store."""
     from headstore.heads.run import eval_head
 
     try:
-        data_format = _fold_label_options(data_format, label_options)
+        data_format = fold_label_options(data_format, label_settings)
         metrics = eval_head(store, head_dir, data, out, data_format, exclude_overlap)
     except (ValueError, FileNotFoundError, KeyError) as err:
         raise click.ClickException(str(err)) from None
@@ -240,8 +218,8 @@ def eval_(store, head_dir, data, data_format, out, exclude_overlap, **label_opti
 @click.option("--grid", "grid_path", required=True, help="TOML grid file ([grid] lists, [fixed] values).")
 @click.option("--out", required=True, help="Results directory (rerunning into it skips finished heads).")
 @click.option("--transfer", multiple=True, help="Out-of-domain dataset every head is also scored on (repeatable).")
-@_label_options
-def grid(store, data, data_format, grid_path, out, transfer, **label_options):
+@label_options
+def grid(store, data, data_format, grid_path, out, transfer, **label_settings):
     """Train every combination of a grid of heads (stacked by shape); write results, leaderboard and plots.
 
     On labelled texts (--format labels) the grid may sweep shots, hierarchy and per_class; each head is
@@ -249,7 +227,7 @@ def grid(store, data, data_format, grid_path, out, transfer, **label_options):
     from headstore.heads.experiments.grid import run_grid
 
     try:
-        data_format = _fold_label_options(data_format, label_options)
+        data_format = fold_label_options(data_format, label_settings)
         if _is_labels(data, data_format):
             from headstore.heads.experiments.fewshot import run_label_grid
 
@@ -318,6 +296,11 @@ def compare(config_path, out, **overrides):
 from headstore.featurize.tuning.adapt_cli import adapt_command  # noqa: E402
 
 main.add_command(adapt_command)
+
+from headstore.heads.experiments.labels_cli import forgetting_command, setfit_command  # noqa: E402
+
+main.add_command(forgetting_command)
+main.add_command(setfit_command)
 
 if __name__ == "__main__":
     main()
