@@ -2,9 +2,11 @@
 
 The labelled set is the task's `reference` (the texts the head was trained on: every train text
 but the dev slice, or the few-shot sample). For every evaluated text (one `dict[str, float]` per head):
-- `probe_accuracy`, `probe_macro_f1`: a `LogisticRegression` (after a `StandardScaler`, so the raw
-  features and a head's outputs get the same regularisation whatever their scale) fitted on the
-  labelled set's embeddings and labels; the frozen baseline is the same probe on the stored features;
+- `probe_accuracy`, `probe_macro_f1`: sklearn's default `LogisticRegression` (C = 1) on L2-normalised
+  embeddings (so raw features and a head's outputs, whatever their scale, get the same
+  regularisation; SetFit's default head on normalised MiniLM embeddings is the same probe), fitted on
+  the labelled set; the frozen baseline is the same probe on the stored features. (Standardising
+  instead over-fits: 20 Newsgroups, all train texts, frozen MiniLM: 0.684 vs 0.751 accuracy.)
 - `{p}_knn_accuracy`, `{p}_knn_macro_f1`: majority vote of the k = 10 lowest-energy labelled texts
   (ties: the class whose nearest member ranks first), `p` the energy's prefix (`manhattan` = L1);
 - `{p}_ndcg@10`, `{p}_map`: each text ranks every labelled text by energy; a hit shares its label
@@ -23,7 +25,7 @@ import torch
 from sklearn.linear_model import LogisticRegression
 from sklearn.metrics import f1_score
 from sklearn.pipeline import make_pipeline
-from sklearn.preprocessing import StandardScaler
+from sklearn.preprocessing import Normalizer
 
 from headstore.heads.energy import pairwise_energy
 
@@ -33,8 +35,8 @@ CHUNK = 512  # queries per energy block: (512, N) energies and their ranking in 
 
 
 def probe_predict(train_x: np.ndarray, train_y: np.ndarray, test_x: np.ndarray, seed: int = 0) -> np.ndarray:
-    """Classes predicted by a standardised logistic-regression probe fitted on (train_x, train_y)."""
-    probe = make_pipeline(StandardScaler(), LogisticRegression(max_iter=PROBE_MAX_ITER, random_state=seed))
+    """Classes predicted by a logistic-regression probe on L2-normalised inputs fitted on (train_x, train_y)."""
+    probe = make_pipeline(Normalizer(), LogisticRegression(max_iter=PROBE_MAX_ITER, random_state=seed))
     probe.fit(train_x, train_y)
     return probe.predict(test_x)
 

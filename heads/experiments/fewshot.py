@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import numpy as np
@@ -50,8 +50,11 @@ def _baseline(task, X: torch.Tensor) -> dict:
 
 
 def run_label_grid(store_path: str, data_path: str, grid_path: str, out_dir: str, data_format: str | None = None,
-                   progress: bool = True) -> pl.DataFrame:
-    """Train every head of the grid on its labelled texts; write results and the seed summary."""
+                   progress: bool = True, score_split: str = "test") -> pl.DataFrame:
+    """Train every head of the grid on its labelled texts; write results and the seed summary.
+
+    `score_split="dev"` scores few-shot heads on the dev slice instead of test (choosing few-shot
+    settings without looking at test: bench/labels_fewshot_dev.py); the shots never come from it."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     store = FeatureStore.open(store_path)
@@ -85,7 +88,11 @@ def run_label_grid(store_path: str, data_path: str, grid_path: str, out_dir: str
         X = features[array]
         configs = [it[2] for it in items]
         stask = for_training(task, configs[0])
-        base_key = (array, configs[0].shots, configs[0].seed if configs[0].shots else 0)
+        if score_split != "test":
+            if not configs[0].shots:
+                raise ValueError(f"score_split={score_split!r} is for few-shot heads (shots > 0), which select on nothing")
+            stask = replace(stask, eval_sets={"test": replace(task.eval_sets[score_split], full=True)})
+        base_key = (array, configs[0].shots, configs[0].seed if configs[0].shots else 0, score_split)
         if base_key not in baselines:
             baselines[base_key] = _baseline(stask, X)
         head_cfg = HeadConfig(**{**asdict(items[0][1]), "in_dim": X.shape[1]})

@@ -56,10 +56,14 @@ def label_read_options(f):
 @click.option("--encoder-lr", type=float, default=2e-5, show_default=True, help="Setup 3's fine-tuning rate.")
 @click.option("--finetune-steps", type=int, default=None, help="Cap on each fine-tune's steps (default: one epoch).")
 @click.option("--finetune-batch-size", type=int, default=None, help="Fine-tune batch (default: the head's).")
+@click.option("--precision", type=click.Choice(["auto", "fp32", "bf16"]), default="auto", show_default=True,
+              help="Re-featurizing with setup 3's fine-tuned encoders (its before and after alike).")
 @click.option("--mlm/--no-mlm", default=True, show_default=True, help="MLM loss of the encoder before/after.")
 def forgetting_command(store, out, task_a, task_b, data, train_per_class, test_per_class, data_format, model, loss,
-                       epochs, batch_size, encoder_lr, finetune_steps, finetune_batch_size, mlm, **label_settings):
+                       epochs, batch_size, encoder_lr, finetune_steps, finetune_batch_size, precision, mlm,
+                       **label_settings):
     """Train task A then task B; measure what A loses for per-task heads, a shared head and a fine-tuned encoder."""
+    from headstore.featurize.config import FeaturizeConfig
     from headstore.featurize.tuning.finetune import FinetuneConfig
     from headstore.heads.config import TrainConfig
     from headstore.heads.experiments.forgetting import ForgettingConfig, run_forgetting, split_classes
@@ -77,7 +81,8 @@ def forgetting_command(store, out, task_a, task_b, data, train_per_class, test_p
         cfg = ForgettingConfig(task_a=task_a, task_b=task_b, store=store, format_a=fmt_a, format_b=fmt_b, model=model,
                                train=TrainConfig(loss=loss, epochs=epochs, batch_size=batch_size),
                                finetune=FinetuneConfig(encoder_lr=encoder_lr, max_steps=finetune_steps,
-                                                       batch_size=finetune_batch_size, mined_k=0), mlm=mlm)
+                                                       batch_size=finetune_batch_size, mined_k=0),
+                               featurize=FeaturizeConfig(precision=precision), mlm=mlm)
         click.echo(run_forgetting(cfg, out))
     except (ValueError, FileNotFoundError, KeyError, RuntimeError) as err:
         raise click.ClickException(str(err)) from None
