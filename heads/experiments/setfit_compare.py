@@ -104,7 +104,7 @@ def _headstore_runs(cfg, store, task, shots: int, seed: int, done: set) -> list[
 class _SetFit:
     """SetFit on the local MiniLM directory; (a) caches the frozen body's test embeddings."""
 
-    def __init__(self, cfg: SetFitCompareConfig, test_texts: list[str], test_classes: np.ndarray):
+    def __init__(self, cfg: SetFitCompareConfig, test_texts: list[str], test_classes: np.ndarray, work_dir: Path):
         os.environ.setdefault("HF_HUB_OFFLINE", "1")  # the local directory only: never the Hub
         try:
             import setfit  # noqa: F401
@@ -114,7 +114,7 @@ class _SetFit:
         from headstore.featurize.model import resolve_model
 
         self.cfg, self.model_dir = cfg, str(resolve_model(cfg.model))
-        self.test_texts, self.test_classes = test_texts, test_classes
+        self.test_texts, self.test_classes, self.work_dir = test_texts, test_classes, work_dir
         self._test_embeddings, self._test_seconds = None, 0.0
 
     def _load(self):
@@ -141,8 +141,10 @@ class _SetFit:
         from setfit import Trainer, TrainingArguments
 
         model = self._load()
-        args = TrainingArguments(seed=seed, show_progress_bar=False, num_epochs=1,
-                                 max_steps=self.cfg.setfit_max_steps or -1)
+        # SetFit's defaults, but nothing written outside work_dir: no checkpoints, no loggers
+        args = TrainingArguments(seed=seed, show_progress_bar=False, num_epochs=1, max_steps=self.cfg.setfit_max_steps or -1,
+                                 output_dir=str(self.work_dir / "checkpoints"), logging_dir=str(self.work_dir / "logs"),
+                                 save_strategy="no", report_to="none")
         trainer = Trainer(model=model, args=args, train_dataset=Dataset.from_dict({"text": texts, "label": list(labels)}))
         t0 = time.perf_counter()
         trainer.train()
@@ -184,7 +186,7 @@ def run_setfit_compare(cfg: SetFitCompareConfig, out_dir: str, log=print) -> str
             sample = task.pool.subset(few_shot_indices(task.pool.classes, shots, seed))
             texts, labels = [text_of[r] for r in sample.rows], sample.classes
             if setfit is None:
-                setfit = _SetFit(cfg, [text_of[r] for r in test.rows], test.classes)
+                setfit = _SetFit(cfg, [text_of[r] for r in test.rows], test.classes, out / "setfit-trainer")
             if ("SetFit (a) frozen body + LR", shots, seed) not in done:
                 pred, seconds = setfit.frozen(texts, labels, seed)
                 rows.append(scored("SetFit (a) frozen body + LR", shots, seed, pred, seconds))
