@@ -72,7 +72,7 @@ def run_label_grid(store_path: str, data_path: str, grid_path: str, out_dir: str
         if hid in done:
             continue
         head, train, array = split_settings(s)
-        reason = loss_mismatch(task, train.loss)
+        reason = loss_mismatch(task, train.loss) or _cannot_build(task, train)
         if reason:
             rows.append({"head_id": hid, **_flat(head, train, array), "status": "skipped", "reason": reason})
             done.add(hid)
@@ -128,6 +128,15 @@ def run_label_grid(store_path: str, data_path: str, grid_path: str, out_dir: str
     if progress:
         print(table)
     return frame
+
+
+def _cannot_build(task, train) -> str:
+    """Why the labelled texts cannot serve this config (--hierarchy on flat labels), else ""."""
+    try:
+        for_training(task, train)
+    except ValueError as err:
+        return str(err)
+    return ""
 
 
 def _write(out: Path, rows: list[dict]) -> pl.DataFrame:

@@ -73,6 +73,7 @@ def test_grid_sweeps_losses_shots_and_seeds(world):
     root, store, _ = world
     grid = root / "grid.toml"
     grid.write_text('[grid]\nloss = ["supcon-kl", "l1-energy", "mnr"]\nshots = [2, 4]\nseed = [0, 1]\n'
+                    '[[grids]]\nloss = ["supcon"]\nhierarchy = [true]\n'  # flat labels here: skipped, with the reason
                     '[fixed]\nepochs = 2\nbatch_size = 8\nhidden = 16\n')
     args = ["grid", "--store", str(store), "--data", str(root / "news.parquet"), "--text-column", "body",
             "--grid", str(grid), "--out", str(root / "grid")]
@@ -80,7 +81,9 @@ def test_grid_sweeps_losses_shots_and_seeds(world):
     assert r.exit_code == 0, r.output
     frame = pl.read_parquet(root / "grid" / "results.parquet")
     ok = frame.filter(pl.col("status") == "ok")
-    assert ok.height == 8 and frame.filter(pl.col("status") == "skipped").height == 4  # mnr: pairs only
+    skipped = frame.filter(pl.col("status") == "skipped")
+    assert ok.height == 8 and skipped.height == 5  # mnr: pairs only; --hierarchy: flat labels
+    assert skipped.filter(pl.col("hierarchy"))["reason"][0].startswith("news: --hierarchy needs hierarchical labels")
     assert sorted(ok["n_labelled"].unique().to_list()) == [8, 16]  # 2 and 4 texts x 4 classes
     assert ok["base_probe_accuracy"].null_count() == 0 and ok["test_probe_accuracy"].null_count() == 0
     # the baseline of a (shots, seed) is the same whatever the loss
@@ -89,7 +92,7 @@ def test_grid_sweeps_losses_shots_and_seeds(world):
     assert len(summary) == 4 and all(s["seeds"] == 2 for s in summary)
     assert "head probe acc" in (root / "grid" / "summary.md").read_text()
     rerun = CliRunner().invoke(main, args)  # every head is finished: nothing retrains
-    assert rerun.exit_code == 0 and pl.read_parquet(root / "grid" / "results.parquet").height == 12
+    assert rerun.exit_code == 0 and pl.read_parquet(root / "grid" / "results.parquet").height == 13
 
 
 def test_setfit_side_by_side(world, monkeypatch):
