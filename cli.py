@@ -18,6 +18,7 @@ from headstore.featurize.config import PRECISIONS
 from headstore.featurize.pooling import POOLINGS
 from headstore.heads.config import NORMALIZATIONS, PRECISIONS as HEAD_PRECISIONS, SCHEDULES
 from headstore.heads.energy import ENERGIES
+from headstore.heads.experiments.labels_cli import fold_label_options, label_options
 from headstore.heads.losses import GRADED_MODES, IMPOSTOR_MODES, LOSSES
 from headstore.heads.model import ACTIVATIONS
 
@@ -126,8 +127,9 @@ def main(debug):
               help="--engine ray: encoder actors (one per GPU with --gpus-per-worker 1).")
 @click.option("--gpus-per-worker", type=float, default=0.0, show_default=True,
               help="--engine ray: GPUs per actor (0: CPU actors).")
+@label_options
 def featurize(model, data_paths, formats, store, pooling, layers, dtype, max_length, batch_tokens,
-              precision, device, engine, address, workers, gpus_per_worker):
+              precision, device, engine, address, workers, gpus_per_worker, **label_settings):
     """Encode every text of the datasets that STORE does not hold yet (a no-op when none are new)."""
     from headstore.featurize.config import FeaturizeConfig, parse_layers
     from headstore.featurize.model import pick_device
@@ -139,6 +141,8 @@ def featurize(model, data_paths, formats, store, pooling, layers, dtype, max_len
     config = FeaturizeConfig(model=model, pooling=pooling, layers=parse_layers(layers),
                              max_length=max_length, dtype=dtype, batch_tokens=batch_tokens,
                              precision=precision, device=device)
+    if any(label_settings.values()):  # labelled texts: the options apply to every --data
+        formats = [fold_label_options(f, dict(label_settings)) for f in (list(formats) or [None])]
     if engine == "ray":
         from headstore.featurize.ray_engine import featurize_ray
 
@@ -257,6 +261,12 @@ def _head_and_train_options(f):
         click.option("--graded", type=click.Choice(GRADED_MODES), default=t.graded, show_default=True,
                      help="How graded (STS) or 0/1 labels enter l1-energy / contrastive: weight (s and 1 - s), "
                           "regress (E toward Q (1 - s)), pearson (1 + corr(E, s) per batch)."),
+        click.option("--shots", type=int, default=t.shots, show_default=True,
+                     help="Labelled texts: texts per class drawn with --seed (few-shot); 0 = all of train."),
+        click.option("--per-class", type=int, default=t.per_class, show_default=True,
+                     help="Labelled texts: K texts per class in a batch of batch-size // K classes."),
+        click.option("--hierarchy/--no-hierarchy", default=t.hierarchy, show_default=True,
+                     help="Labelled texts: targets from the label tree (shared-prefix depth / depth)."),
     ]
     for option in reversed(options):
         f = option(f)
@@ -274,6 +284,7 @@ def _head_and_train_options(f):
 @score_range_option
 @overwrite_option
 @_head_and_train_options
+@label_options
 def train_head(store, data, data_format, out, array, select_ood, ood_delta, score_range, overwrite, **settings):
     """Train one siamese energy head on stored features: train on train, select on dev, report test once."""
     from dataclasses import fields
@@ -283,6 +294,7 @@ def train_head(store, data, data_format, out, array, select_ood, ood_delta, scor
     from headstore.heads.run import train_head as run_train_head
 
     head_keys = {f.name for f in fields(HeadConfig)}
+    data_format = fold_label_options(data_format, settings)
     unset = tuple(k for k in GRADED_DEFAULTS if settings[k] is None)  # left to the defaults of the data's kind
     settings = {k: v for k, v in settings.items() if v is not None or k not in GRADED_DEFAULTS}
     head_cfg = HeadConfig(**{k: v for k, v in settings.items() if k in head_keys})
@@ -305,6 +317,13 @@ def _echo_metrics(metrics: dict, out: str) -> None:
         click.secho(f"{bar}\nWARNING: {warning}\n{bar}", fg="red", bold=True, err=True)
 
 
+def _is_labels(data: str, data_format: str | None) -> bool:
+    from headstore.data.dataset import detect_format
+    from headstore.data.labels import is_label_format
+
+    return is_label_format(data_format) or (data_format is None and detect_format(data) == "labels")
+
+
 @main.command("eval")
 @click.option("--store", required=True, help="Feature store holding the dataset's texts.")
 @click.option("--head", "head_dir", required=True, help="A `cli train-head --out` directory.")
@@ -316,12 +335,14 @@ def _echo_metrics(metrics: dict, out: str) -> None:
               help="Dataset whose texts must not be scored (drop evaluation items that use them), e.g. the training set.")
 @score_range_option
 @overwrite_option
-def eval_(store, head_dir, data, data_format, out, exclude_overlap, score_range, overwrite):
+@label_options
+def eval_(store, head_dir, data, data_format, out, exclude_overlap, score_range, overwrite, **label_settings):
     """Evaluate a trained head (and the frozen baseline beside it) on any dataset whose texts are in the store.
 
     Scores the dataset's test split; a table without a split column is scored whole."""
     from headstore.heads.run import eval_head
 
+    data_format = fold_label_options(data_format, label_settings)
     metrics = eval_head(store, head_dir, data, out, data_format, exclude_overlap, score_range=score_range,
                         overwrite=overwrite)
     _echo_metrics(metrics, out)
@@ -340,10 +361,23 @@ def eval_(store, head_dir, data, data_format, out, exclude_overlap, score_range,
               help="Also score ensembles (mean L1 energy) of the K best l1 configurations, one per seed (repeatable).")
 @score_range_option
 @overwrite_option
-def grid(store, data, data_format, grid_path, out, transfer, select_ood, ood_delta, ensembles, score_range, overwrite):
-    """Train every combination of a grid of heads (stacked by shape); write results, leaderboard and plots."""
+@label_options
+def grid(store, data, data_format, grid_path, out, transfer, select_ood, ood_delta, ensembles, score_range, overwrite,
+         **label_settings):
+    """Train every combination of a grid of heads (stacked by shape); write results, leaderboard and plots.
+
+    On labelled texts (--format labels) the grid may sweep shots, hierarchy and per_class; each head is
+    scored beside the frozen probe and k-NN on the same labelled texts (docs/labels.md)."""
     from headstore.heads.experiments.grid import run_grid
 
+    data_format = fold_label_options(data_format, label_settings)
+    if _is_labels(data, data_format):
+        from headstore.heads.experiments.fewshot import run_label_grid
+
+        if transfer or select_ood or ensembles:
+            raise ValueError("--transfer, --select-ood and --ensemble are not supported on labelled texts")
+        run_label_grid(store, data, grid_path, out, data_format)
+        return
     run_grid(store, data, grid_path, out, data_format, transfer=tuple(transfer), score_range=score_range,
              overwrite=overwrite, select_ood=tuple(select_ood), ood_delta=ood_delta, ensembles=tuple(ensembles))
 
@@ -403,6 +437,10 @@ from headstore.heads.export_cli import export_command, index_command, search_com
 
 for _command in (export_command, index_command, search_command):
     main.add_command(_command)
+from headstore.heads.experiments.labels_cli import forgetting_command, setfit_command  # noqa: E402
+
+main.add_command(forgetting_command)
+main.add_command(setfit_command)
 
 if __name__ == "__main__":
     main()

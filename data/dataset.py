@@ -14,6 +14,7 @@ from typing import Callable
 
 import polars as pl
 
+from headstore.data.labels import LabelSpec, is_label_format, read_labels_counted
 from headstore.data.readers import (TEXT_FILE_SUFFIXES, BeirData, pair_columns, read_beir, read_pairs,
                                     read_sts_ranged, read_text_counted, string_columns)
 from headstore.data.tables import TABLE_SUFFIXES, table_columns
@@ -39,6 +40,11 @@ def _frames_text(path: Path, score_range=None) -> tuple[dict[str, pl.DataFrame],
     return {"text": frame}, skipped, None
 
 
+def _frames_labels(path: Path, spec: LabelSpec) -> tuple[dict[str, pl.DataFrame], int, None]:
+    frame, skipped = read_labels_counted(path, spec)
+    return {"labels": frame}, skipped, None
+
+
 # format name -> reader(path, score_range) giving (frames, rows skipped, score range or None);
 # the CLI offers sorted(FORMATS)
 FORMATS: dict[str, Callable[..., tuple[dict[str, pl.DataFrame], int, tuple[float, float] | None]]] = {
@@ -46,6 +52,7 @@ FORMATS: dict[str, Callable[..., tuple[dict[str, pl.DataFrame], int, tuple[float
     "sts": _frames_sts,
     "pairs": lambda path, score_range=None: ({"pairs": read_pairs(path)}, 0, None),
     "text": _frames_text,
+    "labels": lambda path, score_range=None: _frames_labels(path, LabelSpec()),
 }
 
 
@@ -82,11 +89,13 @@ def _format_from_columns(columns: list[str], path: Path) -> str:
         return "sts"
     if pair_columns(columns) is not None:
         return "pairs"
+    if {"text", "label"} <= set(columns):
+        return "labels"
     if path.suffix.lower() == ".parquet" and ("text" in columns or len(string_columns(path)) == 1):
         return "text"
     raise ValueError(f"{path}: cannot tell the format from its columns ({', '.join(columns)}): "
                      "sts needs sentence1, sentence2, score; pairs needs anchor, positive; "
-                     f"text needs a Parquet text column; {_valid_formats_hint()}")
+                     f"labels needs text, label; text needs a Parquet text column; {_valid_formats_hint()}")
 
 
 def detect_format(path: str | Path) -> str:
@@ -108,8 +117,9 @@ class Dataset:
     kind: str  # a key of FORMATS
     path: Path  # the file or BEIR folder actually read
     frames: dict[str, pl.DataFrame]  # beir: corpus, queries, qrels/<split>; else {kind: frame}
-    skipped: int = 0  # rows skipped as empty (read_text on Parquet); 0 for the other formats
+    skipped: int = 0  # rows skipped as empty (read_text on Parquet, labels); 0 for the other formats
     score_range: tuple[float, float] | None = None  # sts: the scale of `score` (declared or detected)
+    spec: object | None = None  # labels: the LabelSpec it was read with (columns, hierarchy)
     _texts: list[str] | None = field(default=None, repr=False)
 
     @property
@@ -151,7 +161,8 @@ class Dataset:
                 parts = [docs, self.frames["queries"]["text"].to_list()]
             else:
                 columns = {"sts": ["sentence1", "sentence2"],
-                           "pairs": ["anchor", "positive", "negative"], "text": ["text"]}[self.kind]
+                           "pairs": ["anchor", "positive", "negative"], "text": ["text"],
+                           "labels": ["text"]}[self.kind]
                 parts = [self.frame[c].to_list() for c in columns if c in self.frame.columns]
             self._texts = list(dict.fromkeys(t for part in parts for t in part))
         return self._texts
@@ -164,12 +175,20 @@ def load_dataset(path: str | Path, format: str | None = None, score_range=None) 
     featurize); ``"detect"`` detects a 0-1 or 0-5 scale; (LO, HI) declares it, and a score outside
     is an error naming its row."""
     path = Path(path)
+    spec = None
+    if is_label_format(format):  # "labels" or "labels?text_column=body&..." (options: data/labels.py)
+        format, spec = "labels", LabelSpec.from_format(format)
     if format is not None and format not in FORMATS:
         raise ValueError(f"unknown format {format!r}; valid formats: {', '.join(sorted(FORMATS))}")
     resolved = resolve_data_path(path)
     kind = format or detect_format(resolved)
     if kind == "beir" and not resolved.is_dir():
         raise ValueError(f"{resolved}: the beir format reads a folder holding corpus.jsonl")
-    frames, skipped, found = FORMATS[kind](resolved, score_range)
+    if kind == "labels":
+        spec = spec or LabelSpec()
+        frames, skipped, found = _frames_labels(resolved, spec)
+    else:
+        frames, skipped, found = FORMATS[kind](resolved, score_range)
     name = path.resolve().name if path.is_dir() else path.stem
-    return Dataset(name=name, kind=kind, path=resolved, frames=frames, skipped=skipped, score_range=found)
+    return Dataset(name=name, kind=kind, path=resolved, frames=frames, skipped=skipped, score_range=found,
+                   spec=spec)

@@ -6,7 +6,7 @@ import typing
 from dataclasses import asdict, dataclass, fields
 
 from headstore.heads.energy import ENERGIES
-from headstore.heads.losses import DEFAULT_IMPOSTORS, GRADED_MODES, IMPOSTOR_MODES, LOSSES, LossConfig
+from headstore.heads.losses import DEFAULT_IMPOSTORS, GRADED_MODES, IMPOSTOR_MODES, LOSS_KINDS, LOSSES, LossConfig
 
 SCHEDULES = ("cosine", "linear", "constant")
 PRECISIONS = ("fp32", "bf16")  # head training maths (heads.train): fp32, or bf16 autocast for the matmuls
@@ -50,6 +50,10 @@ class TrainConfig:
     # is the one form that beats the frozen features on STS-B (the others overfit; docs/l1-energy.md)
     guard: bool = True  # the starting point (the identity head for a residual head) is a selection candidate:
     # a head that never beats it on dev is returned as it (the frozen features), never worse than no head
+    # labelled texts (--format labels; heads.label_tasks)
+    shots: int = 0  # labelled texts per class drawn with `seed` (few-shot: 8/16/32/64); 0 = every train text
+    per_class: int = 4  # K texts per class in a batch of batch_size // K classes: 3 partners per anchor
+    hierarchy: bool = False  # targets from the label tree (shared-prefix depth / depth), not same-class only
 
     def __post_init__(self):
         check_types(type(self), asdict(self))
@@ -78,11 +82,13 @@ class TrainConfig:
         self.loss_config()  # q, tau, margin, genuine_weight: finite and positive
         if self.q_start is not None and not (math.isfinite(self.q_start) and self.q_start > 0):
             raise ValueError(f"q_start must be a finite number > 0 (or unset: no Q schedule), got {self.q_start}")
+        if self.shots < 0 or self.per_class < 2:
+            raise ValueError(f"need shots >= 0 and per_class >= 2; got shots={self.shots}, per_class={self.per_class}")
 
     @property
     def eval_energy(self) -> str:
         """The energy heads are trained and ranked with (mnr is cosine by definition)."""
-        return "cosine" if self.loss == "mnr" else self.energy
+        return self.energy if LOSS_KINDS[self.loss].uses_energy else "cosine"
 
     def loss_config(self) -> LossConfig:
         return LossConfig(q=self.q, tau=self.tau, margin=self.margin, impostors=self.impostors,
@@ -122,9 +128,13 @@ def check_types(cls, values: dict, where: str = "") -> None:
             raise ValueError(f"{where}{key} must be {names}, got {value!r} ({type(value).__name__})")
 
 
-# train-head's defaults for graded (STS) tables, where the STS-B study chose otherwise than SciFact's (the
-# dataclass defaults): a linear residual head at lr 1e-3, 10 epochs (docs/l1-energy.md, round 2)
-GRADED_DEFAULTS = {"depth": 1, "lr": 1e-3, "epochs": 10}
+# train-head's defaults per kind of data where a study chose otherwise than SciFact's (the dataclass
+# defaults), for the settings the user leaves unset: graded (STS) tables, a linear residual head at lr 1e-3,
+# 10 epochs (docs/l1-energy.md, round 2); labelled texts, the 2-layer head at lr 1e-3, 10 epochs (chosen on
+# 20 Newsgroups dev, docs/labels.md)
+KIND_DEFAULTS = {"sts": {"depth": 1, "lr": 1e-3, "epochs": 10},
+                 "labels": {"depth": 2, "lr": 1e-3, "epochs": 10}}
+GRADED_DEFAULTS = KIND_DEFAULTS["sts"]
 
 
 # settings that may differ between heads trained together in one stack (per-head optimiser values,
@@ -133,5 +143,7 @@ PER_HEAD = ("lr", "weight_decay", "seed")
 
 
 def stack_key(cfg: TrainConfig) -> tuple:
-    """Heads whose configs share this key can be trained together in one stack."""
-    return tuple((k, v) for k, v in sorted(asdict(cfg).items()) if k not in PER_HEAD)
+    """Heads whose configs share this key can be trained together in one stack. Few-shot heads
+    (shots > 0) train on texts their seed draws, so the seed is shared within their stack."""
+    per_head = PER_HEAD if not cfg.shots else tuple(k for k in PER_HEAD if k != "seed")
+    return tuple((k, v) for k, v in sorted(asdict(cfg).items()) if k not in per_head)

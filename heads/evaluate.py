@@ -33,7 +33,7 @@ Embed = Callable[[np.ndarray], torch.Tensor]  # store rows (n,) -> (H, n, d)
 def primary_metric(task_kind: str, energy: str) -> str:
     """The name of the metric heads are selected on."""
     p = PREFIX[energy]
-    return {"ir": f"{p}_ndcg@10", "sts": f"spearman_{p}", "pairs": f"{p}_auc"}[task_kind]
+    return {"ir": f"{p}_ndcg@10", "sts": f"spearman_{p}", "pairs": f"{p}_auc", "labels": f"{p}_knn_accuracy"}[task_kind]
 
 
 def embed_rows(model: torch.nn.Module | None, features: torch.Tensor, rows: np.ndarray) -> torch.Tensor:
@@ -106,6 +106,10 @@ def evaluate_split(task: Task, split: str, embed: Embed, energies: tuple[str, ..
     """Metrics of every head on one split, for each energy in `energies`.
 
     Returns (metrics per head, per-item values per head for bootstrap CIs)."""
+    if task.kind == "labels":  # labelled texts: probe, k-NN, retrieval view (heads.label_eval)
+        from headstore.heads.label_eval import evaluate_labels
+
+        return evaluate_labels(task, split, embed, energies)
     data = task.eval_sets[split]
     results: list[dict] = []
     items: list[dict] = []

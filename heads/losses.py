@@ -35,6 +35,7 @@ import torch
 import torch.nn.functional as F
 
 from headstore.heads.energy import ENERGIES, check_energy, pairwise_energy
+from headstore.heads.label_losses import label_energy_loss, supcon_kl_loss, supcon_loss
 
 IMPOSTOR_MODES = ("all", "hardest", "semi-hard", "distance-weighted")
 GRADED_MODES = ("weight", "regress", "pearson")
@@ -112,10 +113,11 @@ def cosent_lambda(scale: float, energy: str) -> float:
 
 @dataclass(frozen=True)
 class LossKind:
-    labels: str  # "none": positives only (labels None or all 1) | "optional" | "required"
+    labels: str  # "none": positives only (labels None or all 1) | "optional" | "required" | "classes" (label codes)
     graded: bool  # accepts graded scores in [0, 1] (STS), not just 0/1
     negatives: bool  # uses given / mined negatives zn
     uses_energy: bool  # False: ignores the `energy` argument (mnr is cosine by definition)
+    classes: bool = False  # trains on labelled texts: label codes (H, B, L) (heads.label_losses)
 
 
 # ---------------------------------------------------------------- input checks and impostors
@@ -269,7 +271,11 @@ def l1_energy_loss(za, zp, zn=None, labels=None, *, energy="l1", cfg=LossConfig(
     With labels, pair i contributes s_i * L_G(E_i) + (1 - s_i) * L_I(E_i): label 1 -> genuine,
     0 -> impostor, and a graded STS score s interpolates (genuine weighted by s, impostor by 1 - s);
     cfg.graded = "regress" pulls E toward Q (1 - s) with the genuine term's form, (2/Q) (E - Q (1 - s))^2,
-    and "pearson" takes 1 + corr(E, s) over the batch. See `_pair_plus_impostor_loss`."""
+    and "pearson" takes 1 + corr(E, s) over the batch. See `_pair_plus_impostor_loss`.
+    Label codes (H, B, L) of labelled texts instead of pair labels: every pair of the batch, weighted by
+    Y Yᵀ (heads.label_losses)."""
+    if labels is not None and torch.as_tensor(labels).dim() == 3:
+        return label_energy_loss(za, zp, zn, labels, energy=energy, cfg=cfg, same=same)
     Q = _pick(cfg.q, DEFAULT_Q, check_energy(energy))
     return _pair_plus_impostor_loss(
         "l1-energy", za, zp, zn, labels, energy, cfg, same,
@@ -372,15 +378,19 @@ LOSSES: dict[str, LossFn] = {
     "contrastive": contrastive_loss,
     "cosent": cosent_loss,
     "triplet": triplet_loss,
+    "supcon-kl": supcon_kl_loss,  # labelled texts (heads.label_losses)
+    "supcon": supcon_loss,
 }
 
 LOSS_KINDS: dict[str, LossKind] = {
-    "l1-energy": LossKind(labels="optional", graded=True, negatives=True, uses_energy=True),
+    "l1-energy": LossKind(labels="optional", graded=True, negatives=True, uses_energy=True, classes=True),
     "l1-ce": LossKind(labels="none", graded=False, negatives=True, uses_energy=True),
     "mnr": LossKind(labels="none", graded=False, negatives=True, uses_energy=False),
     "contrastive": LossKind(labels="optional", graded=True, negatives=True, uses_energy=True),
     "cosent": LossKind(labels="required", graded=True, negatives=False, uses_energy=True),
     "triplet": LossKind(labels="none", graded=False, negatives=True, uses_energy=True),
+    "supcon-kl": LossKind(labels="classes", graded=False, negatives=False, uses_energy=True, classes=True),
+    "supcon": LossKind(labels="classes", graded=False, negatives=False, uses_energy=False, classes=True),
 }
 assert LOSSES.keys() == LOSS_KINDS.keys()
 

@@ -15,6 +15,7 @@ folder holding another head or another command's output is refused unless `--ove
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import asdict, fields, replace
 
 import torch
@@ -22,12 +23,13 @@ import torch
 from headstore.data.files import atomic_write_json
 from headstore.data.outputs import prepare_output_dir
 from headstore.featurize.store import FeatureStore
-from headstore.heads.config import GRADED_DEFAULTS, TrainConfig
+from headstore.heads.config import KIND_DEFAULTS, TrainConfig
 from headstore.heads.evaluate import PREFIX, embed_rows, evaluate_split, primary_metric
 from headstore.heads.features import Normalizer, array_list, load_features
 from headstore.heads.metrics import bootstrap_ci
 from headstore.heads.model import HeadConfig, save_heads
 from headstore.heads.experiments.plots import plot_curve
+from headstore.heads.label_tasks import for_training
 from headstore.heads.selection import DEFAULT_DELTA, load_selection
 from headstore.heads.tasks import WHOLE, Task, load_task, task_rows, without_overlap
 from headstore.heads.train import train_one
@@ -42,7 +44,7 @@ FEATURE_PARTS = ("model_id", "weights_hash", "tokenizer_hash", "pooling", "max_l
 def ci_of(task: Task, split: str, items: dict, prefix: str, n_boot: int = 1000) -> list[float]:
     """Bootstrap 95% CI of the primary metric over queries (IR) or pairs (STS: Spearman, pairs: AUC)."""
     values = items[prefix]
-    if task.kind == "ir":
+    if task.kind in ("ir", "labels"):  # labels: per-text k-NN correctness -> CI of the accuracy
         return list(bootstrap_ci(values, n_boot=n_boot))
     gold = task.eval_sets[split].labels
     if task.kind == "sts":
@@ -113,14 +115,15 @@ def train_head(store_path: str, data_path: str, out_dir: str, head_cfg: HeadConf
 
     score_range: the (LO, HI) scale of an STS table's scores (default: detected as 0-1 or 0-5).
     select_ood / ood_delta: out-of-domain dev sets in the selection rule (heads.selection).
-    kind_defaults: settings the user left unset (of config.GRADED_DEFAULTS): a graded (STS) table takes the
-    STS study's values for them, other data the dataclass defaults (the SciFact study's)."""
+    kind_defaults: settings the user left unset (of config.GRADED_DEFAULTS' keys): graded (STS) tables and
+    labelled texts take their config.KIND_DEFAULTS, other data the dataclass defaults (the SciFact study's)."""
     inputs = (data_path, *select_ood)
     prepare_output_dir(out_dir, "head", overwrite, inputs=inputs, create=False)  # refuse before training
     store = FeatureStore.open(store_path)
     layer = _array_layer(store, array)
     task = load_task(data_path, store, data_format, score_range=score_range)
     head_cfg, cfg, defaults_note = defaults_for_kind(task, head_cfg, cfg, kind_defaults)
+    task = for_training(task, cfg)  # labelled texts: shots, hierarchy
     features = load_features(store, array)
     selection = load_selection(store, select_ood, task, features[:, :store.dim], ood_delta)
     head_cfg = head_shape(head_cfg, features, array)
@@ -146,6 +149,8 @@ def train_head(store_path: str, data_path: str, out_dir: str, head_cfg: HeadConf
         metrics["split"] = "dev"
         metrics["note"] = f"{data_path} has no test split: only dev figures are reported"
     metrics["history"] = run.history
+    if getattr(task, "report", None):  # labelled texts: unseen labels, skipped texts, duplicates
+        metrics["data_report"] = task.report
     atomic_write_json(out / "metrics.json", metrics, sort_keys=True)
     write_trec_runs(task, features, model, norm, cfg.eval_energy, ("dev", TEST_SPLIT), out, task.name)
     plot_curve(run.history, out / "curve.png", title=f"{task.name}: {cfg.loss} ({cfg.eval_energy})")
@@ -153,16 +158,18 @@ def train_head(store_path: str, data_path: str, out_dir: str, head_cfg: HeadConf
 
 
 def defaults_for_kind(task: Task, head_cfg: HeadConfig, cfg: TrainConfig, unset: tuple[str, ...]):
-    """(head config, train config, note): graded (STS) data take GRADED_DEFAULTS for the settings left unset."""
+    """(head config, train config, note): graded (STS) data and labelled texts take their KIND_DEFAULTS for
+    the settings left unset; other data keep the dataclass defaults (the SciFact study's)."""
     if not unset:
         return head_cfg, cfg, "every kind-dependent setting given"
-    if task.kind != "sts":
+    if task.kind not in KIND_DEFAULTS:
         return head_cfg, cfg, f"{', '.join(unset)}: the defaults (the SciFact study's choice)"
-    values = {k: GRADED_DEFAULTS[k] for k in unset}
+    values = {k: KIND_DEFAULTS[task.kind][k] for k in unset}
     head_keys = {f.name for f in fields(HeadConfig)}
     head_cfg = replace(head_cfg, **{k: v for k, v in values.items() if k in head_keys})
     cfg = replace(cfg, **{k: v for k, v in values.items() if k not in head_keys})
-    return head_cfg, cfg, f"graded data: {values} (the STS-B study's choice)"
+    study = {"sts": "the STS-B study's", "labels": "the 20 Newsgroups dev"}[task.kind]
+    return head_cfg, cfg, f"{'graded' if task.kind == 'sts' else 'labelled'} data: {values} ({study} choice)"
 
 
 def guard_report(task: Task, metrics: dict, run, cfg: TrainConfig) -> dict:
@@ -250,7 +257,10 @@ def eval_head(store_path: str, head_dir: str, data_path: str, out_dir: str, data
     if exclude_overlap:
         task, dropped = without_overlap(task, task_rows(load_task(exclude_overlap, store, for_eval=True)))
     features = load_features(store, array)
-    energy = TrainConfig.from_dict(config["train"]).eval_energy
+    train_cfg = TrainConfig.from_dict(config["train"])
+    if task.kind == "labels":  # the labelled set k-NN / probe use: every train text, or the head's shots
+        task = for_training(task, dataclasses.replace(train_cfg, hierarchy=False))
+    energy = train_cfg.eval_energy
     split = eval_split(task)
     metrics = evaluate_head(task, features, model, norm, energy, (split,), dim=store.dim)
     if split != TEST_SPLIT:  # report the split there is under the usual keys

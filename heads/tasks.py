@@ -327,8 +327,12 @@ def load_task(data_path: str, store: FeatureStore, format: str | None = None, sc
         return _ir_task(ds, store, for_eval)
     if ds.kind in ("sts", "pairs"):
         return _table_task(ds, store, for_eval)
+    if ds.kind == "labels":  # labelled texts: heads.label_tasks
+        from headstore.heads.label_tasks import label_task
+
+        return label_task(ds, store)
     raise ValueError(f"{data_path}: a {ds.kind!r} dataset has no pairs to train or evaluate on "
-                     "(use a BEIR folder, an STS table or a pairs table)")
+                     "(use a BEIR folder, an STS table, a pairs table or labelled texts)")
 
 
 def task_rows(task: Task) -> set[int]:
@@ -339,6 +343,8 @@ def task_rows(task: Task) -> set[int]:
         if isinstance(s, IRSplit):
             rows.update(s.query_rows.tolist())
             rows.update(s.doc_rows.tolist())
+        elif hasattr(s, "classes"):  # labelled texts (heads.label_tasks.LabelSplit)
+            rows.update(s.rows.tolist())
         else:
             rows.update(s.anchor.tolist())
             rows.update(s.positive.tolist())

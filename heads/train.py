@@ -19,6 +19,7 @@ A head whose loss turns NaN/inf is marked failed (with the step) and frozen; the
 """
 from __future__ import annotations
 
+import copy
 import math
 import time
 from dataclasses import dataclass, field, replace
@@ -31,6 +32,7 @@ from tqdm.auto import tqdm
 from headstore.heads.config import TrainConfig, stack_key
 from headstore.heads.evaluate import embed_rows, primary_metric, selection_scores
 from headstore.heads.features import Normalizer
+from headstore.heads.label_tasks import loss_mismatch
 from headstore.heads.losses import LOSS_KINDS, get_loss
 from headstore.heads.mining import mine_negatives
 from headstore.heads.model import HeadConfig, StackedMLP, autocast
@@ -91,6 +93,9 @@ def training_pairs(task: Task, loss: str):
     the genuine pairs (label >= GENUINE_THRESHOLD) and drops the labels."""
     kind = LOSS_KINDS[loss]
     train = task.train
+    mismatch = loss_mismatch(task, loss)
+    if mismatch:
+        raise ValueError(mismatch)
     if kind.labels == "required" and train.labels is None:
         raise ValueError(f"loss {loss!r} needs labelled or graded pairs; {task.name} has positives only")
     if train.labels is not None and kind.labels != "none":
@@ -130,14 +135,17 @@ class TrainingData:
         return len(self.anchor)
 
 
-def prepare_data(task: Task, features: torch.Tensor, cfg: TrainConfig, blocks: int = 1) -> TrainingData:
+def prepare_data(task: Task, features: torch.Tensor, cfg: TrainConfig, blocks: int = 1,
+                 norm: Optional[Normalizer] = None) -> TrainingData:
     """Training pairs of cfg's loss, the normaliser fitted on their texts, the normalised features.
-    blocks: stored arrays side by side in `features` (a mixing head), each L2-normalised on its own."""
+    blocks: stored arrays side by side in `features` (a mixing head), each L2-normalised on its own.
+    norm: a normaliser to keep instead (heads that go on training keep the one they were trained with)."""
     if task.train is None or len(task.train) == 0:
         raise ValueError(f"{task.name}: no training pairs (no train split)")
     pairs, labels = training_pairs(task, cfg.loss)
     fit_rows = np.unique(np.concatenate([pairs.anchor, pairs.positive]))
-    norm = Normalizer.fit(cfg.normalize, features[torch.as_tensor(fit_rows)], blocks=blocks)
+    if norm is None:
+        norm = Normalizer.fit(cfg.normalize, features[torch.as_tensor(fit_rows)], blocks=blocks)
     X = norm(features)  # (N, D)
     base = len(X) + 1
     relevant = torch.as_tensor(sorted(a * base + p for a, p in task.relevant), dtype=torch.long)
@@ -186,7 +194,7 @@ class Batch:
     negative: Optional[torch.Tensor]  # (H, b, K) or None
     labels: Optional[torch.Tensor]  # (H, b) or None
     same: Optional[torch.Tensor]  # (H, b, b) in-batch pairs that are no impostors (same_mask); None for
-    # labelled pairs, whose impostors are the pairs labelled so (no loss takes in-batch impostors then)
+    # labelled or graded pairs, whose impostors are the pairs labelled so (no loss takes in-batch impostors)
 
 
 def make_batch(data: TrainingData, idx: torch.Tensor, negatives: Optional[torch.Tensor]) -> Batch:
@@ -195,8 +203,11 @@ def make_batch(data: TrainingData, idx: torch.Tensor, negatives: Optional[torch.
     n_rows = None
     if negatives is not None:
         n_rows = torch.gather(negatives, 1, idx.unsqueeze(-1).expand(-1, -1, negatives.shape[-1]))  # (H, b, K)
-    if data.labels is not None:
+    if data.labels is not None and data.labels.dim() == 1:
         return Batch(a_rows, p_rows, n_rows, data.labels[idx], None)
+    labels = data.labels[idx] if data.labels is not None else None  # class-label codes (H, b, L): the
+    # loss compares every pair of the batch, so the same text twice must not count (same_mask)
+    return Batch(a_rows, p_rows, n_rows, labels, same_mask(a_rows, p_rows, data.relevant, data.code_base))
     return Batch(a_rows, p_rows, n_rows, None, same_mask(a_rows, p_rows, data.relevant, data.code_base))
 
 
@@ -380,17 +391,25 @@ class HeadTracker:
 
 def train_stack(task: Task, features: torch.Tensor, head_cfg: HeadConfig, configs: list[TrainConfig],
                 progress: bool = True, select_split: str = "dev",
-                selection: Optional[OodSelection] = None) -> tuple[StackedMLP, Normalizer, list[HeadRun]]:
+                selection: Optional[OodSelection] = None,
+                init: Optional[tuple[StackedMLP, Normalizer]] = None) -> tuple[StackedMLP, Normalizer, list[HeadRun]]:
     """Train len(configs) heads of one shape together; returns the best-on-dev stack.
 
     features: (N, D) raw store features ((N, L * D) for a head mixing L arrays). All configs must share
     `stack_key` (they differ only in lr, weight decay and seed). `selection`: out-of-domain dev sets that
-    take part in choosing each head's epoch (heads.selection)."""
+    take part in choosing each head's epoch (heads.selection). `init`: heads (and their normaliser) to go
+    on training instead of fresh ones (a shared head trained on task A, then on B:
+    heads.experiments.forgetting); copied. A task without `select_split` (few-shot labelled texts) trains
+    every epoch and keeps the last."""
     assert len({stack_key(c) for c in configs}) == 1, "a stack mixes settings that must be shared"
     cfg0 = configs[0]
-    data = prepare_data(task, features, cfg0, blocks=head_cfg.mix)
+    data = prepare_data(task, features, cfg0, blocks=head_cfg.mix, norm=None if init is None else init[1])
     H, P, B = len(configs), len(data), min(cfg0.batch_size, len(data))
-    model = StackedMLP(H, head_cfg, seeds=[c.seed for c in configs])
+    model = StackedMLP(H, head_cfg, seeds=[c.seed for c in configs]) if init is None else copy.deepcopy(init[0])
+    if model.n_heads != H or model.cfg != head_cfg:
+        raise ValueError(f"init holds {model.n_heads} head(s) of {model.cfg}; this stack needs {H} of {head_cfg}")
+    sampler = getattr(task, "sample_batches", None)  # labelled texts: P classes x K texts (heads.label_tasks)
+    select = select_split in task.eval_sets  # no split to select on (few-shot): every epoch, keep the last
     steps_per_epoch = math.ceil(P / B)
     total = steps_per_epoch * cfg0.epochs
     optimizer = StackOptimizer(model, configs, total)
@@ -404,7 +423,8 @@ def train_stack(task: Task, features: torch.Tensor, head_cfg: HeadConfig, config
             return None
         return selection.losses(lambda rows: embed_rows(model, data.X, rows), cfg0.eval_energy)[0].tolist()
 
-    tracker.start(dev_scores(task, select_split, model, data.X, cfg0), sel_losses(), cfg0.guard)
+    if select:
+        tracker.start(dev_scores(task, select_split, model, data.X, cfg0), sel_losses(), cfg0.guard)
     bar = tqdm(total=total, desc=f"{H} head(s) {cfg0.loss}", disable=not progress, leave=False)
     step = 0
     t0 = time.perf_counter()
@@ -414,7 +434,9 @@ def train_stack(task: Task, features: torch.Tensor, head_cfg: HeadConfig, config
         negs = negatives.for_epoch(epoch, model)  # (H, P, K) or None
         epoch_loss = torch.zeros(H, dtype=torch.float64)
         model.train()
-        for s, idx in enumerate(epoch_batches(gens, P, B)):
+        batches = (sampler(configs, gens, B, steps_per_epoch).unbind(1) if sampler is not None  # (H, b) each
+                   else epoch_batches(gens, P, B))
+        for s, idx in enumerate(batches):
             losses = batch_losses(model, data.X, make_batch(data, idx, negs), cfg0, optimizer.init,
                                   q_at(cfg0, step, total))
             finite = tracker.check_losses(losses, f"at epoch {epoch + 1}, step {s + 1} (global step {step + 1})")
@@ -422,11 +444,16 @@ def train_stack(task: Task, features: torch.Tensor, head_cfg: HeadConfig, config
             epoch_loss += torch.where(finite, losses.detach(), torch.zeros_like(losses)).double()
             step += 1
             bar.update(1)
-        scores = dev_scores(task, select_split, model, data.X, cfg0)
+        scores = dev_scores(task, select_split, model, data.X, cfg0) if select else [float(epoch + 1)] * H
         tracker.end_epoch(epoch + 1, epoch_loss / steps_per_epoch, scores, metric, step, sel_losses())
         bar.set_postfix({f"best {metric}": f"{tracker.best_so_far():.4f}"})
     bar.close()
     tracker.restore_best()
+    if not select:  # the "score" was the epoch number: no dev metric exists
+        for r in tracker.runs:
+            r.best_dev = float("nan")
+            for h in r.history:
+                h.pop(f"dev_{metric}", None)
     elapsed = time.perf_counter() - t0
     for r in tracker.runs:
         r.seconds = elapsed / H

@@ -40,6 +40,7 @@ from headstore.heads.losses import LOSS_KINDS, get_loss
 from headstore.heads.mining import mine_negatives
 from headstore.heads.model import save_heads
 from headstore.heads.run import load_head
+from headstore.heads.label_tasks import for_training
 from headstore.heads.tasks import load_task
 from headstore.heads.train import lr_factor, same_mask, training_pairs
 
@@ -170,7 +171,7 @@ def finetune(head_dir: str, out_dir: str, cfg: FinetuneConfig, store_path: str |
     layer = int(parts["arrays"][array]["layer"]) if isinstance(parts["arrays"][array], dict) else parts["layers"][0]
     train_cfg = TrainConfig.from_dict(head_config["train"])
     kind = LOSS_KINDS[train_cfg.loss]
-    task = load_task(data_path, store, head_config.get("format"))
+    task = for_training(load_task(data_path, store, head_config.get("format")), train_cfg)  # labels: shots, hierarchy
     pairs, labels_all = training_pairs(task, train_cfg.loss)
     text_of = store.texts.sort("row")["text"].to_list()
 
@@ -211,6 +212,8 @@ def finetune(head_dir: str, out_dir: str, cfg: FinetuneConfig, store_path: str |
     steps = math.ceil(P / B) if cfg.max_steps is None else min(math.ceil(P / B), cfg.max_steps)
     sched = dataclasses.replace(train_cfg, warmup_ratio=cfg.warmup_ratio)
     order = torch.randperm(P, generator=torch.Generator().manual_seed(cfg.seed))
+    sampler = getattr(task, "sample_batches", None)  # labelled texts: P classes x K texts per batch
+    batches = sampler([train_cfg], [torch.Generator().manual_seed(cfg.seed)], B, steps)[0] if sampler else None
     anchor, positive = torch.as_tensor(pairs.anchor), torch.as_tensor(pairs.positive)
     relevant = torch.as_tensor(sorted(a * (store.n_texts + 1) + p for a, p in task.relevant), dtype=torch.long)
     loss_fn, loss_cfg = get_loss(train_cfg.loss), train_cfg.loss_config()
@@ -226,14 +229,15 @@ def finetune(head_dir: str, out_dir: str, cfg: FinetuneConfig, store_path: str |
         if k not in unfrozen_at.values():
             set_trainable(blocks, k)
             unfrozen_at[step] = k
-        idx = order[step * B:(step + 1) * B]
+        idx = batches[step] if batches is not None else order[step * B:(step + 1) * B]
         a_rows, p_rows = anchor[idx], positive[idx]
-        za, zp = embed(a_rows), embed(p_rows)  # (1, b, d)
+        za = embed(a_rows)  # (1, b, d)
+        zp = za if torch.equal(a_rows, p_rows) else embed(p_rows)  # labelled texts: anchor = positive
         zn = None
         if negatives is not None:
             n_rows = negatives[idx]  # (b, K)
             zn = embed(n_rows.flatten()).unflatten(1, n_rows.shape)  # (1, b, K, d)
-        labels = labels_all[idx].to(device) if labels_all is not None else None
+        labels = labels_all[idx].unsqueeze(0).to(device) if labels_all is not None else None  # (1, b[, L])
         same = same_mask(a_rows, p_rows, relevant, store.n_texts + 1).to(device)  # (b, b)
         loss = loss_fn(za.float(), zp.float(), None if zn is None else zn.float(), labels,
                        energy=train_cfg.energy, cfg=loss_cfg, same=same)[0]

@@ -29,7 +29,7 @@ def write_beir(folder):
 
 
 def test_formats_registry():
-    assert sorted(FORMATS) == ["beir", "pairs", "sts", "text"]
+    assert sorted(FORMATS) == ["beir", "labels", "pairs", "sts", "text"]
 
 
 def test_detect_format_by_layout_and_columns(tmp_path):
@@ -54,7 +54,7 @@ def test_detect_format_by_layout_and_columns(tmp_path):
 
 def test_detect_format_unclear_lists_formats(tmp_path):
     pl.DataFrame({"a": ["x"], "b": ["y"]}).write_parquet(tmp_path / "odd.parquet")
-    with pytest.raises(ValueError, match="valid formats: beir, pairs, sts, text; name one with --format"):
+    with pytest.raises(ValueError, match="valid formats: beir, labels, pairs, sts, text; name one with --format"):
         detect_format(tmp_path / "odd.parquet")
     (tmp_path / "odd.csv").write_text("text\nx\n")  # text format reads .txt or Parquet only
     with pytest.raises(ValueError, match="--format"):
@@ -116,7 +116,7 @@ def test_load_text_reports_skipped(tmp_path):
 def test_explicit_format(tmp_path):
     pl.DataFrame({"sentence1": ["a"], "sentence2": ["b"], "score": [1.0]}).write_parquet(tmp_path / "s.parquet")
     assert load_dataset(tmp_path / "s.parquet", format="pairs").frame.columns[:2] == ["anchor", "positive"]
-    with pytest.raises(ValueError, match="unknown format 'csv'; valid formats: beir, pairs, sts, text"):
+    with pytest.raises(ValueError, match="unknown format 'csv'; valid formats: beir, labels, pairs, sts, text"):
         load_dataset(tmp_path / "s.parquet", format="csv")
     with pytest.raises(ValueError, match="beir format reads a folder"):
         load_dataset(tmp_path / "s.parquet", format="beir")
@@ -188,4 +188,4 @@ def test_real_text_datasets(real_dataset):
     assert wiki.kind == "text" and wiki.frame.height == 2461 + 2891
     assert wiki.splits() == ["test", "validation"]
     news = load_dataset(real_dataset("20newsgroups"))
-    assert news.kind == "text" and news.frame.height == 18846 and "label" in news.frame.columns
+    assert news.kind == "labels" and news.frame.height == 18846 and "label" in news.frame.columns  # text + label

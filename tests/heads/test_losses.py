@@ -214,6 +214,8 @@ def test_triplet_reference(mode, with_zn):
 
 def call(name, za, zp, zn, labels, **kw):
     kind = LOSS_KINDS[name]
+    if kind.labels == "classes":  # labelled-text losses take label codes: classes 0 0 1 1 0 as one-hot rows
+        labels = torch.eye(2)[torch.tensor([0, 0, 1, 1, 0])]
     return LOSSES[name](za, zp, zn if kind.negatives else None, labels if kind.labels != "none" else None, **kw)
 
 

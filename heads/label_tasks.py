@@ -1,0 +1,260 @@
+"""Labelled texts joined to the feature store: a `LabelTask` (kind "labels") and its batches.
+
+Classes are the leaf labels seen in train. Each text carries a *label code* `y` (a row of Y) such that
+`Y Yᵀ` is the similarity of two texts' labels:
+- flat: `y` = one-hot of the class, so `Y Yᵀ` is 1 for the same class, 0 otherwise;
+- hierarchical (`hierarchy=True`): one one-hot block per level (level k = the path's first k parts;
+  a label shallower than the tree repeats its leaf below itself), each scaled by 1/sqrt(D) for a tree
+  of depth D, so `y_a · y_b` = (depth of the shared prefix) / D: 1 for the same label, 2/3 for
+  `comp.sys.mac.hardware` ~ `comp.sys.ibm.pc.hardware` under `--label-columns level1,level2,label`.
+
+Training set: the texts themselves (anchor = positive = a text row; the label losses compare every
+text of a batch with every other). `for_training(task, cfg)` builds the task a config trains on:
+- `shots = 0`: every train text except the dev slice (the dataset's `dev` split, else a stratified
+  `DEV_FRACTION` of train drawn with `DEV_SEED`); heads are selected on dev (k-NN accuracy);
+- `shots = n`: n texts per class drawn from that pool with the head's `seed` (SetFit's / MTEB's
+  protocol: the seed draws the sample); there is no dev (few-shot has none), every epoch is trained
+  and the last one kept; k-NN, probe and retrieval use only the n-per-class texts as the labelled set.
+
+Batches (`sample_batches`): P classes x K texts. Each batch draws P = batch_size // K distinct classes
+uniformly (all classes when there are fewer) and K texts of each from a per-class queue that is
+reshuffled when used up (a class with fewer than K texts repeats some; repeats are masked as `same`).
+Every anchor thus has K - 1 same-class partners and (P - 1) K impostors; an epoch has
+ceil(texts / batch_size) batches.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+import polars as pl
+import torch
+
+from headstore.heads.tasks import DEV_FRACTION, DEV_SEED, PairSet, Task, _rows
+
+CLASS_LOSSES_HINT = "supcon-kl, supcon, l1-energy"
+
+
+@dataclass(frozen=True)
+class LabelSplit:
+    """Labelled texts: store rows, the class of each (-1: a label absent from train) and its node per level."""
+
+    rows: np.ndarray  # (n,) int64 store rows
+    classes: np.ndarray  # (n,) int64 index into LabelTask.class_names; -1 = label not in train
+    nodes: np.ndarray  # (n, D) int64 node per level (index into LabelTask.node_names[level]); -1 unknown
+    full: bool = True  # probe, retrieval and per-level metrics too; False (dev, every epoch): k-NN only
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def subset(self, idx: np.ndarray) -> "LabelSplit":
+        return LabelSplit(self.rows[idx], self.classes[idx], self.nodes[idx], self.full)
+
+
+@dataclass(frozen=True)
+class LabelTask(Task):
+    class_names: tuple[str, ...] = ()  # leaf labels seen in train, sorted
+    level_names: tuple[str, ...] = ()  # one per level, coarse to fine (("label",) when flat)
+    node_names: tuple[tuple[str, ...], ...] = ()  # per level: the node names (a path joined by " > ")
+    leaf_nodes: np.ndarray | None = None  # (C, D) node per level of every class
+    pool: LabelSplit | None = None  # train texts minus the dev slice: what shots are drawn from
+    reference: LabelSplit | None = None  # the labelled texts k-NN / probe / retrieval use (= the training texts)
+    report: dict = field(default_factory=dict)  # counts worth reporting: unseen labels, skipped, duplicates
+    shots: int = 0  # what for_training built it for (checked against every config it trains)
+    seed: int = 0  # the seed that drew the shots (0 when shots = 0)
+    hierarchy: bool = False  # label codes with partial similarity between relatives
+    per_class: int = 4  # K of the P x K batches
+
+    @property
+    def primary_kind(self) -> str:
+        return "knn_accuracy"
+
+    @property
+    def hierarchical(self) -> bool:
+        return len(self.level_names) > 1
+
+    def codes(self, split: LabelSplit, hierarchy: bool) -> np.ndarray:
+        """Label codes Y (n, L) float32 of a split's texts (see module doc); needs known classes."""
+        if (split.classes < 0).any():
+            raise ValueError("label codes need classes seen in train")
+        if not hierarchy:
+            return np.eye(len(self.class_names), dtype=np.float32)[split.classes]
+        blocks = [np.eye(len(names), dtype=np.float32)[split.nodes[:, k]] for k, names in enumerate(self.node_names)]
+        return np.concatenate(blocks, axis=1) / np.float32(math.sqrt(len(blocks)))
+
+    def check_config(self, cfg) -> None:
+        """ValueError unless this task was built by for_training for `cfg`'s data settings."""
+        want = {"shots": cfg.shots, "hierarchy": cfg.hierarchy, "per_class": cfg.per_class,
+                "seed": cfg.seed if cfg.shots else 0}
+        have = {k: getattr(self, k) for k in want}
+        if want != have:
+            raise ValueError(f"{self.name}: this labelled-text task was built for {have} but a head asks "
+                             f"for {want}; build it with heads.label_tasks.for_training(task, cfg)")
+
+    def sample_batches(self, configs, gens: list[torch.Generator], B: int, steps: int) -> torch.Tensor:
+        """(H, steps, b) indices into `train`: P classes x K texts per batch, per head (module doc)."""
+        for cfg in configs:
+            self.check_config(cfg)
+        classes = self.reference.classes
+        members = [np.flatnonzero(classes == c) for c in range(len(self.class_names))]
+        members = [m for m in members if len(m)]
+        K = self.per_class
+        P = min(max(B // K, 2), len(members))
+        out = []
+        for g in gens:
+            rng = np.random.default_rng(int(torch.randint(2 ** 62, (1,), generator=g)))
+            queues = [rng.permutation(m) for m in members]
+            heads = [0] * len(members)
+            batches = []
+            for _ in range(steps):
+                batch = []
+                for c in rng.choice(len(members), size=P, replace=False):
+                    take = []
+                    while len(take) < K:
+                        if heads[c] == len(queues[c]):
+                            queues[c], heads[c] = rng.permutation(members[c]), 0
+                        n = min(K - len(take), len(queues[c]) - heads[c])
+                        take.extend(queues[c][heads[c]:heads[c] + n])
+                        heads[c] += n
+                    batch.extend(take)
+                batches.append(batch)
+            out.append(batches)
+        return torch.as_tensor(np.array(out, dtype=np.int64))  # (H, steps, P * K)
+
+
+# ---- building -----------------------------------------------------------------------------------
+
+
+def _stratified_dev(classes: np.ndarray, seed: int = DEV_SEED) -> np.ndarray:
+    """Boolean mask: a DEV_FRACTION of each class's train texts (at least one of a class with >= 2)."""
+    rng = np.random.default_rng(seed)
+    dev = np.zeros(len(classes), dtype=bool)
+    for c in np.unique(classes):
+        idx = np.flatnonzero(classes == c)
+        n = int(round(DEV_FRACTION * len(idx))) if len(idx) >= 2 else 0
+        dev[rng.permutation(idx)[:max(n, 1 if len(idx) >= 2 else 0)]] = True
+    return dev
+
+
+def label_task(ds, store) -> LabelTask:
+    """A labelled-text dataset (`data.labels`) joined to `store`: full data, flat labels (for_training
+    rebuilds it for other settings)."""
+    frame = ds.frame
+    train = frame.filter(pl.col("split") == "train")
+    if train.height == 0:
+        raise ValueError(f"{ds.path}: no train split (splits: {', '.join(ds.splits())}); a classifier needs "
+                         "labelled train texts")
+    class_names = tuple(sorted(set(train["label"].to_list())))
+    if len(class_names) < 2:
+        raise ValueError(f"{ds.path}: the train split has a single class ({class_names[0]!r})")
+    paths = {label: tuple(path) for label, path in zip(frame["label"].to_list(), frame["label_path"].to_list())}
+    depth = max(len(paths[c]) for c in class_names)
+
+    def node(path: tuple[str, ...], k: int) -> tuple[str, ...]:  # level k (0-based); leaves repeat below themselves
+        return path[:k + 1] if k < len(path) else path + ("",) * (k + 1 - len(path))
+
+    node_keys = [sorted({node(paths[c], k) for c in class_names}) for k in range(depth)]
+    node_index = [{key: i for i, key in enumerate(keys)} for keys in node_keys]
+    leaf_nodes = np.array([[node_index[k][node(paths[c], k)] for k in range(depth)] for c in class_names],
+                          dtype=np.int64).reshape(len(class_names), depth)
+    class_index = {c: i for i, c in enumerate(class_names)}
+
+    def split_of(f: pl.DataFrame, where: str, full: bool = True) -> LabelSplit:
+        classes = np.array([class_index.get(label, -1) for label in f["label"].to_list()], dtype=np.int64)
+        nodes = np.full((f.height, depth), -1, dtype=np.int64)
+        for i, path in enumerate(f["label_path"].to_list()):  # unseen labels: their known ancestors still count
+            for k in range(depth):
+                nodes[i, k] = node_index[k].get(node(tuple(path), k), -1)
+        return LabelSplit(_rows(store, f["text"].to_list(), where), classes, nodes, full)
+
+    pool = split_of(train, f"{ds.path} split 'train'")
+    splits = sorted(s for s in set(frame["split"].to_list()) if s != "train")
+    eval_sets: dict[str, object] = {s: split_of(frame.filter(pl.col("split") == s), f"{ds.path} split {s!r}")
+                                    for s in splits}
+    if "dev" in eval_sets:
+        eval_sets["dev"] = replace(eval_sets["dev"], full=False)
+        dev_note = "the dataset's dev split"
+    else:
+        dev = _stratified_dev(pool.classes)
+        eval_sets["dev"] = replace(pool.subset(np.flatnonzero(dev)), full=False)
+        pool = pool.subset(np.flatnonzero(~dev))
+        dev_note = (f"dev = {int(dev.sum())} train texts held out ({DEV_FRACTION:.0%} of each class, "
+                    f"seed {DEV_SEED})")
+    level_names = _level_names(ds, depth)
+    report = _report(ds, frame, class_names)
+    task = LabelTask(ds.name, "labels", None, eval_sets, dev_note, None, set(), class_names=class_names,
+                     level_names=level_names,
+                     node_names=tuple(tuple(" > ".join(p for p in key if p) for key in keys) for keys in node_keys),
+                     leaf_nodes=leaf_nodes, pool=pool, reference=pool, report=report)
+    return _with_training_set(task, pool, hierarchy=False)
+
+
+def _level_names(ds, depth: int) -> tuple[str, ...]:
+    from headstore.data.labels import LabelSpec
+
+    spec = ds.spec if isinstance(getattr(ds, "spec", None), LabelSpec) else None
+    if spec is not None and spec.label_columns:
+        return tuple(spec.label_columns)
+    return ("label",) if depth == 1 else tuple(f"level{k + 1}" for k in range(depth))
+
+
+def _report(ds, frame: pl.DataFrame, class_names) -> dict:
+    from headstore.data.labels import unseen_labels
+
+    unseen = unseen_labels(frame)
+    texts = frame.group_by("text").agg(pl.col("label").n_unique().alias("labels"),
+                                       pl.col("split").n_unique().alias("splits"), pl.len().alias("n"))
+    return {"n_classes": len(class_names), "skipped_empty_texts": ds.skipped,
+            "unseen_labels": {s: {"n_texts": sum(c.values()), "labels": c} for s, c in unseen.items()},
+            "duplicate_texts": int(texts.filter(pl.col("n") > 1).height),
+            "texts_with_several_labels": int(texts.filter(pl.col("labels") > 1).height),
+            "texts_in_several_splits": int(texts.filter(pl.col("splits") > 1).height),
+            "texts_per_split": dict(frame.group_by("split").len().sort("split").iter_rows())}
+
+
+def _with_training_set(task: LabelTask, labelled: LabelSplit, hierarchy: bool, **changes) -> LabelTask:
+    train = PairSet(labelled.rows, labelled.rows, task.codes(labelled, hierarchy))
+    return replace(task, train=train, reference=labelled, hierarchy=hierarchy, **changes)
+
+
+def few_shot_indices(classes: np.ndarray, shots: int, seed: int) -> np.ndarray:
+    """Indices of `shots` texts per class (all of a class with fewer), drawn with `seed`, sorted."""
+    rng = np.random.default_rng(seed)
+    picked = [rng.permutation(np.flatnonzero(classes == c))[:shots] for c in np.unique(classes[classes >= 0])]
+    return np.sort(np.concatenate(picked))
+
+
+def for_training(task: Task, cfg) -> Task:
+    """The task `cfg` trains on (module doc); any other kind of task is returned unchanged."""
+    if not isinstance(task, LabelTask):
+        if cfg.shots or cfg.hierarchy:
+            raise ValueError(f"{task.name}: shots / hierarchy apply to labelled texts (--format labels), "
+                             f"not to a {task.kind!r} dataset")
+        return task
+    if cfg.hierarchy and not task.hierarchical:
+        raise ValueError(f"{task.name}: --hierarchy needs hierarchical labels: give --label-sep (e.g. '.') "
+                         "or --label-columns (e.g. level1,level2,label)")
+    if cfg.per_class < 2:
+        raise ValueError(f"per_class must be >= 2 (a class needs partners in a batch), got {cfg.per_class}")
+    if not cfg.shots:
+        return _with_training_set(task, task.pool, cfg.hierarchy, shots=0, seed=0, per_class=cfg.per_class)
+    shots = task.pool.subset(few_shot_indices(task.pool.classes, cfg.shots, cfg.seed))
+    eval_sets = {s: v for s, v in task.eval_sets.items() if s != "dev"}
+    note = (f"few-shot: {cfg.shots} texts per class drawn with seed {cfg.seed} ({len(shots)} texts); "
+            "no dev split, the last epoch is kept")
+    return _with_training_set(task, shots, cfg.hierarchy, shots=cfg.shots, seed=cfg.seed,
+                              per_class=cfg.per_class, eval_sets=eval_sets, dev_note=note)
+
+
+def loss_mismatch(task: Task, loss: str) -> str:
+    """Why `loss` cannot train on `task` ("" when it can): class losses need labelled texts, and
+    labelled texts train only the losses that take class labels."""
+    from headstore.heads.losses import LOSS_KINDS
+
+    kind = LOSS_KINDS[loss]
+    if isinstance(task, LabelTask) and not kind.classes:
+        return f"loss {loss} trains on pairs; for labelled texts use one of {CLASS_LOSSES_HINT}"
+    if not isinstance(task, LabelTask) and kind.labels == "classes":
+        return f"loss {loss} needs labelled texts (--format labels); {task.name} is a {task.kind!r} dataset"
+    return ""

@@ -1,0 +1,109 @@
+"""Labelled texts through the CLI on a tiny random BERT: featurize --text-column, train-head --hierarchy,
+eval, grid sweeping shots x seeds, and SetFit beside headstore (when the optional extra is installed)."""
+import json
+import random
+
+import polars as pl
+import pytest
+from click.testing import CliRunner
+
+from headstore.cli import main
+
+from .finetune_world import WORDS, tiny_bert
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    root = tmp_path_factory.mktemp("cli-labels")
+    rng = random.Random(0)
+    groups = [WORDS[i::4] for i in range(4)]
+    rows = []
+    for c in range(4):
+        for i in range(15):
+            body = " ".join(rng.choice(groups[c]) for _ in range(5)) + f" {c}{i}"
+            rows.append({"text": f"From: group{c}\n\n{body}", "body": body, "label": f"top{c // 2}.sub{c}",
+                         "split": "train" if i < 10 else "test"})
+    pl.DataFrame(rows).write_parquet(root / "news.parquet")
+    model = tiny_bert(root / "model", layers=2)
+    store = root / "store"
+    r = CliRunner().invoke(main, ["featurize", "--model", str(model), "--data", str(root / "news.parquet"),
+                                  "--text-column", "body", "--store", str(store), "--dtype", "float32"])
+    assert r.exit_code == 0, r.output
+    from headstore.featurize.store import FeatureStore
+
+    assert FeatureStore.open(store).n_texts == 60  # the bodies, not the texts with their headers
+    return root, store, model
+
+
+def test_train_head_hierarchy_reports_probe_knn_and_baseline(world):
+    root, store, _ = world
+    out = root / "head"
+    r = CliRunner().invoke(main, ["train-head", "--store", str(store), "--data", str(root / "news.parquet"),
+                                  "--text-column", "body", "--label-sep", ".", "--loss", "supcon-kl", "--hierarchy",
+                                  "--out", str(out), "--epochs", "2", "--batch-size", "8", "--hidden", "16"])
+    assert r.exit_code == 0, r.output
+    m = json.loads((out / "metrics.json").read_text())
+    assert m["primary"] == "manhattan_knn_accuracy" and m["baseline_primary"] == "cosine_knn_accuracy"
+    for block in ("head", "baseline"):
+        assert {"probe_accuracy", "probe_macro_f1", "probe_accuracy_level1", "probe_accuracy_level2"} <= set(m[block])
+    assert {"manhattan_knn_accuracy", "manhattan_ndcg@10", "manhattan_map", "cosine_knn_accuracy"} <= set(m["head"])
+    assert len(m["ci"]["head"]) == 2 and m["data_report"]["n_classes"] == 4
+    config = json.loads((out / "config.json").read_text())
+    assert config["format"] == "labels?text_column=body&label_sep=." and config["train"]["hierarchy"] is True
+    ev = CliRunner().invoke(main, ["eval", "--store", str(store), "--head", str(out), "--data",
+                                   str(root / "news.parquet"), "--text-column", "body", "--out", str(root / "ev")])
+    assert ev.exit_code == 0, ev.output
+    assert json.loads((root / "ev" / "metrics.json").read_text())["head"]["manhattan_knn_accuracy"] >= 0
+
+
+def test_errors_are_one_line(world):
+    root, store, _ = world
+    r = CliRunner().invoke(main, ["train-head", "--store", str(store), "--data", str(root / "news.parquet"),
+                                  "--text-column", "body", "--loss", "supcon", "--hierarchy", "--out", str(root / "x")])
+    assert r.exit_code != 0 and "--hierarchy needs hierarchical labels" in r.output
+    r = CliRunner().invoke(main, ["train-head", "--store", str(store), "--data", str(root / "news.parquet"),
+                                  "--text-column", "body", "--loss", "mnr", "--out", str(root / "x")])
+    assert r.exit_code != 0 and "for labelled texts use one of" in r.output
+    r = CliRunner().invoke(main, ["train-head", "--store", str(store), "--data", str(root / "news.parquet"),
+                                  "--out", str(root / "x")])  # the `text` column (headers) was never featurized
+    assert r.exit_code != 0 and "not in the feature store" in r.output
+
+
+def test_grid_sweeps_losses_shots_and_seeds(world):
+    root, store, _ = world
+    grid = root / "grid.toml"
+    grid.write_text('[grid]\nloss = ["supcon-kl", "l1-energy", "mnr"]\nshots = [2, 4]\nseed = [0, 1]\n'
+                    '[[grids]]\nloss = ["supcon"]\nhierarchy = [true]\n'  # flat labels here: skipped, with the reason
+                    '[fixed]\nepochs = 2\nbatch_size = 8\nhidden = 16\n')
+    args = ["grid", "--store", str(store), "--data", str(root / "news.parquet"), "--text-column", "body",
+            "--grid", str(grid), "--out", str(root / "grid")]
+    r = CliRunner().invoke(main, args)
+    assert r.exit_code == 0, r.output
+    frame = pl.read_parquet(root / "grid" / "results.parquet")
+    ok = frame.filter(pl.col("status") == "ok")
+    skipped = frame.filter(pl.col("status") == "skipped")
+    assert ok.height == 8 and skipped.height == 5  # mnr: pairs only; --hierarchy: flat labels
+    assert skipped.filter(pl.col("hierarchy"))["reason"][0].startswith("news: --hierarchy needs hierarchical labels")
+    assert sorted(ok["n_labelled"].unique().to_list()) == [8, 16]  # 2 and 4 texts x 4 classes
+    assert ok["base_probe_accuracy"].null_count() == 0 and ok["test_probe_accuracy"].null_count() == 0
+    # the baseline of a (shots, seed) is the same whatever the loss
+    assert ok.group_by("shots", "seed").agg(pl.col("base_probe_accuracy").n_unique())["base_probe_accuracy"].max() == 1
+    summary = json.loads((root / "grid" / "summary.json").read_text())
+    assert len(summary) == 4 and all(s["seeds"] == 2 for s in summary)
+    assert "head probe acc" in (root / "grid" / "summary.md").read_text()
+    rerun = CliRunner().invoke(main, args)  # every head is finished: nothing retrains
+    assert rerun.exit_code == 0 and pl.read_parquet(root / "grid" / "results.parquet").height == 13
+
+
+def test_setfit_side_by_side(world, monkeypatch):
+    pytest.importorskip("setfit")
+    root, store, model = world
+    r = CliRunner().invoke(main, ["setfit-compare", "--store", str(store), "--data", str(root / "news.parquet"),
+                                  "--text-column", "body", "--shots", "2", "--seeds", "0", "--losses", "supcon-kl",
+                                  "--setfit-max-steps", "2", "--model", str(model), "--out", str(root / "sf")])
+    assert r.exit_code == 0, r.output
+    runs = pl.read_parquet(root / "sf" / "runs.parquet")
+    assert set(runs["method"]) == {"frozen probe", "head supcon-kl + probe", "head supcon-kl k-NN",
+                                   "SetFit (a) frozen body + LR", "SetFit (b) contrastive body (capped at 2 steps)"}
+    assert runs["accuracy"].is_between(0, 1).all() and (runs["seconds"] > 0).all()
+    assert "capped at 2 steps" in (root / "sf" / "setfit.md").read_text()
