@@ -187,3 +187,22 @@ def test_q_schedule_changes_training_and_stays_stack_equal():
     _, _, (fixed,) = train_stack(task, X, head_cfg, [base], progress=False)
     _, _, (sched,) = train_stack(task, X, head_cfg, [scheduled], progress=False)
     assert fixed.history[0]["loss"] != pytest.approx(sched.history[0]["loss"])
+
+
+def test_selection_scores_equal_the_exact_evaluation():
+    """Epoch selection scores every head in one pass, L1 on the 100 nearest documents by L2 (400 documents
+    here, so the candidates are a real subset): nDCG@10 equals the exact evaluation's for every head."""
+    from headstore.heads.evaluate import SELECT_CANDIDATES, selection_scores
+
+    task, X = planted_ir_task(n_docs=400)
+    head_cfg = HeadConfig(depth=2, hidden=32, out_dim=8, in_dim=16, residual=False)
+    base = TrainConfig(normalize="none", impostors="all", mined_k=0, loss="l1-energy", epochs=2, batch_size=16, q=8.0)
+    model, norm, _ = train_stack(task, X, head_cfg, [dataclasses.replace(base, seed=s) for s in range(3)],
+                                 progress=False)
+    embed = lambda r: embed_rows(model, norm(X), r)  # noqa: E731
+    assert len(task.eval_sets["test"].doc_rows) > SELECT_CANDIDATES
+    exact, _ = evaluate_split(task, "test", embed, ("l1",))
+    fast = selection_scores(task, "test", embed, "l1")
+    assert fast == pytest.approx([e["manhattan_ndcg@10"] for e in exact], abs=1e-9)
+    for precision in ("bf16",):  # bf16 only picks candidates; the kept energies are exact
+        assert selection_scores(task, "test", embed, "l1", precision) == pytest.approx(fast, abs=1e-9)
