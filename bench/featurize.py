@@ -32,6 +32,11 @@ from __future__ import annotations
 import os
 
 ENV_AT_START = dict(os.environ)  # before `featurize` is imported (it defaults OMP_WAIT_POLICY)
+OMP_AT_START = os.environ.get("OMP_WAIT_POLICY", "default")
+if OMP_AT_START == "default" and "--worker" in __import__("sys").argv:
+    # a worker run "as it comes": load torch (and its OpenMP runtime) before `import headstore` sets
+    # OMP_WAIT_POLICY=PASSIVE, so the runtime keeps its own default as in a user's process
+    import torch  # noqa: F401
 
 import argparse  # noqa: E402
 import json  # noqa: E402
@@ -158,7 +163,7 @@ def worker(spec_path: str) -> None:
 
     np.save(spec_path + ".npy", r.pop("features"))
     r["torch_threads"] = torch.get_num_threads()
-    r["omp_wait_policy"] = os.environ.get("OMP_WAIT_POLICY", "default")
+    r["omp_wait_policy"] = OMP_AT_START
     Path(spec_path + ".out.json").write_text(json.dumps(r))
 
 

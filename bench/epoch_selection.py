@@ -5,7 +5,7 @@ Trains a stack of heads on SciFact (the default l1-energy settings, one seed per
 and test splits: the time of each way, the largest difference in nDCG@10 between them, and the share of
 (head, query) pairs whose exact L1 top 10 lies inside the candidates.
 
-    python bench/select.py --store runs/store-minilm --heads 16 --json runs/bench-select.json
+    python bench/epoch_selection.py --store runs/store-minilm --heads 16 --json runs/bench-epoch-selection.json
 """
 from __future__ import annotations
 
