@@ -107,3 +107,18 @@ def test_setfit_side_by_side(world, monkeypatch):
                                    "SetFit (a) frozen body + LR", "SetFit (b) contrastive body (capped at 2 steps)"}
     assert runs["accuracy"].is_between(0, 1).all() and (runs["seconds"] > 0).all()
     assert "capped at 2 steps" in (root / "sf" / "setfit.md").read_text()
+
+
+def test_forgetting_and_setfit_bad_options_are_clear_errors(world, tmp_path):
+    """Both commands go through the cli's one error path: `Error: ...`, exit 2, no traceback."""
+    root, store, _ = world
+    data = root / "news.parquet"
+    run = lambda *a: CliRunner().invoke(main, [str(x) for x in a])  # noqa: E731
+    r = run("forgetting", "--store", store, "--out", tmp_path / "f")
+    assert r.exit_code == 2 and "Error: give --task-a and --task-b" in r.output and "Traceback" not in r.output
+    r = run("forgetting", "--store", store, "--out", tmp_path / "f2", "--data", data,
+            "--task-a", data)
+    assert r.exit_code == 2 and "not both" in r.output
+    r = run("setfit-compare", "--store", store, "--data", tmp_path / "missing.parquet", "--out", tmp_path / "s",
+            "--text-column", "body")
+    assert r.exit_code == 2 and "Error:" in r.output and "Traceback" not in r.output
