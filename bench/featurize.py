@@ -33,9 +33,22 @@ import os
 
 ENV_AT_START = dict(os.environ)  # before `featurize` is imported (it defaults OMP_WAIT_POLICY)
 OMP_AT_START = os.environ.get("OMP_WAIT_POLICY", "default")
-if OMP_AT_START == "default" and "--worker" in __import__("sys").argv:
-    # a worker run "as it comes": load torch (and its OpenMP runtime) before `import headstore` sets
-    # OMP_WAIT_POLICY=PASSIVE, so the runtime keeps its own default as in a user's process
+
+def _sentence_transformers_worker() -> bool:
+    """This process is a --worker running sentence-transformers (not headstore)."""
+    import json
+    import sys
+
+    if "--worker" not in sys.argv:
+        return False
+    with open(sys.argv[sys.argv.index("--worker") + 1]) as f:
+        return json.load(f)["system"] != "headstore"
+
+
+if OMP_AT_START == "default" and _sentence_transformers_worker():
+    # sentence-transformers "as it comes": load torch (and its OpenMP runtime) before `import headstore`
+    # (used for reading data) sets OMP_WAIT_POLICY=PASSIVE, so the runtime keeps its own default as in a
+    # user's process; headstore's own workers keep what importing headstore does
     import torch  # noqa: F401
 
 import argparse  # noqa: E402
@@ -163,7 +176,7 @@ def worker(spec_path: str) -> None:
 
     np.save(spec_path + ".npy", r.pop("features"))
     r["torch_threads"] = torch.get_num_threads()
-    r["omp_wait_policy"] = OMP_AT_START
+    r["omp_wait_policy"] = OMP_AT_START if spec["system"] != "headstore" else os.environ.get("OMP_WAIT_POLICY")
     Path(spec_path + ".out.json").write_text(json.dumps(r))
 
 
