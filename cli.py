@@ -18,7 +18,7 @@ from headstore.featurize.config import PRECISIONS
 from headstore.featurize.pooling import POOLINGS
 from headstore.heads.config import NORMALIZATIONS, PRECISIONS as HEAD_PRECISIONS, SCHEDULES
 from headstore.heads.energy import ENERGIES
-from headstore.heads.experiments.labels_cli import fold_label_options, label_options
+from headstore.heads.experiments.labels_cli import fold_label_options, format_option, label_options
 from headstore.heads.losses import GRADED_MODES, IMPOSTOR_MODES, LOSSES
 from headstore.heads.model import ACTIVATIONS
 
@@ -276,8 +276,7 @@ def _head_and_train_options(f):
 @main.command("train-head")
 @click.option("--store", required=True, help="Feature store written by `cli featurize`.")
 @click.option("--data", required=True, help="Dataset (BEIR folder, STS or pairs table) whose texts are in the store.")
-@click.option("--format", "data_format", type=click.Choice(sorted(FORMATS)), default=None,
-              help="Dataset format (default: detected).")
+@format_option
 @click.option("--out", required=True, help="Output directory for head.safetensors, config.json, metrics.json, curve.png.")
 @click.option("--array", default="features", show_default=True, help="Store array (another layer) to train on.")
 @select_ood_options
@@ -328,8 +327,7 @@ def _is_labels(data: str, data_format: str | None) -> bool:
 @click.option("--store", required=True, help="Feature store holding the dataset's texts.")
 @click.option("--head", "head_dir", required=True, help="A `cli train-head --out` directory.")
 @click.option("--data", required=True, help="Dataset to evaluate on (its test split; a table without a split column whole).")
-@click.option("--format", "data_format", type=click.Choice(sorted(FORMATS)), default=None,
-              help="Dataset format (default: detected).")
+@format_option
 @click.option("--out", required=True, help="Directory for metrics.json.")
 @click.option("--exclude-overlap", default=None,
               help="Dataset whose texts must not be scored (drop evaluation items that use them), e.g. the training set.")
@@ -351,8 +349,7 @@ def eval_(store, head_dir, data, data_format, out, exclude_overlap, score_range,
 @main.command()
 @click.option("--store", required=True, help="Feature store written by `cli featurize`.")
 @click.option("--data", required=True, help="Dataset whose texts are in the store.")
-@click.option("--format", "data_format", type=click.Choice(sorted(FORMATS)), default=None,
-              help="Dataset format (default: detected).")
+@format_option
 @click.option("--grid", "grid_path", required=True, help="TOML grid file ([grid] lists, [fixed] values).")
 @click.option("--out", required=True, help="Results directory (rerunning into it skips finished heads).")
 @click.option("--transfer", multiple=True, help="Out-of-domain dataset every head is also scored on (repeatable).")

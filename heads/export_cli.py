@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import click
 
-from headstore.data.dataset import FORMATS
+from headstore.heads.experiments.labels_cli import format_option
 from headstore.heads.export import EXPORT_FORMATS
 
 
@@ -57,8 +57,7 @@ def export_command(head, grid, rank, head_id, ensemble, fmt, out, model):
 @click.option("--store", required=True, help="The feature store the head was trained on.")
 @click.option("--head", "head", required=True, help="A train-head dir, GRID#rank=K or GRID#id=HEAD_ID.")
 @click.option("--data", required=True, help="Corpus to index: a BEIR folder (its corpus) or any dataset (its texts).")
-@click.option("--format", "data_format", type=click.Choice(sorted(FORMATS)), default=None,
-              help="Dataset format (default: detected).")
+@format_option
 @click.option("--out", required=True, help="New (or empty) index directory.")
 @click.option("--hnsw", type=int, default=None, help="Approximate HNSW index with M links per node (default: exact flat).")
 @click.option("--ef-construction", type=int, default=80, show_default=True, help="HNSW build beam.")

@@ -10,6 +10,14 @@ import click
 LABEL_OPTION_NAMES = ("text_column", "label_column", "label_sep", "label_columns")
 
 
+def format_option(f):
+    """--format: a dataset format of data.dataset.FORMATS (the registry is the one list of choices)."""
+    from headstore.data.dataset import FORMATS
+
+    return click.option("--format", "data_format", type=click.Choice(sorted(FORMATS)), default=None,
+                        help="Dataset format (default: detected).")(f)
+
+
 def label_options(f):
     """--text-column, --label-column, --label-sep, --label-columns: how to read labelled texts
     (data/labels.py). Any of them implies --format labels; `fold_label_options` turns them into the
