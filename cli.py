@@ -14,13 +14,9 @@ import sys
 import click
 
 from headstore.data.dataset import FORMATS
-from headstore.featurize.config import PRECISIONS
-from headstore.featurize.pooling import POOLINGS
-from headstore.heads.config import NORMALIZATIONS, PRECISIONS as HEAD_PRECISIONS, SCHEDULES
-from headstore.heads.energy import ENERGIES
+from headstore.featurize.config import POOLING_NAMES, PRECISIONS
 from headstore.heads.experiments.labels_cli import fold_label_options, format_option, label_options
-from headstore.heads.losses import GRADED_MODES, IMPOSTOR_MODES, LOSSES
-from headstore.heads.model import ACTIVATIONS
+from headstore.heads.options import configs_from_options, head_and_train_options
 
 
 # exceptions that mean "the input (files, options, paths) is wrong", never "headstore has a bug"
@@ -107,7 +103,7 @@ def main(debug):
 @click.option("--format", "formats", multiple=True, type=click.Choice(sorted(FORMATS)),
               help="Dataset format (default: detected); once for all, or once per --data.")
 @click.option("--store", required=True, help="Feature store directory (created if absent).")
-@click.option("--pooling", type=click.Choice(sorted(POOLINGS)), default="mean", show_default=True)
+@click.option("--pooling", type=click.Choice(sorted(POOLING_NAMES)), default="mean", show_default=True)
 @click.option("--layers", default="-1", show_default=True,
               help="Comma-separated hidden layers, e.g. -1,-4; the first is `features`.")
 @click.option("--dtype", type=click.Choice(["float16", "float32"]), default="float16",
@@ -206,73 +202,6 @@ def compact(path, target_rows):
     click.echo(json.dumps(summary, indent=2))
 
 
-def _head_and_train_options(f):
-    """Options shared by train-head (every HeadConfig and TrainConfig field, defaults from the dataclasses)."""
-    from headstore.heads.config import GRADED_DEFAULTS as GRADED
-    from headstore.heads.config import TrainConfig
-    from headstore.heads.model import HeadConfig
-
-    h, t = HeadConfig(), TrainConfig()
-    options = [
-        click.option("--loss", type=click.Choice(sorted(LOSSES)), default=t.loss, show_default=True),
-        click.option("--energy", type=click.Choice(sorted(ENERGIES)), default=t.energy, show_default=True,
-                     help="E(a, b) between head outputs (mnr is cosine by definition)."),
-        click.option("--depth", type=int, default=None,
-                     help=f"Linear layers (0 = identity). Default {h.depth}; {GRADED['depth']} for graded (STS) tables."),
-        click.option("--hidden", type=int, default=h.hidden, show_default=True),
-        click.option("--out-dim", type=int, default=h.out_dim, show_default=True),
-        click.option("--activation", type=click.Choice(sorted(ACTIVATIONS)), default=h.activation, show_default=True),
-        click.option("--dropout", type=float, default=h.dropout, show_default=True),
-        click.option("--layer-norm/--no-layer-norm", default=h.layer_norm, show_default=True),
-        click.option("--residual/--no-residual", default=h.residual, show_default=True,
-                     help="f(x) = x + g(x), starting exactly at the frozen features (needs out-dim = feature dim)."),
-        click.option("--mix-init", type=float, default=h.mix_init, show_default=True,
-                     help="With --array A+B+...: the starting softmax weight of the first array in the head's layer mix."),
-        click.option("--lr", type=float, default=None, help=f"Default {t.lr:g}; {GRADED['lr']:g} for graded (STS) tables."),
-        click.option("--weight-decay", type=float, default=t.weight_decay, show_default=True),
-        click.option("--decay-to-init", type=float, default=t.decay_to_init, show_default=True,
-                     help="L2-SP pull of the weights toward their initial values."),
-        click.option("--epochs", type=int, default=None,
-                     help=f"Default {t.epochs}; {GRADED['epochs']} for graded (STS) tables (early stopping on dev either way)."),
-        click.option("--batch-size", type=int, default=t.batch_size, show_default=True),
-        click.option("--schedule", type=click.Choice(SCHEDULES), default=t.schedule, show_default=True),
-        click.option("--warmup-ratio", type=float, default=t.warmup_ratio, show_default=True),
-        click.option("--grad-clip", type=float, default=t.grad_clip, show_default=True),
-        click.option("--seed", type=int, default=t.seed, show_default=True),
-        click.option("--patience", type=int, default=t.patience, show_default=True),
-        click.option("--mined-k", type=int, default=t.mined_k, show_default=True,
-                     help="Hard negatives per pair mined from the stored corpus (IR)."),
-        click.option("--remine/--no-remine", default=t.remine, show_default=True,
-                     help="Re-mine hard negatives each epoch in the head's own space."),
-        click.option("--normalize", type=click.Choice(NORMALIZATIONS), default=t.normalize, show_default=True),
-        click.option("--q", type=float, default=None, help="Energy bound Q of l1-energy (default per energy)."),
-        click.option("--tau", type=float, default=None, help="Temperature of l1-ce (default per energy)."),
-        click.option("--margin", type=float, default=None, help="Margin of contrastive/triplet (default per energy)."),
-        click.option("--impostors", type=click.Choice(IMPOSTOR_MODES), default=t.impostors, show_default=True),
-        click.option("--genuine-weight", type=float, default=t.genuine_weight, show_default=True),
-        click.option("--precision", type=click.Choice(HEAD_PRECISIONS), default=t.precision, show_default=True,
-                     help="Training maths: fp32, or bf16 autocast for the matmuls (fp32 master weights and "
-                          "losses; faster on CPUs with AMX and on GPUs)."),
-        click.option("--q-start", type=float, default=None,
-                     help="A Q schedule: l1-energy's Q goes linearly from this to --q over training."),
-        click.option("--guard/--no-guard", default=t.guard, show_default=True,
-                     help="Keep the starting point (the identity head) as a candidate: a head that never beats "
-                          "it on dev is returned as it; a head worse than the frozen features is reported."),
-        click.option("--graded", type=click.Choice(GRADED_MODES), default=t.graded, show_default=True,
-                     help="How graded (STS) or 0/1 labels enter l1-energy / contrastive: weight (s and 1 - s), "
-                          "regress (E toward Q (1 - s)), pearson (1 + corr(E, s) per batch)."),
-        click.option("--shots", type=int, default=t.shots, show_default=True,
-                     help="Labelled texts: texts per class drawn with --seed (few-shot); 0 = all of train."),
-        click.option("--per-class", type=int, default=t.per_class, show_default=True,
-                     help="Labelled texts: K texts per class in a batch of batch-size // K classes."),
-        click.option("--hierarchy/--no-hierarchy", default=t.hierarchy, show_default=True,
-                     help="Labelled texts: targets from the label tree (shared-prefix depth / depth)."),
-    ]
-    for option in reversed(options):
-        f = option(f)
-    return f
-
-
 @main.command("train-head")
 @click.option("--store", required=True, help="Feature store written by `cli featurize`.")
 @click.option("--data", required=True, help="Dataset (BEIR folder, STS or pairs table) whose texts are in the store.")
@@ -282,22 +211,14 @@ def _head_and_train_options(f):
 @select_ood_options
 @score_range_option
 @overwrite_option
-@_head_and_train_options
+@head_and_train_options
 @label_options
 def train_head(store, data, data_format, out, array, select_ood, ood_delta, score_range, overwrite, **settings):
     """Train one siamese energy head on stored features: train on train, select on dev, report test once."""
-    from dataclasses import fields
-
-    from headstore.heads.config import GRADED_DEFAULTS, TrainConfig
-    from headstore.heads.model import HeadConfig
     from headstore.heads.run import train_head as run_train_head
 
-    head_keys = {f.name for f in fields(HeadConfig)}
-    data_format = fold_label_options(data_format, settings)
-    unset = tuple(k for k in GRADED_DEFAULTS if settings[k] is None)  # left to the defaults of the data's kind
-    settings = {k: v for k, v in settings.items() if v is not None or k not in GRADED_DEFAULTS}
-    head_cfg = HeadConfig(**{k: v for k, v in settings.items() if k in head_keys})
-    cfg = TrainConfig(**{k: v for k, v in settings.items() if k not in head_keys})
+    head_cfg, cfg, unset, label_settings = configs_from_options(settings)  # unset: left to the data's kind
+    data_format = fold_label_options(data_format, label_settings)
     metrics = run_train_head(store, data, out, head_cfg, cfg, data_format, array, score_range=score_range,
                              overwrite=overwrite, select_ood=tuple(select_ood), ood_delta=ood_delta,
                              kind_defaults=unset)
@@ -314,13 +235,6 @@ def _echo_metrics(metrics: dict, out: str) -> None:
     if warning:
         bar = "!" * 78
         click.secho(f"{bar}\nWARNING: {warning}\n{bar}", fg="red", bold=True, err=True)
-
-
-def _is_labels(data: str, data_format: str | None) -> bool:
-    from headstore.data.dataset import detect_format
-    from headstore.data.labels import is_label_format
-
-    return is_label_format(data_format) or (data_format is None and detect_format(data) == "labels")
 
 
 @main.command("eval")
@@ -363,18 +277,11 @@ def grid(store, data, data_format, grid_path, out, transfer, select_ood, ood_del
          **label_settings):
     """Train every combination of a grid of heads (stacked by shape); write results, leaderboard and plots.
 
-    On labelled texts (--format labels) the grid may sweep shots, hierarchy and per_class; each head is
-    scored beside the frozen probe and k-NN on the same labelled texts (docs/labels.md)."""
+    On labelled texts (--format labels) the grid may sweep shots, hierarchy and per_class; each few-shot
+    head is scored beside the frozen probe and k-NN on the same labelled texts (docs/labels.md)."""
     from headstore.heads.experiments.grid import run_grid
 
     data_format = fold_label_options(data_format, label_settings)
-    if _is_labels(data, data_format):
-        from headstore.heads.experiments.fewshot import run_label_grid
-
-        if transfer or select_ood or ensembles:
-            raise ValueError("--transfer, --select-ood and --ensemble are not supported on labelled texts")
-        run_label_grid(store, data, grid_path, out, data_format)
-        return
     run_grid(store, data, grid_path, out, data_format, transfer=tuple(transfer), score_range=score_range,
              overwrite=overwrite, select_ood=tuple(select_ood), ood_delta=ood_delta, ensembles=tuple(ensembles))
 

@@ -26,8 +26,8 @@ from headstore.heads.energy import pairwise_energy  # noqa: E402
 from headstore.heads.evaluate import (SELECT_CANDIDATES, embed_rows, evaluate_split, l1_on_candidates,  # noqa: E402
                                       selection_scores)
 from headstore.heads.features import load_features  # noqa: E402
-from headstore.heads.model import HeadConfig  # noqa: E402
-from headstore.heads.tasks import load_task  # noqa: E402
+from headstore.heads.config import HeadConfig  # noqa: E402
+from headstore.heads.kinds import load_task  # noqa: E402
 from headstore.heads.train import train_stack  # noqa: E402
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "datasets"

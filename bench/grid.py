@@ -45,10 +45,12 @@ import limits  # noqa: E402
 from headstore.featurize.store import FeatureStore  # noqa: E402
 from headstore.heads.config import TrainConfig  # noqa: E402
 from headstore.heads.features import load_features  # noqa: E402
-from headstore.heads.model import HeadConfig  # noqa: E402
+from headstore.heads.config import HeadConfig  # noqa: E402
 from headstore.heads.run import train_head  # noqa: E402
-from headstore.heads.tasks import IRSplit, load_task  # noqa: E402
-from headstore.heads import train as T  # noqa: E402
+from headstore.heads.kinds import load_task  # noqa
+from headstore.heads.kinds.ranking import IRSplit  # noqa: E402
+from headstore.heads import batches as T  # noqa: E402
+from headstore.heads.train import train_stack  # noqa: E402
 
 DATA = Path(os.environ.get("HEADSTORE_DATA", Path(__file__).resolve().parents[2] / "shared" / "datasets"))
 DATASETS = {"scifact": ("SciFact train pairs", "scifact"), "stsb": ("STS-B train", "stsb")}
@@ -87,7 +89,7 @@ def run_flops(task, X, head: HeadConfig, cfg: TrainConfig, runs) -> float:
 def time_stacked(task, X, head, precision: str, epochs: int) -> dict:
     configs = grid_configs(precision, epochs)
     t0 = time.perf_counter()
-    _, _, runs = T.train_stack(task, X, head, configs, progress=False)
+    _, _, runs = train_stack(task, X, head, configs, progress=False)
     seconds = time.perf_counter() - t0
     flops = run_flops(task, X, head, configs[0], runs)
     return {"seconds": seconds, "gflop": flops / 1e9, "gflop_per_s": flops / seconds / 1e9,

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 DTYPES = ("float16", "float32")
 DEVICES = ("auto", "cpu", "cuda")
 PRECISIONS = ("auto", "fp32", "bf16")
+POOLING_NAMES = ("cls", "max", "mean")  # featurize.pooling.POOLINGS implements each (torch-free names: the CLI)
 
 
 @dataclass(frozen=True)
@@ -69,10 +70,8 @@ class FeaturizeConfig:
             raise ValueError(f"batch_overhead_tokens must be >= 0, got {self.batch_overhead_tokens}")
         if self.device not in DEVICES:
             raise ValueError(f"device {self.device!r} not valid; choose one of {list(DEVICES)}")
-        from headstore.featurize.pooling import POOLINGS
-
-        if self.pooling not in POOLINGS:
-            raise ValueError(f"pooling {self.pooling!r} not valid; choose one of {sorted(POOLINGS)}")
+        if self.pooling not in POOLING_NAMES:
+            raise ValueError(f"pooling {self.pooling!r} not valid; choose one of {sorted(POOLING_NAMES)}")
         if not self.layers or len(set(self.layers)) != len(self.layers):
             raise ValueError(f"layers must be a non-empty list of distinct ints, got {self.layers}")
         if self.max_length is not None and self.max_length < 2:

@@ -11,6 +11,8 @@ import contextlib
 
 import torch
 
+from headstore.featurize.config import POOLING_NAMES
+
 
 def mean_pool(hidden: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """Average of the hidden states of real (mask == 1) tokens. (B, S, D), (B, S) -> (B, D)."""
@@ -33,6 +35,7 @@ def max_pool(hidden: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
 
 
 POOLINGS = {"mean": mean_pool, "cls": cls_pool, "max": max_pool}
+assert sorted(POOLINGS) == sorted(POOLING_NAMES), "featurize.config lists the poolings implemented here"
 
 
 def compute_context(device_type: str, precision: str):

@@ -1,63 +1,194 @@
-"""Training settings of a head: a small frozen dataclass of plain values, saved beside every head."""
+"""Settings of a head: small frozen dataclasses of plain values, saved beside every head (torch-free).
+
+- `HeadConfig`: the head's shape.
+- `TrainConfig`: how it is trained, in five sections: `OptimConfig` (optimiser, schedule, seed, maths),
+  `ObjectiveConfig` (the loss and its constants), `NegativesConfig` (mined hard negatives),
+  `SelectionConfig` (choosing the kept weights on dev) and `DataConfig` (how training texts are drawn and
+  presented). Every setting has one name across the sections, so on disk (config.json "train", grid
+  results columns, head ids) and on the command line the settings stay one flat set of plain values:
+  `TrainConfig(lr=1e-3, loss="mnr")`, `cfg.lr`, `cfg.to_dict()`, `TrainConfig.from_dict(d)`,
+  `cfg.replace(seed=1)`.
+The command-line options of these settings are generated from the fields (heads.options), so a
+setting's default, choices and help live here once.
+"""
 from __future__ import annotations
 
 import math
 import typing
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, field, fields
+from typing import Optional
 
-from headstore.heads.energy import ENERGIES
-from headstore.heads.losses import DEFAULT_IMPOSTORS, GRADED_MODES, IMPOSTOR_MODES, LOSS_KINDS, LOSSES, LossConfig
+from headstore.heads.losses import LOSSES, LossConfig
+from headstore.heads.losses.settings import DEFAULT_IMPOSTORS, GRADED_MODES, IMPOSTOR_MODES
 
 SCHEDULES = ("cosine", "linear", "constant")
 PRECISIONS = ("fp32", "bf16")  # head training maths (heads.train): fp32, or bf16 autocast for the matmuls
 NORMALIZATIONS = ("none", "center", "l2", "center-l2", "standardize")
+ENERGY_NAMES = ("cosine", "l1", "l2")  # heads.energy.ENERGIES implements each
+ACTIVATION_NAMES = ("gelu", "identity", "relu", "tanh")  # heads.model implements each
+INITS = ("default", "identity")
+# settings whose default depends on the kind of data (each kind's `defaults`, heads.kinds); the command
+# line leaves them unset so the kind can fill them in, and config.json "defaults" says which applied
+KIND_DEPENDENT = ("depth", "lr", "epochs")
+
+
+def _opt(help: str = "", choices=None, cli: bool = True, flag: str | None = None):
+    """Field metadata the command-line options are generated from (heads.options)."""
+    return {"help": help, "choices": choices, "cli": cli, "flag": flag}
 
 
 @dataclass(frozen=True)
-class TrainConfig:
-    loss: str = "l1-energy"  # see heads.losses.LOSSES
-    energy: str = "l1"  # E(a, b) = ||f(a) - f(b)||_1, the tool's premise; mnr always uses cosine
-    lr: float = 3e-3  # AdamW on a small MLP over fixed features; 3e-3 with the 2-layer residual head was SciFact's
-    # dev choice (round 2); graded (STS) tables take 1e-3 in train-head (GRADED_DEFAULTS; docs/l1-energy.md)
-    weight_decay: float = 0.01  # AdamW's usual decoupled decay
-    decay_to_init: float = 0.0  # L2-SP: pull weights toward their initial values (0 = off)
-    epochs: int = 15  # few labelled pairs (SciFact: ~800): 15 passes with early stopping on dev (10 for graded
-    # tables in train-head: their best epochs are 1-5)
-    batch_size: int = 64  # in-batch impostors per anchor = batch_size - 1
-    warmup_ratio: float = 0.1  # linear warm-up over the first 10% of steps
-    schedule: str = "cosine"  # decay after warm-up: cosine | linear | constant
-    grad_clip: float = 1.0  # per-head gradient-norm clip; guards the exp() of the energy loss
-    seed: int = 0  # head init, batch order, dropout
-    patience: int = 3  # epochs without a dev improvement before a head stops (best epoch is kept)
-    mined_k: int = 8  # hard negatives per pair mined by exact NN over the stored corpus (IR; 0 = none):
-    # in-batch impostors are too easy on SciFact; 8 beat 0 for every loss and matched 16 (docs/l1-energy.md)
-    remine: bool = True  # re-mine hard negatives each epoch in the head's own space (SciFact dev: +0.004 mean)
-    normalize: str = "l2"  # features before the head: none | center | l2 | center-l2 | standardize;
-    # L2 puts every L1 energy on one scale (~10-20 for MiniLM), so one energy bound Q fits all data
-    # loss settings (None = the per-energy default in heads.losses)
-    q: float | None = None  # Chopra et al.'s energy bound Q (l1-energy)
-    q_start: float | None = None  # a Q schedule: Q goes linearly from q_start to q over training (None: fixed Q)
-    tau: float | None = None  # temperature of l1-ce
-    margin: float | None = None  # contrastive / triplet margin
-    impostors: str = DEFAULT_IMPOSTORS  # which impostors enter the energy losses: the mean over all of them
-    # is dominated by easy ones; the hardest / semi-hard one per anchor trains (docs/l1-energy.md)
-    genuine_weight: float = 1.0  # genuine vs impostor balance of the energy losses
-    precision: str = "fp32"  # matmuls of training and dev selection: fp32 (exact, the reference) or bf16
-    # (autocast; fp32 master weights, losses and reductions): ~5x the matmul rate on CPUs with AMX and on
-    # GPUs, test metrics within the fp32 run's 95% CI (measured, README); fp32 stays the default so
-    # results and head ids of earlier runs do not move
-    graded: str = "pearson"  # how graded labels enter l1-energy / contrastive: weight | regress | pearson; pearson
-    # is the one form that beats the frozen features on STS-B (the others overfit; docs/l1-energy.md)
-    guard: bool = True  # the starting point (the identity head for a residual head) is a selection candidate:
-    # a head that never beats it on dev is returned as it (the frozen features), never worse than no head
-    # labelled texts (--format labels; heads.label_tasks)
-    shots: int = 0  # labelled texts per class drawn with `seed` (few-shot: 8/16/32/64); 0 = every train text
-    per_class: int = 4  # K texts per class in a batch of batch_size // K classes: 3 partners per anchor
-    hierarchy: bool = False  # targets from the label tree (shared-prefix depth / depth), not same-class only
+class HeadConfig:
+    depth: int = field(default=2, metadata=_opt("Linear layers (0 = identity)."))  # 2: SciFact's dev choice
+    # (round 2); graded (STS) tables take 1 (heads.kinds.sts)
+    hidden: int = field(default=512, metadata=_opt())  # width of hidden layers; ~1.3x MiniLM's 384 keeps heads small
+    out_dim: Optional[int] = field(default=None, metadata=_opt())  # None -> in_dim (what a residual head needs)
+    activation: str = field(default="gelu", metadata=_opt(choices=ACTIVATION_NAMES))  # GELU as in the encoder
+    dropout: float = field(default=0.0, metadata=_opt())  # 0 so stacked and separate training agree exactly
+    layer_norm: bool = field(default=False, metadata=_opt())  # off: features are already pooled
+    residual: bool = field(default=True, metadata=_opt(
+        "f(x) = x + g(x), starting exactly at the frozen features (needs out-dim = feature dim)."))
+    # g's last layer zero-initialised: training moves away from the baseline only as far as the data asks
+    init: str = field(default="default", metadata=_opt(choices=INITS, cli=False))  # "identity": W = I (depth 1)
+    in_dim: Optional[int] = field(default=None, metadata=_opt(cli=False))  # the store's feature dim, set from it
+    mix: int = field(default=1, metadata=_opt(cli=False))  # stored arrays mixed into the input (set from --array)
+    mix_init: float = field(default=0.8, metadata=_opt(
+        "With --array A+B+...: the starting softmax weight of the first array in the head's layer mix."))
+    # near the one-layer head; lower layers add 0.003 Spearman on STS-B dev (docs/l1-energy.md)
 
     def __post_init__(self):
         check_types(type(self), asdict(self))
-        checks = [("loss", self.loss, sorted(LOSSES)), ("energy", self.energy, sorted(ENERGIES)),
+        if self.activation not in ACTIVATION_NAMES:
+            raise ValueError(f"activation={self.activation!r}; valid: {sorted(ACTIVATION_NAMES)}")
+        if self.init not in INITS:
+            raise ValueError(f"init={self.init!r}; valid: {list(INITS)}")
+        if self.depth < 0 or self.hidden < 1 or not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"need depth >= 0, hidden >= 1, 0 <= dropout < 1; got {self}")
+        if self.mix < 1 or not 0.0 < self.mix_init < 1.0:
+            raise ValueError(f"need mix >= 1 (arrays mixed) and 0 < mix_init < 1; got mix={self.mix}, "
+                             f"mix_init={self.mix_init}")
+
+    @property
+    def out_features(self) -> int:
+        """The dimension a head outputs."""
+        assert self.in_dim is not None
+        if self.depth == 0:
+            return self.in_dim
+        return self.in_dim if self.out_dim is None else self.out_dim
+
+    def layer_dims(self) -> list[int]:
+        """[in_dim, hidden, ..., out]: depth + 1 sizes (just [in_dim] at depth 0)."""
+        assert self.in_dim is not None
+        if self.depth == 0:
+            return [self.in_dim]
+        return [self.in_dim] + [self.hidden] * (self.depth - 1) + [self.out_features]
+
+
+@dataclass(frozen=True)
+class OptimConfig:
+    lr: float = field(default=3e-3, metadata=_opt())  # AdamW on a small MLP over fixed features; SciFact's dev
+    # choice with the 2-layer residual head (round 2); graded tables and labelled texts take 1e-3 (their kinds)
+    weight_decay: float = field(default=0.01, metadata=_opt())  # AdamW's usual decoupled decay
+    decay_to_init: float = field(default=0.0, metadata=_opt(
+        "L2-SP pull of the weights toward their initial values."))  # 0 = off
+    epochs: int = field(default=15, metadata=_opt("Early stopping on dev either way."))  # few labelled pairs
+    # (SciFact ~800): 15 passes with early stopping (graded tables: 10, their best epochs are 1-5)
+    batch_size: int = field(default=64, metadata=_opt())  # in-batch impostors per anchor = batch_size - 1
+    schedule: str = field(default="cosine", metadata=_opt(choices=SCHEDULES))  # decay after the warm-up
+    warmup_ratio: float = field(default=0.1, metadata=_opt())  # linear warm-up over the first 10% of steps
+    grad_clip: float = field(default=1.0, metadata=_opt())  # per-head clip; guards the exp() of the energy loss
+    seed: int = field(default=0, metadata=_opt())  # head init, batch order, dropout
+    precision: str = field(default="fp32", metadata=_opt(
+        "Training maths: fp32, or bf16 autocast for the matmuls (fp32 master weights and losses; faster on "
+        "CPUs with AMX and on GPUs).", choices=PRECISIONS))  # fp32 stays the default so results and head
+    # ids of earlier runs do not move; bf16 test metrics lie within the fp32 run's 95% CI (README)
+
+
+@dataclass(frozen=True)
+class ObjectiveConfig:
+    loss: str = field(default="l1-energy", metadata=_opt(choices=tuple(sorted(LOSSES))))  # heads.losses
+    energy: str = field(default="l1", metadata=_opt(
+        "E(a, b) between head outputs (mnr is cosine by definition).", choices=ENERGY_NAMES))  # the premise
+    q: Optional[float] = field(default=None, metadata=_opt(
+        "Energy bound Q of l1-energy (default per energy)."))  # None: the per-energy default (heads.losses)
+    tau: Optional[float] = field(default=None, metadata=_opt("Temperature of l1-ce (default per energy)."))
+    margin: Optional[float] = field(default=None, metadata=_opt(
+        "Margin of contrastive/triplet (default per energy)."))
+    impostors: str = field(default=DEFAULT_IMPOSTORS, metadata=_opt(choices=IMPOSTOR_MODES))  # the mean over
+    # all impostors is dominated by easy ones; the semi-hard one per anchor trains (docs/l1-energy.md)
+    genuine_weight: float = field(default=1.0, metadata=_opt())  # genuine vs impostor balance
+    graded: str = field(default="pearson", metadata=_opt(
+        "How graded (STS) or 0/1 labels enter l1-energy / contrastive: weight (s and 1 - s), regress (E toward "
+        "Q (1 - s)), pearson (1 + corr(E, s) per batch).", choices=GRADED_MODES))  # pearson: the one form
+    # that beats the frozen features on STS-B (the others overfit; docs/l1-energy.md)
+    q_start: Optional[float] = field(default=None, metadata=_opt(
+        "A Q schedule: l1-energy's Q goes linearly from this to --q over training."))  # None: a fixed Q
+
+
+@dataclass(frozen=True)
+class NegativesConfig:
+    mined_k: int = field(default=8, metadata=_opt(
+        "Hard negatives per pair mined from the stored corpus (IR)."))  # 8 beat 0 for every loss on SciFact
+    # and matched 16 (docs/l1-energy.md); 0 = none
+    remine: bool = field(default=True, metadata=_opt(
+        "Re-mine hard negatives each epoch in the head's own space."))  # SciFact dev: +0.004 mean
+
+
+@dataclass(frozen=True)
+class SelectionConfig:
+    patience: int = field(default=3, metadata=_opt())  # epochs without a dev improvement before a head stops
+    guard: bool = field(default=True, metadata=_opt(
+        "Keep the starting point (the identity head) as a candidate: a head that never beats it on dev is "
+        "returned as it; a head worse than the frozen features is reported."))  # never worse than no head
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    normalize: str = field(default="l2", metadata=_opt(choices=NORMALIZATIONS))  # features before the head: L2
+    # puts every L1 energy on one scale (~10-20 for MiniLM), so one energy bound Q fits all data
+    shots: int = field(default=0, metadata=_opt(
+        "Labelled texts: texts per class drawn with --seed (few-shot); 0 = all of train."))
+    per_class: int = field(default=4, metadata=_opt(
+        "Labelled texts: K texts per class in a batch of batch-size // K classes."))  # 3 partners per anchor
+    hierarchy: bool = field(default=False, metadata=_opt(
+        "Labelled texts: targets from the label tree (shared-prefix depth / depth)."))
+
+
+SECTIONS = {"optimizer": OptimConfig, "objective": ObjectiveConfig, "negatives": NegativesConfig,
+            "selection": SelectionConfig, "data": DataConfig}
+SECTION_OF = {f.name: name for name, cls in SECTIONS.items() for f in fields(cls)}  # setting -> its section
+assert len(SECTION_OF) == sum(len(fields(c)) for c in SECTIONS.values()), "a setting name is in two sections"
+
+
+@dataclass(frozen=True, init=False)
+class TrainConfig:
+    """The training settings: five sections, read and written as one flat set of settings (module doc)."""
+
+    optimizer: OptimConfig
+    objective: ObjectiveConfig
+    negatives: NegativesConfig
+    selection: SelectionConfig
+    data: DataConfig
+
+    def __init__(self, **settings):
+        unknown = sorted(set(settings) - set(SECTION_OF) - set(SECTIONS))
+        if unknown:
+            raise ValueError(f"unknown training settings {unknown}; valid: {sorted(SECTION_OF)}")
+        check_types(type(self), {k: v for k, v in settings.items() if k in SECTION_OF})
+        for name, cls in SECTIONS.items():
+            given = settings.get(name) or cls()
+            values = {k: v for k, v in settings.items() if SECTION_OF.get(k) == name}
+            object.__setattr__(self, name, cls(**{**asdict(given), **values}))
+        self._check()
+
+    def __getattr__(self, name: str):
+        section = SECTION_OF.get(name)
+        if section is None:
+            raise AttributeError(f"TrainConfig has no setting {name!r}")
+        return getattr(object.__getattribute__(self, section), name)
+
+    def _check(self) -> None:
+        checks = [("loss", self.loss, sorted(LOSSES)), ("energy", self.energy, sorted(ENERGY_NAMES)),
                   ("schedule", self.schedule, SCHEDULES), ("normalize", self.normalize, NORMALIZATIONS),
                   ("impostors", self.impostors, IMPOSTOR_MODES), ("precision", self.precision, PRECISIONS),
                   ("graded", self.graded, GRADED_MODES)]
@@ -87,23 +218,44 @@ class TrainConfig:
 
     @property
     def eval_energy(self) -> str:
-        """The energy heads are trained and ranked with (mnr is cosine by definition)."""
-        return self.energy if LOSS_KINDS[self.loss].uses_energy else "cosine"
+        """The energy heads are trained and ranked with (a loss that ignores the energy is cosine: mnr)."""
+        return self.energy if LOSSES[self.loss].uses_energy else "cosine"
 
     def loss_config(self) -> LossConfig:
         return LossConfig(q=self.q, tau=self.tau, margin=self.margin, impostors=self.impostors,
                           genuine_weight=self.genuine_weight, graded=self.graded)
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        """Every setting, flat (what config.json, grid results and head ids hold)."""
+        return {k: v for name in SECTIONS for k, v in asdict(object.__getattribute__(self, name)).items()}
+
+    def replace(self, **settings) -> "TrainConfig":
+        return TrainConfig(**{**self.to_dict(), **settings})
+
+    @classmethod
+    def keys(cls) -> tuple[str, ...]:
+        return tuple(SECTION_OF)
 
     @classmethod
     def from_dict(cls, d: dict) -> "TrainConfig":
-        names = {f.name for f in fields(cls)}
-        unknown = sorted(set(d) - names)
+        unknown = sorted(set(d) - set(SECTION_OF))
         if unknown:
-            raise ValueError(f"unknown training settings {unknown}; valid: {sorted(names)}")
+            raise ValueError(f"unknown training settings {unknown}; valid: {sorted(SECTION_OF)}")
         return cls(**d)
+
+    def __repr__(self) -> str:
+        changed = {k: v for k, v in self.to_dict().items() if v != _DEFAULTS[k]}
+        return f"TrainConfig({', '.join(f'{k}={v!r}' for k, v in changed.items())})"
+
+
+_DEFAULTS = {k: v for cls in SECTIONS.values() for k, v in asdict(cls()).items()}
+
+
+def setting_hints(cls) -> dict:
+    """Type hints of a config's settings (TrainConfig: of every section's fields, flat)."""
+    if cls is TrainConfig:
+        return {k: v for section in SECTIONS.values() for k, v in typing.get_type_hints(section).items()}
+    return typing.get_type_hints(cls)
 
 
 def check_types(cls, values: dict, where: str = "") -> None:
@@ -111,7 +263,7 @@ def check_types(cls, values: dict, where: str = "") -> None:
 
     A float field takes an int (1 -> 1.0 is fine), an int field takes no float or bool, a bool field only
     a bool, a str field only a str; Optional fields take None too. Unknown keys are left to the caller."""
-    hints = typing.get_type_hints(cls)
+    hints = setting_hints(cls)
     for key, value in values.items():
         if key not in hints:
             continue
@@ -128,15 +280,6 @@ def check_types(cls, values: dict, where: str = "") -> None:
             raise ValueError(f"{where}{key} must be {names}, got {value!r} ({type(value).__name__})")
 
 
-# train-head's defaults per kind of data where a study chose otherwise than SciFact's (the dataclass
-# defaults), for the settings the user leaves unset: graded (STS) tables, a linear residual head at lr 1e-3,
-# 10 epochs (docs/l1-energy.md, round 2); labelled texts, the 2-layer head at lr 1e-3, 10 epochs (chosen on
-# 20 Newsgroups dev, docs/labels.md)
-KIND_DEFAULTS = {"sts": {"depth": 1, "lr": 1e-3, "epochs": 10},
-                 "labels": {"depth": 2, "lr": 1e-3, "epochs": 10}}
-GRADED_DEFAULTS = KIND_DEFAULTS["sts"]
-
-
 # settings that may differ between heads trained together in one stack (per-head optimiser values,
 # per-head seeds); everything else must be equal within a stack
 PER_HEAD = ("lr", "weight_decay", "seed")
@@ -146,4 +289,4 @@ def stack_key(cfg: TrainConfig) -> tuple:
     """Heads whose configs share this key can be trained together in one stack. Few-shot heads
     (shots > 0) train on texts their seed draws, so the seed is shared within their stack."""
     per_head = PER_HEAD if not cfg.shots else tuple(k for k in PER_HEAD if k != "seed")
-    return tuple((k, v) for k, v in sorted(asdict(cfg).items()) if k not in per_head)
+    return tuple((k, v) for k, v in sorted(cfg.to_dict().items()) if k not in per_head)

@@ -16,7 +16,7 @@ from __future__ import annotations
 import contextlib
 import json
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from typing import Optional, Sequence
 
 import torch
@@ -25,62 +25,21 @@ import torch.nn.functional as F
 from safetensors.torch import load_file, save
 from safetensors import safe_open
 
+from headstore.data.files import atomic_write_bytes
+from headstore.heads.config import ACTIVATION_NAMES, HeadConfig
+
 ACTIVATIONS = {
     "gelu": F.gelu,
     "relu": F.relu,
     "tanh": torch.tanh,
     "identity": lambda x: x,
 }
-INITS = ("default", "identity")
+assert sorted(ACTIVATIONS) == sorted(ACTIVATION_NAMES), "heads.config lists the activations the model implements"
 # the mix weights are softmax(MIX_GAIN * theta): Adam moves theta by ~lr per step whatever its gradient's
 # size, so without a gain the mix would barely move from its start in a few hundred steps (on STS-B a gain
 # of 10 lets it move from 0.8 to ~0.73 on the last layer; docs/l1-energy.md)
 MIX_GAIN = 10.0
 HEADS_FORMAT = "headstore.heads/1"  # safetensors metadata tag; bump when the layout changes
-
-
-@dataclass(frozen=True)
-class HeadConfig:
-    depth: int = 2  # number of linear layers; 0 = the identity head (no parameters), 1 = one linear map. 2: SciFact's
-    # dev choice (round 2); graded (STS) tables take 1 in train-head (config.GRADED_DEFAULTS)
-    hidden: int = 512  # width of hidden layers (depth >= 2); ~1.3x MiniLM's 384 keeps heads small
-    out_dim: Optional[int] = None  # output dim; None -> in_dim (what a residual head needs). Ignored at depth 0
-    activation: str = "gelu"  # between layers: gelu | relu | tanh | identity (GELU as in the encoder)
-    dropout: float = 0.0  # on hidden activations; 0 so stacked and separate training agree exactly
-    layer_norm: bool = False  # LayerNorm on hidden pre-activations; off: features are already pooled
-    residual: bool = True  # f(x) = x + g(x), g's last layer zero-initialised: starts exactly at the frozen
-    # features, so training can only move away from the baseline as far as the data asks (docs/l1-energy.md)
-    init: str = "default"  # "default": nn.Linear's U(+-1/sqrt(fan_in)); "identity": W = I, b = 0 (depth 1)
-    in_dim: Optional[int] = None  # feature dim of the store; must be set before building a head
-    mix: int = 1  # stored arrays (encoder layers) the head mixes into its input; 1 = one array, no mix
-    mix_init: float = 0.8  # starting softmax weight of the first array (the last layer) when mix > 1: near
-    # the one-layer head; lower layers add 0.003 Spearman on STS-B dev (docs/l1-energy.md)
-
-    def __post_init__(self):
-        if self.activation not in ACTIVATIONS:
-            raise ValueError(f"activation={self.activation!r}; valid: {sorted(ACTIVATIONS)}")
-        if self.init not in INITS:
-            raise ValueError(f"init={self.init!r}; valid: {list(INITS)}")
-        if self.depth < 0 or self.hidden < 1 or not 0.0 <= self.dropout < 1.0:
-            raise ValueError(f"need depth >= 0, hidden >= 1, 0 <= dropout < 1; got {self}")
-        if self.mix < 1 or not 0.0 < self.mix_init < 1.0:
-            raise ValueError(f"need mix >= 1 (arrays mixed) and 0 < mix_init < 1; got mix={self.mix}, "
-                             f"mix_init={self.mix_init}")
-
-    @property
-    def out_features(self) -> int:
-        """The dimension a head outputs."""
-        assert self.in_dim is not None
-        if self.depth == 0:
-            return self.in_dim
-        return self.in_dim if self.out_dim is None else self.out_dim
-
-    def layer_dims(self) -> list[int]:
-        """[in_dim, hidden, ..., out]: depth + 1 sizes (just [in_dim] at depth 0)."""
-        assert self.in_dim is not None
-        if self.depth == 0:
-            return [self.in_dim]
-        return [self.in_dim] + [self.hidden] * (self.depth - 1) + [self.out_features]
 
 
 def autocast(precision: str, device: str | torch.device = "cpu"):
@@ -198,8 +157,6 @@ class StackedMLP(nn.Module):
 
 def save_heads(path, model: StackedMLP, cfg: Optional[HeadConfig] = None) -> None:
     """Write the stack's parameters to safetensors (atomically) with the HeadConfig, seeds and H in the metadata."""
-    from headstore.data.files import atomic_write_bytes
-
     cfg = model.cfg if cfg is None else cfg
     if cfg != model.cfg:
         raise ValueError(f"save_heads: cfg {cfg} differs from the model's {model.cfg}")

@@ -15,7 +15,6 @@ folder holding another head or another command's output is refused unless `--ove
 """
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import asdict, fields, replace
 
 import torch
@@ -23,62 +22,19 @@ import torch
 from headstore.data.files import atomic_write_json
 from headstore.data.outputs import prepare_output_dir
 from headstore.featurize.store import FeatureStore
-from headstore.heads.config import KIND_DEFAULTS, TrainConfig
-from headstore.heads.evaluate import PREFIX, embed_rows, evaluate_split, primary_metric
+from headstore.heads.config import KIND_DEPENDENT, HeadConfig, TrainConfig
+from headstore.heads.curve import plot_curve
+from headstore.heads.evaluate import TEST_SPLIT, embed_rows, evaluate_head
 from headstore.heads.features import Normalizer, array_list, load_features
-from headstore.heads.metrics import bootstrap_ci
-from headstore.heads.model import HeadConfig, save_heads
-from headstore.heads.experiments.plots import plot_curve
-from headstore.heads.label_tasks import for_training
+from headstore.heads.head import Head
+from headstore.heads.kinds import WHOLE, Task, kind_of, load_task, task_rows, without_overlap
+from headstore.heads.model import save_heads
 from headstore.heads.selection import DEFAULT_DELTA, load_selection
-from headstore.heads.tasks import WHOLE, Task, load_task, task_rows, without_overlap
 from headstore.heads.train import train_one
-from headstore.heads.trec import write_trec_runs
 
-TEST_SPLIT = "test"
 # fingerprint parts that change the numbers of a feature (the layer of the head's array is checked apart)
 FEATURE_PARTS = ("model_id", "weights_hash", "tokenizer_hash", "pooling", "max_length", "dtype", "precision",
                  "code_version")
-
-
-def ci_of(task: Task, split: str, items: dict, prefix: str, n_boot: int = 1000) -> list[float]:
-    """Bootstrap 95% CI of the primary metric over queries (IR) or pairs (STS: Spearman, pairs: AUC)."""
-    values = items[prefix]
-    if task.kind in ("ir", "labels"):  # labels: per-text k-NN correctness -> CI of the accuracy
-        return list(bootstrap_ci(values, n_boot=n_boot))
-    gold = task.eval_sets[split].labels
-    if task.kind == "sts":
-        return list(bootstrap_ci(values, gold=gold, statistic="spearman", n_boot=n_boot))
-    return list(bootstrap_ci(values, gold=(gold > 0.5).astype(float), statistic="auc", n_boot=n_boot))
-
-
-def evaluate_head(task: Task, features: torch.Tensor, model, norm: Normalizer | None, energy: str,
-                  splits: tuple[str, ...], dim: int | None = None) -> dict:
-    """metrics.json content for the splits present: baseline and head, with CIs of the primary metric.
-
-    dim: the store's feature dim when `features` holds several arrays side by side (a mixing head): the
-    frozen baseline is the first array (the last layer) alone."""
-    base_features = features if dim is None else features[:, :dim]
-    out: dict = {"primary": primary_metric(task.kind, energy),
-                 "baseline_primary": primary_metric(task.kind, "cosine"), "ci": {}, "n_scored": {}}
-    energies = (energy,) if energy == "cosine" else (energy, "cosine")
-    X = norm(features) if norm is not None else features
-    for split in splits:
-        if split not in task.eval_sets:
-            continue
-        base, base_items = evaluate_split(task, split, lambda r: embed_rows(None, base_features, r), ("cosine", "l1"))
-        head, head_items = evaluate_split(task, split, lambda r: embed_rows(model, X, r), energies)
-        block = {"baseline": base[0], "head": head[0]}
-        data = task.eval_sets[split]
-        out["n_scored"][split] = len(data.query_ids) if task.kind == "ir" else len(data)  # queries or pairs
-        ci = {"baseline": ci_of(task, split, base_items[0], "cosine"),
-              "head": ci_of(task, split, head_items[0], PREFIX[energy])}
-        if split == TEST_SPLIT:
-            out.update(block)
-            out["ci"] = ci
-        else:
-            out[split] = block | {"ci": ci}
-    return out
 
 
 def _array_layer(store: FeatureStore, array: str):
@@ -115,15 +71,15 @@ def train_head(store_path: str, data_path: str, out_dir: str, head_cfg: HeadConf
 
     score_range: the (LO, HI) scale of an STS table's scores (default: detected as 0-1 or 0-5).
     select_ood / ood_delta: out-of-domain dev sets in the selection rule (heads.selection).
-    kind_defaults: settings the user left unset (of config.GRADED_DEFAULTS' keys): graded (STS) tables and
-    labelled texts take their config.KIND_DEFAULTS, other data the dataclass defaults (the SciFact study's)."""
+    kind_defaults: settings the user left unset (of config.KIND_DEPENDENT): the task kind's `defaults` fill
+    them (graded STS tables, labelled texts), other data keep the dataclass defaults (the SciFact study's)."""
     inputs = (data_path, *select_ood)
     prepare_output_dir(out_dir, "head", overwrite, inputs=inputs, create=False)  # refuse before training
     store = FeatureStore.open(store_path)
     layer = _array_layer(store, array)
     task = load_task(data_path, store, data_format, score_range=score_range)
     head_cfg, cfg, defaults_note = defaults_for_kind(task, head_cfg, cfg, kind_defaults)
-    task = for_training(task, cfg)  # labelled texts: shots, hierarchy
+    task = kind_of(task).for_training(task, cfg)  # labelled texts: shots, hierarchy
     features = load_features(store, array)
     selection = load_selection(store, select_ood, task, features[:, :store.dim], ood_delta)
     head_cfg = head_shape(head_cfg, features, array)
@@ -152,24 +108,25 @@ def train_head(store_path: str, data_path: str, out_dir: str, head_cfg: HeadConf
     if getattr(task, "report", None):  # labelled texts: unseen labels, skipped texts, duplicates
         metrics["data_report"] = task.report
     atomic_write_json(out / "metrics.json", metrics, sort_keys=True)
-    write_trec_runs(task, features, model, norm, cfg.eval_energy, ("dev", TEST_SPLIT), out, task.name)
+    write_runs(task, features, model, norm, cfg.eval_energy, ("dev", TEST_SPLIT), out)
     plot_curve(run.history, out / "curve.png", title=f"{task.name}: {cfg.loss} ({cfg.eval_energy})")
     return metrics
 
 
 def defaults_for_kind(task: Task, head_cfg: HeadConfig, cfg: TrainConfig, unset: tuple[str, ...]):
-    """(head config, train config, note): graded (STS) data and labelled texts take their KIND_DEFAULTS for
-    the settings left unset; other data keep the dataclass defaults (the SciFact study's)."""
+    """(head config, train config, note): the task kind's `defaults` fill the settings left unset (graded STS
+    tables, labelled texts); kinds without their own keep the dataclass defaults (the SciFact study's)."""
     if not unset:
         return head_cfg, cfg, "every kind-dependent setting given"
-    if task.kind not in KIND_DEFAULTS:
-        return head_cfg, cfg, f"{', '.join(unset)}: the defaults (the SciFact study's choice)"
-    values = {k: KIND_DEFAULTS[task.kind][k] for k in unset}
+    kind = kind_of(task)
+    if not kind.defaults:
+        return head_cfg, cfg, f"{', '.join(unset)}: {kind.defaults_why}"
+    assert set(kind.defaults) <= set(KIND_DEPENDENT), "a kind's defaults cover kind-dependent settings only"
+    values = {k: kind.defaults[k] for k in unset}
     head_keys = {f.name for f in fields(HeadConfig)}
     head_cfg = replace(head_cfg, **{k: v for k, v in values.items() if k in head_keys})
-    cfg = replace(cfg, **{k: v for k, v in values.items() if k not in head_keys})
-    study = {"sts": "the STS-B study's", "labels": "the 20 Newsgroups dev"}[task.kind]
-    return head_cfg, cfg, f"{'graded' if task.kind == 'sts' else 'labelled'} data: {values} ({study} choice)"
+    cfg = cfg.replace(**{k: v for k, v in values.items() if k not in head_keys})
+    return head_cfg, cfg, f"{kind.data_words} data: {values} ({kind.defaults_why})"
 
 
 def guard_report(task: Task, metrics: dict, run, cfg: TrainConfig) -> dict:
@@ -187,24 +144,13 @@ def guard_report(task: Task, metrics: dict, run, cfg: TrainConfig) -> dict:
     if head < frozen:
         report["warning"] = (f"the head is WORSE than no head on dev: {metrics['primary']} {head:.4f} vs "
                              f"{frozen:.4f} for the frozen features with cosine ({head - frozen:+.4f}). "
-                             f"Try: {SUGGESTIONS.get(task.kind, SUGGESTIONS['pairs'])}; or use the frozen "
+                             f"Try: {kind_of(task).suggestion}; or use the frozen "
                              "features with cosine (no head).")
     return report
 
 
-# what to try when a head loses to the frozen features on dev (docs/l1-energy.md, round 2)
-SUGGESTIONS = {
-    "sts": "--graded pearson --depth 1 --lr 1e-3 (train-head's defaults for STS tables) and a layer mix "
-           "(featurize --layers -1,-2,-4; --array features+features_layer-2+features_layer-4)",
-    "ir": "--depth 2 --lr 3e-3 --remine --epochs 15 (the defaults), --depth 1, --q 12, or --loss mnr",
-    "pairs": "--graded pearson, --depth 1 --lr 1e-3, --normalize l2",
-}
-
-
 def load_head(head_dir: str):
     """(model, normalizer, config dict) of a head directory, or of `GRID#rank=K` / `GRID#id=HEAD_ID`."""
-    from headstore.heads.head import Head
-
     head = Head.load(head_dir)
     return head.model, head.normalizer, head.config
 
@@ -258,8 +204,7 @@ def eval_head(store_path: str, head_dir: str, data_path: str, out_dir: str, data
         task, dropped = without_overlap(task, task_rows(load_task(exclude_overlap, store, for_eval=True)))
     features = load_features(store, array)
     train_cfg = TrainConfig.from_dict(config["train"])
-    if task.kind == "labels":  # the labelled set k-NN / probe use: every train text, or the head's shots
-        task = for_training(task, dataclasses.replace(train_cfg, hierarchy=False))
+    task = kind_of(task).for_eval(task, train_cfg)  # labelled texts: the labelled set k-NN / probe use
     energy = train_cfg.eval_energy
     split = eval_split(task)
     metrics = evaluate_head(task, features, model, norm, energy, (split,), dim=store.dim)
@@ -273,5 +218,11 @@ def eval_head(store_path: str, head_dir: str, data_path: str, out_dir: str, data
         metrics["overlap_dropped"] = {"with": str(exclude_overlap), **dropped}
     out = prepare_output_dir(out_dir, "eval", overwrite, inputs=inputs)
     atomic_write_json(out / "metrics.json", metrics, sort_keys=True)
-    write_trec_runs(task, features, model, norm, energy, (split,), out, task.name)
+    write_runs(task, features, model, norm, energy, (split,), out)
     return metrics
+
+
+def write_runs(task: Task, features: torch.Tensor, model, norm, energy: str, splits: tuple[str, ...], out_dir) -> list:
+    """The task kind's run files of the head on `splits` (IR: `run.<split>.trec`, for trec_eval)."""
+    X = norm(features) if norm is not None else features
+    return kind_of(task).write_runs(task, lambda rows: embed_rows(model, X, rows), energy, splits, out_dir, task.name)

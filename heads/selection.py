@@ -19,8 +19,8 @@ from typing import Callable
 import numpy as np
 import torch
 
-from headstore.heads.evaluate import embed_rows, evaluate_split, primary_metric
-from headstore.heads.tasks import Task, load_task, task_rows, without_overlap
+from headstore.heads.evaluate import embed_rows, evaluate_split
+from headstore.heads.kinds import Task, kind_of, load_task, primary_metric, task_rows, without_overlap
 
 DEFAULT_DELTA = 0.01  # the tolerance: an out-of-domain loss of at most 1 point of the metric
 SELECT_SPLITS = ("dev", "train")  # in this order; test is never selected on
@@ -77,8 +77,7 @@ def load_selection(store, paths: tuple[str, ...], in_domain: Task, features: tor
         task = load_task(path, store, for_eval=True)
         split = selection_split(task, path)
         task, dropped = without_overlap(task, rows)
-        data = task.eval_sets[split]
-        if (len(data.query_ids) if hasattr(data, "query_ids") else len(data)) < 2:
+        if kind_of(task).n_items(task.eval_sets[split]) < 2:
             raise ValueError(f"{path}: its {split} split shares (almost) every text with {in_domain.name}; an "
                              "out-of-domain selection set must be another dataset")
         name = task.name if task.name not in sel.sets else f"{task.name}-{len(sel.sets)}"

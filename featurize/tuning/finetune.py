@@ -20,7 +20,6 @@ Output `out_dir`:
 """
 from __future__ import annotations
 
-import dataclasses
 import math
 import shutil
 import time
@@ -36,13 +35,13 @@ from headstore.featurize.model import pick_device
 from headstore.featurize.pooling import pooled_forward
 from headstore.featurize.store import FeatureStore, fingerprint_of
 from headstore.heads.config import TrainConfig
-from headstore.heads.losses import LOSS_KINDS, get_loss
+from headstore.heads.batches import same_mask
+from headstore.heads.kinds import kind_of, load_task
+from headstore.heads.losses import LOSSES, get_loss
 from headstore.heads.mining import mine_negatives
 from headstore.heads.model import save_heads
+from headstore.heads.optim import lr_factor
 from headstore.heads.run import load_head
-from headstore.heads.label_tasks import for_training
-from headstore.heads.tasks import load_task
-from headstore.heads.train import lr_factor, same_mask, training_pairs
 
 UNFREEZE_MODES = ("all", "top-k", "gradual")
 SIDECAR_FILES = ("modules.json", "sentence_bert_config.json", "config_sentence_transformers.json",
@@ -170,9 +169,11 @@ def finetune(head_dir: str, out_dir: str, cfg: FinetuneConfig, store_path: str |
     array = head_config.get("array", "features")
     layer = int(parts["arrays"][array]["layer"]) if isinstance(parts["arrays"][array], dict) else parts["layers"][0]
     train_cfg = TrainConfig.from_dict(head_config["train"])
-    kind = LOSS_KINDS[train_cfg.loss]
-    task = for_training(load_task(data_path, store, head_config.get("format")), train_cfg)  # labels: shots, hierarchy
-    pairs, labels_all = training_pairs(task, train_cfg.loss)
+    spec = LOSSES[train_cfg.loss]
+    task = load_task(data_path, store, head_config.get("format"))
+    task = kind_of(task).for_training(task, train_cfg)  # labels: shots, hierarchy
+    pairs = kind_of(task).train_set(task, train_cfg.loss)  # what the loss trains on, as train-head
+    labels_all = None if pairs.targets is None else torch.as_tensor(pairs.targets, dtype=torch.float32)
     text_of = store.texts.sort("row")["text"].to_list()
 
     encoder = encoder or head_config.get("encoder_dir") or parts["model_id"]
@@ -197,10 +198,10 @@ def finetune(head_dir: str, out_dir: str, cfg: FinetuneConfig, store_path: str |
     opt = build_optimizer(blocks, head, cfg, head_lr, train_cfg.weight_decay)
 
     negatives = None  # (P, K) store rows: given ones, plus hard negatives mined once on the stored features
-    if kind.negatives and pairs.negative is not None:
+    if spec.negatives and pairs.negative is not None:
         negatives = torch.as_tensor(pairs.negative)
     mined_k = train_cfg.mined_k if cfg.mined_k is None else cfg.mined_k
-    if kind.negatives and mined_k and task.corpus_rows is not None:
+    if spec.negatives and mined_k and task.corpus_rows is not None:
         from headstore.heads.features import load_features
 
         mined = mine_negatives(load_features(store, array), pairs.anchor, task.corpus_rows, task.relevant,
@@ -210,13 +211,13 @@ def finetune(head_dir: str, out_dir: str, cfg: FinetuneConfig, store_path: str |
     P = len(pairs)
     B = min(cfg.batch_size or train_cfg.batch_size, P)
     steps = math.ceil(P / B) if cfg.max_steps is None else min(math.ceil(P / B), cfg.max_steps)
-    sched = dataclasses.replace(train_cfg, warmup_ratio=cfg.warmup_ratio)
+    sched = train_cfg.replace(warmup_ratio=cfg.warmup_ratio)
     order = torch.randperm(P, generator=torch.Generator().manual_seed(cfg.seed))
-    sampler = getattr(task, "sample_batches", None)  # labelled texts: P classes x K texts per batch
+    sampler = kind_of(task).sampler(task)  # labelled texts: P classes x K texts per batch
     batches = sampler([train_cfg], [torch.Generator().manual_seed(cfg.seed)], B, steps)[0] if sampler else None
     anchor, positive = torch.as_tensor(pairs.anchor), torch.as_tensor(pairs.positive)
     relevant = torch.as_tensor(sorted(a * (store.n_texts + 1) + p for a, p in task.relevant), dtype=torch.long)
-    loss_fn, loss_cfg = get_loss(train_cfg.loss), train_cfg.loss_config()
+    loss_fn, loss_cfg = get_loss(train_cfg.loss, pairs.form), train_cfg.loss_config()
     use_bf16 = cfg.bf16 and device.type == "cuda"
     max_length = int(parts["max_length"])
     embed = lambda rows: _embed_texts(model, tokenizer, [text_of[r] for r in rows.tolist()], max_length,

@@ -26,7 +26,7 @@ from pathlib import Path
 from headstore.data.files import atomic_write_json
 from headstore.featurize.tuning.adapt import AdaptConfig
 from headstore.featurize.config import FeaturizeConfig
-from headstore.heads.config import TrainConfig
+from headstore.heads.config import setting_hints, TrainConfig
 from headstore.featurize.tuning.finetune import FinetuneConfig
 from headstore.heads.model import HeadConfig
 
@@ -64,7 +64,7 @@ SECTIONS = {"featurize": FeaturizeConfig, "adapt": AdaptConfig, "finetune": Fine
 
 
 def _build(cls, values: dict, where: str):
-    names = {f.name for f in fields(cls)}
+    names = set(setting_hints(cls))  # TrainConfig: its flat settings
     unknown = sorted(set(values) - names)
     if unknown:
         raise ValueError(f"{where}: unknown settings {unknown}; valid: {sorted(names)}")

@@ -19,7 +19,7 @@ from headstore.heads.evaluate import PREFIX, embed_rows, evaluate_split, primary
 from headstore.heads.experiments.grid_heads import load_grid_head
 from headstore.heads.experiments.report import _ci
 from headstore.heads.head import Head
-from headstore.heads.tasks import Task
+from headstore.heads.kinds import Task
 
 
 def score_ensembles(out, frame: pl.DataFrame, task: Task, features: dict[str, torch.Tensor], transfer: dict,

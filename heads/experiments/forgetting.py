@@ -71,7 +71,7 @@ def split_classes(data: str, data_format: str | None, out_dir: str | Path, train
                   test_per_class: int = 100, seed: int = 0) -> tuple[str, str]:
     """Two labelled Parquet files (A, B) from one labelled dataset: disjoint halves of its classes."""
     from headstore.data.dataset import load_dataset
-    from headstore.heads.label_tasks import few_shot_indices
+    from headstore.heads.kinds.labels import few_shot_indices
 
     ds = load_dataset(data, data_format or "labels")
     if ds.kind != "labels":
@@ -103,9 +103,9 @@ def _score(store_path, head_dir, data, data_format, train_cfg: TrainConfig, task
     mismatch (A's head on the encoder after B) is the point here."""
     from headstore.featurize.store import FeatureStore
     from headstore.heads.features import load_features
-    from headstore.heads.label_tasks import for_training
+    from headstore.heads.kinds import for_training
     from headstore.heads.run import evaluate_head, load_head
-    from headstore.heads.tasks import load_task
+    from headstore.heads.kinds import load_task
 
     store = FeatureStore.open(str(store_path))
     model, norm, _ = load_head(str(head_dir))
@@ -119,10 +119,10 @@ def _continue_head(cfg: ForgettingConfig, head_dir: Path, data: str, data_format
     """Setup 2: head A trained on from its weights on B (frozen features); writes a head directory."""
     from headstore.featurize.store import FeatureStore
     from headstore.heads.features import load_features
-    from headstore.heads.label_tasks import for_training
+    from headstore.heads.kinds import for_training
     from headstore.heads.model import save_heads
     from headstore.heads.run import load_head
-    from headstore.heads.tasks import load_task
+    from headstore.heads.kinds import load_task
     from headstore.heads.train import train_stack
 
     model, norm, config = load_head(str(head_dir))

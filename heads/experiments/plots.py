@@ -1,4 +1,4 @@
-"""PNG plots: a head's training curve, a grid's primary metric by setting, the best heads' curves."""
+"""PNG plots of a grid: the primary metric by setting, the best heads' curves (a head's own: heads.curve)."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -7,25 +7,6 @@ import matplotlib
 
 matplotlib.use("Agg")  # files only; no display on the machines this runs on
 import matplotlib.pyplot as plt  # noqa: E402
-
-
-def plot_curve(history: list[dict], path: Path, title: str = "") -> None:
-    """Loss (left axis) and dev metric (right axis) per epoch."""
-    if not history:
-        return
-    epochs = [h["epoch"] for h in history]
-    dev_key = next(k for k in history[0] if k.startswith("dev_"))
-    fig, ax = plt.subplots(figsize=(6, 3.5))
-    ax.plot(epochs, [h["loss"] for h in history], "o-", color="tab:blue", label="train loss")
-    ax.set_xlabel("epoch")
-    ax.set_ylabel("train loss", color="tab:blue")
-    ax2 = ax.twinx()
-    ax2.plot(epochs, [h[dev_key] for h in history], "s-", color="tab:orange", label=dev_key)
-    ax2.set_ylabel(dev_key, color="tab:orange")
-    ax.set_title(title)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
 
 
 def plot_by_setting(rows: list[dict], settings: list[str], metric: str, baseline: float | None, path: Path) -> None:

@@ -14,7 +14,7 @@ from headstore.data.files import atomic_write_text
 from headstore.heads.metrics import bootstrap_ci
 from headstore.heads.experiments.plots import plot_best_curves, plot_by_setting
 from headstore.heads.selection import rule_key
-from headstore.heads.tasks import Task
+from headstore.heads.kinds import KINDS, Task, kind_of
 
 N_BOOT = 1000  # bootstrap resamples for the 95% CIs
 TOP = 15  # configurations listed in the leaderboard
@@ -26,18 +26,10 @@ RESULT_PREFIXES = ("dev_", "test_", "ood_", "sel_")  # result columns: per split
 
 
 def _ci(task: Task, items: list[np.ndarray], split: str = "test") -> tuple[float, float]:
-    """CI of the reported number: the mean over seeds of the primary metric (one item array per seed).
-
-    IR: per-query values (the mean over seeds of a mean over queries is the mean of the seed-averaged
-    queries). STS: the mean over seeds of Spearman(-E_seed, gold), each resample taking the same pairs
-    for every seed and the gold, not the Spearman of a seed ensemble. Pairs: the same with ROC AUC."""
-    per_seed = np.stack(items)  # (S, n)
-    if task.kind == "ir":
-        return bootstrap_ci(per_seed, n_boot=N_BOOT)
-    labels = task.eval_sets[split].labels
-    if task.kind == "sts":
-        return bootstrap_ci(per_seed, gold=labels, statistic="spearman", n_boot=N_BOOT)
-    return bootstrap_ci(per_seed, gold=(np.asarray(labels) > 0.5).astype(float), statistic="auc", n_boot=N_BOOT)
+    """CI of the reported number: the mean over seeds of the primary metric (one item array per seed), by the
+    task kind's bootstrap (IR: per-query values; STS: the mean over seeds of Spearman(-E_seed, gold), each
+    resample taking the same pairs for every seed and the gold; pairs: the same with ROC AUC)."""
+    return tuple(kind_of(task).ci(task, split, np.stack(items), n_boot=N_BOOT))  # (S, n) items
 
 
 def ranked_configs(frame: pl.DataFrame) -> tuple[list[pl.DataFrame], list[str]]:
@@ -102,9 +94,9 @@ def aggregate(frame: pl.DataFrame, task: Task) -> tuple[pl.DataFrame, list[str]]
 def _baseline_rows(task: Task, baselines: dict) -> list[dict]:
     out = []
     b = baselines.get("features") or next(iter(baselines.values()))
-    name = {"ir": "ndcg@10", "sts": "spearman", "pairs": "auc"}[task.kind]
-    for prefix in ("cosine", "manhattan"):
-        key = f"{prefix}_{name}" if task.kind != "sts" else f"spearman_{prefix}"
+    primaries = [k.primary_metric(e) for k in KINDS.values() for e in ("cosine", "l1")]
+    for prefix, energy in (("cosine", "cosine"), ("manhattan", "l1")):
+        key = kind_of(task).primary_metric(energy)
         row = {"config": f"frozen baseline ({prefix})"}
         for split in ("dev", "test"):
             if split in b:
@@ -112,7 +104,7 @@ def _baseline_rows(task: Task, baselines: dict) -> list[dict]:
         for k, v in b.items():
             if k.startswith("ood_"):
                 m = v["metrics"]
-                row[k] = next((m[x] for x in (f"{prefix}_ndcg@10", f"spearman_{prefix}", f"{prefix}_auc") if x in m), None)
+                row[k] = next((m[x] for x in primaries if x in m and prefix in x), None)
         if "test" in b:
             items = np.asarray(b["test"]["items"][prefix])
             row["test_ci_lo"], row["test_ci_hi"] = _ci(task, [items])
@@ -140,7 +132,7 @@ def leaderboard_markdown(agg: pl.DataFrame, varied: list[str], task: Task, basel
              f"Selected on dev ({task.dev_note or 'the dataset dev split'}); test reported once. "
              f"Evaluation: {task.evaluation or task.kind}. "
              f"Primary metric: `{metric}` (head energy); mean ± std over seeds; 95% bootstrap CI (scipy, "
-             f"percentile) of that mean over seeds, resampling {'queries' if task.kind == 'ir' else 'pairs'} "
+             f"percentile) of that mean over seeds, resampling {kind_of(task).items_name} "
              "(paired across seeds). "
              "Rank K's best-dev seed loads as `headstore.Head.load(\"<this dir>#rank=K\")` and exports with "
              "`cli export --grid <this dir> --rank K`.", ""]
@@ -205,7 +197,7 @@ def write_report(frame: pl.DataFrame, task: Task, baselines: dict, out: Path, pr
     if ok.height:
         b = baselines.get("features") or next(iter(baselines.values()))
         metric = "dev_primary"
-        base_key = {"ir": "cosine_ndcg@10", "sts": "spearman_cosine", "pairs": "cosine_auc"}[task.kind]
+        base_key = kind_of(task).primary_metric("cosine")
         base = b.get("dev", {}).get("metrics", {}).get(base_key)
         plot_by_setting(ok.to_dicts(), [v for v in varied], metric, base, out / "by_setting.png")
         best = ok.sort("dev_primary", descending=True).head(6)

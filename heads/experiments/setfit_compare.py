@@ -1,6 +1,6 @@
 """`cli setfit-compare`: SetFit beside headstore on the same few-shot splits, seeds and test texts.
 
-For each shot count n and seed s, the n-per-class sample is `heads.label_tasks.few_shot_indices`
+For each shot count n and seed s, the n-per-class sample is `heads.kinds.labels.few_shot_indices`
 (the one `cli grid` uses), and every method is scored on the same test texts (the whole test split,
 or a fixed stratified sample of `test_per_class` per class drawn with seed 0). Methods:
 - `frozen probe`: headstore's logistic-regression probe on the stored (frozen MiniLM) features;
@@ -51,8 +51,8 @@ class SetFitCompareConfig:
 
 def _task(cfg: SetFitCompareConfig):
     from headstore.featurize.store import FeatureStore
-    from headstore.heads.label_tasks import few_shot_indices
-    from headstore.heads.tasks import load_task
+    from headstore.heads.kinds.labels import few_shot_indices
+    from headstore.heads.kinds import load_task
 
     store = FeatureStore.open(cfg.store)
     task = load_task(cfg.data, store, cfg.data_format)
@@ -69,7 +69,7 @@ def _headstore_runs(cfg, store, task, shots: int, seed: int, done: set) -> list[
     from headstore.heads.config import TrainConfig
     from headstore.heads.evaluate import embed_rows, evaluate_split
     from headstore.heads.features import load_features
-    from headstore.heads.label_tasks import for_training
+    from headstore.heads.kinds import for_training
     from headstore.heads.model import HeadConfig
     from headstore.heads.train import train_stack
 
@@ -161,7 +161,7 @@ def run_setfit_compare(cfg: SetFitCompareConfig, out_dir: str, log=print) -> str
     """Every method x shots x seed (skipping finished runs); write runs.parquet and the table; return it."""
     from sklearn.metrics import f1_score
 
-    from headstore.heads.label_tasks import few_shot_indices
+    from headstore.heads.kinds.labels import few_shot_indices
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)

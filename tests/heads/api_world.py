@@ -12,7 +12,8 @@ from headstore.featurize.run import featurize
 from headstore.heads.config import TrainConfig
 from headstore.heads.features import Normalizer
 from headstore.heads.head import Head
-from headstore.heads.model import HeadConfig, StackedMLP
+from headstore.heads.config import HeadConfig
+from headstore.heads.model import StackedMLP
 from headstore.heads.run import train_head
 
 from .finetune_world import tiny_beir, tiny_bert

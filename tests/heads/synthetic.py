@@ -4,7 +4,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from headstore.heads.tasks import IRSplit, PairSet, Task
+from headstore.heads.kinds import PairSet, Task
+from headstore.heads.kinds.ranking import IRSplit
 
 
 def planted_ir_task(n_docs: int = 400, dim: int = 16, seed: int = 0, noise: float = 0.05, signal: int = 4):

@@ -11,7 +11,7 @@ from click.testing import CliRunner
 import headstore
 from headstore.cli import main
 from headstore.heads.ensemble import EnsembleHead
-from headstore.heads.model import HeadConfig
+from headstore.heads.config import HeadConfig
 
 MEMBERS = [HeadConfig(hidden=16), HeadConfig(hidden=16, depth=2), HeadConfig(hidden=16)]
 
@@ -81,7 +81,7 @@ def test_grid_scores_ensembles_per_seed(world, l1_grid):
     from headstore.featurize.store import FeatureStore
     from headstore.heads.evaluate import embed_rows, evaluate_split
     from headstore.heads.features import load_features
-    from headstore.heads.tasks import load_task
+    from headstore.heads.kinds import load_task
 
     info = json.loads((l1_grid / "ensembles.json").read_text())
     assert [r["k"] for r in info["rows"]] == [1, 2] and all(r["seeds"] == 2 for r in info["rows"])

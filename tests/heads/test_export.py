@@ -10,7 +10,7 @@ from click.testing import CliRunner
 import headstore
 from headstore.cli import main
 from headstore.heads.export import export_head
-from headstore.heads.model import HeadConfig
+from headstore.heads.config import HeadConfig
 
 SHAPES = {  # name: (HeadConfig, normalize, training settings)
     "residual-gelu-2": (HeadConfig(hidden=16), "l2", {}),

@@ -13,7 +13,8 @@ from headstore.featurize.run import featurize
 from headstore.featurize.store import FeatureStore
 from headstore.heads.config import TrainConfig
 from headstore.featurize.tuning.finetune import FinetuneConfig, build_optimizer, encoder_blocks, finetune, n_unfrozen
-from headstore.heads.model import HeadConfig, StackedMLP
+from headstore.heads.config import HeadConfig
+from headstore.heads.model import StackedMLP
 from headstore.heads.run import train_head
 
 from .finetune_world import tiny_beir, tiny_bert

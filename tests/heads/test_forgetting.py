@@ -11,7 +11,7 @@ from headstore.featurize.run import featurize
 from headstore.featurize.tuning.finetune import FinetuneConfig
 from headstore.heads.config import TrainConfig
 from headstore.heads.experiments.forgetting import ForgettingConfig, run_forgetting, split_classes
-from headstore.heads.model import HeadConfig
+from headstore.heads.config import HeadConfig
 
 from .finetune_world import tiny_bert
 from .label_world import topic_texts

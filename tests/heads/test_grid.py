@@ -1,6 +1,6 @@
 import pytest
 
-from headstore.heads.experiments.grid import head_id, read_grid
+from headstore.heads.experiments.grid_spec import head_id, read_grid
 
 
 def test_read_grid_expands_products_and_extra_grids(tmp_path):
@@ -38,9 +38,9 @@ def test_head_id_depends_on_every_setting_and_the_store():
 
 def test_head_id_hashes_resolved_defaults(monkeypatch):
     """An unset q is hashed as the Q it stands for: retuning the default retrains, spelling it out does not."""
-    import headstore.heads.losses as losses
+    import headstore.heads.losses.settings as losses
 
-    from headstore.heads.losses import DEFAULT_Q
+    from headstore.heads.losses.settings import DEFAULT_Q
 
     s = {"loss": "l1-energy", "lr": 1e-3}
     unset = head_id(s, "data", "fp", in_dim=32)

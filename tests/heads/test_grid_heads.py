@@ -13,7 +13,7 @@ from headstore.cli import main
 from headstore.featurize.store import FeatureStore
 from headstore.heads.evaluate import embed_rows, evaluate_split, primary_metric
 from headstore.heads.features import load_features
-from headstore.heads.tasks import load_task
+from headstore.heads.kinds import load_task
 
 
 @pytest.fixture(scope="module")

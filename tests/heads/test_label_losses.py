@@ -5,8 +5,8 @@ import numpy as np
 import pytest
 import torch
 
-from headstore.heads.label_losses import label_similarity, label_energy_loss, supcon_kl_loss, supcon_loss
-from headstore.heads.losses import LOSSES, LossConfig, l1_energy_loss
+from headstore.heads.losses.classes import label_similarity, label_energy_loss, supcon_kl_loss, supcon_loss
+from headstore.heads.losses import LOSSES, LossConfig
 
 
 def _one_hot(classes, n):
@@ -71,7 +71,7 @@ def test_supcon_matches_khosla_by_hand_and_differs_from_kl_by_the_entropy():
 
 def test_hierarchical_targets_on_a_tiny_tree():
     """comp.sys.mac, comp.sys.ibm, comp.graphics, rec.autos under a 3-level tree (codes as heads.label_tasks builds)."""
-    from headstore.heads.label_tasks import LabelSplit, LabelTask
+    from headstore.heads.kinds.labels import LabelSplit, LabelTask
 
     leaf_nodes = np.array([[0, 0, 0], [0, 0, 1], [0, 1, 2], [1, 2, 3]])  # level1 comp/rec, level2, leaf
     task = LabelTask("tree", "labels", None, {}, class_names=("mac", "ibm", "graphics", "autos"),
@@ -95,7 +95,7 @@ def test_hierarchical_targets_on_a_tiny_tree():
     assert supcon_kl_loss(z, z, labels=Y, energy="l1", cfg=LossConfig(tau=1.0)).item() == pytest.approx(expected_kl.item())
 
 
-def test_label_energy_loss_matches_a_loop_and_is_reached_through_l1_energy():
+def test_label_energy_loss_matches_a_loop_and_is_l1_energys_class_form():
     rng = np.random.default_rng(2)
     z = rng.normal(size=(5, 3))
     classes = [0, 0, 1, 1, 2]
@@ -111,7 +111,7 @@ def test_label_energy_loss_matches_a_loop_and_is_reached_through_l1_energy():
     Y = _one_hot(classes, 3).double().unsqueeze(0)  # (H, B, L): label codes
     cfg = LossConfig(q=Q, impostors="all")
     assert label_energy_loss(za, za, labels=Y, cfg=cfg).item() == pytest.approx(expected, rel=1e-10)
-    assert l1_energy_loss(za, za, labels=Y, cfg=cfg).item() == pytest.approx(expected, rel=1e-10)
+    assert LOSSES["l1-energy"].function("classes")(za, za, labels=Y, cfg=cfg).item() == pytest.approx(expected, rel=1e-10)
     hardest = label_energy_loss(za, za, labels=Y, cfg=LossConfig(q=Q, impostors="hardest"))
     assert hardest.item() > label_energy_loss(za, za, labels=Y, cfg=cfg).item()  # hardest impostors weigh more
 

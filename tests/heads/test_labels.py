@@ -11,10 +11,10 @@ from sklearn.neighbors import KNeighborsClassifier
 from headstore.heads.config import TrainConfig, stack_key
 from headstore.heads.evaluate import embed_rows, evaluate_split
 from headstore.heads.label_eval import ranking_metrics
-from headstore.heads.label_tasks import for_training
+from headstore.heads.kinds import for_training
 from headstore.heads.metrics import ir_metrics_per_query
-from headstore.heads.model import HeadConfig
-from headstore.heads.tasks import load_task
+from headstore.heads.config import HeadConfig
+from headstore.heads.kinds import load_task
 from headstore.heads.train import train_one
 
 from .label_world import MemoryStore, planted_labels

@@ -7,7 +7,8 @@ import torch
 
 import headstore
 from headstore.heads.features import Normalizer, read_features
-from headstore.heads.model import MIX_GAIN, HeadConfig, StackedMLP
+from headstore.heads.config import HeadConfig
+from headstore.heads.model import MIX_GAIN, StackedMLP
 
 from .conftest import FAST, cli
 

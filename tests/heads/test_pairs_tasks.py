@@ -7,7 +7,9 @@ import polars as pl
 import pytest
 
 from headstore.data.text_id import text_id
-from headstore.heads.tasks import IRSplit, carve_dev, load_task
+from headstore.heads.kinds import load_task
+from headstore.heads.kinds.base import carve_dev
+from headstore.heads.kinds.ranking import IRSplit
 
 from .conftest import FAST, cli
 

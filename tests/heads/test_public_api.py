@@ -79,7 +79,7 @@ def test_pipeline_on_a_float16_store_rounds_as_the_store_did(world, tmp_path):
     store16 = tmp_path / "store16"
     featurize(FeaturizeConfig(model=str(world.model), dtype="float16", batch_tokens=2048), [str(world.beir)], store16)
     from headstore.heads.config import TrainConfig
-    from headstore.heads.model import HeadConfig
+    from headstore.heads.config import HeadConfig
     from headstore.heads.run import train_head
 
     train_head(str(store16), str(world.beir), str(tmp_path / "h16"), HeadConfig(hidden=16),

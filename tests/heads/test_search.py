@@ -10,7 +10,7 @@ import headstore
 from headstore.cli import main
 from headstore.heads.energy import pairwise_energy
 from headstore.heads.metrics import topk_ranking
-from headstore.heads.model import HeadConfig
+from headstore.heads.config import HeadConfig
 from headstore.heads.search import SearchIndex, build_index, corpus_items, recall_at_k
 
 

@@ -4,7 +4,7 @@ import pytest
 
 from headstore.heads.experiments.report import ranked_configs
 from headstore.heads.selection import rule_key, selection_split
-from headstore.heads.tasks import Task
+from headstore.heads.kinds import Task
 
 
 def test_rule_prefers_the_best_dev_within_delta_else_the_least_losing():
@@ -44,7 +44,7 @@ def test_tracker_keeps_the_rule_best_epoch_and_the_guarded_start():
     import torch
 
     from headstore.heads.config import TrainConfig
-    from headstore.heads.train import HeadTracker
+    from headstore.heads.tracker import HeadTracker
 
     w = torch.nn.Parameter(torch.zeros(2, 1))
     tracker = HeadTracker([TrainConfig(), TrainConfig(seed=1)], [w], patience=5, delta=0.01)
@@ -68,12 +68,12 @@ def test_guard_returns_the_starting_point_when_training_only_hurts(guard):
 
     from headstore.heads.config import TrainConfig
     from headstore.heads.evaluate import embed_rows, evaluate_split
-    from headstore.heads.model import HeadConfig
+    from headstore.heads.config import HeadConfig
     from headstore.heads.train import train_stack
 
     from .synthetic import planted_ir_task
 
-    from headstore.heads.tasks import PairSet
+    from headstore.heads.kinds import PairSet
 
     task, X = planted_ir_task(n_docs=120)
     X[120:] = X[:120] + 1.0 * torch.randn(120, 16, generator=torch.Generator().manual_seed(0))  # queries near their doc
@@ -158,12 +158,13 @@ def test_select_ood_never_uses_a_test_split(data_world, tmp_path):
 
 
 def test_train_head_defaults_depend_on_the_kind_of_data(data_world, tmp_path):
-    """Graded (STS) tables take GRADED_DEFAULTS for settings left unset; IR data the dataclass defaults;
+    """Graded (STS) tables take the STS kind's defaults for settings left unset; IR data the dataclass defaults;
     a value the user gives always wins."""
     import json
 
-    from headstore.heads.config import GRADED_DEFAULTS, TrainConfig
-    from headstore.heads.model import HeadConfig
+    from headstore.heads.config import TrainConfig
+    from headstore.heads.kinds.sts import KIND as STS_KIND
+    from headstore.heads.config import HeadConfig
 
     from .conftest import cli
 
@@ -176,7 +177,7 @@ def test_train_head_defaults_depend_on_the_kind_of_data(data_world, tmp_path):
         return json.loads((out / "config.json").read_text())
 
     sts = config(data_world["sts05"], "--epochs", "1")
-    assert sts["head"]["depth"] == GRADED_DEFAULTS["depth"] and sts["train"]["lr"] == GRADED_DEFAULTS["lr"]
+    assert sts["head"]["depth"] == STS_KIND.defaults["depth"] and sts["train"]["lr"] == STS_KIND.defaults["lr"]
     assert "graded data" in sts["defaults"]
     ir = config(data_world["beir"], "--epochs", "1")
     assert ir["head"]["depth"] == HeadConfig().depth and ir["train"]["lr"] == TrainConfig().lr

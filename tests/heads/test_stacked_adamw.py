@@ -1,7 +1,8 @@
 import pytest
 import torch
 
-from headstore.heads.model import HeadConfig, StackedMLP
+from headstore.heads.config import HeadConfig
+from headstore.heads.model import StackedMLP
 from headstore.heads.stacked_adamw import StackedAdamW
 
 

@@ -6,8 +6,10 @@ import torch
 
 from headstore.heads.config import TrainConfig
 from headstore.heads.evaluate import embed_rows, evaluate_split
-from headstore.heads.model import HeadConfig, StackedMLP
-from headstore.heads.train import TrainingDiverged, lr_factor, train_one, train_stack
+from headstore.heads.config import HeadConfig
+from headstore.heads.model import StackedMLP
+from headstore.heads.optim import lr_factor
+from headstore.heads.train import TrainingDiverged, train_one, train_stack
 
 from .synthetic import planted_ir_task, planted_sts_task
 
@@ -107,7 +109,7 @@ def test_mined_negatives_exclude_positives_and_remine_runs():
 
 @pytest.mark.parametrize("remine, calls", [(False, 1), (True, 3)])
 def test_mining_runs_once_unless_remine(monkeypatch, remine, calls):
-    import headstore.heads.train as train_module
+    import headstore.heads.batches as train_module
     from headstore.heads.mining import mine_negatives
 
     seen = []
@@ -168,8 +170,8 @@ def test_lr_schedule_is_transformers_schedule_with_the_warmup_counting_the_updat
 
 
 def test_q_schedule_goes_from_q_start_to_q():
-    from headstore.heads.losses import DEFAULT_Q
-    from headstore.heads.train import q_at
+    from headstore.heads.losses.settings import DEFAULT_Q
+    from headstore.heads.batches import q_at
 
     assert q_at(TrainConfig(), 5, 100) is None  # no schedule: the loss takes cfg's q
     cfg = TrainConfig(q_start=30.0, q=10.0)
@@ -192,7 +194,8 @@ def test_q_schedule_changes_training_and_stays_stack_equal():
 def test_selection_scores_equal_the_exact_evaluation():
     """Epoch selection scores every head in one pass, L1 on the 100 nearest documents by L2 (400 documents
     here, so the candidates are a real subset): nDCG@10 equals the exact evaluation's for every head."""
-    from headstore.heads.evaluate import SELECT_CANDIDATES, selection_scores
+    from headstore.heads.evaluate import selection_scores
+    from headstore.heads.kinds.ranking import SELECT_CANDIDATES
 
     task, X = planted_ir_task(n_docs=400)
     head_cfg = HeadConfig(depth=2, hidden=32, out_dim=8, in_dim=16, residual=False)

@@ -1,4 +1,4 @@
-"""Labelled texts joined to the feature store: a `LabelTask` (kind "labels") and its batches.
+"""The labels kind: labelled texts joined to the feature store (`LabelTask`), their batches and evaluation.
 
 Classes are the leaf labels seen in train. Each text carries a *label code* `y` (a row of Y) such that
 `Y Yᵀ` is the similarity of two texts' labels:
@@ -8,8 +8,8 @@ Classes are the leaf labels seen in train. Each text carries a *label code* `y` 
   of depth D, so `y_a · y_b` = (depth of the shared prefix) / D: 1 for the same label, 2/3 for
   `comp.sys.mac.hardware` ~ `comp.sys.ibm.pc.hardware` under `--label-columns level1,level2,label`.
 
-Training set: the texts themselves (anchor = positive = a text row; the label losses compare every
-text of a batch with every other). `for_training(task, cfg)` builds the task a config trains on:
+Training set (`LabelsKind.train_set`): the texts themselves with their label codes (the class losses
+compare every text of a batch with every other). `for_training(task, cfg)` builds the task a config trains on:
 - `shots = 0`: every train text except the dev slice (the dataset's `dev` split, else a stratified
   `DEV_FRACTION` of train drawn with `DEV_SEED`); heads are selected on dev (k-NN accuracy);
 - `shots = n`: n texts per class drawn from that pool with the head's `seed` (SetFit's / MTEB's
@@ -31,9 +31,9 @@ import numpy as np
 import polars as pl
 import torch
 
-from headstore.heads.tasks import DEV_FRACTION, DEV_SEED, PairSet, Task, _rows
-
-CLASS_LOSSES_HINT = "supcon-kl, supcon, l1-energy"
+from headstore.data.labels import LabelSpec, unseen_labels
+from headstore.heads.kinds.base import DEV_FRACTION, DEV_SEED, PREFIX, Task, TaskKind, TrainSet, store_rows
+from headstore.heads.label_eval import evaluate_labels
 
 
 @dataclass(frozen=True)
@@ -65,10 +65,6 @@ class LabelTask(Task):
     seed: int = 0  # the seed that drew the shots (0 when shots = 0)
     hierarchy: bool = False  # label codes with partial similarity between relatives
     per_class: int = 4  # K of the P x K batches
-
-    @property
-    def primary_kind(self) -> str:
-        return "knn_accuracy"
 
     @property
     def hierarchical(self) -> bool:
@@ -137,7 +133,7 @@ def _stratified_dev(classes: np.ndarray, seed: int = DEV_SEED) -> np.ndarray:
     return dev
 
 
-def label_task(ds, store) -> LabelTask:
+def from_dataset(ds, store, for_eval: bool = False) -> LabelTask:
     """A labelled-text dataset (`data.labels`) joined to `store`: full data, flat labels (for_training
     rebuilds it for other settings)."""
     frame = ds.frame
@@ -166,7 +162,7 @@ def label_task(ds, store) -> LabelTask:
         for i, path in enumerate(f["label_path"].to_list()):  # unseen labels: their known ancestors still count
             for k in range(depth):
                 nodes[i, k] = node_index[k].get(node(tuple(path), k), -1)
-        return LabelSplit(_rows(store, f["text"].to_list(), where), classes, nodes, full)
+        return LabelSplit(store_rows(store, f["text"].to_list(), where), classes, nodes, full)
 
     pool = split_of(train, f"{ds.path} split 'train'")
     splits = sorted(s for s in set(frame["split"].to_list()) if s != "train")
@@ -183,7 +179,7 @@ def label_task(ds, store) -> LabelTask:
                     f"seed {DEV_SEED})")
     level_names = _level_names(ds, depth)
     report = _report(ds, frame, class_names)
-    task = LabelTask(ds.name, "labels", None, eval_sets, dev_note, None, set(), class_names=class_names,
+    task = LabelTask(ds.name, KIND.name, None, eval_sets, dev_note, None, set(), class_names=class_names,
                      level_names=level_names,
                      node_names=tuple(tuple(" > ".join(p for p in key if p) for key in keys) for keys in node_keys),
                      leaf_nodes=leaf_nodes, pool=pool, reference=pool, report=report)
@@ -191,8 +187,6 @@ def label_task(ds, store) -> LabelTask:
 
 
 def _level_names(ds, depth: int) -> tuple[str, ...]:
-    from headstore.data.labels import LabelSpec
-
     spec = ds.spec if isinstance(getattr(ds, "spec", None), LabelSpec) else None
     if spec is not None and spec.label_columns:
         return tuple(spec.label_columns)
@@ -200,8 +194,6 @@ def _level_names(ds, depth: int) -> tuple[str, ...]:
 
 
 def _report(ds, frame: pl.DataFrame, class_names) -> dict:
-    from headstore.data.labels import unseen_labels
-
     unseen = unseen_labels(frame)
     texts = frame.group_by("text").agg(pl.col("label").n_unique().alias("labels"),
                                        pl.col("split").n_unique().alias("splits"), pl.len().alias("n"))
@@ -214,8 +206,7 @@ def _report(ds, frame: pl.DataFrame, class_names) -> dict:
 
 
 def _with_training_set(task: LabelTask, labelled: LabelSplit, hierarchy: bool, **changes) -> LabelTask:
-    train = PairSet(labelled.rows, labelled.rows, task.codes(labelled, hierarchy))
-    return replace(task, train=train, reference=labelled, hierarchy=hierarchy, **changes)
+    return replace(task, reference=labelled, hierarchy=hierarchy, **changes)
 
 
 def few_shot_indices(classes: np.ndarray, shots: int, seed: int) -> np.ndarray:
@@ -225,36 +216,76 @@ def few_shot_indices(classes: np.ndarray, shots: int, seed: int) -> np.ndarray:
     return np.sort(np.concatenate(picked))
 
 
-def for_training(task: Task, cfg) -> Task:
-    """The task `cfg` trains on (module doc); any other kind of task is returned unchanged."""
-    if not isinstance(task, LabelTask):
-        if cfg.shots or cfg.hierarchy:
-            raise ValueError(f"{task.name}: shots / hierarchy apply to labelled texts (--format labels), "
-                             f"not to a {task.kind!r} dataset")
-        return task
-    if cfg.hierarchy and not task.hierarchical:
-        raise ValueError(f"{task.name}: --hierarchy needs hierarchical labels: give --label-sep (e.g. '.') "
-                         "or --label-columns (e.g. level1,level2,label)")
-    if cfg.per_class < 2:
-        raise ValueError(f"per_class must be >= 2 (a class needs partners in a batch), got {cfg.per_class}")
-    if not cfg.shots:
-        return _with_training_set(task, task.pool, cfg.hierarchy, shots=0, seed=0, per_class=cfg.per_class)
-    shots = task.pool.subset(few_shot_indices(task.pool.classes, cfg.shots, cfg.seed))
-    eval_sets = {s: v for s, v in task.eval_sets.items() if s != "dev"}
-    note = (f"few-shot: {cfg.shots} texts per class drawn with seed {cfg.seed} ({len(shots)} texts); "
-            "no dev split, the last epoch is kept")
-    return _with_training_set(task, shots, cfg.hierarchy, shots=cfg.shots, seed=cfg.seed,
-                              per_class=cfg.per_class, eval_sets=eval_sets, dev_note=note)
+# metrics a grid's seed summary reports (those present: per-level and retrieval ones join when computed)
+SUMMARY_METRICS = ("probe_accuracy", "probe_macro_f1", "manhattan_knn_accuracy", "cosine_knn_accuracy",
+                   "euclidean_knn_accuracy", "manhattan_ndcg@10", "cosine_ndcg@10", "manhattan_map", "cosine_map")
 
 
-def loss_mismatch(task: Task, loss: str) -> str:
-    """Why `loss` cannot train on `task` ("" when it can): class losses need labelled texts, and
-    labelled texts train only the losses that take class labels."""
-    from headstore.heads.losses import LOSS_KINDS
+class LabelsKind(TaskKind):
+    name = "labels"
+    form = "classes"
+    defaults = {"depth": 2, "lr": 1e-3, "epochs": 10}
+    data_words = "labelled"  # how config.json "defaults" names the data
+    defaults_why = "the 20 Newsgroups dev choice"
+    suggestion = "--graded pearson, --depth 1 --lr 1e-3, --normalize l2"
 
-    kind = LOSS_KINDS[loss]
-    if isinstance(task, LabelTask) and not kind.classes:
-        return f"loss {loss} trains on pairs; for labelled texts use one of {CLASS_LOSSES_HINT}"
-    if not isinstance(task, LabelTask) and kind.labels == "classes":
-        return f"loss {loss} needs labelled texts (--format labels); {task.name} is a {task.kind!r} dataset"
-    return ""
+    items_name = "texts"
+
+    def primary_metric(self, energy: str) -> str:
+        return f"{PREFIX[energy]}_knn_accuracy"
+
+    def summary_metrics(self) -> tuple[str, ...]:
+        return SUMMARY_METRICS
+
+    def as_reported(self, data: LabelSplit) -> LabelSplit:
+        return replace(data, full=True)
+
+    def grid_columns(self, task: LabelTask) -> dict:
+        return {"n_labelled": len(task.reference)}
+
+    def train_form(self, task: LabelTask) -> str:
+        return self.form
+
+    def evaluate(self, task, split, embed, energies):
+        return evaluate_labels(task, split, embed, energies)
+
+    def rows(self, data: LabelSplit) -> np.ndarray:
+        return data.rows
+
+    def without(self, data: LabelSplit, rows: np.ndarray):
+        keep = ~np.isin(data.rows, rows)
+        return data.subset(np.flatnonzero(keep)), int((~keep).sum())
+
+    def train_rows(self, task: LabelTask) -> np.ndarray:
+        return task.reference.rows
+
+    def train_set(self, task: LabelTask, loss: str) -> TrainSet:
+        """The labelled texts themselves (anchor = positive) with their label codes (module doc)."""
+        ref = task.reference
+        return TrainSet(ref.rows, ref.rows, task.codes(ref, task.hierarchy), None, self.form)
+
+    def sampler(self, task: LabelTask):
+        return task.sample_batches
+
+    def for_training(self, task: LabelTask, cfg) -> LabelTask:
+        """The task `cfg` trains on (module doc)."""
+        if cfg.hierarchy and not task.hierarchical:
+            raise ValueError(f"{task.name}: --hierarchy needs hierarchical labels: give --label-sep (e.g. '.') "
+                             "or --label-columns (e.g. level1,level2,label)")
+        if cfg.per_class < 2:
+            raise ValueError(f"per_class must be >= 2 (a class needs partners in a batch), got {cfg.per_class}")
+        if not cfg.shots:
+            return _with_training_set(task, task.pool, cfg.hierarchy, shots=0, seed=0, per_class=cfg.per_class)
+        shots = task.pool.subset(few_shot_indices(task.pool.classes, cfg.shots, cfg.seed))
+        eval_sets = {s: v for s, v in task.eval_sets.items() if s != "dev"}
+        note = (f"few-shot: {cfg.shots} texts per class drawn with seed {cfg.seed} ({len(shots)} texts); "
+                "no dev split, the last epoch is kept")
+        return _with_training_set(task, shots, cfg.hierarchy, shots=cfg.shots, seed=cfg.seed,
+                                  per_class=cfg.per_class, eval_sets=eval_sets, dev_note=note)
+
+    def for_eval(self, task: LabelTask, cfg) -> LabelTask:
+        """The labelled set k-NN and the probe use: every train text, or the head's shots (flat labels)."""
+        return self.for_training(task, cfg.replace(hierarchy=False))
+
+
+KIND = LabelsKind()

@@ -1,13 +1,13 @@
 """Losses on labelled texts: functions of a batch's embeddings and its label codes.
 
-Same signature as every entry of `heads.losses.LOSSES`, with class labels:
+Same signature as the pair losses (heads.losses.pairs), with class labels (the registry's `classes` form):
 
     loss_fn(za, zp, zn=None, labels=Y, *, energy="l1", cfg=LossConfig(), same=None) -> (H,)
 
 - za, zp: (H, B, d), two views of the same B texts (in headstore both are the head's output of the
   text: a labelled-text task trains on anchor = positive). Text i of za is compared with every text
   j != i of zp: `E[i, j] = energy(za[i], zp[j])`.
-- labels: Y, (B, L) or (H, B, L) label codes (`heads.label_tasks`): `S = Y Yᵀ` is the similarity of
+- labels: Y, (B, L) or (H, B, L) label codes (`heads.kinds.labels`): `S = Y Yᵀ` is the similarity of
   two texts' labels, 1 for the same class, 0 for unrelated ones, the shared-prefix share of the
   tree's depth for relatives when the codes are hierarchical.
 - same: optional (B, B) / (H, B, B) bool, True where two batch entries are the same text (a class
@@ -36,6 +36,8 @@ import torch
 import torch.nn.functional as F
 
 from headstore.heads.energy import check_energy, pairwise_energy
+from headstore.heads.losses.impostors import select_impostors
+from headstore.heads.losses.settings import DEFAULT_Q, DEFAULT_TAU, LossConfig, pick_default
 
 SUPCON_TAU = 0.1  # Khosla et al.'s temperature for cosine similarities of normalised embeddings
 
@@ -66,8 +68,6 @@ def _inputs(name: str, za, zp, labels, same) -> tuple[torch.Tensor, torch.Tensor
 
 
 def _pick_tau(cfg, energy: str) -> float:
-    from headstore.heads.losses import DEFAULT_TAU
-
     return float(cfg.tau) if cfg.tau is not None else DEFAULT_TAU[energy]
 
 
@@ -87,8 +87,6 @@ def _soft_cross_entropy(logits, S, mask, with_entropy: bool) -> torch.Tensor:
 
 def supcon_kl_loss(za, zp, zn=None, labels=None, *, energy="l1", cfg=None, same=None):
     """KL(row-normalised Y Yᵀ || softmax(-E / tau)) per anchor, averaged (module doc)."""
-    from headstore.heads.losses import LossConfig
-
     cfg = cfg or LossConfig()
     S, mask = _inputs("supcon-kl", za, zp, labels, same)
     logits = -pairwise_energy(check_energy(energy), za, zp) / _pick_tau(cfg, energy)  # (H, B, B)
@@ -97,8 +95,6 @@ def supcon_kl_loss(za, zp, zn=None, labels=None, *, energy="l1", cfg=None, same=
 
 def supcon_loss(za, zp, zn=None, labels=None, *, energy="l1", cfg=None, same=None):
     """Supervised contrastive loss (Khosla et al. 2020, L_out) on cosine similarities / tau; ignores `energy`."""
-    from headstore.heads.losses import LossConfig
-
     cfg = cfg or LossConfig()
     S, mask = _inputs("supcon", za, zp, labels, same)
     tau = float(cfg.tau) if cfg.tau is not None else SUPCON_TAU
@@ -108,13 +104,11 @@ def supcon_loss(za, zp, zn=None, labels=None, *, energy="l1", cfg=None, same=Non
 
 def label_energy_loss(za, zp, zn=None, labels=None, *, energy="l1", cfg=None, same=None):
     """Chopra et al.'s energy loss on every pair of a labelled batch, weighted by S (module doc)."""
-    from headstore.heads.losses import DEFAULT_Q, LossConfig, _pick, _select_impostors
-
     cfg = cfg or LossConfig()
     if zn is not None:
         raise ValueError("l1-energy on labelled texts takes no negatives (zn): the batch's other classes are the impostors")
     S, mask = _inputs("l1-energy", za, zp, labels, same)
-    Q = _pick(cfg.q, DEFAULT_Q, check_energy(energy))
+    Q = pick_default(cfg.q, DEFAULT_Q, check_energy(energy))
     E = pairwise_energy(energy, za, zp)  # (H, B, B)
     genuine_w = S * mask
     genuine = (genuine_w * (2.0 / Q) * E.pow(2)).flatten(1).sum(-1) / genuine_w.flatten(1).sum(-1).clamp_min(1e-12)
@@ -123,7 +117,7 @@ def label_energy_loss(za, zp, zn=None, labels=None, *, energy="l1", cfg=None, sa
         raise ValueError("l1-energy: no impostor pair in this batch (every text shares one class); "
                          "a labelled batch needs at least two classes")
     E_gen = (genuine_w * E).sum(-1) / genuine_w.sum(-1).clamp_min(1e-12)  # (H, B) mean genuine energy per anchor
-    chosen = _select_impostors(E, impostor, E_gen, cfg.impostors)  # (H, B, B) 0/1
+    chosen = select_impostors(E, impostor, E_gen, cfg.impostors)  # (H, B, B) 0/1
     weights = (chosen * (1 - S).clamp_min(0)).flatten(1)
     impostor_term = ((2.0 * Q) * torch.exp(-2.77 * E / Q)).flatten(1)
     return cfg.genuine_weight * genuine + (weights * impostor_term).sum(-1) / weights.sum(-1).clamp_min(1e-12)

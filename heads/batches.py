@@ -1,0 +1,162 @@
+"""What one training step of a stack reads: the training data as tensors, each epoch's batches and
+negatives, and every head's loss on a batch.
+
+- `prepare_data`: the normalised features and the task kind's training set as tensors (`TrainingData`);
+- `epoch_batches`: each head's batches of one epoch, from its own generator (labelled texts sample their own:
+  the kind's sampler);
+- `NegativeSource`: given and mined negatives of every pair (mined once, or each epoch with --remine);
+- `make_batch` + `batch_losses`: the rows of one step and every head's loss on them.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Optional
+
+import numpy as np
+import torch
+
+from headstore.heads.config import TrainConfig
+from headstore.heads.evaluate import embed_rows
+from headstore.heads.features import Normalizer
+from headstore.heads.kinds import Task, TrainSet, kind_of
+from headstore.heads.losses import LOSSES, get_loss
+from headstore.heads.mining import mine_negatives
+from headstore.heads.model import StackedMLP, autocast
+
+
+def same_mask(a: torch.Tensor, p: torch.Tensor, relevant: torch.Tensor, n_rows: int) -> torch.Tensor:
+    """(H, B, B): True where in-batch pair (a_i, p_j) must not be an impostor.
+
+    Duplicate anchors or positives within a batch, and known relevant pairs, are never pushed apart."""
+    code = a.unsqueeze(-1) * n_rows + p.unsqueeze(-2)  # (H, B, B)
+    known = torch.isin(code, relevant) if relevant.numel() else torch.zeros_like(code, dtype=torch.bool)
+    return (a.unsqueeze(-1) == a.unsqueeze(-2)) | (p.unsqueeze(-1) == p.unsqueeze(-2)) | known
+
+
+@dataclass(frozen=True)
+class TrainingData:
+    """What a stack trains on: the features the heads read and the training pairs, as tensors.
+
+    Rows are store rows; `X[rows]` is what a head's forward pass takes (a head with another input,
+    e.g. several layers per text, only needs X to hold that input per row)."""
+
+    X: torch.Tensor  # (N, D) features after the normaliser
+    norm: Normalizer  # fitted on the training texts only
+    pairs: TrainSet  # what the task's kind gives the loss to train on (heads.kinds)
+    anchor: torch.Tensor  # (P,) int64 store rows
+    positive: torch.Tensor  # (P,) int64
+    labels: Optional[torch.Tensor]  # (P,) float32 pair labels / STS scores, (P, L) label codes, or None
+    given: Optional[torch.Tensor]  # (P, K) int64 given negatives the loss uses, or None
+    relevant: torch.Tensor  # sorted codes anchor * code_base + positive of known relevant pairs
+    code_base: int  # len(X) + 1
+
+    def __len__(self) -> int:
+        return len(self.anchor)
+
+
+def prepare_data(task: Task, features: torch.Tensor, cfg: TrainConfig, blocks: int = 1,
+                 norm: Optional[Normalizer] = None) -> TrainingData:
+    """Training set of cfg's loss (the task kind's), the normaliser fitted on its texts, the normalised
+    features. blocks: stored arrays side by side in `features` (a mixing head), each L2-normalised on its own.
+    norm: a normaliser to keep instead (heads that go on training keep the one they were trained with)."""
+    pairs = kind_of(task).train_set(task, cfg.loss)
+    fit_rows = np.unique(np.concatenate([pairs.anchor, pairs.positive]))
+    if norm is None:
+        norm = Normalizer.fit(cfg.normalize, features[torch.as_tensor(fit_rows)], blocks=blocks)
+    X = norm(features)  # (N, D)
+    base = len(X) + 1
+    relevant = torch.as_tensor(sorted(a * base + p for a, p in task.relevant), dtype=torch.long)
+    use_given = pairs.negative is not None and LOSSES[cfg.loss].negatives
+    labels = None if pairs.targets is None else torch.as_tensor(pairs.targets, dtype=torch.float32)
+    return TrainingData(X, norm, pairs, torch.as_tensor(pairs.anchor), torch.as_tensor(pairs.positive), labels,
+                        torch.as_tensor(pairs.negative) if use_given else None, relevant, base)
+
+
+def epoch_batches(gens: list[torch.Generator], n_pairs: int, batch_size: int) -> list[torch.Tensor]:
+    """One epoch's batches: a permutation of the pairs per head from its own generator, cut into
+    (H, b) index blocks (the last block holds the remainder)."""
+    perms = torch.stack([torch.randperm(n_pairs, generator=g) for g in gens])  # (H, P)
+    return list(perms.split(batch_size, dim=1))
+
+
+class NegativeSource:
+    """Negatives of every training pair for an epoch: given ones, then mined ones, (H, P, K) store rows.
+
+    Mined once in feature space (cosine over the stored features, shared by all heads), or with
+    cfg.remine re-mined each epoch after the first in each head's own space with its own energy."""
+
+    def __init__(self, task: Task, data: TrainingData, cfg: TrainConfig, n_heads: int):
+        self.task, self.data, self.cfg, self.n_heads = task, data, cfg, n_heads
+        self.mining = bool(cfg.mined_k and LOSSES[cfg.loss].negatives and task.corpus_rows is not None)
+        self.mined: Optional[torch.Tensor] = None  # (H, P, k)
+
+    def for_epoch(self, epoch: int, model: StackedMLP) -> Optional[torch.Tensor]:
+        """(H, P, K) negatives for epoch `epoch` (0-based), or None when the loss uses none."""
+        cfg, data = self.cfg, self.data
+        given = data.given.unsqueeze(0).expand(self.n_heads, -1, -1) if data.given is not None else None
+        if self.mining and (self.mined is None or cfg.remine):
+            embed = (lambda rows: embed_rows(model, data.X, rows)) if cfg.remine and epoch > 0 else None
+            self.mined = mine_negatives(data.X, data.pairs.anchor, self.task.corpus_rows, self.task.relevant,
+                                        cfg.mined_k, embed, self.n_heads, energy=cfg.eval_energy)
+        if self.mined is None:
+            return given
+        return self.mined if given is None else torch.cat([given, self.mined], dim=-1)
+
+
+@dataclass(frozen=True)
+class Batch:
+    """The store rows of one step for every head."""
+
+    anchor: torch.Tensor  # (H, b)
+    positive: torch.Tensor  # (H, b)
+    negative: Optional[torch.Tensor]  # (H, b, K) or None
+    labels: Optional[torch.Tensor]  # (H, b) or None
+    same: Optional[torch.Tensor]  # (H, b, b) in-batch pairs that are no impostors (same_mask); None for
+    # labelled or graded pairs, whose impostors are the pairs labelled so (no loss takes in-batch impostors)
+
+
+def make_batch(data: TrainingData, idx: torch.Tensor, negatives: Optional[torch.Tensor]) -> Batch:
+    """Batch of pair indices idx (H, b), with each pair's negatives from `negatives` (H, P, K)."""
+    a_rows, p_rows = data.anchor[idx], data.positive[idx]
+    n_rows = None
+    if negatives is not None:
+        n_rows = torch.gather(negatives, 1, idx.unsqueeze(-1).expand(-1, -1, negatives.shape[-1]))  # (H, b, K)
+    if data.labels is not None and data.labels.dim() == 1:
+        return Batch(a_rows, p_rows, n_rows, data.labels[idx], None)
+    labels = data.labels[idx] if data.labels is not None else None  # class-label codes (H, b, L): the
+    # loss compares every pair of the batch, so the same text twice must not count (same_mask)
+    return Batch(a_rows, p_rows, n_rows, labels, same_mask(a_rows, p_rows, data.relevant, data.code_base))
+
+
+def q_at(cfg: TrainConfig, step: int, total: int) -> Optional[float]:
+    """l1-energy's Q at update `step` of `total` under cfg's Q schedule: from q_start linearly to q (its
+    default when unset) over training; None without a schedule (the loss uses cfg's q)."""
+    if cfg.q_start is None:
+        return None
+    q_end = cfg.loss_config().resolved(cfg.energy)["q"]
+    return cfg.q_start + (q_end - cfg.q_start) * min(1.0, step / max(1, total - 1))
+
+
+def batch_losses(model: StackedMLP, X: torch.Tensor, batch: Batch, cfg: TrainConfig,
+                 init: Optional[list[torch.Tensor]] = None, q: Optional[float] = None,
+                 form: str = "positives") -> torch.Tensor:
+    """(H,) loss of every head on its batch (plus the decay-to-init penalty when cfg asks for it).
+
+    Anchors, positives and negatives go through the heads in one forward pass, so each layer is one
+    batched matmul over all H heads x (2 + K) b rows; under cfg.precision "bf16" the matmuls run in bf16
+    and the outputs are cast to fp32 before the loss (losses and their reductions stay fp32).
+    q: l1-energy's Q for this step (a Q schedule, `q_at`); None = cfg's. form: the training data's form
+    (heads.losses.FORMS), which picks the loss's function."""
+    H, b = batch.anchor.shape
+    rows = [batch.anchor, batch.positive] + ([batch.negative.flatten(1)] if batch.negative is not None else [])
+    with autocast(cfg.precision, X.device):
+        z = model(X[torch.cat(rows, dim=1)]).float()  # (H, (2 + K) b, d)
+    za, zp = z[:, :b], z[:, b:2 * b]  # (H, b, d)
+    zn = z[:, 2 * b:].unflatten(1, batch.negative.shape[1:]) if batch.negative is not None else None  # (H, b, K, d)
+    loss_cfg = cfg.loss_config() if q is None else replace(cfg.loss_config(), q=q)
+    losses = get_loss(cfg.loss, form)(za, zp, zn, batch.labels, energy=cfg.energy, cfg=loss_cfg,
+                                      same=batch.same)  # (H,)
+    if cfg.decay_to_init and init is not None:
+        losses = losses + cfg.decay_to_init * sum((p - p0).pow(2).flatten(1).sum(1)
+                                                  for p, p0 in zip(model.parameters(), init))
+    return losses

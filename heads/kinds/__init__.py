@@ -1,0 +1,76 @@
+"""The task-kind registry: how each kind of dataset is trained on, evaluated and reported.
+
+One module per kind, each owning how its task is built from a dataset and the store, its training set and
+batches, its evaluator (`dict[str, float]` with prefixed names, its primary metric, its bootstrap CI), its
+run files and its train-head defaults (heads.kinds.base.TaskKind):
+
+- `ir` (heads.kinds.ir): each query ranks the whole corpus; BEIR folders and positives-only pairs tables;
+- `sts` (heads.kinds.sts): graded pairs, Spearman of -E against the gold scores;
+- `pairs` (heads.kinds.pairs): labelled pairs, AUC / F1 / accuracy / AP;
+- `labels` (heads.kinds.labels): labelled texts, k-NN / probe / retrieval by class.
+
+`BUILDERS` maps a dataset format (data.dataset) to the function that joins it to the store; the task it
+builds names its kind. Adding a kind is one new module here plus one line in each table below.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from headstore.data.dataset import load_dataset
+from headstore.data.readers import DETECT
+from headstore.heads.kinds import ir, labels, pairs, sts
+from headstore.heads.kinds.base import PREFIX, WHOLE, PairSet, Task, TaskKind, TrainSet  # noqa: F401
+
+KINDS: dict[str, TaskKind] = {k.name: k for k in (ir.KIND, sts.KIND, pairs.KIND, labels.KIND)}
+BUILDERS = {"beir": ir.from_beir, "sts": sts.from_table, "pairs": pairs.from_table, "labels": labels.from_dataset}
+
+
+def kind_of(task: Task) -> TaskKind:
+    return KINDS[task.kind]
+
+
+def for_training(task: Task, cfg) -> Task:
+    """The task `cfg` trains on: its kind's `for_training` (labelled texts: shots, hierarchy)."""
+    return kind_of(task).for_training(task, cfg)
+
+
+def primary_metric(kind: str, energy: str) -> str:
+    """The name of the metric heads of a `kind` task are selected on, under `energy`."""
+    return KINDS[kind].primary_metric(energy)
+
+
+def load_task(data_path: str, store, format: str | None = None, score_range=None, for_eval: bool = False) -> Task:
+    """Read `data_path` and join it to `store` by text_id.
+
+    score_range: the (LO, HI) scale of an STS table's scores; None detects 0-1 or 0-5.
+    for_eval: only evaluation splits are wanted (no training, no dev carving; a table without a
+    dev/test split is scored whole)."""
+    ds = load_dataset(data_path, format, score_range=score_range if score_range is not None else DETECT)
+    if ds.kind not in BUILDERS:
+        raise ValueError(f"{data_path}: a {ds.kind!r} dataset has no pairs to train or evaluate on "
+                         "(use a BEIR folder, an STS table, a pairs table or labelled texts)")
+    return BUILDERS[ds.kind](ds, store, for_eval)
+
+
+def task_rows(task: Task) -> set[int]:
+    """Every store row (text) a task uses: its training set and all evaluation sets."""
+    kind = kind_of(task)
+    parts = [kind.train_rows(task)] + [kind.rows(s) for s in task.eval_sets.values()]
+    return set(np.concatenate(parts).tolist()) if parts else set()
+
+
+def without_overlap(task: Task, rows: set[int], source: str = "the training dataset") -> tuple[Task, dict[str, int]]:
+    """The task with every evaluation item (a pair, a query, a labelled text) that uses one of `rows` dropped.
+
+    For out-of-domain evaluation: e.g. SemEval STS pairs whose sentences also appear in STS-B. Returns the
+    filtered task and how many items were dropped per split (reported, never silent)."""
+    kind = kind_of(task)
+    drop = np.fromiter(rows, dtype=np.int64, count=len(rows))
+    eval_sets, dropped = {}, {}
+    for split, data in task.eval_sets.items():
+        eval_sets[split], dropped[split] = kind.without(data, drop)
+    note = ", ".join(f"{split}: {n} dropped" for split, n in dropped.items())
+    dev_note = (task.dev_note + "; " if task.dev_note else "") + f"overlap with {source} removed ({note})"
+    return dataclasses.replace(task, eval_sets=eval_sets, dev_note=dev_note), dropped

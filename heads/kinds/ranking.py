@@ -1,0 +1,149 @@
+"""Ranking a corpus for the IR kind: evaluation, per-epoch selection, and TREC run files, one ranking rule.
+
+Every query ranks every document of its split by energy; ties are broken as trec_eval breaks tied scores
+(by document id, decreasing), and a query's own text is dropped from its list where the split says so
+(pairs scored as retrieval: an anchor that is also another pair's positive would otherwise come first at
+energy 0). The run files (`run.<split>.trec`) are written from the same ranking, so trec_eval on them
+reproduces metrics.json:
+
+    <query_id> Q0 <doc_id> <rank> <score> <run_name>
+
+score = -energy, with 9 significant digits so float32 energies round-trip and distinct energies stay distinct.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from headstore.data.files import atomic_write_text
+from headstore.heads.energy import pairwise_energy
+from headstore.heads.kinds.base import PREFIX
+from headstore.heads.metrics import ir_metrics_per_query, topk_ranking, trec_tie_order
+from headstore.heads.model import autocast
+
+IR_TOPK = 100  # one top-k pass serves every cutoff (1, 10, 100)
+RANK_CHUNK = 256  # queries per top-k pass
+# epoch selection on an IR split with L1 energy: each query's exact L1 energies are computed for its
+# SELECT_CANDIDATES nearest documents by L2 (one batched matmul for all heads) instead of all documents
+# (torch.cdist p=1 has no matmul form and dominated SciFact grids); the exact L1 top 10 was inside the
+# candidates for every query, head and epoch measured (bench/grid.py reports the recall)
+SELECT_CANDIDATES = 100
+SELECT_BLOCK = 1 << 25  # energy entries (heads x queries x documents) per block of the selection pass
+
+
+@dataclass(frozen=True)
+class IRSplit:
+    """One IR evaluation split: queries ranked against the whole corpus."""
+
+    query_ids: list[str]
+    query_rows: np.ndarray  # (Q,) int64
+    doc_ids: list[str]
+    doc_rows: np.ndarray  # (N,) int64
+    qrels: dict[str, dict[str, int]]  # query id -> doc id -> grade
+    # pairs scored as retrieval: ids are text ids, and a query is not ranked against its own text
+    exclude_self: bool = False
+
+
+def ranked_ids(split: IRSplit, ranked: torch.Tensor, k: int) -> dict[str, list[int]]:
+    """Index rows (Q, k') -> {query id: [document index, ...]} (at most k), dropping a query's own text
+    where the split says so (unless it is one of its relevant documents)."""
+    out = {}
+    for qid, row in zip(split.query_ids, ranked.tolist()):
+        if split.exclude_self and qid not in split.qrels.get(qid, {}):
+            row = [j for j in row if split.doc_ids[j] != qid]
+        out[qid] = row[:k]
+    return out
+
+
+def _ids(split: IRSplit, ranked: dict[str, list[int]]) -> dict[str, list[str]]:
+    return {q: [split.doc_ids[j] for j in row] for q, row in ranked.items()}
+
+
+def rank_split(split: IRSplit, q: torch.Tensor, d: torch.Tensor, energy: str, k: int = IR_TOPK,
+               with_energies: bool = False):
+    """One head's ranking of a split: q (Q, dim), d (N, dim) -> {query id: [doc index]} (top k, the rule
+    above), and with `with_energies` also {query id: [energy]} of those documents."""
+    spare = int(split.exclude_self)  # one spare: a query's own text is dropped from its list
+    idx, val = topk_ranking(lambda s, e: pairwise_energy(energy, q[s:e], d), k=k + spare, n_queries=q.shape[0],
+                            chunk_size=RANK_CHUNK, tie_order=trec_tie_order(split.doc_ids), return_energies=True)
+    ranked = ranked_ids(split, idx, k)
+    if not with_energies:
+        return ranked
+    energies = {}
+    for qid, row_idx, row_val in zip(split.query_ids, idx.tolist(), val.tolist()):
+        by_doc = dict(zip(row_idx, row_val))
+        energies[qid] = [by_doc[j] for j in ranked[qid]]
+    return ranked, energies
+
+
+def evaluate_ir(split: IRSplit, q: torch.Tensor, d: torch.Tensor, energy: str) -> tuple[dict, np.ndarray]:
+    """One head's IR metrics on a split (nDCG, MRR, recall at 1/10/100, MAP@100) and its per-query nDCG@10."""
+    ranked = rank_split(split, q, d, energy)
+    _, per_query = ir_metrics_per_query(_ids(split, ranked), split.qrels, (1, 10, 100))
+    p = PREFIX[energy]
+    return {f"{p}_{m}": float(v.mean()) for m, v in per_query.items()}, per_query["ndcg@10"]
+
+
+def l1_on_candidates(q: torch.Tensor, d: torch.Tensor, n_candidates: int, precision: str = "fp32") -> torch.Tensor:
+    """(H, Q, N) L1 energies: exact (fp32 torch.cdist) on each query's `n_candidates` nearest documents by
+    L2 distance, +inf elsewhere. q (H, Q, dim), d (H, N, dim); the L2 proxy is one batched matmul, in bf16
+    under precision "bf16" (it only picks candidates; the energies kept are exact)."""
+    H, Q, dim = q.shape
+    with autocast(precision, q.device):
+        dots = torch.bmm(q, d.transpose(1, 2)).float()  # (H, Q, N)
+    proxy = d.pow(2).sum(-1).unsqueeze(1) - 2 * dots  # ||q - d||^2 - ||q||^2: the same order per query
+    cand = proxy.topk(n_candidates, dim=-1, largest=False).indices  # (H, Q, c)
+    docs = d[torch.arange(H, device=d.device)[:, None, None], cand]  # (H, Q, c, dim)
+    exact = torch.cdist(q.reshape(H * Q, 1, dim), docs.reshape(H * Q, n_candidates, dim), p=1.0)  # (HQ, 1, c)
+    out = torch.full((H, Q, d.shape[1]), float("inf"), device=q.device)
+    return out.scatter_(2, cand, exact.view(H, Q, n_candidates))
+
+
+def _head_energies(energy: str, q: torch.Tensor, d: torch.Tensor, k: int, precision: str) -> torch.Tensor:
+    """(H, Q, N) energies of a block of heads whose top k is exact (see l1_on_candidates)."""
+    n_candidates = max(SELECT_CANDIDATES, k)
+    if energy == "l1" and d.shape[1] > n_candidates:
+        return l1_on_candidates(q, d, n_candidates, precision)
+    return pairwise_energy(energy, q, d)  # cosine and l2: matmul-based already, exact fp32
+
+
+def selection_ndcg(split: IRSplit, zq: torch.Tensor, zd: torch.Tensor, energy: str, precision: str) -> list[float]:
+    """nDCG@10 of every head, one pass for all (energies of a block of heads in one batched call, L1 on
+    candidates), with the ranking rule above. zq (H, Q, d), zd (H, N, d); a head whose outputs are not
+    finite scores NaN."""
+    H, Q, N = zq.shape[0], zq.shape[1], zd.shape[1]
+    k = 10 + int(split.exclude_self)  # nDCG@10, one spare for a query's own text
+    tie = trec_tie_order(split.doc_ids)
+    block = max(1, SELECT_BLOCK // max(1, Q * N, Q * max(SELECT_CANDIDATES, k) * zq.shape[2]))
+    scores: list[float] = []
+    for h0 in range(0, H, block):
+        q, d = zq[h0:h0 + block], zd[h0:h0 + block]
+        finite = torch.isfinite(q).flatten(1).all(1) & torch.isfinite(d).flatten(1).all(1)
+        E = _head_energies(energy, q.nan_to_num(0.0, 0.0, 0.0), d.nan_to_num(0.0, 0.0, 0.0), k, precision)
+        for h in range(q.shape[0]):
+            if not finite[h]:
+                scores.append(float("nan"))
+                continue
+            ranked = topk_ranking(E[h], k=k, tie_order=tie)
+            _, per_query = ir_metrics_per_query(_ids(split, ranked_ids(split, ranked, 10)), split.qrels, (10,))
+            scores.append(float(per_query["ndcg@10"].mean()))
+    return scores
+
+
+def trec_lines(split: IRSplit, q: torch.Tensor, d: torch.Tensor, energy: str, run_name: str,
+               k: int = IR_TOPK) -> list[str]:
+    """Run lines for one split: q (Q, dim) and d (N, dim) one head's outputs of its queries and corpus."""
+    ranked, energies = rank_split(split, q, d, energy, k, with_energies=True)
+    lines = []
+    for qid in split.query_ids:
+        for rank, (j, e) in enumerate(zip(ranked[qid], energies[qid]), start=1):
+            lines.append(f"{qid} Q0 {split.doc_ids[j]} {rank} {-e:.9g} {run_name}")
+    return lines
+
+
+def write_trec_run(split: IRSplit, q: torch.Tensor, d: torch.Tensor, energy: str, path: Path, run_name: str) -> Path:
+    atomic_write_text(path, "\n".join(trec_lines(split, q, d, energy, run_name.replace(" ", "_"))) + "\n")
+    return path

@@ -1,0 +1,97 @@
+"""The one loss registry: every loss, what data it accepts, and its functions (torch-free).
+
+A loss is a function of a batch's embeddings and its targets (heads.losses.pairs, heads.losses.classes):
+
+    loss_fn(za, zp, zn=None, labels=None, *, energy="l1", cfg=LossConfig(), same=None) -> (H,)
+
+Each entry declares the *forms of training data* it accepts, one of which every task kind produces
+(heads.kinds): `positives` (relevant pairs only: IR qrels, positives-only tables), `binary` (pairs
+labelled 0/1), `graded` (pairs with a score in [0, 1]: STS) and `classes` (labelled texts: label codes).
+`applicable(loss, form)` is the one check of whether a loss can train on a kind of data, used by
+train-head, grid and finetune alike. A loss that takes positive pairs only trains on labelled or graded
+data through its genuine pairs (label >= GENUINE_THRESHOLD).
+
+Functions are named as "module:function" and imported on first use, so this registry (and the command
+line's choices) needs no torch.
+"""
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from typing import Callable
+
+from headstore.heads.losses.settings import LossConfig  # noqa: F401  (re-exported: the losses' config)
+
+FORMS = ("positives", "binary", "graded", "classes")  # what a task kind trains on (heads.kinds)
+PAIR_FORMS = ("positives", "binary", "graded")
+# graded / labelled pairs given to a loss that takes positive pairs only (mnr, l1-ce, triplet): keep the
+# pairs whose label is at least this (STS score >= 4 of 5, "mostly equivalent"; 1 for 0/1 labels)
+GENUINE_THRESHOLD = 0.8
+
+
+@dataclass(frozen=True)
+class LossSpec:
+    name: str
+    accepts: tuple[str, ...]  # the data forms it trains on (FORMS)
+    negatives: bool  # uses given / mined negatives zn
+    uses_energy: bool  # False: ignores the `energy` argument (cosine by definition: mnr, supcon)
+    pairs_fn: str = ""  # "module:function" of heads.losses for the pair forms
+    classes_fn: str = ""  # ... for labelled texts (label codes)
+
+    def function(self, form: str = "positives") -> Callable:
+        """The loss function for data of `form` (a pair form or `classes`)."""
+        ref = self.classes_fn if form == "classes" else self.pairs_fn
+        if not ref:
+            raise ValueError(applicable(self.name, form) or f"loss {self.name} has no function for {form!r}")
+        module, name = ref.split(":")
+        return getattr(importlib.import_module(f"headstore.heads.losses.{module}"), name)
+
+    def __call__(self, *args, **kwargs):
+        """The loss on pairs (`function(form)` for labelled texts)."""
+        return self.function("classes" if not self.pairs_fn else "positives")(*args, **kwargs)
+
+
+LOSSES: dict[str, LossSpec] = {spec.name: spec for spec in (
+    LossSpec("l1-energy", ("positives", "binary", "graded", "classes"), negatives=True, uses_energy=True,
+             pairs_fn="pairs:l1_energy_loss", classes_fn="classes:label_energy_loss"),
+    LossSpec("l1-ce", ("positives",), negatives=True, uses_energy=True, pairs_fn="pairs:l1_ce_loss"),
+    LossSpec("mnr", ("positives",), negatives=True, uses_energy=False, pairs_fn="pairs:mnr_loss"),
+    LossSpec("contrastive", ("positives", "binary", "graded"), negatives=True, uses_energy=True,
+             pairs_fn="pairs:contrastive_loss"),
+    LossSpec("cosent", ("binary", "graded"), negatives=False, uses_energy=True, pairs_fn="pairs:cosent_loss"),
+    LossSpec("triplet", ("positives",), negatives=True, uses_energy=True, pairs_fn="pairs:triplet_loss"),
+    LossSpec("supcon-kl", ("classes",), negatives=False, uses_energy=True, classes_fn="classes:supcon_kl_loss"),
+    LossSpec("supcon", ("classes",), negatives=False, uses_energy=False, classes_fn="classes:supcon_loss"),
+)}
+
+
+def losses_that(test: Callable[[LossSpec], bool]) -> list[str]:
+    """Names of the losses whose spec passes `test`, sorted (for messages listing the valid ones)."""
+    return sorted(name for name, spec in LOSSES.items() if test(spec))
+
+
+def get_loss(name: str, form: str = "positives") -> Callable:
+    """The function of loss `name` for data of `form`, or ValueError listing the valid names."""
+    if name not in LOSSES:
+        raise ValueError(f"unknown loss {name!r}; valid losses: {sorted(LOSSES)}")
+    return LOSSES[name].function(form)
+
+
+def applicable(loss: str, form: str, task: str = "the data", kind: str = "") -> str:
+    """Why `loss` cannot train on data of `form` ("" when it can); `task` and `kind` name the dataset and its
+    task kind in the message.
+
+    Labelled texts train only the losses that take class labels and class losses need labelled texts; a
+    loss that needs labels refuses positives-only data; positives-only losses train on the genuine pairs of
+    labelled or graded data."""
+    spec = LOSSES[loss]
+    if form in spec.accepts or (form in ("binary", "graded") and "positives" in spec.accepts):
+        return ""
+    if form == "classes":
+        return f"loss {loss} trains on pairs; for labelled texts use one of {CLASS_LOSSES_HINT}"
+    if spec.accepts == ("classes",):
+        return f"loss {loss} needs labelled texts (--format labels); {task} is a {kind!r} dataset"
+    return f"loss {loss} needs graded or labelled pairs; {task} has positives only"
+
+
+CLASS_LOSSES_HINT = "supcon-kl, supcon, l1-energy"  # the class losses, the research note's first

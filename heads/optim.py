@@ -1,0 +1,71 @@
+"""One optimisation step of a stack: StackedAdamW (a lr and weight decay per head) under the configs'
+warm-up schedule (transformers' schedules, heads.schedule), per-head gradient clipping."""
+from __future__ import annotations
+
+import torch
+
+from headstore.heads.config import TrainConfig
+from headstore.heads.model import StackedMLP
+from headstore.heads.schedule import lr_lambda
+from headstore.heads.stacked_adamw import StackedAdamW, fused_pays
+
+
+def warmup_steps(cfg: TrainConfig, total: int) -> int:
+    """Warm-up updates of a run of `total` updates: warmup_ratio of them, rounded."""
+    return int(round(cfg.warmup_ratio * total))
+
+
+def lr_factor(step: int, total: int, cfg: TrainConfig) -> float:
+    """Factor of the peak lr at update `step` of `total` under cfg's schedule (heads.schedule: transformers'
+    warm-up schedules, the warm-up counting the update being taken)."""
+    return lr_lambda(cfg.schedule, warmup_steps(cfg, total), total)(step)
+
+
+def grad_norms(params: list[torch.Tensor]) -> torch.Tensor:
+    """(H,) L2 norm of each head's whole gradient (all its parameters), one pass over the gradients."""
+    return torch.stack([torch.linalg.vector_norm(p.grad.flatten(1), dim=1) for p in params]).norm(dim=0)
+
+
+class StackOptimizer:
+    """One optimisation step for a stack: StackedAdamW (a lr and weight decay per head) under the
+    configs' warm-up schedule, per-head gradient clipping, failed heads' gradients zeroed and stopped
+    heads' rates at 0. A stack without parameters (depth 0) is a no-op.
+
+    The schedule is transformers' lambda (heads.schedule.lr_lambda) applied to every head's own rate:
+    head_lr = lr_h * factor(step) * alive_h, the per-head form of a LambdaLR. The step makes few passes
+    over the parameters (what bounds a stack of small heads): gradients are set to None instead of zeroed,
+    the clipping factor is folded into the update, the NaN clean-up runs only when a head needs it, and a
+    stack with enough work uses StackedAdamW's compiled update (`fused_pays`)."""
+
+    def __init__(self, model: StackedMLP, configs: list[TrainConfig], total_steps: int):
+        cfg = configs[0]
+        self.params = list(model.parameters())
+        self.init = [p.detach().clone() for p in self.params]  # for decay_to_init
+        self.grad_clip = cfg.grad_clip
+        self.base_lr = torch.tensor([c.lr for c in configs], dtype=torch.float64)
+        self.factor = lr_lambda(cfg.schedule, warmup_steps(cfg, total_steps), total_steps)
+        self.steps_taken = 0
+        self.opt = None
+        if self.params:
+            n_params = sum(p.numel() for p in self.params)
+            self.opt = StackedAdamW(self.params, lr=[c.lr for c in configs],
+                                    weight_decay=[c.weight_decay for c in configs],
+                                    fused=fused_pays(n_params, total_steps))
+
+    def step(self, losses: torch.Tensor, finite: torch.Tensor, ok: torch.Tensor, alive: torch.Tensor) -> None:
+        """Backward of the finite losses (H,), then one update of the heads still training (`alive`);
+        heads not `ok` (failed) get zero gradients."""
+        step, self.steps_taken = self.steps_taken, self.steps_taken + 1
+        if self.opt is None:
+            return
+        torch.where(finite, losses, torch.zeros_like(losses)).sum().backward()
+        norms = grad_norms(self.params)  # (H,)
+        if not (bool(ok.all()) and bool(torch.isfinite(norms).all())):  # failed heads, NaN/inf gradients -> 0
+            for p in self.params:
+                p.grad[~ok] = 0.0
+                p.grad.nan_to_num_(0.0, 0.0, 0.0)
+            norms = grad_norms(self.params)
+        clip = (self.grad_clip / (norms + 1e-6)).clamp(max=1.0) if self.grad_clip else None  # (H,)
+        self.opt.param_groups[0]["head_lr"] = self.base_lr * self.factor(step) * alive.double()
+        self.opt.step(grad_scale=clip)
+        self.opt.zero_grad(set_to_none=True)

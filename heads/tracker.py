@@ -1,0 +1,117 @@
+"""Selection during training: every head's dev score per epoch, early stopping, and the best weights
+under the selection rule (heads.selection's `rule_key`), the starting point a candidate (the guard)."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Optional
+
+import torch
+
+from headstore.heads.config import TrainConfig
+from headstore.heads.evaluate import embed_rows, selection_scores
+from headstore.heads.kinds import Task
+from headstore.heads.model import StackedMLP, autocast
+from headstore.heads.selection import rule_key
+
+
+@dataclass
+class HeadRun:
+    """What training one head produced."""
+
+    config: TrainConfig
+    status: str = "ok"  # ok | failed
+    reason: str = ""
+    best_epoch: int = -1  # 0: the starting point (guard) was kept
+    best_dev: float = float("nan")
+    history: list[dict] = field(default_factory=list)  # per epoch: loss, dev metric
+    seconds: float = 0.0
+    start_dev: float = float("nan")  # the dev metric of the starting point (before any update)
+    best_sel_loss: Optional[float] = None  # out-of-domain dev loss of the kept weights (--select-ood)
+
+
+def dev_scores(task: Task, split: str, model: StackedMLP, X: torch.Tensor, cfg: TrainConfig) -> list[float]:
+    """The selection metric of every head on `split` (NaN for a head whose outputs are not finite):
+    one pass for all heads (heads.evaluate.selection_scores), the embeddings in cfg.precision."""
+    def embed(rows):
+        with autocast(cfg.precision, X.device):
+            return embed_rows(model, X, rows).float()
+
+    return selection_scores(task, split, embed, cfg.eval_energy, cfg.precision)
+
+
+class HeadTracker:
+    """Per head across epochs: failure, early stopping on the dev score, and the best-scoring weights.
+
+    `alive[h]`: still training; `ok[h]`: not failed. `end_epoch` records an epoch (loss and score per head)
+    and keeps head h's weights when it beats its best so far under the selection rule (heads.selection's
+    `rule_key`: the dev score alone, or with out-of-domain dev losses the best dev within delta, else the
+    least-losing); `patience` epochs without that stop it. `start` makes the starting point (epoch 0) the
+    first candidate (the guard)."""
+
+    def __init__(self, configs: list[TrainConfig], params: list[torch.Tensor], patience: int,
+                 delta: float = 0.0):
+        H = len(configs)
+        self.runs = [HeadRun(c) for c in configs]
+        self.params, self.patience, self.delta = params, patience, delta
+        self.alive = torch.ones(H, dtype=torch.bool)
+        self.ok = torch.ones(H, dtype=torch.bool)
+        self.best: list[tuple] = [(-math.inf,)] * H  # rule_key of the kept weights
+        self.stale = torch.zeros(H, dtype=torch.long)
+        self.best_state = [p.detach().clone() for p in params]
+
+    def start(self, scores: list[float], sel_losses: Optional[list[float]], guard: bool) -> None:
+        """Record the starting point's dev scores; with `guard` its weights (already kept) are a candidate."""
+        for h, value in enumerate(scores):
+            run = self.runs[h]
+            run.start_dev = value
+            if guard and math.isfinite(value):
+                loss = None if sel_losses is None else sel_losses[h]
+                self.best[h] = rule_key(value, loss, self.delta)
+                run.best_epoch, run.best_dev, run.best_sel_loss = 0, value, loss
+
+    def fail(self, h: int, reason: str) -> None:
+        self.runs[h].status, self.runs[h].reason = "failed", reason
+        self.ok[h] = self.alive[h] = False
+
+    def check_losses(self, losses: torch.Tensor, where: str) -> torch.Tensor:
+        """Fail every still-ok head whose loss is NaN/inf ("at epoch E, step S ..." in `where`); (H,) finite."""
+        finite = torch.isfinite(losses.detach())
+        for h in torch.nonzero(~finite & self.ok).flatten().tolist():
+            self.fail(h, f"loss became {losses[h].item()} {where}")
+        return finite
+
+    def end_epoch(self, epoch: int, losses: torch.Tensor, scores: list[float], metric: str, step: int,
+                  sel_losses: Optional[list[float]] = None) -> None:
+        """Record epoch `epoch` (1-based): mean loss (H,) and dev score per head (and out-of-domain dev loss);
+        keep improved weights."""
+        for h, value in enumerate(scores):
+            run = self.runs[h]
+            loss = None if sel_losses is None else float(sel_losses[h])
+            run.history.append({"epoch": epoch, "loss": float(losses[h]), f"dev_{metric}": value,
+                                **({"ood_dev_loss": loss} if loss is not None else {})})
+            if not self.alive[h]:
+                continue
+            if not math.isfinite(value):  # the head's outputs overflowed or became NaN
+                self.fail(h, f"dev {metric} became {value} after epoch {epoch} (global step {step})")
+                continue
+            key = rule_key(value, loss, self.delta)
+            if key > self.best[h]:
+                self.best[h], self.stale[h] = key, 0
+                run.best_epoch, run.best_dev, run.best_sel_loss = epoch, value, loss
+                for p, b in zip(self.params, self.best_state):
+                    b[h] = p.detach()[h]
+            else:
+                self.stale[h] += 1
+                if self.stale[h] >= self.patience:
+                    self.alive[h] = False
+
+    def best_so_far(self) -> float:
+        devs = [r.best_dev for r, ok in zip(self.runs, self.ok.tolist()) if ok and math.isfinite(r.best_dev)]
+        return max(devs) if devs else float("nan")
+
+    def restore_best(self) -> None:
+        """Every head's parameters set to its best-scoring epoch's."""
+        with torch.no_grad():
+            for p, b in zip(self.params, self.best_state):
+                p.copy_(b)
