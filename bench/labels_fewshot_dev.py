@@ -17,7 +17,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from headstore.heads.experiments.fewshot import run_label_grid, summarize, summary_table  # noqa: E402
+from headstore.heads.experiments.grid import run_grid  # noqa: E402
+from headstore.heads.experiments.summary import summarize, summary_table  # noqa: E402
+from headstore.heads.kinds.labels import SUMMARY_METRICS  # noqa: E402
 
 GRID = """[grid]
 loss = {losses}
@@ -44,8 +46,8 @@ def main() -> None:
     grid = out / "dev-grid.toml"
     out.mkdir(parents=True, exist_ok=True)
     grid.write_text(GRID.format(losses=json.dumps(args.losses.split(",")), shots=args.shots))
-    frame = run_label_grid(args.store, args.data, str(grid), str(out), args.format, progress=False, score_split="dev")
-    summary = summarize(frame)
+    frame = run_grid(args.store, args.data, str(grid), str(out), args.format, progress=False, score_split="dev")
+    summary = summarize(frame, SUMMARY_METRICS)
     print(summary_table(summary))
     Path(args.json).write_text(json.dumps({"split": "dev", "shots": args.shots, "summary": summary.to_dicts()},
                                           indent=1, default=float))

@@ -40,7 +40,7 @@ def save_stack(out: Path, stack: str, model, norm: Normalizer, head_ids: list[st
     assert model.n_heads == len(head_ids) == len(train_configs)
     norm.save(normalizer)
     atomic_write_json(meta, {"format": STACK_FORMAT, "head": asdict(model.cfg), "array": array,
-                             "head_ids": list(head_ids), "train": [asdict(c) for c in train_configs],
+                             "head_ids": list(head_ids), "train": [c.to_dict() for c in train_configs],
                              **context}, sort_keys=True)
     save_heads(weights, model)  # last: a stack whose weights exist has its normaliser and config
 

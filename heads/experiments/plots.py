@@ -43,11 +43,12 @@ def plot_best_curves(curves: dict[str, list[dict]], path: Path) -> None:
     for name, history in curves.items():
         if not history:
             continue
-        dev_key = next(k for k in history[0] if k.startswith("dev_"))
+        dev_key = next((k for k in history[0] if k.startswith("dev_")), None)  # None: few-shot, no dev
         epochs = [h["epoch"] for h in history]
         axes[0].plot(epochs, [h["loss"] for h in history], label=name)
-        axes[1].plot(epochs, [h[dev_key] for h in history], label=name)
-        axes[1].set_ylabel(dev_key)
+        if dev_key is not None:
+            axes[1].plot(epochs, [h[dev_key] for h in history], label=name)
+            axes[1].set_ylabel(dev_key)
     axes[0].set_ylabel("train loss")
     for ax in axes:
         ax.set_xlabel("epoch")

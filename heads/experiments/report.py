@@ -200,7 +200,7 @@ def write_report(frame: pl.DataFrame, task: Task, baselines: dict, out: Path, pr
         base_key = kind_of(task).primary_metric("cosine")
         base = b.get("dev", {}).get("metrics", {}).get(base_key)
         plot_by_setting(ok.to_dicts(), [v for v in varied], metric, base, out / "by_setting.png")
-        best = ok.sort("dev_primary", descending=True).head(6)
+        best = ok.sort("dev_primary", descending=True).head(6) if "dev_primary" in ok.columns else ok.head(6)
         curves = {f"{r['loss']} lr={r['lr']} s{r['seed']}": json.loads(r["history"]) for r in best.iter_rows(named=True)}
         plot_best_curves(curves, out / "best_curves.png")
     if print_it:

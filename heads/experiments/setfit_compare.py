@@ -32,7 +32,7 @@ import numpy as np
 import polars as pl
 
 from headstore.data.files import atomic_write_json, atomic_write_parquet, atomic_write_text
-from headstore.heads.experiments.fewshot import mean_std_ci
+from headstore.heads.experiments.summary import mean_std_ci
 
 
 @dataclass(frozen=True)

@@ -45,5 +45,5 @@ class World:
         features = torch.randn(50, base.in_dim, generator=gen) + 0.5
         norm = Normalizer.fit(normalize, features)
         train_cfg = TrainConfig(**{**base.config["train"], "normalize": normalize, **train})
-        config = {**base.config, "head": asdict(cfg), "train": asdict(train_cfg)}
+        config = {**base.config, "head": asdict(cfg), "train": train_cfg.to_dict()}
         return Head(model, norm, config, name).save(self.root / name)

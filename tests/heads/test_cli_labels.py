@@ -90,7 +90,7 @@ def test_grid_sweeps_losses_shots_and_seeds(world):
     assert ok.group_by("shots", "seed").agg(pl.col("base_probe_accuracy").n_unique())["base_probe_accuracy"].max() == 1
     summary = json.loads((root / "grid" / "summary.json").read_text())
     assert len(summary) == 4 and all(s["seeds"] == 2 for s in summary)
-    assert "head probe acc" in (root / "grid" / "summary.md").read_text()
+    assert "head probe_accuracy" in (root / "grid" / "summary.md").read_text()
     rerun = CliRunner().invoke(main, args)  # every head is finished: nothing retrains
     assert rerun.exit_code == 0 and pl.read_parquet(root / "grid" / "results.parquet").height == 13
 
