@@ -29,16 +29,16 @@ import torch
 from sklearn.model_selection import ParameterGrid
 from tqdm.auto import tqdm
 
-from headstore.data.files import atomic_write_json, atomic_write_parquet, atomic_write_text
+from headstore.data.files import atomic_write_json, atomic_write_text
 from headstore.data.outputs import prepare_output_dir
 from headstore.data.tables import read_utf8
 from headstore.featurize.store import FeatureStore
+from headstore.heads.artefacts import resume_rows, save_stack, write_results
 from headstore.heads.config import TrainConfig, check_types, stack_key
 from headstore.heads.evaluate import IR_TOPK, PREFIX, evaluate_split, embed_rows, primary_metric
 from headstore.heads.features import array_list, load_features
 from headstore.heads.losses import LOSS_KINDS
 from headstore.heads.model import HeadConfig
-from headstore.heads.experiments.grid_heads import save_stack
 from headstore.heads.experiments.report import write_report
 from headstore.heads.selection import DEFAULT_DELTA, load_selection
 from headstore.heads.tasks import DEV_FRACTION, DEV_SEED, WHOLE, Task, load_task, task_rows, without_overlap
@@ -147,29 +147,6 @@ def not_applicable(task: Task, train: TrainConfig) -> str:
     return ""
 
 
-def _read_results(out: Path) -> tuple[list[dict], list[dict]]:
-    """(rows of this GRID_VERSION, rows of other versions: kept in the file, never reused or aggregated)."""
-    path = out / "results.parquet"
-    if not path.is_file():
-        return [], []
-    rows = pl.read_parquet(path).to_dicts()
-    current = [r for r in rows if r.get("grid_version") == GRID_VERSION]
-    old = [r for r in rows if r.get("grid_version") != GRID_VERSION]
-    if old:
-        versions = sorted({str(r.get("grid_version") or 1) for r in old})
-        print(f"{path}: {len(old)} row(s) of grid format version {', '.join(versions)} ignored "
-              f"(this is version {GRID_VERSION}: they are neither resumed from nor aggregated)")
-    return current, old
-
-
-def _write_results(out: Path, rows: list[dict]) -> pl.DataFrame:
-    frame = pl.DataFrame(rows, infer_schema_length=None)
-    atomic_write_parquet(out / "results.parquet", frame)
-    flat = frame.select([c for c in frame.columns if frame[c].dtype != pl.Object and c != "history"])
-    atomic_write_text(out / "results.csv", flat.write_csv())
-    return frame
-
-
 def transfer_split(task: Task) -> str:
     """The split an out-of-domain dataset is scored on: test, else the whole table, else its first split."""
     return next((s for s in ("test", WHOLE) if s in task.eval_sets), next(iter(task.eval_sets)))
@@ -205,7 +182,7 @@ def run_grid(store_path: str, data_path: str, grid_path: str, out_dir: str, data
     selection = load_selection(store, select_ood, task, load_features(store, "features"), ood_delta)
     out = prepare_output_dir(out_dir, "grid", overwrite, resumable=True, inputs=inputs)  # data read: claim it
     atomic_write_text(out / "grid.toml", read_utf8(Path(grid_path)))
-    rows, old_rows = _read_results(out)
+    rows, old_rows = resume_rows(out, GRID_VERSION)
     done = {r["head_id"] for r in rows}
     todo = []
     for s in combos:
@@ -265,11 +242,11 @@ def run_grid(store_path: str, data_path: str, grid_path: str, out_dir: str, data
                 row.update({f"sel_{n}_primary": float(v[h]) for n, v in sel_sets.items()})
                 row["sel_loss"], row["sel_delta"] = float(sel_loss[h]), float(ood_delta)
             rows.append(row)
-        _write_results(out, old_rows + rows)
+        write_results(out, old_rows + rows)
         bar.update(len(items))
     bar.close()
     if rows or old_rows:
-        _write_results(out, old_rows + rows)
+        write_results(out, old_rows + rows)
     frame = pl.DataFrame(rows, infer_schema_length=None) if rows else pl.DataFrame()
     if not baselines:
         X = load_features(store, "features")
