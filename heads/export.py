@@ -142,7 +142,7 @@ def member_layers(head: Head) -> list[tuple]:
 
 
 def ensemble_modules(head) -> list:
-    """An ensemble (heads.ensemble) as stock modules: the shared normaliser, then its members side by side as
+    """An ensemble (heads.head.EnsembleHead) as stock modules: the shared normaliser, then its members side by side as
     block matrices (first layer stacked, later layers block-diagonal), the last scaled by 1/K."""
     members = head.members
     first = members[0].normalizer

@@ -12,56 +12,35 @@ settings, dataset, array) and the fingerprint of the store whose features it was
 `Pipeline` (featurize.pipeline) uses that fingerprint to refuse an encoder that made other features.
 On disk a head is a train-head-style directory: `head.safetensors` (a one-head stack),
 `normalizer.safetensors`, `config.json`; `Head.save` writes one (`cli export --format safetensors`).
+Every file is written and read by heads.artefacts.
+
+Ensembles: the mean L1 energy of K heads, as one head (`EnsembleHead`). For L1 energies the mean over
+heads is itself an L1 energy: mean_k ||f_k(a) - f_k(b)||_1 = ||F(a) - F(b)||_1 with F(x) = [f_1(x); ...;
+f_K(x)] / K. So an ensemble is one head whose output is its members' outputs side by side, scaled by 1/K:
+`embed`, `energy`, `cli eval`, `cli index` and `cli export` treat it as any head (export to
+sentence-transformers as block matrices when the members share their normaliser and layer shapes). On disk
+it is a directory `ensemble.json` + one head directory per member (`member-1/`, ...). From a grid,
+`GRID#ensemble=K` is the best-dev seed of each of the K best l1 configurations of the leaderboard (on the
+best one's store array; in a grid of l1 heads only, the heads `GRID#rank=1` ... `GRID#rank=K` name),
+chosen on dev only.
 """
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from headstore.data.files import atomic_write_json
+from headstore.heads.artefacts import (ENSEMBLE_ENERGY, ensemble_ids, is_ensemble_dir, load_grid_head,
+                                       read_ensemble_dir, read_head_dir, write_ensemble_dir, write_head_dir)
 from headstore.heads.config import TrainConfig
 from headstore.heads.energy import pairwise_energy
 from headstore.heads.features import Normalizer
-from headstore.heads.model import HeadConfig, StackedMLP, load_heads, save_heads
+from headstore.heads.model import HeadConfig, StackedMLP
 
-HEAD_FILE, NORMALIZER_FILE, CONFIG_FILE = "head.safetensors", "normalizer.safetensors", "config.json"
 GRID_REF = re.compile(r"(?P<key>rank|id|ensemble)=(?P<value>.+)")  # what may follow '#' in a grid reference
 EMBED_BATCH = 8192  # rows per forward pass; bounds memory, not results
-
-
-def read_head_config(path: Path) -> dict:
-    try:
-        config = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise FileNotFoundError(f"{path}: no such file (a `cli train-head --out` folder holds config.json "
-                                "beside head.safetensors)") from None
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        where = f"line {e.lineno}" if isinstance(e, json.JSONDecodeError) else f"byte {e.start}"
-        raise ValueError(f"{path}: not valid JSON ({where}: {e.msg if hasattr(e, 'msg') else e.reason}) "
-                         "(the head's config is broken; retrain the head)") from None
-    missing = [k for k in ("train", "store_manifest") if not isinstance(config, dict) or k not in config]
-    if missing:
-        raise ValueError(f"{path}: not a head config (missing {', '.join(missing)}) (retrain the head)")
-    try:
-        TrainConfig.from_dict(config["train"])
-    except (TypeError, ValueError) as e:
-        raise ValueError(f"{path}: its \"train\" settings are not valid: {e} (retrain the head)") from None
-    return config
-
-
-def load_safetensors(path: Path, load):
-    """load(path), with a damaged file (truncated, not safetensors) reported as the file and its problem."""
-    try:
-        return load(path)
-    except (ValueError, FileNotFoundError):
-        raise
-    except Exception as e:  # safetensors raises SafetensorError / OSError for a truncated file
-        raise ValueError(f"{path}: cannot be read ({type(e).__name__}: {str(e).strip()[:200]}) "
-                         "(the file is truncated or damaged; retrain the head)") from None
 
 
 class Head:
@@ -80,52 +59,26 @@ class Head:
     def load(cls, ref: str | Path) -> "Head":
         """A `cli train-head --out` directory (or one `Head.save` / `cli export --format safetensors`
         wrote), or `GRID_DIR#rank=K` / `GRID_DIR#id=HEAD_ID` for one head of a `cli grid` output, or
-        `GRID_DIR#ensemble=K` for the ensemble of its K best configurations (heads.ensemble)."""
+        `GRID_DIR#ensemble=K` for the ensemble of its K best configurations (`EnsembleHead`)."""
         ref = str(ref)
         base, _, selector = ref.rpartition("#")
-        if base and GRID_REF.fullmatch(selector) and not Path(ref).exists():
-            from headstore.heads.experiments.grid_heads import load_grid_head
-
-            match = GRID_REF.fullmatch(selector)
+        match = GRID_REF.fullmatch(selector)
+        if base and match and not Path(ref).exists():
             if match["key"] == "ensemble":
-                from headstore.heads.ensemble import grid_ensemble
-
-                return grid_ensemble(base, match["value"])
+                return EnsembleHead.from_grid(base, match["value"])
             model, norm, config = load_grid_head(base, **{match["key"]: match["value"]})
             return cls(model, norm, config, ref)
         return cls._load_dir(Path(ref))
 
     @classmethod
     def _load_dir(cls, d: Path) -> "Head":
-        from headstore.heads.ensemble import ENSEMBLE_FILE, EnsembleHead
-
-        if (d / ENSEMBLE_FILE).is_file() and not (d / HEAD_FILE).is_file():
+        if is_ensemble_dir(d):
             return EnsembleHead.load_dir(d)
-        if (d / "results.parquet").is_file() and not (d / HEAD_FILE).is_file():
-            raise ValueError(f"{d} is a `cli grid` output; name one of its heads: '{d}#rank=1' (the dev-selected "
-                             f"best) or '{d}#id=<head_id>' (see its results.csv)")
-        if not (d / HEAD_FILE).is_file():
-            raise FileNotFoundError(f"{d}: no {HEAD_FILE} (is this a `cli train-head --out` directory?)")
-        if not (d / CONFIG_FILE).is_file():
-            raise FileNotFoundError(f"{d}: no {CONFIG_FILE} beside {HEAD_FILE}; the head cannot be applied "
-                                    "without its settings")
-        config = read_head_config(d / CONFIG_FILE)
-        model = load_safetensors(d / HEAD_FILE, load_heads)
-        if model.n_heads != 1:
-            model = model.head_slice(int(config.get("stack_index", 0)))
-        norm_path = d / NORMALIZER_FILE
-        norm = load_safetensors(norm_path, Normalizer.load) if norm_path.is_file() \
-            else Normalizer.fit("none", torch.zeros(1, 1))
-        return cls(model, norm, config, str(d))
+        return cls(*read_head_dir(d), str(d))
 
     def save(self, out_dir: str | Path) -> Path:
         """Write a directory `Head.load` (and `cli eval --head`) reads: head, normaliser, config.json."""
-        out = Path(out_dir)
-        out.mkdir(parents=True, exist_ok=True)
-        save_heads(out / HEAD_FILE, self.model)
-        self.normalizer.save(out / NORMALIZER_FILE)
-        atomic_write_json(out / CONFIG_FILE, self.config, sort_keys=True)
-        return out
+        return write_head_dir(out_dir, self.model, self.normalizer, self.config)
 
     # --- what the head is ---------------------------------------------------------------------
     @property
@@ -193,3 +146,86 @@ class Head:
         """Energy of every row of `a` against every row of `b` (features, as `embed` takes them):
         (n_a, D), (n_b, D) -> (n_a, n_b); low = similar. The energy is the head's own (`energy_name`)."""
         return pairwise_energy(self.energy_name, self.embed_tensor(a), self.embed_tensor(b)).numpy()
+
+
+class EnsembleModel(torch.nn.Module):
+    """Raw features (B, D) -> (1, B, K * d): every member's normaliser and head, side by side, / K."""
+
+    def __init__(self, members: list[Head]):
+        super().__init__()
+        self.members = members
+        self.heads = torch.nn.ModuleList([m.model for m in members])  # for .eval() / .train()
+        self.n_heads = 1
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dim() == 3:  # (1, B, D): a stack of one
+            x = x[0]
+        outs = [m.model(m.normalizer(x))[0] for m in self.members]  # K x (B, d_k)
+        return (torch.cat(outs, dim=-1) / len(outs)).unsqueeze(0)
+
+
+class EnsembleHead(Head):
+    """K heads whose energy is the mean of their L1 energies (module doc); `members` are the Heads."""
+
+    def __init__(self, members: list[Head], selection: dict | None = None, source: str = ""):
+        check_members(members)
+        self.members = members
+        first = members[0]
+        config = {k: v for k, v in first.config.items() if k not in ("grid", "best_epoch", "train_seconds")}
+        config["ensemble"] = {"k": len(members), "members": [m.source for m in members],
+                              **({"selection": selection} if selection else {})}
+        self.model = EnsembleModel(members).eval()
+        self.normalizer = Normalizer.fit("none", torch.zeros(1, 1))
+        self.config = config
+        self.source = source
+
+    @property
+    def head_config(self):
+        return self.members[0].head_config
+
+    @property
+    def in_dim(self) -> int:
+        return self.members[0].in_dim
+
+    @property
+    def out_dim(self) -> int:
+        return sum(m.out_dim for m in self.members)
+
+    def __repr__(self) -> str:
+        return f"EnsembleHead({self.source!r}: mean L1 energy of {len(self.members)} heads, {self.in_dim}->{self.out_dim})"
+
+    def save(self, out_dir: str | Path) -> Path:
+        return write_ensemble_dir(out_dir, [(m.model, m.normalizer, m.config) for m in self.members], self.config)
+
+    @classmethod
+    def load_dir(cls, d: Path) -> "EnsembleHead":
+        member_dirs, config = read_ensemble_dir(d)
+        members = [Head._load_dir(m) for m in member_dirs]
+        return cls(members, config.get("ensemble", {}).get("selection"), str(d))
+
+    @classmethod
+    def from_grid(cls, grid_dir: str | Path, k: int | str, seed: int | None = None) -> "EnsembleHead":
+        """The ensemble of the K best l1 configurations of a grid (`artefacts.ensemble_groups`): of each, the
+        head of `seed`, or its best-dev seed when seed is None."""
+        ids = ensemble_ids(grid_dir, k, seed)
+        members = [Head(*load_grid_head(grid_dir, id=i), f"{grid_dir}#id={i}") for i in ids]
+        k = len(ids)
+        selection = {"grid": str(grid_dir), "k": k, "seed": seed,
+                     "rule": "the K best configurations by mean dev metric; " +
+                             ("their heads of seed %d" % seed if seed is not None else "the best-dev seed of each")}
+        return cls(members, selection, f"{grid_dir}#ensemble={k}")
+
+
+def check_members(members: list[Head]) -> None:
+    """Members must be L1 heads over the same features (store, array) to share one energy."""
+    if not members:
+        raise ValueError("an ensemble needs at least one head")
+    energies = sorted({m.energy_name for m in members})
+    if energies != [ENSEMBLE_ENERGY]:
+        raise ValueError(f"an ensemble averages L1 energies; its heads use {energies} (only l1 heads can be "
+                         "ensembled exactly as one head)")
+    first = members[0]
+    for m in members[1:]:
+        if m.store_fingerprint != first.store_fingerprint or m.array != first.array:
+            raise ValueError(f"ensemble members must share the store and array: {m.source} ({m.array}, store "
+                             f"{m.store_fingerprint[:12]}) vs {first.source} ({first.array}, {first.store_fingerprint[:12]})")

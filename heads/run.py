@@ -22,13 +22,13 @@ import torch
 from headstore.data.files import atomic_write_json
 from headstore.data.outputs import prepare_output_dir
 from headstore.featurize.store import FeatureStore
+from headstore.heads.artefacts import write_head_dir
 from headstore.heads.config import KIND_DEPENDENT, HeadConfig, TrainConfig
 from headstore.heads.curve import plot_curve
 from headstore.heads.evaluate import TEST_SPLIT, embed_rows, evaluate_head
 from headstore.heads.features import Normalizer, array_list, load_features
 from headstore.heads.head import Head
 from headstore.heads.kinds import WHOLE, Task, kind_of, load_task, task_rows, without_overlap
-from headstore.heads.model import save_heads
 from headstore.heads.selection import DEFAULT_DELTA, load_selection
 from headstore.heads.train import train_one
 
@@ -85,8 +85,6 @@ def train_head(store_path: str, data_path: str, out_dir: str, head_cfg: HeadConf
     head_cfg = head_shape(head_cfg, features, array)
     model, norm, run = train_one(task, features, head_cfg, cfg, progress, selection)
     out = prepare_output_dir(out_dir, "head", overwrite, inputs=inputs)
-    save_heads(out / "head.safetensors", model)
-    norm.save(out / "normalizer.safetensors")
     config = {"head": asdict(head_cfg), "train": cfg.to_dict(), "data": str(data_path), "format": data_format,
               "task": task.name, "kind": task.kind, "dev": task.dev_note or "the dataset's dev split",
               **_data_notes(task),
@@ -94,7 +92,7 @@ def train_head(store_path: str, data_path: str, out_dir: str, head_cfg: HeadConf
               "store_manifest": {k: v for k, v in store.manifest.items() if k != "arrays"},
               "best_epoch": run.best_epoch, "train_seconds": run.seconds, "defaults": defaults_note,
               **({"selection": selection.describe()} if selection else {})}
-    atomic_write_json(out / "config.json", config, sort_keys=True)
+    write_head_dir(out, model, norm, config)
     metrics = evaluate_head(task, features, model, norm, cfg.eval_energy, ("dev", TEST_SPLIT), dim=store.dim)
     metrics.update(_data_notes(task))
     metrics["guard"] = guard_report(task, metrics, run, cfg)

@@ -19,6 +19,7 @@ from typing import Callable
 import numpy as np
 import torch
 
+from headstore.heads.artefacts import rule_key  # noqa: F401 (the rule's sort key lives with the grid ranking it orders)
 from headstore.heads.evaluate import embed_rows, evaluate_split
 from headstore.heads.kinds import Task, kind_of, load_task, primary_metric, task_rows, without_overlap
 
@@ -87,13 +88,3 @@ def load_selection(store, paths: tuple[str, ...], in_domain: Task, features: tor
         sel.sets[name] = (task, split)
         sel.frozen[name] = res[0][primary_metric(task.kind, "cosine")]
     return sel
-
-
-def rule_key(dev: float, loss: float | None, delta: float) -> tuple:
-    """Sort key (higher is better) of a candidate under the rule: within delta first, by dev; then the rest
-    by least out-of-domain loss. Without out-of-domain sets (loss None) it is the dev metric alone."""
-    if loss is None:
-        return (1, dev)
-    if not math.isfinite(loss):
-        return (0, -math.inf)
-    return (1, dev) if loss <= delta else (0, -loss)

@@ -1,6 +1,6 @@
 """`cli grid --ensemble K`: score ensembles of a grid's best configurations, one per seed.
 
-Ensemble K of seed s is the mean L1 energy (heads.ensemble) of the seed-s heads of the K best l1
+Ensemble K of seed s is the mean L1 energy (heads.head.EnsembleHead) of the seed-s heads of the K best l1
 configurations of the leaderboard (same ranking as `GRID#rank=K`, dev only; configurations on another
 store array than the best one's are left out, since an ensemble's heads share their input). Each is scored
 like a head (dev, test, transfer and selection sets), and the K row reports mean ± std over seeds and the
@@ -8,17 +8,15 @@ CI of that mean, as for single heads.
 """
 from __future__ import annotations
 
-import json
-
 import numpy as np
 import polars as pl
 import torch
 
-from headstore.heads.ensemble import EnsembleHead, ensemble_groups
+from headstore.data.files import atomic_write_json
+from headstore.heads.artefacts import ensemble_groups, load_grid_head
 from headstore.heads.evaluate import PREFIX, embed_rows, evaluate_split, primary_metric
-from headstore.heads.experiments.grid_heads import load_grid_head
 from headstore.heads.experiments.report import _ci
-from headstore.heads.head import Head
+from headstore.heads.head import EnsembleHead, Head
 from headstore.heads.kinds import Task
 
 
@@ -75,11 +73,4 @@ def score_ensembles(out, frame: pl.DataFrame, task: Task, features: dict[str, to
 
 
 def write_ensembles(out, rows: list[dict], per_seed: list[dict]) -> None:
-    from headstore.data.files import atomic_write_json
-
     atomic_write_json(out / "ensembles.json", {"rows": rows, "per_seed": per_seed})
-
-
-def read_ensembles(out) -> list[dict]:
-    path = out / "ensembles.json"
-    return json.loads(path.read_text())["rows"] if path.is_file() else []

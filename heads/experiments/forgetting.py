@@ -28,11 +28,25 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
+from headstore.data.dataset import load_dataset
 from headstore.data.files import atomic_write_json, atomic_write_text
 from headstore.featurize.config import FeaturizeConfig
-from headstore.featurize.tuning.finetune import FinetuneConfig
-from headstore.heads.config import TrainConfig
-from headstore.heads.model import HeadConfig
+from headstore.featurize.run import featurize
+from headstore.featurize.store import FeatureStore
+from headstore.featurize.tuning.adapt import AdaptConfig, adapt
+from headstore.featurize.tuning.finetune import FinetuneConfig, finetune
+from headstore.featurize.tuning.mlm_eval import mlm_loss
+from headstore.featurize.tuning.packing import load_texts, split_holdout
+from headstore.heads.artefacts import write_head_dir
+from headstore.heads.config import HeadConfig, TrainConfig
+from headstore.heads.experiments.compare import Steps
+from headstore.heads.experiments.compare_report import GENERAL_MIN_CHARS, with_head
+from headstore.heads.features import load_features
+from headstore.heads.kinds import for_training, load_task
+from headstore.heads.kinds.labels import few_shot_indices
+from headstore.heads.evaluate import evaluate_head
+from headstore.heads.run import load_head, train_head
+from headstore.heads.train import train_stack
 
 
 def _default_mlm_text() -> str | None:
@@ -70,9 +84,6 @@ class ForgettingConfig:
 def split_classes(data: str, data_format: str | None, out_dir: str | Path, train_per_class: int = 64,
                   test_per_class: int = 100, seed: int = 0) -> tuple[str, str]:
     """Two labelled Parquet files (A, B) from one labelled dataset: disjoint halves of its classes."""
-    from headstore.data.dataset import load_dataset
-    from headstore.heads.kinds.labels import few_shot_indices
-
     ds = load_dataset(data, data_format or "labels")
     if ds.kind != "labels":
         raise ValueError(f"{data}: split_classes needs labelled texts (--format labels), got {ds.kind!r}")
@@ -101,12 +112,6 @@ def _score(store_path, head_dir, data, data_format, train_cfg: TrainConfig, task
 
     Unlike `cli eval`, the store may come from another encoder than the head's: measuring that
     mismatch (A's head on the encoder after B) is the point here."""
-    from headstore.featurize.store import FeatureStore
-    from headstore.heads.features import load_features
-    from headstore.heads.kinds import for_training
-    from headstore.heads.run import evaluate_head, load_head
-    from headstore.heads.kinds import load_task
-
     store = FeatureStore.open(str(store_path))
     model, norm, _ = load_head(str(head_dir))
     task = for_training(load_task(str(data), store, data_format), train_cfg)
@@ -117,35 +122,19 @@ def _score(store_path, head_dir, data, data_format, train_cfg: TrainConfig, task
 
 def _continue_head(cfg: ForgettingConfig, head_dir: Path, data: str, data_format, out: Path) -> dict:
     """Setup 2: head A trained on from its weights on B (frozen features); writes a head directory."""
-    from headstore.featurize.store import FeatureStore
-    from headstore.heads.features import load_features
-    from headstore.heads.kinds import for_training
-    from headstore.heads.model import save_heads
-    from headstore.heads.run import load_head
-    from headstore.heads.kinds import load_task
-    from headstore.heads.train import train_stack
-
     model, norm, config = load_head(str(head_dir))
     store = FeatureStore.open(cfg.store)
     task = for_training(load_task(data, store, data_format), cfg.train)
     trained, norm, (run,) = train_stack(task, load_features(store), model.cfg, [cfg.train], init=(model, norm))
     if run.status != "ok":
         raise RuntimeError(f"shared head on {data}: {run.reason}")
-    out.mkdir(parents=True, exist_ok=True)
-    save_heads(out / "head.safetensors", trained)
-    norm.save(out / "normalizer.safetensors")
-    atomic_write_json(out / "config.json", {**config, "data": data, "format": data_format,
-                                            "continued_from": str(head_dir), "best_epoch": run.best_epoch}, sort_keys=True)
+    write_head_dir(out, trained, norm, {**config, "data": data, "format": data_format,
+                                        "continued_from": str(head_dir), "best_epoch": run.best_epoch})
     return {"best_epoch": run.best_epoch}
 
 
 def run_forgetting(cfg: ForgettingConfig, out_dir: str, log=print) -> str:
     """Run (or reuse) every step; write forgetting.json and forgetting.md; return the table."""
-    from headstore.featurize.run import featurize
-    from headstore.featurize.tuning.finetune import finetune
-    from headstore.heads.experiments.compare import Steps
-    from headstore.heads.run import train_head
-
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     atomic_write_json(out / "config.json", asdict(cfg), indent=1)
@@ -208,11 +197,6 @@ def _ft(summary: dict) -> dict:
 
 def _mlm_losses(cfg: ForgettingConfig, steps, encoders: dict) -> dict:
     """{encoder: MLM loss} on the same held-out wikitext lines and masks, under one probe MLM head."""
-    from headstore.featurize.tuning.adapt import AdaptConfig, adapt
-    from headstore.featurize.tuning.mlm_eval import mlm_loss
-    from headstore.featurize.tuning.packing import load_texts, split_holdout
-    from headstore.heads.experiments.compare_report import GENERAL_MIN_CHARS, with_head
-
     probe_cfg = AdaptConfig(model=cfg.model, train_encoder=False, max_steps=cfg.mlm_probe_steps, batch_size=16,
                             holdout_fraction=cfg.mlm_holdout_fraction, max_length=cfg.mlm_max_length)
     probe, _ = steps.run("mlm-probe", {"adapt": asdict(probe_cfg), "text": cfg.mlm_text},

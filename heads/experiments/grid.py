@@ -8,7 +8,7 @@ and `seed` are ordinary keys (a few-shot stack trains on the texts its seed draw
 Combinations that cannot apply to the dataset (a loss the data cannot train, `--hierarchy` on flat labels)
 are recorded with status `skipped` and the reason, never silently dropped. Results are written after every
 stack, so a rerun of the same grid into the same output skips finished heads and a changed grid trains only
-what is new; every head is saved loadably (`GRID#rank=K`, `GRID#id=HEAD_ID`, heads.experiments.grid_heads).
+what is new; every head is saved loadably (`GRID#rank=K`, `GRID#id=HEAD_ID`, heads.artefacts).
 """
 from __future__ import annotations
 
@@ -21,14 +21,14 @@ import polars as pl
 import torch
 from tqdm.auto import tqdm
 
-from headstore.data.files import atomic_write_json, atomic_write_parquet, atomic_write_text
+from headstore.data.files import atomic_write_json, atomic_write_text
 from headstore.data.outputs import prepare_output_dir
 from headstore.data.tables import read_utf8
 from headstore.featurize.store import FeatureStore
+from headstore.heads.artefacts import resume_rows, save_stack, write_results
 from headstore.heads.config import HeadConfig, TrainConfig, stack_key
 from headstore.heads.evaluate import embed_rows, evaluate_split
 from headstore.heads.experiments.ensembles import score_ensembles, write_ensembles
-from headstore.heads.experiments.grid_heads import save_stack
 from headstore.heads.experiments.grid_spec import GRID_VERSION, head_id, read_grid, split_settings
 from headstore.heads.experiments.report import write_report
 from headstore.heads.experiments.summary import write_summary
@@ -65,7 +65,7 @@ def run_grid(store_path: str, data_path: str, grid_path: str, out_dir: str, data
     selection = load_selection(store, select_ood, task, load_features(store, "features"), ood_delta)
     out = prepare_output_dir(out_dir, "grid", overwrite, resumable=True, inputs=inputs)  # data read: claim it
     atomic_write_text(out / "grid.toml", read_utf8(Path(grid_path)))
-    rows, old_rows = read_results(out)
+    rows, old_rows = resume_rows(out, GRID_VERSION)
     ids = {"data": str(data_path), "fingerprint": store.fingerprint, "transfer": tuple(ood), "in_dim": store.dim,
            "score_range": task.score_range, "select_ood": tuple(selection.sets), "ood_delta": ood_delta,
            "data_format": data_format}
@@ -274,26 +274,3 @@ class StackRunner:
         return {**self.context, "task": stask.name, "kind": stask.kind,
                 "dev": stask.dev_note or "the dataset's dev split", "store_fingerprint": self.store.fingerprint,
                 "store_manifest": {k: v for k, v in self.store.manifest.items() if k != "arrays"}}
-
-
-def read_results(out: Path) -> tuple[list[dict], list[dict]]:
-    """(rows of this GRID_VERSION, rows of other versions: kept in the file, never reused or aggregated)."""
-    path = out / "results.parquet"
-    if not path.is_file():
-        return [], []
-    rows = pl.read_parquet(path).to_dicts()
-    current = [r for r in rows if r.get("grid_version") == GRID_VERSION]
-    old = [r for r in rows if r.get("grid_version") != GRID_VERSION]
-    if old:
-        versions = sorted({str(r.get("grid_version") or 1) for r in old})
-        print(f"{path}: {len(old)} row(s) of grid format version {', '.join(versions)} ignored "
-              f"(this is version {GRID_VERSION}: they are neither resumed from nor aggregated)")
-    return current, old
-
-
-def write_results(out: Path, rows: list[dict]) -> pl.DataFrame:
-    frame = pl.DataFrame(rows, infer_schema_length=None)
-    atomic_write_parquet(out / "results.parquet", frame)
-    flat = frame.select([c for c in frame.columns if frame[c].dtype != pl.Object and c != "history"])
-    atomic_write_text(out / "results.csv", flat.write_csv())
-    return frame

@@ -11,18 +11,13 @@ import polars as pl
 from tabulate import tabulate
 
 from headstore.data.files import atomic_write_text
+from headstore.heads.artefacts import ranked_configs
 from headstore.heads.metrics import bootstrap_ci
 from headstore.heads.experiments.plots import plot_best_curves, plot_by_setting
-from headstore.heads.selection import rule_key
 from headstore.heads.kinds import KINDS, Task, kind_of
 
 N_BOOT = 1000  # bootstrap resamples for the 95% CIs
 TOP = 15  # configurations listed in the leaderboard
-# result columns that are not settings (left out when grouping seeds into configurations)
-VARIED_EXCLUDE = {"head_id", "grid_version", "stack", "stack_index", "status", "reason", "best_epoch",
-                  "train_seconds", "primary",
-                  "history"}
-RESULT_PREFIXES = ("dev_", "test_", "ood_", "sel_")  # result columns: per split, transfer and selection sets
 
 
 def _ci(task: Task, items: list[np.ndarray], split: str = "test") -> tuple[float, float]:
@@ -30,37 +25,6 @@ def _ci(task: Task, items: list[np.ndarray], split: str = "test") -> tuple[float
     task kind's bootstrap (IR: per-query values; STS: the mean over seeds of Spearman(-E_seed, gold), each
     resample taking the same pairs for every seed and the gold; pairs: the same with ROC AUC)."""
     return tuple(kind_of(task).ci(task, split, np.stack(items), n_boot=N_BOOT))  # (S, n) items
-
-
-def ranked_configs(frame: pl.DataFrame) -> tuple[list[pl.DataFrame], list[str]]:
-    """The ok heads grouped into configurations (every setting but the seed), best dev mean first.
-
-    The one ranking of a grid: the leaderboard's order and what `GRID#rank=K` refers to. Ties keep
-    the order of first appearance; configurations without a dev value come last. A grid run with
-    `--select-ood` ranks by the rule of heads.selection on the means over seeds: configurations whose
-    out-of-domain dev loss is within delta first (by dev), then the rest by least loss."""
-    ok = frame.filter(pl.col("status") == "ok")
-    settings = [c for c in ok.columns if c not in VARIED_EXCLUDE and not c.startswith(RESULT_PREFIXES)]
-    keys = [c for c in settings if c != "seed"]
-    if ok.is_empty():
-        return [], keys
-    groups = [g for _, g in ok.group_by(keys, maintain_order=True)]
-
-    def dev_mean(g: pl.DataFrame) -> float | None:
-        if "dev_primary" not in g.columns or g["dev_primary"].null_count() == g.height:
-            return None
-        return float(g["dev_primary"].drop_nulls().mean())
-
-    means = [dev_mean(g) for g in groups]
-    if "sel_loss" in ok.columns and ok["sel_loss"].null_count() < ok.height:
-        delta = float(ok["sel_delta"].drop_nulls()[0])
-        losses = [float(g["sel_loss"].drop_nulls().mean()) if g["sel_loss"].null_count() < g.height else None
-                  for g in groups]
-        keys_ = [rule_key(m, loss, delta) if m is not None else (-1, 0.0) for m, loss in zip(means, losses)]
-        order = sorted(range(len(groups)), key=lambda i: tuple(-x for x in keys_[i]))
-        return [groups[i] for i in order], keys
-    order = sorted(range(len(groups)), key=lambda i: (means[i] is None, -(means[i] or 0.0)))
-    return [groups[i] for i in order], keys
 
 
 def aggregate(frame: pl.DataFrame, task: Task) -> tuple[pl.DataFrame, list[str]]:

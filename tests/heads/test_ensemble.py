@@ -1,4 +1,4 @@
-"""Head ensembles (heads.ensemble): one head whose L1 energy is the mean of its members' energies, saved,
+"""Head ensembles (heads.head.EnsembleHead): one head whose L1 energy is the mean of its members' energies, saved,
 loaded, evaluated and exported like any head; a grid's `#ensemble=K` is its K best configurations."""
 import json
 
@@ -10,7 +10,7 @@ from click.testing import CliRunner
 
 import headstore
 from headstore.cli import main
-from headstore.heads.ensemble import EnsembleHead
+from headstore.heads.head import EnsembleHead
 from headstore.heads.config import HeadConfig
 
 MEMBERS = [HeadConfig(hidden=16), HeadConfig(hidden=16, depth=2), HeadConfig(hidden=16)]
@@ -116,7 +116,7 @@ def test_grid_ensemble_is_its_best_configurations(world, l1_grid, tmp_path):
 
 
 def test_ensemble_groups_skip_cosine_heads_and_other_arrays():
-    from headstore.heads.ensemble import ensemble_groups
+    from headstore.heads.artefacts import ensemble_groups
 
     rows = [{"head_id": f"h{i}", "status": "ok", "loss": loss, "energy": "l1", "array": array, "lr": lr, "seed": 0,
              "dev_primary": dev}

@@ -2,7 +2,7 @@
 import polars as pl
 import pytest
 
-from headstore.heads.experiments.report import ranked_configs
+from headstore.heads.artefacts import ranked_configs
 from headstore.heads.selection import rule_key, selection_split
 from headstore.heads.kinds import Task
 
