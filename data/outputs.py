@@ -4,7 +4,8 @@
 work starts. It refuses (with the path and what to do) an `--out` that is an existing file, a feature
 store (or a folder inside one), or a folder already holding another command's output or another head;
 `--overwrite` replaces such an output (its known artefacts are deleted first, other files are left
-alone). A feature store is never replaced. `cli grid` may reuse its own folder: that is how it resumes.
+alone). A feature store is never replaced. `cli grid` may reuse its own folder: that is how it resumes;
+with `--overwrite` its own earlier output is replaced too (nothing is resumed).
 """
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from pathlib import Path
 OUTPUTS: dict[str, tuple[str, ...]] = {
     "head": ("head.safetensors", "normalizer.safetensors", "config.json", "metrics.json", "curve.png"),
     "grid": ("results.parquet", "grid.toml", "results.csv", "leaderboard.md", "configs.csv", "baseline.json",
-             "by_setting.png", "best_curves.png", "heads"),
+             "by_setting.png", "best_curves.png", "heads", "summary.json", "summary.md", "ensembles.json"),
     "finetune": ("finetune.json", "encoder", "head"),
     "compare": ("compare.json", "compare.md", "config.json"),
     "eval": ("metrics.json",),
@@ -68,7 +69,7 @@ def prepare_output_dir(out: str | Path, kind: str, overwrite: bool = False, resu
         if create:
             out.unlink()
     held = output_kind(out)
-    if held is not None and not (resumable and held == kind):
+    if held is not None and (overwrite or not (resumable and held == kind)):
         if not overwrite:
             what = "another " + DESCRIPTION[held] if held == kind else "the output of a " + DESCRIPTION[held]
             raise ValueError(f"{out}: already holds {what} (choose another --out, or --overwrite to replace it)")
