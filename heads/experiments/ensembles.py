@@ -8,8 +8,6 @@ CI of that mean, as for single heads.
 """
 from __future__ import annotations
 
-import json
-
 import numpy as np
 import polars as pl
 import torch
@@ -78,8 +76,3 @@ def write_ensembles(out, rows: list[dict], per_seed: list[dict]) -> None:
     from headstore.data.files import atomic_write_json
 
     atomic_write_json(out / "ensembles.json", {"rows": rows, "per_seed": per_seed})
-
-
-def read_ensembles(out) -> list[dict]:
-    path = out / "ensembles.json"
-    return json.loads(path.read_text())["rows"] if path.is_file() else []
