@@ -28,6 +28,7 @@ from sklearn.pipeline import make_pipeline
 from sklearn.preprocessing import Normalizer
 
 from headstore.heads.energy import pairwise_energy
+from headstore.heads.metrics import ndcg_and_ap
 
 KNN_K = 10  # neighbours voting in k-NN accuracy (the k)
 PROBE_MAX_ITER = 1000  # lbfgs iterations: the default 100 stops short on 10k x 384 features
@@ -61,17 +62,11 @@ def ranking_metrics(energies: torch.Tensor, query_classes: np.ndarray, ref_class
         top = torch.topk(energies, k, dim=1, largest=False).indices
         return {"knn": knn_vote(ref[top], n_classes).numpy()}
     order = torch.argsort(energies, dim=1, stable=True)  # (c, m)
-    rel = (ref[order] == torch.as_tensor(query_classes)[:, None]).double()  # (c, m)
-    n_rel = rel.sum(1)
-    ranks = torch.arange(1, rel.shape[1] + 1, dtype=torch.float64)
-    discounts = 1.0 / torch.log2(ranks[:10] + 1)
-    dcg = (rel[:, :10] * discounts[:rel.shape[1]]).sum(1)
-    ideal = discounts.cumsum(0)[(n_rel.clamp(max=len(discounts)) - 1).clamp_min(0).long()]  # (c,)
-    ap = (rel * rel.cumsum(1) / ranks).sum(1) / n_rel
-    nan = torch.full_like(n_rel, float("nan"))
-    return {"knn": knn_vote(ref[order[:, :k]], n_classes).numpy(),
-            "ndcg@10": torch.where(n_rel > 0, dcg / ideal.clamp_min(1e-12), nan).numpy(),
-            "map": torch.where(n_rel > 0, ap, nan).numpy()}
+    rel = (ref[order] == torch.as_tensor(query_classes)[:, None]).numpy()  # (c, m) binary gains
+    n_rel = rel.sum(1)  # (c,): every labelled text is ranked
+    ideal = np.arange(min(10, rel.shape[1])) < n_rel[:, None]  # (c, 10): n_rel ones (only 10 count)
+    ndcg, ap = ndcg_and_ap(rel, ideal, n_rel, (10,))  # NaN where n_rel = 0
+    return {"knn": knn_vote(ref[order[:, :k]], n_classes).numpy(), "ndcg@10": ndcg[10], "map": ap}
 
 
 def _classifier_metrics(name: str, pred: np.ndarray, split, task) -> tuple[dict, np.ndarray]:

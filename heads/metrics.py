@@ -17,12 +17,12 @@ several inputs (gold and predictions, or one prediction per seed) the resampling
 from __future__ import annotations
 
 import warnings
-from typing import Callable, Iterable, Mapping, NamedTuple, Optional, Sequence, Union
+from typing import Callable, Iterable, Mapping, Optional, Sequence, Union
 
 import numpy as np
 import torch
 from scipy import stats
-from sklearn.metrics import roc_auc_score
+from sklearn.metrics import roc_auc_score, roc_curve
 
 EnergySource = Union[torch.Tensor, Iterable[torch.Tensor], Callable[[int, int], torch.Tensor]]
 
@@ -102,17 +102,36 @@ def _ranked_lists(ranked, query_ids, doc_ids) -> dict[str, list[str]]:
     if isinstance(ranked, Mapping):
         return {str(q): [str(d) for d in docs] for q, docs in ranked.items()}
     if query_ids is None:
-        raise ValueError("ir_metrics: give query_ids (one per ranked row) or ranked as {qid: [docid, ...]}")
+        raise ValueError("ir_metrics_per_query: give query_ids (one per ranked row) or ranked as "
+                         "{qid: [docid, ...]}")
     if isinstance(ranked, torch.Tensor):
         ranked = ranked.cpu().numpy()
     if isinstance(ranked, np.ndarray) and np.issubdtype(ranked.dtype, np.integer):
         if doc_ids is None:
-            raise ValueError("ir_metrics: integer rankings need doc_ids to map indices to document ids")
+            raise ValueError("ir_metrics_per_query: integer rankings need doc_ids to map indices to document ids")
         doc_ids = np.asarray(doc_ids)
         ranked = [[str(d) for d in doc_ids[row]] for row in ranked]
     if len(ranked) != len(query_ids):
-        raise ValueError(f"ir_metrics: {len(ranked)} ranked rows but {len(query_ids)} query ids")
+        raise ValueError(f"ir_metrics_per_query: {len(ranked)} ranked rows but {len(query_ids)} query ids")
     return {str(q): [str(d) for d in row] for q, row in zip(query_ids, ranked)}
+
+
+def ndcg_and_ap(gains: np.ndarray, ideal: np.ndarray, n_rel: np.ndarray, ks: Sequence[int] = (10,),
+                ap_depth: Optional[int] = None) -> tuple[dict[int, np.ndarray], np.ndarray]:
+    """Per ranked list: nDCG@k for each k in ks, and average precision over the first ap_depth ranks (all
+    when None); the maths of the IR metrics (graded gains) and of the labelled-text retrieval view (binary).
+
+    gains (n, m): the gain of each ranked item, best first (> 0: relevant; binary gains may be bool);
+    ideal (n, g): the gains of every relevant item, ranked or not, in decreasing order (0-padded; only the
+    first max(ks) count); n_rel (n,): how many items are relevant (AP's denominator: a relevant item the
+    list misses counts as a miss). A list with n_rel = 0 gets NaN."""
+    discounts = 1.0 / np.log2(np.arange(2, gains.shape[1] + 2))  # (m,) 1 / log2(rank + 1)
+    ideal_disc = 1.0 / np.log2(np.arange(2, ideal.shape[1] + 2))  # (g,)
+    hits = gains[:, :ap_depth] > 0  # (n, depth)
+    precision = np.cumsum(hits, axis=1) / np.arange(1, hits.shape[1] + 1)  # precision@r at every rank r
+    with np.errstate(invalid="ignore", divide="ignore"):  # n_rel = 0: 0 / 0
+        ndcg = {k: (gains[:, :k] * discounts[:k]).sum(1) / (ideal[:, :k] * ideal_disc[:k]).sum(1) for k in ks}
+        return ndcg, (precision * hits).sum(1) / n_rel
 
 
 def ir_metrics_per_query(ranked, qrels: Mapping[str, Mapping[str, int]], ks: Sequence[int] = (1, 10, 100), *,
@@ -135,7 +154,7 @@ def ir_metrics_per_query(ranked, qrels: Mapping[str, Mapping[str, int]], ks: Seq
         judged = {str(d): int(g) for d, g in qrels[qid].items()}
         n_rel = sum(g > 0 for g in judged.values())
         if len(set(docs)) != len(docs):
-            raise ValueError(f"ir_metrics: query {qid} ranks a document twice")
+            raise ValueError(f"ir_metrics_per_query: query {qid} ranks a document twice")
         scored.append(qid)
         if n_rel == 0:  # judged, nothing relevant: 0 on every metric, and it counts (trec_eval)
             for n in names:
@@ -143,36 +162,19 @@ def ir_metrics_per_query(ranked, qrels: Mapping[str, Mapping[str, int]], ks: Seq
             continue
         grades = np.array([max(judged.get(d, 0), 0) for d in docs], dtype=np.float64)  # (k_run,)
         rel = grades > 0
-        discounts = 1.0 / np.log2(np.arange(2, len(docs) + 2))
         ideal = np.sort(np.array([g for g in judged.values() if g > 0], dtype=np.float64))[::-1]
-        ideal_disc = 1.0 / np.log2(np.arange(2, len(ideal) + 2))
+        # one list at a time: 0-padding lists of unequal length into one matrix would change numpy's
+        # (pairwise) summation order, and so the last bits of the sums
+        ndcg, ap = ndcg_and_ap(grades[None], ideal[None], np.array([n_rel]), cut_ks, ap_depth=map_k)
         first = int(np.argmax(rel)) + 1 if rel.any() else None  # 1-based rank of first relevant
         for k in cut_ks:
-            dcg = float((grades[:k] * discounts[:k]).sum())
-            idcg = float((ideal[:k] * ideal_disc[:k]).sum())
-            values[f"ndcg@{k}"].append(dcg / idcg)
+            values[f"ndcg@{k}"].append(float(ndcg[k][0]))
             values[f"mrr@{k}"].append(1.0 / first if first is not None and first <= k else 0.0)
             values[f"recall@{k}"].append(float(rel[:k].sum()) / n_rel)
-        hits = rel[:map_k]
-        precision_at = np.cumsum(hits) / np.arange(1, len(hits) + 1)
-        values[f"map@{map_k}"].append(float((precision_at * hits).sum()) / n_rel)
+        values[f"map@{map_k}"].append(float(ap[0]))
     if not scored:
-        raise ValueError("ir_metrics: no ranked query has judgements in qrels (check query ids)")
+        raise ValueError("ir_metrics_per_query: no ranked query has judgements in qrels (check query ids)")
     return scored, {n: np.asarray(v) for n, v in values.items()}
-
-
-class IRResult(NamedTuple):
-    metrics: dict[str, float]  # mean over scored queries
-    per_query: np.ndarray  # the primary metric per scored query (for bootstrap CIs)
-
-
-def ir_metrics(ranked, qrels: Mapping[str, Mapping[str, int]], ks: Sequence[int] = (1, 10, 100), *,
-               query_ids: Optional[Sequence[str]] = None, doc_ids=None, primary: str = "ndcg@10") -> IRResult:
-    """Aggregated IR metrics and the per-query values of `primary`; see ir_metrics_per_query."""
-    _, per_query = ir_metrics_per_query(ranked, qrels, ks, query_ids=query_ids, doc_ids=doc_ids)
-    if primary not in per_query:
-        raise ValueError(f"primary metric {primary!r} not computed; valid: {sorted(per_query)}")
-    return IRResult({n: float(v.mean()) for n, v in per_query.items()}, per_query[primary])
 
 
 def sts_metrics(scores_pred, gold) -> dict[str, float]:
@@ -191,25 +193,23 @@ def pair_metrics(energy, labels) -> dict[str, float]:
     e, y = np.asarray(energy, dtype=np.float64), np.asarray(labels)
     if e.shape != y.shape or e.ndim != 1 or not np.isin(y, (0, 1)).all():
         raise ValueError(f"pair_metrics: need 1-D energies and 0/1 labels of equal length; got {e.shape}, {y.shape}")
-    y = y.astype(bool)
     if y.all() or not y.any():
         raise ValueError("pair_metrics: labels must contain both classes")
-    order = np.argsort(e, kind="stable")
-    e_sorted, y_sorted = e[order], y[order]
-    last_of_value = np.r_[e_sorted[1:] != e_sorted[:-1], True]  # cut only between distinct energies
-    tp = np.cumsum(y_sorted)[last_of_value]  # predicted positive = all with energy <= t
-    fp = np.cumsum(~y_sorted)[last_of_value]
-    thresholds = e_sorted[last_of_value]
+    # sklearn's ROC points on the score -energy: the first (threshold inf) predicts nothing positive, then
+    # one per distinct energy t, in increasing t, predicts positive iff energy <= t
+    fpr, tpr, score_t = roc_curve(y, -e, drop_intermediate=False)
     n_pos, n = int(y.sum()), len(y)
-    tn = (n - n_pos) - fp
-    acc = (tp + tn) / n
+    tp, fp = np.rint(tpr * n_pos).astype(np.int64), np.rint(fpr * (n - n_pos)).astype(np.int64)  # (cuts + 1,)
+    acc = (tp + (n - n_pos - fp)) / n
     f1 = 2 * tp / (2 * tp + fp + (n_pos - tp))
-    acc_all_negative = (n - n_pos) / n  # threshold below every energy
-    best_acc = int(np.argmax(acc))
-    best_f1 = int(np.argmax(f1))
-    accuracy, acc_t = (acc[best_acc], thresholds[best_acc]) if acc[best_acc] >= acc_all_negative \
-        else (acc_all_negative, e_sorted[0] - 1.0)
-    return {"auc": float(roc_auc_score(y, -e)), "accuracy": float(accuracy), "accuracy_threshold": float(acc_t),
+    best_acc, best_f1 = 1 + int(np.argmax(acc[1:])), 1 + int(np.argmax(f1[1:]))  # the lowest t of the best
+    if acc[0] > acc[best_acc]:  # nothing positive beats every cut
+        best_acc = 0
+    # sklearn's thresholds are scores: reported as energies (-score), and sklearn's inf for "nothing
+    # positive" as min(energy) - 1, the convention kept from the hand-written sweep
+    thresholds = np.r_[e.min() - 1.0, -score_t[1:]]
+    return {"auc": float(roc_auc_score(y, -e)), "accuracy": float(acc[best_acc]),
+            "accuracy_threshold": float(thresholds[best_acc]),
             "f1": float(f1[best_f1]), "f1_threshold": float(thresholds[best_f1])}
 
 
@@ -220,21 +220,7 @@ def _pearson_along(x: np.ndarray, y: np.ndarray, axis: int = -1) -> np.ndarray:
         return (x * y).sum(axis) / np.sqrt((x * x).sum(axis) * (y * y).sum(axis))
 
 
-def _spearman_along(x: np.ndarray, y: np.ndarray, axis: int = -1) -> np.ndarray:
-    return _pearson_along(stats.rankdata(x, axis=axis), stats.rankdata(y, axis=axis), axis)
-
-
-def _auc_along(score: np.ndarray, labels: np.ndarray, axis: int = -1) -> np.ndarray:
-    """ROC AUC of `score` (higher = positive) against 0/1 labels, ties counted half (Mann-Whitney)."""
-    positive = labels > 0.5
-    n_pos = positive.sum(axis)
-    n_neg = positive.shape[axis] - n_pos
-    ranks = stats.rankdata(score, axis=axis)
-    with np.errstate(invalid="ignore", divide="ignore"):  # a one-class resample: NaN
-        return ((ranks * positive).sum(axis) - n_pos * (n_pos + 1) / 2) / (n_pos * n_neg)
-
-
-STATISTICS = {"pearson": _pearson_along, "spearman": _spearman_along, "auc": _auc_along}
+STATISTICS = ("auc", "pearson", "spearman")  # of bootstrap_ci with gold=
 
 
 def _tie_groups(v: np.ndarray) -> tuple[np.ndarray, int]:
@@ -302,7 +288,7 @@ def bootstrap_ci(values, n_boot: int = 1000, seed: int = 0, *, gold=None, statis
                  confidence: float = 0.95) -> tuple[float, float]:
     """Percentile bootstrap interval (`scipy.stats.bootstrap`), resampling items with replacement.
 
-    values: per-item values (e.g. IRResult.per_query) -> CI of their mean. With gold=, predictions
+    values: per-item values (e.g. one ir_metrics_per_query array) -> CI of their mean. With gold=, predictions
     and gold are resampled as pairs -> CI of statistic "spearman", "pearson" or "auc" (gold: 0/1 labels,
     values: a score, higher = positive). values may be (S, n): one row per seed, all resampled with the
     same items; the statistic is then the mean over the seeds of the per-seed statistic, the number a
@@ -341,12 +327,11 @@ def _bootstrap(x: np.ndarray, gold, statistic: str, common: dict):
     if g.shape != x.shape[1:]:
         raise ValueError(f"bootstrap_ci: gold shape {g.shape} != values shape {x.shape[1:]}")
     if statistic not in STATISTICS:
-        raise ValueError(f"bootstrap_ci: statistic {statistic!r}; valid with gold: {sorted(STATISTICS)}")
+        raise ValueError(f"bootstrap_ci: statistic {statistic!r}; valid with gold: {list(STATISTICS)}")
     if statistic in ("spearman", "auc"):  # resample item indices: ranks from counts (the same draws)
         return stats.bootstrap((np.arange(g.shape[0]),), _rank_statistic(x, g, statistic), **common)
-    fn = STATISTICS[statistic]
 
     def seed_mean(gold_resampled, *per_seed, axis=-1):  # every seed sees the same resampled items
-        return np.mean([fn(p, gold_resampled, axis=axis) for p in per_seed], axis=0)
+        return np.mean([_pearson_along(p, gold_resampled, axis=axis) for p in per_seed], axis=0)
 
     return stats.bootstrap((g, *x), seed_mean, paired=True, **common)

@@ -1,11 +1,12 @@
 """Labelled-text tasks: planted classes learned, P x K batches, the few-shot protocol, and the
-evaluation metrics against independent references (sklearn's k-NN, the IR metrics' loop)."""
+evaluation metrics against independent references (sklearn's k-NN, nDCG and AP; the IR metrics' loop)."""
 import dataclasses
 
 import numpy as np
 import polars as pl
 import pytest
 import torch
+from sklearn.metrics import average_precision_score, ndcg_score
 from sklearn.neighbors import KNeighborsClassifier
 
 from headstore.heads.config import TrainConfig, stack_key
@@ -102,6 +103,9 @@ def test_knn_and_retrieval_agree_with_independent_references():
     _, per_query = ir_metrics_per_query(ranked, qrels, (10, 60), query_ids=[f"q{i}" for i in range(25)],
                                         doc_ids=[f"d{j}" for j in range(60)])
     assert np.allclose(got["ndcg@10"], per_query["ndcg@10"]) and np.allclose(got["map"], per_query["map@60"])
+    hits = (ref_cls[None, :] == q_cls[:, None]).astype(int)  # (25, 60) binary relevance, no ties in E
+    assert np.allclose(got["ndcg@10"], [ndcg_score(h[None], -e[None], k=10) for h, e in zip(hits, E.numpy())])
+    assert np.allclose(got["map"], [average_precision_score(h, -e) for h, e in zip(hits, E.numpy())])
 
 
 def test_unseen_test_labels_are_reported_and_count_as_errors(tmp_path):

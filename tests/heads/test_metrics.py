@@ -6,7 +6,14 @@ import torch
 from scipy import stats
 from sklearn.metrics import ndcg_score
 
-from headstore.heads.metrics import bootstrap_ci, ir_metrics, ir_metrics_per_query, pair_metrics, sts_metrics, topk_ranking
+from headstore.heads.metrics import (bootstrap_ci, ir_metrics_per_query, ndcg_and_ap, pair_metrics, sts_metrics,
+                                     topk_ranking)
+
+
+def ir_means(ranked, qrels, ks=(1, 10, 100), **kw) -> dict[str, float]:
+    """Each IR metric's mean over the scored queries."""
+    _, per_query = ir_metrics_per_query(ranked, qrels, ks, **kw)
+    return {n: float(v.mean()) for n, v in per_query.items()}
 
 
 def random_ir(Q=12, N=40, seed=0):
@@ -60,12 +67,12 @@ def test_topk_exclude():
 def test_ndcg_matches_sklearn():
     energies, grades, doc_ids, qids, qrels = random_ir()
     idx = topk_ranking(energies, k=40)
-    res = ir_metrics(idx, qrels, ks=(1, 10, 40), query_ids=qids, doc_ids=doc_ids)
-    assert len(res.per_query) == 12
+    _, per = ir_metrics_per_query(idx, qrels, ks=(1, 10, 40), query_ids=qids, doc_ids=doc_ids)
+    assert len(per["ndcg@10"]) == 12
     for i in range(12):
         expected = ndcg_score(grades[i:i + 1], -energies[i:i + 1].numpy(), k=10)
-        assert res.per_query[i] == pytest.approx(expected, rel=1e-9)
-    assert res.metrics["ndcg@10"] == pytest.approx(np.mean(
+        assert per["ndcg@10"][i] == pytest.approx(expected, rel=1e-9)
+    assert per["ndcg@10"].mean() == pytest.approx(np.mean(
         [ndcg_score(grades[i:i + 1], -energies[i:i + 1].numpy(), k=10) for i in range(12)]))
 
 
@@ -87,31 +94,30 @@ def test_mrr_recall_map_match_brute_force():
 def test_graded_qrels_and_hand_ndcg():
     qrels = {"q": {"a": 1, "b": 2, "c": 0, "x": -1}}
     # ranking b, a: ideal order -> 1.0
-    assert ir_metrics({"q": ["b", "a", "c"]}, qrels).metrics["ndcg@10"] == pytest.approx(1.0)
+    assert ir_means({"q": ["b", "a", "c"]}, qrels)["ndcg@10"] == pytest.approx(1.0)
     # ranking c, a, b: dcg = 1/log2(3) + 2/log2(4); idcg = 2 + 1/log2(3)
-    got = ir_metrics({"q": ["c", "a", "b", "x"]}, qrels)
-    assert got.metrics["ndcg@10"] == pytest.approx((1 / math.log2(3) + 2 / 2) / (2 + 1 / math.log2(3)))
-    assert got.metrics["mrr@10"] == pytest.approx(0.5)
-    assert got.metrics["recall@1"] == 0.0 and got.metrics["recall@10"] == 1.0
+    got = ir_means({"q": ["c", "a", "b", "x"]}, qrels)
+    assert got["ndcg@10"] == pytest.approx((1 / math.log2(3) + 2 / 2) / (2 + 1 / math.log2(3)))
+    assert got["mrr@10"] == pytest.approx(0.5)
+    assert got["recall@1"] == 0.0 and got["recall@10"] == 1.0
     # negative grade is non-relevant: x first changes nothing but ranks
-    only_x = ir_metrics({"q": ["x"]}, qrels).metrics
+    only_x = ir_means({"q": ["x"]}, qrels)
     assert only_x["ndcg@10"] == 0.0 and only_x["mrr@10"] == 0.0
 
 
 def test_all_zero_grade_queries_score_zero_and_count_unjudged_queries_do_not():
     """trec_eval: a query judged with nothing relevant scores 0 and is in the mean; an unjudged one is not."""
     qrels = {"q1": {"a": 1}, "q2": {"b": 0}}
-    res = ir_metrics({"q1": ["a"], "q2": ["b"], "q3": ["a"]}, qrels)
-    assert res.per_query.tolist() == [1.0, 0.0] and res.metrics["ndcg@10"] == 0.5
-    assert res.metrics["recall@10"] == 0.5 and res.metrics["map@100"] == 0.5
+    scored, per = ir_metrics_per_query({"q1": ["a"], "q2": ["b"], "q3": ["a"]}, qrels)
+    assert scored == ["q1", "q2"] and per["ndcg@10"].tolist() == [1.0, 0.0]
+    means = ir_means({"q1": ["a"], "q2": ["b"], "q3": ["a"]}, qrels)
+    assert means["ndcg@10"] == 0.5 and means["recall@10"] == 0.5 and means["map@100"] == 0.5
     with pytest.raises(ValueError, match="no ranked query"):
-        ir_metrics({"q3": ["b"]}, qrels)
+        ir_metrics_per_query({"q3": ["b"]}, qrels)
     with pytest.raises(ValueError, match="twice"):
-        ir_metrics({"q1": ["a", "a"]}, qrels)
+        ir_metrics_per_query({"q1": ["a", "a"]}, qrels)
     with pytest.raises(ValueError, match="doc_ids"):
-        ir_metrics(np.array([[0]]), qrels, query_ids=["q1"])
-    with pytest.raises(ValueError, match="valid"):
-        ir_metrics({"q1": ["a"]}, qrels, primary="ndcg@7")
+        ir_metrics_per_query(np.array([[0]]), qrels, query_ids=["q1"])
 
 
 def test_sts_metrics():
@@ -124,23 +130,60 @@ def test_sts_metrics():
     assert got["spearman"] == pytest.approx(np.corrcoef(rank(pred), rank(gold))[0, 1])
 
 
-def test_pair_metrics_against_brute_force():
-    rng = np.random.default_rng(2)
-    y = rng.integers(0, 2, 60)
-    e = np.round(rng.random(60) + 0.5 * (1 - y), 1)  # rounded: ties in energies
-    got = pair_metrics(e, y)
-    best_acc, best_f1 = 0.0, 0.0
-    for t in [-np.inf] + sorted(set(e.tolist())):
-        pred = e <= t
-        tp, fp, fn = np.sum(pred & (y == 1)), np.sum(pred & (y == 0)), np.sum(~pred & (y == 1))
-        best_acc = max(best_acc, np.mean(pred == (y == 1)))
-        best_f1 = max(best_f1, 2 * tp / (2 * tp + fp + fn))
-    assert got["accuracy"] == pytest.approx(best_acc)
-    assert got["f1"] == pytest.approx(best_f1)
-    assert np.mean((e <= got["accuracy_threshold"]) == (y == 1)) == pytest.approx(best_acc)
-    pos, neg = e[y == 1], e[y == 0]
-    auc = np.mean([(p < n) + 0.5 * (p == n) for p in pos for n in neg])
-    assert got["auc"] == pytest.approx(auc)
+def pair_sweep_loop(e: np.ndarray, y: np.ndarray) -> dict[str, float]:
+    """Reference for pair_metrics: try every energy t as threshold (predict positive iff energy <= t),
+    lowest first, keeping the first best; "nothing positive" (threshold min - 1) wins accuracy only when
+    strictly better than every threshold."""
+    n, n_pos = len(y), int(y.sum())
+    best = {"accuracy": -1.0, "f1": -1.0}
+    for t in sorted(set(e.tolist())):
+        tp, fp = int(np.sum((e <= t) & (y == 1))), int(np.sum((e <= t) & (y == 0)))
+        for name, value in (("accuracy", (tp + (n - n_pos - fp)) / n), ("f1", 2 * tp / (2 * tp + fp + (n_pos - tp)))):
+            if value > best[name]:
+                best[name], best[f"{name}_threshold"] = value, t
+    if (n - n_pos) / n > best["accuracy"]:
+        best["accuracy"], best["accuracy_threshold"] = (n - n_pos) / n, float(e.min()) - 1.0
+    return best
+
+
+def random_pairs(seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """Energies and labels of one of four kinds: continuous, rounded (ties), few levels, all tied."""
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(2, 120))
+    y = rng.integers(0, 2, n)
+    y[:2] = (0, 1)  # both classes
+    e = [rng.random(n) + 0.5 * (1 - y), np.round(rng.random(n) + 0.3 * (1 - y), 1),
+         rng.integers(-2, 2, n).astype(float), np.full(n, 0.25)][seed % 4]
+    return e, y
+
+
+def test_pair_metrics_equal_a_loop_over_thresholds():
+    nothing_positive = 0
+    for seed in range(400):
+        e, y = random_pairs(seed)
+        got = pair_metrics(e, y)
+        ref = pair_sweep_loop(e, y)
+        assert {k: got[k] for k in ref} == ref, seed  # exactly: the same counts, the same divisions
+        nothing_positive += got["accuracy_threshold"] < e.min()
+        pos, neg = e[y == 1], e[y == 0]
+        assert got["auc"] == pytest.approx(np.mean([(p < n) + 0.5 * (p == n) for p in pos for n in neg]), abs=1e-12)
+    assert nothing_positive > 0  # the all-negative prediction was the best accuracy somewhere
+    got = pair_metrics(np.array([0.0, 1.0, 2.0]), np.array([0, 0, 1]))  # the positive has the highest energy
+    assert (got["accuracy"], got["accuracy_threshold"]) == (2 / 3, -1.0)
+    assert (got["f1"], got["f1_threshold"]) == (0.5, 2.0)
+
+
+def test_ndcg_and_ap_by_hand():
+    gains = np.array([[0.0, 1.0, 1.0], [2.0, 0.0, 1.0], [0.0, 0.0, 0.0]])
+    ideal = np.array([[1.0, 1.0, 1.0], [2.0, 1.0, 0.0], [0.0, 0.0, 0.0]])  # the first has a relevant item unranked
+    ndcg, ap = ndcg_and_ap(gains, ideal, np.array([3, 2, 0]), (1, 10))
+    assert ndcg[1][:2].tolist() == [0.0, 1.0]
+    assert ndcg[10][0] == pytest.approx((1 / math.log2(3) + 1 / 2) / (1 + 1 / math.log2(3) + 1 / 2))
+    assert ndcg[10][1] == pytest.approx((2 + 1 / 2) / (2 + 1 / math.log2(3)))
+    assert ap[:2] == pytest.approx([(1 / 2 + 2 / 3) / 3, (1 + 2 / 3) / 2])
+    assert np.isnan(ndcg[10][2]) and np.isnan(ap[2])  # nothing relevant
+    _, ap2 = ndcg_and_ap(gains, ideal, np.array([3, 2, 0]), (10,), ap_depth=2)
+    assert ap2[:2] == pytest.approx([(1 / 2) / 3, 1 / 2])
 
 
 def test_bootstrap_ci():
