@@ -33,7 +33,7 @@ import torch
 
 from headstore.data.labels import LabelSpec, unseen_labels
 from headstore.heads.kinds.base import DEV_FRACTION, DEV_SEED, PREFIX, Task, TaskKind, TrainSet, store_rows
-from headstore.heads.label_eval import evaluate_labels
+from headstore.heads.kinds.label_eval import evaluate_labels
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ from sklearn.neighbors import KNeighborsClassifier
 
 from headstore.heads.config import TrainConfig, stack_key
 from headstore.heads.evaluate import embed_rows, evaluate_split
-from headstore.heads.label_eval import ranking_metrics
+from headstore.heads.kinds.label_eval import ranking_metrics
 from headstore.heads.kinds import for_training
 from headstore.heads.metrics import ir_metrics_per_query
 from headstore.heads.config import HeadConfig

@@ -1,4 +1,4 @@
-"""Evaluating embeddings of labelled texts: linear probe, k-NN under an energy, retrieval view.
+"""The labels kind's evaluator (heads.kinds.labels): linear probe, k-NN under an energy, retrieval view.
 
 The labelled set is the task's `reference` (the texts the head was trained on: every train text
 but the dev slice, or the few-shot sample). For every evaluated text (one `dict[str, float]` per head):
@@ -28,6 +28,7 @@ from sklearn.pipeline import make_pipeline
 from sklearn.preprocessing import Normalizer
 
 from headstore.heads.energy import pairwise_energy
+from headstore.heads.kinds.base import PREFIX
 from headstore.heads.metrics import ndcg_and_ap
 
 KNN_K = 10  # neighbours voting in k-NN accuracy (the issue's k)
@@ -84,8 +85,6 @@ def _classifier_metrics(name: str, pred: np.ndarray, split, task) -> tuple[dict,
 def evaluate_labels(task, split: str, embed, energies: tuple[str, ...]) -> tuple[list[dict], list[dict]]:
     """Metrics per head on one split (module doc); items per head: per-text k-NN correctness under each
     energy prefix (and `probe` correctness) for bootstrap CIs."""
-    from headstore.heads.evaluate import PREFIX
-
     data, ref = task.eval_sets[split], task.reference
     zq, zr = embed(data.rows), embed(ref.rows)  # (H, n, d), (H, m, d)
     C = len(task.class_names)
