@@ -15,7 +15,7 @@ import click
 
 from headstore.data.dataset import FORMATS
 from headstore.featurize.config import POOLING_NAMES, PRECISIONS
-from headstore.heads.experiments.labels_cli import fold_label_options, format_option, label_options
+from headstore.data.options import fold_label_options, format_option, label_options
 from headstore.heads.options import configs_from_options, head_and_train_options
 
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import click
 
-from headstore.heads.experiments.labels_cli import format_option
+from headstore.data.options import format_option
 from headstore.heads.export import EXPORT_FORMATS
 
 

@@ -6,44 +6,7 @@ from pathlib import Path
 
 import click
 
-
-LABEL_OPTION_NAMES = ("text_column", "label_column", "label_sep", "label_columns")
-
-
-def format_option(f):
-    """--format: a dataset format of data.dataset.FORMATS (the registry is the one list of choices)."""
-    from headstore.data.dataset import FORMATS
-
-    return click.option("--format", "data_format", type=click.Choice(sorted(FORMATS)), default=None,
-                        help="Dataset format (default: detected).")(f)
-
-
-def label_options(f):
-    """--text-column, --label-column, --label-sep, --label-columns: how to read labelled texts
-    (data/labels.py). Any of them implies --format labels; `fold_label_options` turns them into the
-    format string (`labels?text_column=body`) that every reader of the dataset understands."""
-    options = [
-        click.option("--text-column", default=None, help="Labelled texts: the column to encode (20 Newsgroups: body)."),
-        click.option("--label-column", default=None, help="Labelled texts: the class column (default label)."),
-        click.option("--label-sep", default=None, help="Labelled texts: split labels into levels on this string (e.g. '.')."),
-        click.option("--label-columns", default=None,
-                     help="Labelled texts: one column per level, coarse to fine, the last the label (level1,level2,label)."),
-    ]
-    for option in reversed(options):
-        f = option(f)
-    return f
-
-
-def fold_label_options(data_format: str | None, settings: dict) -> str | None:
-    """Pop the label options from `settings` (click's keyword arguments) into the format string."""
-    from headstore.data.labels import label_format
-
-    return label_format(data_format, **{k: settings.pop(k) for k in LABEL_OPTION_NAMES})
-
-
-def label_read_options(f):
-    """--format plus the label options."""
-    return click.option("--format", "data_format", default=None, help="Dataset format (default: detected).")(label_options(f))
+from headstore.data.options import label_read_options
 
 
 @click.command("forgetting")
