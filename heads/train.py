@@ -47,62 +47,86 @@ def train_stack(task: Task, features: torch.Tensor, head_cfg: HeadConfig, config
     heads.experiments.forgetting); copied. A task without `select_split` (few-shot labelled texts) trains
     every epoch and keeps the last."""
     assert len({stack_key(c) for c in configs}) == 1, "a stack mixes settings that must be shared"
-    cfg0 = configs[0]
-    data = prepare_data(task, features, cfg0, blocks=head_cfg.mix, norm=None if init is None else init[1])
-    H, P, B = len(configs), len(data), min(cfg0.batch_size, len(data))
-    model = StackedMLP(H, head_cfg, seeds=[c.seed for c in configs]) if init is None else copy.deepcopy(init[0])
-    if model.n_heads != H or model.cfg != head_cfg:
-        raise ValueError(f"init holds {model.n_heads} head(s) of {model.cfg}; this stack needs {H} of {head_cfg}")
-    sampler = kind_of(task).sampler(task)  # labelled texts: P classes x K texts (heads.kinds.labels)
-    select = select_split in task.eval_sets  # no split to select on (few-shot): every epoch, keep the last
-    steps_per_epoch = math.ceil(P / B)
-    total = steps_per_epoch * cfg0.epochs
-    optimizer = StackOptimizer(model, configs, total)
-    tracker = HeadTracker(configs, optimizer.params, cfg0.patience, selection.delta if selection else 0.0)
-    negatives = NegativeSource(task, data, cfg0, H)
-    gens = [torch.Generator().manual_seed(c.seed) for c in configs]
-    metric = kind_of(task).primary_metric(cfg0.eval_energy)
-
-    def sel_losses() -> Optional[list[float]]:
-        if not selection:
-            return None
-        return selection.losses(lambda rows: embed_rows(model, data.X, rows), cfg0.eval_energy)[0].tolist()
-
-    if select:
-        tracker.start(dev_scores(task, select_split, model, data.X, cfg0), sel_losses(), cfg0.guard)
-    bar = tqdm(total=total, desc=f"{H} head(s) {cfg0.loss}", disable=not progress, leave=False)
-    step = 0
+    run = StackTraining(task, features, head_cfg, configs, select_split, selection, init)
+    bar = tqdm(total=run.total, desc=f"{run.H} head(s) {configs[0].loss}", disable=not progress, leave=False)
     t0 = time.perf_counter()
-    for epoch in range(cfg0.epochs):
-        if not bool(tracker.alive.any()):
+    for epoch in range(configs[0].epochs):
+        if not bool(run.tracker.alive.any()):
             break
-        negs = negatives.for_epoch(epoch, model)  # (H, P, K) or None
-        epoch_loss = torch.zeros(H, dtype=torch.float64)
-        model.train()
-        batches = (sampler(configs, gens, B, steps_per_epoch).unbind(1) if sampler is not None  # (H, b) each
-                   else epoch_batches(gens, P, B))
-        for s, idx in enumerate(batches):
-            losses = batch_losses(model, data.X, make_batch(data, idx, negs), cfg0, optimizer.init,
-                                  q_at(cfg0, step, total), data.pairs.form)
-            finite = tracker.check_losses(losses, f"at epoch {epoch + 1}, step {s + 1} (global step {step + 1})")
-            optimizer.step(losses, finite, tracker.ok, tracker.alive)
-            epoch_loss += torch.where(finite, losses.detach(), torch.zeros_like(losses)).double()
-            step += 1
-            bar.update(1)
-        scores = dev_scores(task, select_split, model, data.X, cfg0) if select else [float(epoch + 1)] * H
-        tracker.end_epoch(epoch + 1, epoch_loss / steps_per_epoch, scores, metric, step, sel_losses())
-        bar.set_postfix({f"best {metric}": f"{tracker.best_so_far():.4f}"})
+        run.epoch(epoch, bar)
     bar.close()
-    tracker.restore_best()
-    if not select:  # the "score" was the epoch number: no dev metric exists
-        for r in tracker.runs:
-            r.best_dev = float("nan")
-            for h in r.history:
-                h.pop(f"dev_{metric}", None)
-    elapsed = time.perf_counter() - t0
-    for r in tracker.runs:
-        r.seconds = elapsed / H
-    return model, data.norm, tracker.runs
+    return run.finish(time.perf_counter() - t0)
+
+
+class StackTraining:
+    """The state of one stack's training: data, heads, optimiser, tracker, negatives, per-head generators."""
+
+    def __init__(self, task: Task, features: torch.Tensor, head_cfg: HeadConfig, configs: list[TrainConfig],
+                 select_split: str, selection: Optional[OodSelection], init: Optional[tuple[StackedMLP, Normalizer]]):
+        cfg0 = self.cfg = configs[0]
+        self.task, self.configs, self.select_split, self.selection = task, configs, select_split, selection
+        self.data = prepare_data(task, features, cfg0, blocks=head_cfg.mix, norm=None if init is None else init[1])
+        self.H, self.P, self.B = len(configs), len(self.data), min(cfg0.batch_size, len(self.data))
+        self.model = (StackedMLP(self.H, head_cfg, seeds=[c.seed for c in configs]) if init is None
+                      else copy.deepcopy(init[0]))
+        if self.model.n_heads != self.H or self.model.cfg != head_cfg:
+            raise ValueError(f"init holds {self.model.n_heads} head(s) of {self.model.cfg}; this stack needs "
+                             f"{self.H} of {head_cfg}")
+        self.sampler = kind_of(task).sampler(task)  # labelled texts: P classes x K texts (heads.kinds.labels)
+        self.select = select_split in task.eval_sets  # no split to select on (few-shot): every epoch, keep the last
+        self.steps_per_epoch = math.ceil(self.P / self.B)
+        self.total = self.steps_per_epoch * cfg0.epochs
+        self.optimizer = StackOptimizer(self.model, configs, self.total)
+        self.tracker = HeadTracker(configs, self.optimizer.params, cfg0.patience, selection.delta if selection else 0.0)
+        self.negatives = NegativeSource(task, self.data, cfg0, self.H)
+        self.gens = [torch.Generator().manual_seed(c.seed) for c in configs]
+        self.metric = kind_of(task).primary_metric(cfg0.eval_energy)
+        self.step = 0
+        if self.select:
+            self.tracker.start(dev_scores(task, select_split, self.model, self.data.X, cfg0), self.sel_losses(),
+                               cfg0.guard)
+
+    def sel_losses(self) -> Optional[list[float]]:
+        """Every head's worst out-of-domain dev loss (None without --select-ood)."""
+        if not self.selection:
+            return None
+        embed = lambda rows: embed_rows(self.model, self.data.X, rows)  # noqa: E731
+        return self.selection.losses(embed, self.cfg.eval_energy)[0].tolist()
+
+    def epoch(self, epoch: int, bar) -> None:
+        """One epoch of every head still training, then its dev scores and the tracker's bookkeeping."""
+        cfg0, data, H = self.cfg, self.data, self.H
+        negs = self.negatives.for_epoch(epoch, self.model)  # (H, P, K) or None
+        epoch_loss = torch.zeros(H, dtype=torch.float64)
+        self.model.train()
+        batches = (self.sampler(self.configs, self.gens, self.B, self.steps_per_epoch).unbind(1)  # (H, b) each
+                   if self.sampler is not None else epoch_batches(self.gens, self.P, self.B))
+        for s, idx in enumerate(batches):
+            losses = batch_losses(self.model, data.X, make_batch(data, idx, negs), cfg0, self.optimizer.init,
+                                  q_at(cfg0, self.step, self.total), data.pairs.form)
+            where = f"at epoch {epoch + 1}, step {s + 1} (global step {self.step + 1})"
+            finite = self.tracker.check_losses(losses, where)
+            self.optimizer.step(losses, finite, self.tracker.ok, self.tracker.alive)
+            epoch_loss += torch.where(finite, losses.detach(), torch.zeros_like(losses)).double()
+            self.step += 1
+            bar.update(1)
+        scores = (dev_scores(self.task, self.select_split, self.model, data.X, cfg0) if self.select
+                  else [float(epoch + 1)] * H)
+        self.tracker.end_epoch(epoch + 1, epoch_loss / self.steps_per_epoch, scores, self.metric, self.step,
+                               self.sel_losses())
+        bar.set_postfix({f"best {self.metric}": f"{self.tracker.best_so_far():.4f}"})
+
+    def finish(self, elapsed: float) -> tuple[StackedMLP, Normalizer, list[HeadRun]]:
+        """The best weights of every head, and its run record."""
+        self.tracker.restore_best()
+        if not self.select:  # the "score" was the epoch number: no dev metric exists
+            for r in self.tracker.runs:
+                r.best_dev = float("nan")
+                for h in r.history:
+                    h.pop(f"dev_{self.metric}", None)
+        for r in self.tracker.runs:
+            r.seconds = elapsed / self.H
+        return self.model, self.data.norm, self.tracker.runs
 
 
 def train_one(task: Task, features: torch.Tensor, head_cfg: HeadConfig, cfg: TrainConfig,
