@@ -43,7 +43,7 @@ class AdaptConfig:
     model: str = "minilm"  # name for featurize.model.resolve_model, or a model directory
     max_length: int = 128  # block length; MiniLM was trained at 128-256, and short blocks are cheap
     mlm_probability: float = 0.15  # BERT's masking rate
-    whole_word: bool = False  # BERT's original per-piece masking; True masks whole words
+    whole_word: bool = False  # BERT's original per-piece masking; True masks whole words (every piece [MASK])
     train_encoder: bool = True  # False trains only the head: the honest baseline for a fresh head
     lr: float = 5e-5  # the usual continued-pre-training rate; higher forgets faster
     fresh_head_lr: float = 1e-3  # a newly initialised head's own parameters (not the tied decoder)
