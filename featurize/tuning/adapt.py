@@ -14,20 +14,20 @@ is a pure function of (step, total steps), so there is no scheduler state to sav
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import math
-import os
-import shutil
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from functools import lru_cache
 from pathlib import Path
+from typing import Any
 
 import torch
 from tqdm import tqdm
 
 from headstore.data.files import atomic_write_json
 from headstore.featurize.model import pick_device
+from headstore.featurize.tuning.checkpoint import checkpoint_state, copy_sidecars, read_checkpoint, write_checkpoint
 from headstore.featurize.tuning.mlm_head import head_parameters, load_mlm_model, masked_lm_loss, save_encoder, save_head
 from headstore.featurize.tuning.packing import MLMCollator, load_texts, pack_texts, split_holdout, texts_fingerprint
 from headstore.heads.schedule import lr_lambda
@@ -36,7 +36,6 @@ log = logging.getLogger(__name__)
 
 CHECKPOINT = "checkpoint-last"
 RUN_LENGTH_FIELDS = ("epochs", "max_steps", "save_every", "device")  # may change on resume
-SIDECAR_FILES = ("modules.json", "sentence_bert_config.json", "config_sentence_transformers.json")
 
 
 @dataclass(frozen=True)
@@ -44,7 +43,7 @@ class AdaptConfig:
     model: str = "minilm"  # name for featurize.model.resolve_model, or a model directory
     max_length: int = 128  # block length; MiniLM was trained at 128-256, and short blocks are cheap
     mlm_probability: float = 0.15  # BERT's masking rate
-    whole_word: bool = False  # BERT's original per-piece masking; True masks whole words
+    whole_word: bool = False  # BERT's original per-piece masking; True masks whole words (every piece [MASK])
     train_encoder: bool = True  # False trains only the head: the honest baseline for a fresh head
     lr: float = 5e-5  # the usual continued-pre-training rate; higher forgets faster
     fresh_head_lr: float = 1e-3  # a newly initialised head's own parameters (not the tied decoder)
@@ -76,10 +75,6 @@ def lr_at(step: int, total: int, warmup: int, peak: float) -> float:
     return peak * lr_lambda("linear", warmup, total)(step)
 
 
-def _device(name: str) -> torch.device:
-    return torch.device(pick_device(name))
-
-
 def _optimizer(model, config: AdaptConfig, fresh_head: bool) -> torch.optim.AdamW:
     """Groups (decay?, fresh head?): no decay for biases and LayerNorm; `fresh_head_lr` for the
     own parameters of a newly initialised head. Each group's `lr_scale` multiplies the schedule."""
@@ -95,63 +90,185 @@ def _optimizer(model, config: AdaptConfig, fresh_head: bool) -> torch.optim.Adam
          for (decay, is_head), params in sorted(groups.items())], lr=config.lr)
 
 
+@dataclass
+class AdaptData:
+    """The text of a run: how many texts were read and held out, the packed train blocks, their fingerprint."""
+
+    paths: list[str]
+    n_texts: int
+    n_train_texts: int
+    n_held_out_texts: int
+    blocks: list[dict]  # pack_texts blocks (with character offsets under whole-word masking)
+    fingerprint: str  # of the train texts: a resumed run must train on the same data
+
+
+def load_data(config: AdaptConfig, data_paths: list[str | Path], tokenizer, column: str = "text") -> AdaptData:
+    """Read every path, hold out `holdout_fraction` of the texts, pack the rest into blocks."""
+    if not data_paths:
+        raise ValueError("adapt needs at least one text file or corpus folder")
+    texts = [t for path in data_paths for t in load_texts(path, column=column)]
+    train, held_out = split_holdout(texts, config.holdout_fraction)
+    if not train:
+        raise ValueError(f"{', '.join(map(str, data_paths))}: no text to train on")
+    blocks = pack_texts(train, tokenizer, config.max_length, offsets=config.whole_word)
+    return AdaptData([str(p) for p in data_paths], len(texts), len(train), len(held_out), blocks,
+                     texts_fingerprint(train))
+
+
+@dataclass
+class _Run:
+    """One call's training state: what the loop moves forward and a checkpoint saves."""
+
+    config: AdaptConfig
+    model: Any  # AutoModelForMaskedLM
+    head_status: str  # mlm_head.HEAD_STATUSES
+    optimizer: torch.optim.AdamW
+    collator: MLMCollator  # its generator draws the masks
+    blocks: list[dict]
+    device: torch.device
+    total: int  # steps of the whole run
+    warmup: int
+    step: int = 0
+    losses: list[float] = field(default_factory=list)
+
+    @property
+    def steps_per_epoch(self) -> int:
+        return math.ceil(len(self.blocks) / self.config.batch_size)
+
+
+def _output_dir(model_dir: Path, out_dir: str | Path) -> Path:
+    """The output folder, created; never the model's own folder."""
+    out_dir = Path(out_dir)
+    if model_dir.exists() and out_dir.resolve() == model_dir.resolve():
+        raise ValueError(f"{out_dir}: the output folder is the model's own folder")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    return out_dir
+
+
+def _load_model(config: AdaptConfig, model_dir: Path, device: torch.device) -> tuple[Any, str]:
+    """The MLM model on `device` in train mode (encoder frozen unless `train_encoder`), and its head status."""
+    model, head_status = load_mlm_model(model_dir, seed=config.seed)
+    if head_status == "initialised":
+        log.warning("!!! %s has no MLM head: training a freshly initialised head (decoder tied to "
+                    "the input embeddings); its early losses measure the head, not the encoder",
+                    config.model)
+    if not config.train_encoder:
+        for p in model.base_model.parameters():
+            p.requires_grad_(False)  # also freezes the tied decoder (it is the embedding matrix)
+    return model.to(device).train(), head_status
+
+
+def _start(config: AdaptConfig, model_dir: Path, data: AdaptData, tokenizer) -> _Run:
+    device = torch.device(pick_device(config.device))
+    model, head_status = _load_model(config, model_dir, device)
+    total = config.max_steps or max(1, math.ceil(config.epochs * math.ceil(len(data.blocks) / config.batch_size)))
+    run = _Run(config, model, head_status, _optimizer(model, config, fresh_head=head_status == "initialised"),
+               MLMCollator(tokenizer, model.config.vocab_size, config.mlm_probability, config.whole_word,
+                           seed=config.seed + 1),
+               data.blocks, device, total, warmup=math.ceil(config.warmup_ratio * total))
+    torch.manual_seed(config.seed)  # dropout
+    return run
+
+
 def _resume_key(config: AdaptConfig) -> dict:
     return {k: v for k, v in dataclasses.asdict(config).items() if k not in RUN_LENGTH_FIELDS}
 
 
-def _save_checkpoint(out_dir: Path, model, optimizer, state: dict, mask_gen: torch.Generator):
-    from safetensors.torch import save_model
-
-    final, old = out_dir / CHECKPOINT, out_dir / (CHECKPOINT + ".old")
-    tmp = out_dir / f"{CHECKPOINT}.tmp-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
-    save_model(model, str(tmp / "model.safetensors"))
-    torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
-    rng = {"torch": torch.get_rng_state(), "mask": mask_gen.get_state()}
-    if torch.cuda.is_available():
-        rng["cuda"] = torch.cuda.get_rng_state_all()
-    torch.save(rng, tmp / "rng.pt")
-    (tmp / "state.json").write_text(json.dumps(state, indent=1))
-    if final.exists():
-        shutil.rmtree(old, ignore_errors=True)
-        final.rename(old)
-    tmp.rename(final)
-    shutil.rmtree(old, ignore_errors=True)
-
-
-def _load_checkpoint(out_dir: Path, model, optimizer, mask_gen, config: AdaptConfig,
-                     data_fp: str) -> dict | None:
-    from safetensors.torch import load_model
-
-    folder = out_dir / CHECKPOINT
-    if not folder.is_dir() and (out_dir / (CHECKPOINT + ".old")).is_dir():
-        folder = out_dir / (CHECKPOINT + ".old")  # interrupted between the two renames
-    if not folder.is_dir():
-        return None
-    state = json.loads((folder / "state.json").read_text())
-    want, have = _resume_key(config), state["resume_key"]
+def _resume(run: _Run, out_dir: Path, data: AdaptData) -> None:
+    """Continue from `out_dir/checkpoint-last` if there is one; refuse one of another config or text."""
+    found = checkpoint_state(out_dir / CHECKPOINT)
+    if found is None:
+        return
+    folder, state = found
+    want, have = _resume_key(run.config), state["resume_key"]
     if want != have:
         diff = ", ".join(f"{k}: {have.get(k)!r} -> {want.get(k)!r}"
                          for k in sorted(set(want) | set(have)) if want.get(k) != have.get(k))
         raise ValueError(f"{folder} was written with a different config ({diff}); use another "
                          "output folder, or delete it to start over")
-    if state["data_fingerprint"] != data_fp:
+    if state["data_fingerprint"] != data.fingerprint:
         raise ValueError(f"{folder} was trained on different text ({state['data_paths']}); use "
                          "another output folder, or delete it to start over")
-    load_model(model, str(folder / "model.safetensors"))
-    optimizer.load_state_dict(torch.load(folder / "optimizer.pt", map_location="cpu", weights_only=True))
-    rng = torch.load(folder / "rng.pt", weights_only=True)
-    torch.set_rng_state(rng["torch"])
-    mask_gen.set_state(rng["mask"])
-    if "cuda" in rng and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(rng["cuda"])
-    return state
+    read_checkpoint(folder, run.model, run.optimizer, run.collator.generator)
+    run.step, run.losses = state["step"], state["losses"]
+    log.info("resuming %s from step %d of %d", folder, run.step, run.total)
+
+
+def _checkpoint(run: _Run, out_dir: Path, data: AdaptData) -> None:
+    write_checkpoint(out_dir / CHECKPOINT, run.model, run.optimizer, {
+        "step": run.step, "total_steps": run.total, "losses": run.losses, "resume_key": _resume_key(run.config),
+        "data_fingerprint": data.fingerprint, "data_paths": data.paths, "head_status": run.head_status},
+        run.collator.generator)
+
+
+@lru_cache(maxsize=1)
+def _epoch_order(seed: int, epoch: int, n_blocks: int) -> tuple[int, ...]:
+    """The order of the blocks in an epoch: a function of (seed, epoch) only, so a resumed run agrees."""
+    return tuple(torch.randperm(n_blocks, generator=torch.Generator().manual_seed(seed * 100_003 + epoch)).tolist())
+
+
+def _next_blocks(run: _Run) -> list[dict]:
+    epoch, position = divmod(run.step, run.steps_per_epoch)
+    order, size = _epoch_order(run.config.seed, epoch, len(run.blocks)), run.config.batch_size
+    return [run.blocks[i] for i in order[position * size:(position + 1) * size]]
+
+
+def _train_step(run: _Run, blocks: list[dict]) -> None:
+    """One update on `blocks` (freshly masked) at the scheduled rate."""
+    cfg = run.config
+    batch = {k: v.to(run.device) for k, v in run.collator(blocks).items()}
+    for group in run.optimizer.param_groups:
+        group["lr"] = group["lr_scale"] * lr_at(run.step, run.total, run.warmup, cfg.lr)
+    with torch.autocast(run.device.type, dtype=torch.bfloat16, enabled=cfg.bf16 and run.device.type == "cuda"):
+        loss = masked_lm_loss(run.model, batch["input_ids"], batch["attention_mask"], batch["labels"])
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_([p for p in run.model.parameters() if p.requires_grad], cfg.max_grad_norm)
+    run.optimizer.step()
+    run.optimizer.zero_grad(set_to_none=True)
+    run.losses.append(float(loss.detach()))
+    run.step += 1
+
+
+def _train(run: _Run, end: int, checkpoint) -> None:
+    """Steps up to `end`: a checkpoint every `save_every` steps, and on Ctrl-C before it stops."""
+    bar = tqdm(total=run.total, initial=run.step, desc="adapt", unit="step")
+    try:
+        while run.step < end:
+            _train_step(run, _next_blocks(run))
+            bar.update(1)
+            bar.set_postfix(loss=f"{run.losses[-1]:.3f}",
+                            lr=f"{lr_at(run.step - 1, run.total, run.warmup, run.config.lr):.1e}")
+            if run.step % run.config.save_every == 0 and run.step < end:
+                checkpoint()
+    except KeyboardInterrupt:
+        checkpoint()
+        log.warning("interrupted at step %d; rerun the same command to resume", run.step)
+        raise
+    finally:
+        bar.close()
 
 
 def _loss_curve(losses: list[float], window: int = 10) -> list[dict]:
     return [{"step": i + min(window, len(losses) - i), "loss": sum(losses[i:i + window]) /
              len(losses[i:i + window])} for i in range(0, len(losses), window)]
+
+
+def _summary(run: _Run, data: AdaptData, model_dir: Path, resumed_from: int, seconds: float) -> dict:
+    losses = run.losses
+    return {
+        "config": dataclasses.asdict(run.config), "model_dir": str(model_dir),
+        "data_paths": data.paths, "n_texts": data.n_texts,
+        "n_train_texts": data.n_train_texts, "n_held_out_texts": data.n_held_out_texts,
+        "n_blocks": len(data.blocks), "n_tokens": sum(len(b["input_ids"]) for b in data.blocks),
+        "data_fingerprint": data.fingerprint, "steps": run.step, "total_steps": run.total,
+        "resumed_from_step": resumed_from,
+        "warmup_steps": run.warmup, "finished": run.step >= run.total, "device": str(run.device),
+        "mlm_head": run.head_status, "mlm_head_newly_initialised": run.head_status == "initialised",
+        "seconds_this_call": round(seconds, 1),
+        "first_loss": losses[0] if losses else None,
+        "last_loss_mean10": sum(losses[-10:]) / len(losses[-10:]) if losses else None,
+        "losses": _loss_curve(losses),
+    }
 
 
 def adapt(config: AdaptConfig, data_paths: list[str | Path], out_dir: str | Path, *,
@@ -164,106 +281,19 @@ def adapt(config: AdaptConfig, data_paths: list[str | Path], out_dir: str | Path
     from headstore.featurize.model import resolve_model
     from transformers import AutoTokenizer
 
-    if not data_paths:
-        raise ValueError("adapt needs at least one text file or corpus folder")
     model_dir = Path(resolve_model(config.model))
-    out_dir = Path(out_dir)
-    if model_dir.exists() and out_dir.resolve() == model_dir.resolve():
-        raise ValueError(f"{out_dir}: the output folder is the model's own folder")
-    out_dir.mkdir(parents=True, exist_ok=True)
-
-    texts = [t for path in data_paths for t in load_texts(path, column=column)]
-    train_texts, held_out = split_holdout(texts, config.holdout_fraction)
-    if not train_texts:
-        raise ValueError(f"{', '.join(map(str, data_paths))}: no text to train on")
     tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
-    blocks = pack_texts(train_texts, tokenizer, config.max_length)
-    data_fp = texts_fingerprint(train_texts)
-
-    device = _device(config.device)
-    model, head_status = load_mlm_model(model_dir, seed=config.seed)
-    if head_status == "initialised":
-        log.warning("!!! %s has no MLM head: training a freshly initialised head (decoder tied to "
-                    "the input embeddings); its early losses measure the head, not the encoder",
-                    config.model)
-    if not config.train_encoder:
-        for p in model.base_model.parameters():
-            p.requires_grad_(False)  # also freezes the tied decoder (it is the embedding matrix)
-    model.to(device).train()
-    optimizer = _optimizer(model, config, fresh_head=head_status == "initialised")
-    collator = MLMCollator(tokenizer, model.config.vocab_size, config.mlm_probability,
-                           config.whole_word)
-    torch.manual_seed(config.seed)  # dropout
-    mask_gen = torch.Generator().manual_seed(config.seed + 1)
-
-    steps_per_epoch = math.ceil(len(blocks) / config.batch_size)
-    total = config.max_steps or max(1, math.ceil(config.epochs * steps_per_epoch))
-    warmup = math.ceil(config.warmup_ratio * total)
-    state = _load_checkpoint(out_dir, model, optimizer, mask_gen, config, data_fp)
-    step, losses = (state["step"], state["losses"]) if state else (0, [])
-    resumed_from = step
-    if state:
-        log.info("resuming %s from step %d of %d", out_dir / CHECKPOINT, step, total)
-    end = total if stop_after_steps is None else min(total, step + stop_after_steps)
-    use_bf16 = config.bf16 and device.type == "cuda"
-
-    def checkpoint():
-        _save_checkpoint(out_dir, model, optimizer, {
-            "step": step, "total_steps": total, "losses": losses, "resume_key": _resume_key(config),
-            "data_fingerprint": data_fp, "data_paths": [str(p) for p in data_paths],
-            "head_status": head_status}, mask_gen)
-
-    started, order, order_epoch = time.time(), None, -1
-    bar = tqdm(total=total, initial=step, desc="adapt", unit="step")
-    try:
-        while step < end:
-            epoch, position = divmod(step, steps_per_epoch)
-            if epoch != order_epoch:  # the data order of an epoch depends only on (seed, epoch)
-                order = torch.randperm(len(blocks), generator=torch.Generator().manual_seed(
-                    config.seed * 100_003 + epoch)).tolist()
-                order_epoch = epoch
-            picked = order[position * config.batch_size:(position + 1) * config.batch_size]
-            batch = collator([blocks[i] for i in picked], mask_gen)
-            for group in optimizer.param_groups:
-                group["lr"] = group["lr_scale"] * lr_at(step, total, warmup, config.lr)
-            with torch.autocast(device.type, dtype=torch.bfloat16, enabled=use_bf16):
-                loss = masked_lm_loss(model, batch.input_ids.to(device),
-                                      batch.attention_mask.to(device), batch.labels.to(device))
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(
-                [p for p in model.parameters() if p.requires_grad], config.max_grad_norm)
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
-            losses.append(float(loss.detach()))
-            step += 1
-            bar.update(1)
-            bar.set_postfix(loss=f"{losses[-1]:.3f}", lr=f"{lr_at(step - 1, total, warmup, config.lr):.1e}")
-            if step % config.save_every == 0 and step < end:
-                checkpoint()
-    except KeyboardInterrupt:
-        checkpoint()
-        log.warning("interrupted at step %d; rerun the same command to resume", step)
-        raise
-    finally:
-        bar.close()
-    checkpoint()
-    finished = step >= total
-    summary = {
-        "config": dataclasses.asdict(config), "model_dir": str(model_dir),
-        "data_paths": [str(p) for p in data_paths], "n_texts": len(texts),
-        "n_train_texts": len(train_texts), "n_held_out_texts": len(held_out),
-        "n_blocks": len(blocks), "n_tokens": sum(len(b) for b in blocks),
-        "data_fingerprint": data_fp, "steps": step, "total_steps": total,
-        "resumed_from_step": resumed_from,
-        "warmup_steps": warmup, "finished": finished, "device": str(device),
-        "mlm_head": head_status, "mlm_head_newly_initialised": head_status == "initialised",
-        "seconds_this_call": round(time.time() - started, 1),
-        "first_loss": losses[0] if losses else None,
-        "last_loss_mean10": sum(losses[-10:]) / len(losses[-10:]) if losses else None,
-        "losses": _loss_curve(losses),
-    }
-    if finished:
-        _write_output(model, tokenizer, model_dir, out_dir, config.seed, summary)
+    data = load_data(config, data_paths, tokenizer, column)  # bad input is refused before anything is written
+    out_dir = _output_dir(model_dir, out_dir)
+    run = _start(config, model_dir, data, tokenizer)
+    _resume(run, out_dir, data)
+    resumed_from, started = run.step, time.time()
+    end = run.total if stop_after_steps is None else min(run.total, run.step + stop_after_steps)
+    _train(run, end, lambda: _checkpoint(run, out_dir, data))
+    _checkpoint(run, out_dir, data)
+    summary = _summary(run, data, model_dir, resumed_from, time.time() - started)
+    if summary["finished"]:
+        _write_output(run.model, tokenizer, model_dir, out_dir, config.seed, summary)
     return summary
 
 
@@ -272,10 +302,6 @@ def _write_output(model, tokenizer, model_dir: Path, out_dir: Path, seed: int, s
     save_encoder(model, model_dir, out_dir, seed=seed)
     save_head(model, out_dir)
     tokenizer.save_pretrained(str(out_dir))
-    for name in SIDECAR_FILES:  # keep the folder usable as a sentence-transformers model
-        if (model_dir / name).is_file():
-            shutil.copy2(model_dir / name, out_dir / name)
-    for sub in sorted(model_dir.glob("1_Pooling")):
-        shutil.copytree(sub, out_dir / sub.name, dirs_exist_ok=True)
+    copy_sidecars(model_dir, out_dir)  # keep the folder usable as a sentence-transformers model
     atomic_write_json(out_dir / "adapt.json", summary, indent=1)
     log.info("adapted encoder written to %s", out_dir)

@@ -21,7 +21,6 @@ Output `out_dir`:
 from __future__ import annotations
 
 import math
-import shutil
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -44,8 +43,6 @@ from headstore.heads.optim import lr_factor
 from headstore.heads.run import load_head
 
 UNFREEZE_MODES = ("all", "top-k", "gradual")
-SIDECAR_FILES = ("modules.json", "sentence_bert_config.json", "config_sentence_transformers.json",
-                 "mlm_head.safetensors")
 
 
 @dataclass(frozen=True)
@@ -264,6 +261,8 @@ def finetune(head_dir: str, out_dir: str, cfg: FinetuneConfig, store_path: str |
 def _write_outputs(out: Path, model, tokenizer, model_dir: Path, head, norm, head_dir, head_config, parts,
                    cfg: FinetuneConfig, history, unfrozen_at, seconds, n_blocks, steps, n_pairs) -> dict:
     from headstore.featurize.model import model_identity
+    from headstore.featurize.tuning.checkpoint import copy_sidecars
+    from headstore.featurize.tuning.mlm_head import HEAD_FILE
 
     enc_dir, new_head = out / "encoder", out / "head"
     enc_dir.mkdir(parents=True, exist_ok=True)
@@ -272,11 +271,7 @@ def _write_outputs(out: Path, model, tokenizer, model_dir: Path, head, norm, hea
         (getattr(model, "activation_checkpointing_disable", None) or model.gradient_checkpointing_disable)()
     model.to("cpu").eval().save_pretrained(str(enc_dir), safe_serialization=True)
     tokenizer.save_pretrained(str(enc_dir))
-    for name in SIDECAR_FILES:  # keep max_seq_length (featurize's default max_length) and the ST layout
-        if (model_dir / name).is_file():
-            shutil.copy2(model_dir / name, enc_dir / name)
-    if (model_dir / "1_Pooling").is_dir():
-        shutil.copytree(model_dir / "1_Pooling", enc_dir / "1_Pooling", dirs_exist_ok=True)
+    copy_sidecars(model_dir, enc_dir, extra=(HEAD_FILE,))  # max_seq_length, the ST layout, an adapted MLM head
     identity = model_identity(str(enc_dir), parts["max_length"])
     new_parts = {**{k: v for k, v in parts.items() if k not in ("arrays", "dim", "n_texts", "fingerprint")},
                  "model_id": identity.model_id, "weights_hash": identity.weights_hash,

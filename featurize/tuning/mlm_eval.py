@@ -23,9 +23,8 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from headstore.featurize.tuning.masking import IGNORE_INDEX
 from headstore.featurize.tuning.mlm_head import load_mlm_model, masked_lm_loss
-from headstore.featurize.tuning.packing import MLMCollator, pack_texts
+from headstore.featurize.tuning.packing import IGNORE_INDEX, MLMCollator, pack_texts
 
 HEAD_NOTES = {
     "pretrained": "MLM head from the checkpoint",
@@ -57,17 +56,16 @@ def mlm_loss(model_path: str | Path, texts: list[str], max_length: int = 128, se
     blocks = pack_texts(texts, tokenizer, max_length)
     if not blocks:
         raise ValueError("mlm_loss got no text")
-    collate = MLMCollator(tokenizer, model.config.vocab_size, mlm_probability, whole_word=False)
     total, count = 0.0, 0
     steps = n_masks * math.ceil(len(blocks) / batch_size)
     bar = tqdm(total=steps, desc="mlm loss", disable=not progress, leave=False)
     for round_ in range(n_masks):
-        generator = torch.Generator().manual_seed(seed * 1_000_003 + round_)
+        collate = MLMCollator(tokenizer, model.config.vocab_size, mlm_probability, whole_word=False,
+                              seed=seed * 1_000_003 + round_)
         for start in range(0, len(blocks), batch_size):
-            batch = collate(blocks[start:start + batch_size], generator)
-            labels = batch.labels.to(device)
-            total += float(masked_lm_loss(model, batch.input_ids.to(device),
-                                          batch.attention_mask.to(device), labels, "sum"))
+            batch = {k: v.to(device) for k, v in collate(blocks[start:start + batch_size]).items()}
+            labels = batch["labels"]
+            total += float(masked_lm_loss(model, batch["input_ids"], batch["attention_mask"], labels, "sum"))
             count += int((labels != IGNORE_INDEX).sum())
             bar.update(1)
     bar.close()

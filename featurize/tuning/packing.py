@@ -4,17 +4,24 @@ Texts are tokenised without special tokens and concatenated into one stream, doc
 by [SEP]; the stream is cut into blocks of `max_length - 2` tokens and each block framed as
 [CLS] … [SEP]. Packing wastes no compute on padding (only the last block is short) and lets short
 passages share a block, which is how BERT-style pre-training reads text.
+
+Masking is transformers' `DataCollatorForLanguageModeling` (`MLMCollator` pads, masks, and redraws
+a mask that predicts nothing): `mlm_probability` of the non-special tokens are predicted, 80% become
+[MASK], 10% a random token, 10% stay; masks are drawn afresh every batch from the collator's own
+seeded generator. Whole-word masking is the same collator's `whole_word_mask`: words come from the
+tokenizer's character offsets (kept beside the ids by `pack_texts(offsets=True)`), and every piece of
+a selected word becomes [MASK] (transformers does no random replacement under whole-word masking).
 """
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from headstore.data.text_id import doc_text, text_id
-from headstore.featurize.tuning.masking import MaskingVocab, mask_tokens
+
+IGNORE_INDEX = -100  # label value the MLM loss skips (transformers' collators, torch cross_entropy)
 
 PLAIN_TEXT_SUFFIXES = (".txt", ".text", ".parquet")
 
@@ -69,70 +76,93 @@ def texts_fingerprint(texts: list[str]) -> str:
     return digest.hexdigest()
 
 
-def pack_texts(texts: list[str], tokenizer, max_length: int, batch: int = 1000) -> list[list[int]]:
-    """Blocks of token ids, each [CLS] + ≤ max_length-2 stream tokens + [SEP]."""
+def pack_texts(texts: list[str], tokenizer, max_length: int, batch: int = 1000,
+               offsets: bool = False) -> list[dict]:
+    """Blocks {"input_ids": [CLS] + ≤ max_length-2 stream tokens + [SEP]}; with `offsets`, also each
+    token's character span in its text ("offset_mapping", (0, 0) for [CLS]/[SEP]) for whole-word masking."""
     if max_length < 4:
         raise ValueError(f"max_length must be at least 4 to hold [CLS] x y [SEP], got {max_length}")
     cls_id, sep_id = tokenizer.cls_token_id, tokenizer.sep_token_id
     if cls_id is None or sep_id is None:
         raise ValueError(f"tokenizer {type(tokenizer).__name__} lacks [CLS]/[SEP]; packing needs both")
-    stream: list[int] = []
+    if offsets and not tokenizer.is_fast:
+        raise ValueError(f"whole-word masking needs a fast tokenizer (character offsets); "
+                         f"{type(tokenizer).__name__} is not")
+    ids, spans = [], []  # the stream: token ids, and their character spans when `offsets`
     for start in range(0, len(texts), batch):
-        encoded = tokenizer(texts[start:start + batch], add_special_tokens=False,
-                            return_attention_mask=False, verbose=False)["input_ids"]
-        for ids in encoded:
-            if ids:
-                stream.extend(ids)
-                stream.append(sep_id)
-    body = max_length - 2
-    blocks, chunk = [], []
-    for token in stream:
-        if token == sep_id and not chunk:
-            continue  # the frame's [CLS] already starts the block
-        chunk.append(token)
-        if len(chunk) == body:
-            if chunk[-1] == sep_id:
-                chunk.pop()  # the frame's [SEP] already ends the document
-            blocks.append([cls_id, *chunk, sep_id])
-            chunk = []
-    if chunk and chunk[-1] == sep_id:
-        chunk.pop()
-    if chunk:
-        blocks.append([cls_id, *chunk, sep_id])
+        encoded = tokenizer(texts[start:start + batch], add_special_tokens=False, return_attention_mask=False,
+                            return_offsets_mapping=offsets, verbose=False)
+        for i, doc in enumerate(encoded["input_ids"]):
+            if doc:
+                ids += [*doc, sep_id]
+                if offsets:
+                    spans += [*map(tuple, encoded["offset_mapping"][i]), (0, 0)]
+    blocks = []
+    for begin, end in _block_bounds(ids, max_length - 2, sep_id):
+        block = {"input_ids": [cls_id, *ids[begin:end], sep_id]}
+        if offsets:
+            block["offset_mapping"] = [(0, 0), *spans[begin:end], (0, 0)]
+        blocks.append(block)
     return blocks
 
 
-@dataclass
-class MaskedBatch:
-    input_ids: torch.Tensor  # (B, T) with masks applied
-    attention_mask: torch.Tensor  # (B, T)
-    labels: torch.Tensor  # (B, T), IGNORE_INDEX where not predicted
+def _block_bounds(ids: list[int], body: int, sep_id: int) -> list[tuple[int, int]]:
+    """[begin, end) of each block body: ≤ `body` stream tokens, never starting or ending with [SEP]
+    (the frame's [CLS] / [SEP] already mark a document's edge)."""
+    bounds, begin, length = [], 0, 0
+    for i, token in enumerate(ids):
+        if length == 0:
+            if token == sep_id:
+                continue
+            begin = i
+        length += 1
+        if length == body:
+            bounds.append((begin, i if token == sep_id else i + 1))
+            length = 0
+    if length:
+        bounds.append((begin, len(ids) - 1 if ids[-1] == sep_id else len(ids)))
+    return bounds
 
 
 class MLMCollator:
-    """Pads blocks to the batch's longest and draws a fresh mask for every batch."""
+    """Blocks -> a masked batch {input_ids, attention_mask, labels} ((B, T) each; labels IGNORE_INDEX where
+    not predicted), by transformers' DataCollatorForLanguageModeling with its own generator seeded `seed`:
+    every call draws new masks, and `generator` state is what a resumed run restores."""
 
-    def __init__(self, tokenizer, vocab_size: int, mlm_probability: float, whole_word: bool):
-        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-        self.special_ids = torch.tensor(sorted(set(tokenizer.all_special_ids)), dtype=torch.long)
-        self.vocab = MaskingVocab.from_tokenizer(tokenizer)
-        self.vocab_size = vocab_size
-        self.mlm_probability = mlm_probability
-        self.whole_word = whole_word
+    def __init__(self, tokenizer, vocab_size: int, mlm_probability: float, whole_word: bool, seed: int):
+        from transformers import DataCollatorForLanguageModeling
 
-    def pad(self, blocks: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(input_ids, attention_mask, special_tokens_mask), each (B, T)."""
-        width = max(len(b) for b in blocks)
-        ids = torch.full((len(blocks), width), self.pad_id, dtype=torch.long)
-        attention = torch.zeros((len(blocks), width), dtype=torch.long)
-        for row, block in enumerate(blocks):
-            ids[row, :len(block)] = torch.tensor(block, dtype=torch.long)
-            attention[row, :len(block)] = 1
-        special = torch.isin(ids, self.special_ids) | (attention == 0)
-        return ids, attention, special
+        if not 0.0 < mlm_probability < 1.0:
+            raise ValueError(f"mlm_probability must be in (0, 1), got {mlm_probability}")
+        if len(tokenizer) > vocab_size:  # random replacements are drawn from the whole tokenizer
+            raise ValueError(f"tokenizer has {len(tokenizer)} tokens but the model only {vocab_size}")
+        replace = {"mask_replace_prob": 1.0, "random_replace_prob": 0.0} if whole_word else {}  # 80/10/10 else
+        self.hf = DataCollatorForLanguageModeling(tokenizer, mlm_probability=mlm_probability,
+                                                  whole_word_mask=whole_word, **replace)
+        # what its `seed=` builds on the first call, made here so a checkpoint can save and restore it
+        self.hf.generator = torch.Generator().manual_seed(seed)
+        self.whole_word, self.left = whole_word, tokenizer.padding_side == "left"
+        self.special_ids = set(tokenizer.all_special_ids)
 
-    def __call__(self, blocks: list[list[int]], generator: torch.Generator) -> MaskedBatch:
-        ids, attention, special = self.pad(blocks)
-        masked, labels = mask_tokens(ids, special, attention, self.vocab, self.vocab_size, generator,
-                                     self.mlm_probability, whole_word=self.whole_word)
-        return MaskedBatch(masked, attention, labels)
+    @property
+    def generator(self) -> torch.Generator:
+        return self.hf.generator
+
+    def examples(self, blocks: list[dict]) -> list[dict]:
+        """The blocks as the library takes them; it pads all but offsets, padded here to the batch width."""
+        if not self.whole_word:
+            return [{"input_ids": b["input_ids"]} for b in blocks]
+        width = max(len(b["input_ids"]) for b in blocks)
+        return [{"input_ids": b["input_ids"],
+                 "offset_mapping": self._pad(b["offset_mapping"], width - len(b["input_ids"]))} for b in blocks]
+
+    def _pad(self, spans: list, n: int) -> list:
+        return [(0, 0)] * n + spans if self.left else spans + [(0, 0)] * n
+
+    def __call__(self, blocks: list[dict]) -> dict[str, torch.Tensor]:
+        while True:  # an empty loss would be NaN: redraw (only a batch of a few short blocks can predict nothing)
+            batch = self.hf(self.examples(blocks))
+            if (batch["labels"] != IGNORE_INDEX).any():
+                return {k: batch[k] for k in ("input_ids", "attention_mask", "labels")}
+            if all(t in self.special_ids for b in blocks for t in b["input_ids"]):
+                raise ValueError("the blocks hold only special tokens: nothing to predict")

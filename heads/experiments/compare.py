@@ -17,7 +17,6 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import os
 import time
 import tomllib
 from dataclasses import asdict, dataclass, field, fields
@@ -28,13 +27,8 @@ from headstore.featurize.tuning.adapt import AdaptConfig
 from headstore.featurize.config import FeaturizeConfig
 from headstore.heads.config import setting_hints, TrainConfig
 from headstore.featurize.tuning.finetune import FinetuneConfig
+from headstore.heads.experiments.datasets_root import default_mlm_text, missing_mlm_text_note
 from headstore.heads.model import HeadConfig
-
-
-def _default_mlm_text() -> str | None:
-    root = Path(os.environ.get("HEADSTORE_DATA", Path(__file__).resolve().parents[1] / ".." / "shared" / "datasets"))
-    path = root / "wikitext-2" / "wikitext2.parquet"
-    return str(path) if path.is_file() else None
 
 
 @dataclass(frozen=True)
@@ -50,7 +44,7 @@ class CompareConfig:
     adapt: AdaptConfig = AdaptConfig(max_steps=50, batch_size=16)  # short: a CPU-sized adaptation
     finetune: FinetuneConfig = FinetuneConfig()
     mlm: bool = True  # MLM loss before/after on held-out text (adds a head-only probe adaptation)
-    mlm_text: str | None = field(default_factory=_default_mlm_text)  # general text: wikitext-2
+    mlm_text: str | None = field(default_factory=default_mlm_text)  # general text: wikitext-2 under the datasets root
     mlm_text_split: str | None = "validation"  # wikitext-2 here has validation and test only
     mlm_max_texts: int = 64  # texts per MLM evaluation set: ~1 minute per model on 2 CPU cores
     mlm_holdout_fraction: float = 0.02  # in-domain texts kept out of adaptation, scored for MLM loss
@@ -188,6 +182,9 @@ def run_compare(cfg: CompareConfig, out_dir: str, log=print) -> str:
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     atomic_write_json(out / "config.json", asdict(cfg), indent=1)
+    missing = missing_mlm_text_note(cfg.mlm, cfg.mlm_text)
+    if missing:  # said before the long run and again under the table, never dropped silently
+        log(f"[compare] WARNING: {missing}")
     steps = Steps(out, log)
     base_key = {"model": cfg.model}
     base_store, base_feat = _featurize(steps, "featurize-base", cfg, cfg.model, base_key, cfg.base_store)
@@ -230,7 +227,8 @@ def run_compare(cfg: CompareConfig, out_dir: str, log=print) -> str:
     rows = evaluate_setups(cfg, out, setups, encoders, {"base": head1, "adapted": head2, "finetuned": ft_dir / "head"})
     mlm = mlm_losses(cfg, steps, {"base": probe, "adapted": adapted, "finetuned": ft_dir / "encoder"}, probe) \
         if cfg.mlm else {}
-    return write_report(cfg, out, rows, mlm, steps.seconds)
+    table = write_report(cfg, out, rows, mlm, steps.seconds)
+    return table + (f"\nWARNING: {missing}\n" if missing else "")
 
 
 def _adapt_result(summary: dict) -> dict:

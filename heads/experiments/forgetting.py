@@ -21,7 +21,6 @@ as two Parquet files under the output folder. Every step is cached by its settin
 from __future__ import annotations
 
 import dataclasses
-import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -41,18 +40,13 @@ from headstore.heads.artefacts import write_head_dir
 from headstore.heads.config import HeadConfig, TrainConfig
 from headstore.heads.experiments.compare import Steps
 from headstore.heads.experiments.compare_report import GENERAL_MIN_CHARS, with_head
+from headstore.heads.experiments.datasets_root import default_mlm_text, missing_mlm_text_note
 from headstore.heads.features import load_features
 from headstore.heads.kinds import for_training, load_task
 from headstore.heads.kinds.labels import few_shot_indices
 from headstore.heads.evaluate import evaluate_head
 from headstore.heads.run import load_head, train_head
 from headstore.heads.train import train_stack
-
-
-def _default_mlm_text() -> str | None:
-    root = Path(os.environ.get("HEADSTORE_DATA", Path(__file__).resolve().parents[2] / ".." / "shared" / "datasets"))
-    path = root / "wikitext-2" / "wikitext2.parquet"
-    return str(path) if path.is_file() else None
 
 
 # the head settings the forgetting tables were measured with (docs/labels.md), pinned so that later changes
@@ -74,7 +68,7 @@ class ForgettingConfig:
     finetune: FinetuneConfig = FinetuneConfig(mined_k=0)  # mined negatives x encoder passes: too dear on CPU
     featurize: FeaturizeConfig = FeaturizeConfig()  # re-featurizing after each fine-tune (its model is replaced)
     mlm: bool = True  # MLM loss of the encoder before / after
-    mlm_text: str | None = field(default_factory=_default_mlm_text)
+    mlm_text: str | None = field(default_factory=default_mlm_text)  # wikitext-2 under the datasets root
     mlm_probe_steps: int = 50  # steps of the probe MLM head on the frozen base encoder
     mlm_max_texts: int = 64  # held-out texts scored (~1 minute per encoder on 2 CPU cores)
     mlm_holdout_fraction: float = 0.02  # wikitext texts kept out of the probe's training, scored
@@ -139,6 +133,9 @@ def run_forgetting(cfg: ForgettingConfig, out_dir: str, log=print) -> str:
     out.mkdir(parents=True, exist_ok=True)
     atomic_write_json(out / "config.json", asdict(cfg), indent=1)
     steps = Steps(out, log)
+    missing = missing_mlm_text_note(cfg.mlm, cfg.mlm_text)
+    if missing:  # said now and in the table's notes, never dropped silently
+        log(f"[forgetting] WARNING: {missing}")
     tasks = {"A": (cfg.task_a, cfg.format_a), "B": (cfg.task_b, cfg.format_b)}
     common = {"store": cfg.store, "head": asdict(cfg.head), "train": cfg.train.to_dict()}
 
@@ -230,6 +227,9 @@ def _report(cfg: ForgettingConfig, out: Path, rows: list[dict], mlm: dict, secon
              "MLM loss: masked-token cross-entropy on held-out wikitext-2 lines, one probe MLM head trained on the "
              "frozen base encoder, same masks for every encoder. Steps (s): "
              + ", ".join(f"{k} {v:.0f}" for k, v in seconds.items())]
+    missing = missing_mlm_text_note(cfg.mlm, cfg.mlm_text)
+    if missing:
+        notes.append(f"WARNING: {missing}.")
     table = "\n".join(lines + notes)
     atomic_write_text(out / "forgetting.md", f"# forgetting: {a} then {b}\n\n{table}\n")
     atomic_write_json(out / "forgetting.json", {"rows": rows, "mlm": mlm, "step_seconds": seconds}, indent=1)

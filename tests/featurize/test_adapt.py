@@ -247,3 +247,26 @@ def test_adapt_then_featurize_changes_the_store_fingerprint(tmp_path, corpus):
     with pytest.raises(StoreError, match="fingerprint"):
         featurize_texts(FeaturizeConfig(model=str(out), dtype="float32"), texts + ["a new text ."],
                         tmp_path / "base-store")
+
+
+def test_whole_word_run_keeps_the_sentence_transformers_files(tmp_path, corpus):
+    from headstore.featurize.tuning.checkpoint import copy_sidecars
+
+    model_dir = save_tiny_model(tmp_path / "tiny")
+    modules = [{"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+               {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
+               {"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"}]
+    (model_dir / "modules.json").write_text(json.dumps(modules))
+    (model_dir / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": 16}))
+    (model_dir / "1_Pooling").mkdir()
+    (model_dir / "1_Pooling" / "config.json").write_text(json.dumps({"pooling_mode_mean_tokens": True}))
+    out = tmp_path / "out"
+    summary = adapt(small_config(model_dir, whole_word=True), [corpus], out)
+    assert summary["finished"] and summary["last_loss_mean10"] == summary["last_loss_mean10"]  # not NaN
+    for name in ("modules.json", "sentence_bert_config.json", "1_Pooling/config.json"):
+        assert (out / name).read_text() == (model_dir / name).read_text()
+    assert not (out / "2_Normalize").exists()  # named in modules.json, but the source has no folder
+    other = tmp_path / "other"
+    other.mkdir()
+    assert copy_sidecars(out, other, extra=(HEAD_FILE, "absent.json")) == [
+        "modules.json", "sentence_bert_config.json", HEAD_FILE, "1_Pooling"]

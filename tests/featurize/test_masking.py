@@ -1,11 +1,12 @@
-"""BERT masking statistics, special-token safety, whole-word groups, and text packing."""
+"""MLM batches: transformers' masking (rate, 80/10/10, special tokens, whole words) as packing.MLMCollator
+uses it, and the packing of texts into blocks."""
 from __future__ import annotations
 
+import pytest
 import torch
 from transformers import BertTokenizerFast
 
-from headstore.featurize.tuning.masking import IGNORE_INDEX, MaskingVocab, mask_tokens, wordpiece_word_ids
-from headstore.featurize.tuning.packing import MLMCollator, pack_texts, split_holdout
+from headstore.featurize.tuning.packing import IGNORE_INDEX, MLMCollator, pack_texts, split_holdout
 
 SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 WORDS = ["the", "cell", "protein", "gene", "binds", "to", "a", "in", "of", "and", "mouse",
@@ -19,124 +20,108 @@ def make_tokenizer(tmp_path) -> BertTokenizerFast:
     return BertTokenizerFast(vocab=str(vocab), do_lower_case=True)
 
 
-def random_batch(tok, rows=64, width=40, seed=0):
-    """Rows of random ordinary ids framed by [CLS]/[SEP], with random-length padding."""
+def collator(tok, probability=0.15, whole_word=False, seed=0) -> MLMCollator:
+    return MLMCollator(tok, len(tok), probability, whole_word, seed=seed)
+
+
+def random_blocks(tok, rows=64, width=40, seed=0) -> list[dict]:
+    """Blocks of random ordinary ids framed by [CLS]/[SEP], of random lengths (the collator pads them)."""
     g = torch.Generator().manual_seed(seed)
-    ids = torch.randint(len(SPECIALS), len(tok), (rows, width), generator=g)
-    lengths = torch.randint(5, width + 1, (rows,), generator=g)
-    attention = (torch.arange(width)[None, :] < lengths[:, None]).long()
-    ids[:, 0] = tok.cls_token_id
-    ids[torch.arange(rows), lengths - 1] = tok.sep_token_id
-    ids[attention == 0] = tok.pad_token_id
-    special = torch.isin(ids, torch.tensor(tok.all_special_ids)) | (attention == 0)
-    return ids, special, attention
+    lengths = torch.randint(3, width - 1, (rows,), generator=g).tolist()
+    return [{"input_ids": [tok.cls_token_id, *torch.randint(len(SPECIALS), len(tok), (n,), generator=g).tolist(),
+                           tok.sep_token_id]} for n in lengths]
 
 
-def test_80_10_10_split_and_rate(tmp_path):
+def padded(tok, blocks) -> torch.Tensor:
+    width = max(len(b["input_ids"]) for b in blocks)
+    return torch.tensor([b["input_ids"] + [tok.pad_token_id] * (width - len(b["input_ids"])) for b in blocks])
+
+
+def test_rate_and_80_10_10_split(tmp_path):
     tok = make_tokenizer(tmp_path)
-    vocab = MaskingVocab.from_tokenizer(tok)
-    ids, special, attention = random_batch(tok, rows=400, width=64)
-    masked, labels = mask_tokens(ids, special, attention, vocab, len(tok),
-                                 torch.Generator().manual_seed(1), mlm_probability=0.15)
+    blocks = random_blocks(tok, rows=400, width=64)
+    ids = padded(tok, blocks)
+    batch = collator(tok)(blocks)
+    masked, labels = batch["input_ids"], batch["labels"]
+    special = torch.isin(ids, torch.tensor(tok.all_special_ids))
     selected = labels != IGNORE_INDEX
-    n_candidates = int((~special).sum())
-    assert abs(selected.sum().item() / n_candidates - 0.15) < 0.01
+    assert abs(selected.sum().item() / (~special).sum().item() - 0.15) < 0.01
     assert torch.equal(labels[selected], ids[selected])  # labels are the original tokens
-    n = selected.sum().item()
-    to_mask = (masked == tok.mask_token_id) & selected
-    changed = (masked != ids) & selected & ~to_mask
-    kept = (masked == ids) & selected
-    assert abs(to_mask.sum().item() / n - 0.8) < 0.03
-    # a random replacement equals the original 1/V of the time; those count as "kept"
-    assert abs((changed.sum().item() + kept.sum().item()) / n - 0.2) < 0.03
-    assert abs(changed.sum().item() / n - 0.1 * (1 - 1 / (len(tok) - len(SPECIALS)))) < 0.02
-    # random replacements never produce a special token
-    assert not torch.isin(masked[changed], torch.tensor(tok.all_special_ids)).any()
-    # unselected positions are untouched
-    assert torch.equal(masked[~selected], ids[~selected])
+    assert torch.equal(masked[~selected], ids[~selected])  # unselected positions are untouched
+    n, vocab = selected.sum().item(), len(tok)  # a random replacement is drawn from the whole vocabulary
+    to_mask = ((masked == tok.mask_token_id) & selected).sum().item() / n
+    changed = ((masked != ids) & (masked != tok.mask_token_id) & selected).sum().item() / n
+    kept = ((masked == ids) & selected).sum().item() / n
+    assert abs(to_mask - (0.8 + 0.1 / vocab)) < 0.03
+    assert abs(changed - 0.1 * (1 - 2 / vocab)) < 0.02
+    assert abs(kept - (0.1 + 0.1 / vocab)) < 0.02
+    assert batch["attention_mask"].tolist() == (ids != tok.pad_token_id).long().tolist()
 
 
 def test_special_tokens_and_padding_never_masked(tmp_path):
     tok = make_tokenizer(tmp_path)
-    vocab = MaskingVocab.from_tokenizer(tok)
-    ids, special, attention = random_batch(tok, rows=100, width=30, seed=3)
-    for seed in range(5):
-        for whole_word in (False, True):
-            masked, labels = mask_tokens(ids, special, attention, vocab, len(tok),
-                                         torch.Generator().manual_seed(seed), 0.5, whole_word)
-            assert (labels[special] == IGNORE_INDEX).all()
-            assert torch.equal(masked[special], ids[special])
+    text = " ".join(["the unbinding of proteins and unbinding in brain"] * 3)
+    for whole_word in (False, True):
+        blocks = pack_texts([text] * 20 + ["the cell"], tok, max_length=30, offsets=whole_word)
+        ids = padded(tok, blocks)
+        special = torch.isin(ids, torch.tensor(tok.all_special_ids))
+        collate = collator(tok, 0.5, whole_word)
+        for _ in range(5):
+            batch = collate(blocks)
+            assert (batch["labels"][special] == IGNORE_INDEX).all()
+            assert torch.equal(batch["input_ids"][special], ids[special])
 
 
 def test_fresh_masks_per_call_and_seeded(tmp_path):
     tok = make_tokenizer(tmp_path)
-    vocab = MaskingVocab.from_tokenizer(tok)
-    ids, special, attention = random_batch(tok)
-    g = torch.Generator().manual_seed(7)
-    first = mask_tokens(ids, special, attention, vocab, len(tok), g)[1]
-    second = mask_tokens(ids, special, attention, vocab, len(tok), g)[1]
+    blocks = random_blocks(tok)
+    collate = collator(tok, seed=7)
+    first, second = collate(blocks)["labels"], collate(blocks)["labels"]
     assert not torch.equal(first, second)  # a new draw each batch
-    again = mask_tokens(ids, special, attention, vocab, len(tok), torch.Generator().manual_seed(7))[1]
-    assert torch.equal(first, again)
-
-
-def test_wordpiece_word_ids_by_hand(tmp_path):
-    tok = make_tokenizer(tmp_path)
-    enc = tok(["the protein unbinding proteins", "unbinding"], padding=True, return_tensors="pt")
-    tokens = tok.convert_ids_to_tokens(enc["input_ids"][0])
-    assert tokens == ["[CLS]", "the", "protein", "un", "##bind", "##ing", "protein", "##s", "[SEP]"]
-    vocab = MaskingVocab.from_tokenizer(tok)
-    special = torch.isin(enc["input_ids"], torch.tensor(tok.all_special_ids))
-    words = wordpiece_word_ids(enc["input_ids"], special, torch.tensor(vocab.is_continuation))
-    assert words[0].tolist() == [-1, 0, 1, 2, 2, 2, 3, 3, -1]
-    assert words[1].tolist() == [-1, 0, 0, 0, -1, -1, -1, -1, -1]
+    assert torch.equal(first, collator(tok, seed=7)(blocks)["labels"])
+    state = collate.generator.get_state()  # what a checkpoint saves: the next draw is the same again
+    third = collate(blocks)["labels"]
+    collate.generator.set_state(state)
+    assert torch.equal(collate(blocks)["labels"], third)
 
 
 def test_whole_word_groups_masked_together(tmp_path):
     tok = make_tokenizer(tmp_path)
-    vocab = MaskingVocab.from_tokenizer(tok)
     text = " ".join(["the unbinding of proteins and unbinding in brain"] * 6)
-    enc = tok([text] * 50, return_tensors="pt")
-    ids, attention = enc["input_ids"], enc["attention_mask"]
+    blocks = pack_texts([text] * 50, tok, max_length=24, offsets=True)
+    ids = padded(tok, blocks)
+    batch = collator(tok, 0.15, whole_word=True)(blocks)
+    selected = batch["labels"] != IGNORE_INDEX
     special = torch.isin(ids, torch.tensor(tok.all_special_ids))
-    words = wordpiece_word_ids(ids, special, torch.tensor(vocab.is_continuation))
-    masked, labels = mask_tokens(ids, special, attention, vocab, len(tok),
-                                 torch.Generator().manual_seed(0), 0.15, whole_word=True)
-    selected = labels != IGNORE_INDEX
-    for row in range(ids.shape[0]):
-        for w in words[row].unique().tolist():
-            if w < 0:
-                continue
-            group = selected[row][words[row] == w]
-            assert group.all() or not group.any()  # all pieces of a word or none
-    rate = selected.sum().item() / (~special).sum().item()
-    assert 0.10 < rate < 0.20
-    # explicit word_ids: pairs of positions form words
-    pairs = torch.where(special, torch.full_like(ids, -1), torch.arange(ids.shape[1]) // 2)
-    _, labels = mask_tokens(ids, special, attention, vocab, len(tok),
-                            torch.Generator().manual_seed(1), 0.3, whole_word=True, word_ids=pairs)
-    sel = labels != IGNORE_INDEX
-    last = ids.shape[1] - 2  # the last maskable position ([SEP] follows)
-    for p in range(2, last, 2):  # positions 2k and 2k+1 form word k
-        assert torch.equal(sel[:, p], sel[:, p + 1])
-    assert sel.any()
+    piece = torch.tensor([t.startswith("##") for t in tok.convert_ids_to_tokens(range(len(tok)))])[ids]
+    joins = piece.clone()  # a `##` piece joins the word before it, unless a special token precedes it
+    joins[:, 1:] &= ~special[:, :-1]
+    joins[:, 0] = False
+    prev = torch.zeros_like(selected)
+    prev[:, 1:] = selected[:, :-1]
+    assert torch.equal(selected[joins], prev[joins])  # all pieces of a word or none
+    assert (batch["input_ids"][selected] == tok.mask_token_id).all()  # whole words: all [MASK]
+    starts = ~special & ~joins
+    assert 0.12 < selected[starts].float().mean().item() < 0.18  # words are selected at the rate
+    assert selected[piece & ~special].any()  # multi-piece words were selected whole
 
 
-def test_every_row_gets_a_prediction(tmp_path):
+def test_a_batch_always_predicts_something(tmp_path):
     tok = make_tokenizer(tmp_path)
-    vocab = MaskingVocab.from_tokenizer(tok)
-    enc = tok(["the cell"] * 200, return_tensors="pt")  # 2 maskable tokens per row
-    special = torch.isin(enc["input_ids"], torch.tensor(tok.all_special_ids))
-    _, labels = mask_tokens(enc["input_ids"], special, enc["attention_mask"], vocab, len(tok),
-                            torch.Generator().manual_seed(0))
-    assert ((labels != IGNORE_INDEX).sum(dim=1) >= 1).all()
+    collate = collator(tok, probability=0.05, seed=3)
+    for _ in range(5):  # one maskable token at 5%: the collator redraws until it is picked
+        assert (collate([{"input_ids": [tok.cls_token_id, 9, tok.sep_token_id]}])["labels"] != IGNORE_INDEX).any()
+    with pytest.raises(ValueError, match="only special tokens"):
+        collate([{"input_ids": [tok.cls_token_id, tok.sep_token_id]}])
+    with pytest.raises(ValueError, match="only 10"):
+        MLMCollator(tok, 10, 0.15, False, seed=0)  # random replacements must be ids the model has
 
 
 def test_pack_texts_frames_blocks(tmp_path):
     tok = make_tokenizer(tmp_path)
     texts = ["the cell binds to a protein", "", "we found the gene in mouse brain",
              "human blood"] * 5
-    blocks = pack_texts(texts, tok, max_length=10)
+    blocks = [b["input_ids"] for b in pack_texts(texts, tok, max_length=10)]
     assert all(b[0] == tok.cls_token_id and b[-1] == tok.sep_token_id for b in blocks)
     assert all(len(b) <= 10 for b in blocks)
     # only the last block is short (a block whose body ends a document drops that [SEP]: 9)
@@ -154,13 +139,17 @@ def test_pack_texts_frames_blocks(tmp_path):
     assert n_docs - len(blocks) <= inner <= n_docs - 1
 
 
-def test_collator_pads_and_masks(tmp_path):
+def test_pack_texts_keeps_offsets_beside_the_ids(tmp_path):
     tok = make_tokenizer(tmp_path)
-    collate = MLMCollator(tok, len(tok), 0.15, whole_word=False)
-    batch = collate([[2, 5, 6, 7, 3], [2, 8, 3]], torch.Generator().manual_seed(0))
-    assert batch.attention_mask.tolist() == [[1, 1, 1, 1, 1], [1, 1, 1, 0, 0]]
-    assert batch.input_ids[1, 3:].tolist() == [tok.pad_token_id] * 2
-    assert (batch.labels[:, 0] == IGNORE_INDEX).all() and (batch.labels[1, 2:] == IGNORE_INDEX).all()
+    texts = ["the protein unbinding proteins", "unbinding"]
+    (block,) = pack_texts(texts, tok, max_length=20, offsets=True)
+    assert tok.convert_ids_to_tokens(block["input_ids"]) == [
+        "[CLS]", "the", "protein", "un", "##bind", "##ing", "protein", "##s", "[SEP]", "un", "##bind", "##ing", "[SEP]"]
+    assert block["offset_mapping"] == [(0, 0), (0, 3), (4, 11), (12, 14), (14, 18), (18, 21), (22, 29), (29, 30),
+                                       (0, 0), (0, 2), (2, 6), (6, 9), (0, 0)]
+    cut = pack_texts(texts, tok, max_length=6, offsets=True)  # blocks cut mid-word keep the two aligned
+    assert [len(b["input_ids"]) for b in cut] == [len(b["offset_mapping"]) for b in cut]
+    assert "offset_mapping" not in pack_texts(texts, tok, max_length=6)[0]
 
 
 def test_split_holdout_is_stable():

@@ -104,6 +104,43 @@ def test_a_changed_setting_reruns_only_what_depends_on_it(world):
     assert {line.split(":")[0].split()[-1] for line in ran} == {"finetune", "featurize-finetuned", "mlm-finetuned"}
 
 
+def test_a_missing_general_text_is_said_not_dropped(world, tmp_path, monkeypatch):
+    root, cfg = world
+    out = root / "out"
+    if not (out / "compare.json").is_file():
+        pytest.skip("needs the end-to-end run")
+    monkeypatch.setenv("HEADSTORE_DATA", str(tmp_path))  # a root without wikitext-2
+    no_text = root / "compare-no-text.toml"
+    no_text.write_text("\n".join(line for line in cfg.read_text().splitlines() if not line.startswith("mlm_text")))
+    r = CliRunner().invoke(main, ["compare", "--config", str(no_text), "--out", str(out)])
+    assert r.exit_code == 0, r.output
+    looked_for = str(tmp_path / "wikitext-2" / "wikitext2.parquet")
+    warnings = [line for line in r.output.splitlines() if "WARNING" in line]
+    assert len(warnings) == 2 and all(looked_for in line for line in warnings), r.output  # before and after
+    rows = json.loads((out / "compare.json").read_text())["rows"]
+    assert all("general" not in row["mlm_loss"] and "in_domain" in row["mlm_loss"] for row in rows)
+
+
+def test_datasets_root_is_the_tests_root(tmp_path, monkeypatch):
+    from pathlib import Path
+
+    from headstore.heads.experiments.compare import CompareConfig
+    from headstore.heads.experiments.datasets_root import datasets_root, missing_mlm_text_note
+    from headstore.heads.experiments.forgetting import ForgettingConfig
+
+    monkeypatch.delenv("HEADSTORE_DATA", raising=False)  # conftest's real_dataset: <repo>/../shared/datasets
+    assert datasets_root() == Path(__file__).resolve().parents[2].parent / "shared" / "datasets"
+    monkeypatch.setenv("HEADSTORE_DATA", str(tmp_path))
+    text = tmp_path / "wikitext-2" / "wikitext2.parquet"
+    assert datasets_root() == tmp_path and CompareConfig(in_domain="x").mlm_text is None
+    assert str(text) in missing_mlm_text_note(True, None)
+    assert missing_mlm_text_note(False, None) is None and missing_mlm_text_note(True, "t.txt") is None
+    text.parent.mkdir()
+    text.write_bytes(b"")
+    assert CompareConfig(in_domain="x").mlm_text == str(text)
+    assert ForgettingConfig(task_a="a", task_b="b", store="s").mlm_text == str(text)
+
+
 def test_config_errors_name_the_valid_settings(tmp_path):
     bad = tmp_path / "bad.toml"
     bad.write_text('[data]\nin_domain = "x"\n[finetune]\nunfreez = "all"\n')
@@ -111,3 +148,15 @@ def test_config_errors_name_the_valid_settings(tmp_path):
         load_compare_config(str(bad))
     with pytest.raises(ValueError, match="in-domain"):
         load_compare_config(None)
+
+
+def test_default_mlm_text_is_the_shared_wikitext_file(real_dataset):
+    """Without mlm_text, compare and forgetting take wikitext-2 from the datasets root the tests use
+    ($HEADSTORE_DATA, else <repo>/../shared/datasets). compare once looked one folder too high (inside
+    the repository), found nothing and dropped the general-MLM column without a word."""
+    from headstore.heads.experiments.compare import CompareConfig
+    from headstore.heads.experiments.forgetting import ForgettingConfig
+
+    expected = str(real_dataset("wikitext-2") / "wikitext2.parquet")
+    assert CompareConfig(in_domain="x").mlm_text == expected
+    assert ForgettingConfig(task_a="a", task_b="b", store="s").mlm_text == expected

@@ -2,6 +2,7 @@
 
 Frozen encoder + per-task heads must lose nothing on A (by construction, and measured); fine-tuning
 the encoder on A and then on B must lose some of A."""
+import dataclasses
 import json
 
 import pytest
@@ -56,3 +57,15 @@ def test_split_classes_gives_disjoint_halves(tmp_path):
     with pytest.raises(ValueError, match="at least 4"):
         pl.DataFrame({"text": ["a", "b"], "label": ["x", "y"]}).write_parquet(tmp_path / "two.parquet")
         split_classes(str(tmp_path / "two.parquet"), None, tmp_path / "o2")
+
+
+def test_a_missing_general_text_is_said_in_the_table(tmp_path):
+    from headstore.heads.experiments.forgetting import _report
+
+    score = {"metric": "m", "value": 0.5, "baseline": 0.4, "baseline_metric": "m"}
+    row = {"setup": "1", "A_before": score, "A_after": score, "B": score, "forgetting": 0.0,
+           "mlm_before": None, "mlm_after": None}
+    cfg = ForgettingConfig(task_a="a", task_b="b", store="s", mlm_text=None)
+    table = _report(cfg, tmp_path, [row], {}, {})
+    assert "WARNING: no general MLM text" in table and "wikitext2.parquet" in table
+    assert "WARNING" not in _report(dataclasses.replace(cfg, mlm=False), tmp_path, [row], {}, {})
