@@ -18,10 +18,10 @@ import typing
 from dataclasses import asdict, dataclass, field, fields
 from typing import Optional
 
+from headstore.featurize.tuning.schedule import SCHEDULES
 from headstore.heads.losses import LOSSES, LossConfig
 from headstore.heads.losses.settings import DEFAULT_IMPOSTORS, GRADED_MODES, IMPOSTOR_MODES
 
-SCHEDULES = ("cosine", "linear", "constant")
 PRECISIONS = ("fp32", "bf16")  # head training maths (heads.train): fp32, or bf16 autocast for the matmuls
 NORMALIZATIONS = ("none", "center", "l2", "center-l2", "standardize")
 ENERGY_NAMES = ("cosine", "l1", "l2")  # heads.energy.ENERGIES implements each

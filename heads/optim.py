@@ -6,7 +6,7 @@ import torch
 
 from headstore.heads.config import TrainConfig
 from headstore.heads.model import StackedMLP
-from headstore.heads.schedule import lr_lambda
+from headstore.featurize.tuning.schedule import lr_lambda
 from headstore.heads.stacked_adamw import StackedAdamW, fused_pays
 
 

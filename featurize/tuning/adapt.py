@@ -30,7 +30,7 @@ from headstore.featurize.model import pick_device
 from headstore.featurize.tuning.checkpoint import checkpoint_state, copy_sidecars, read_checkpoint, write_checkpoint
 from headstore.featurize.tuning.mlm_head import head_parameters, load_mlm_model, masked_lm_loss, save_encoder, save_head
 from headstore.featurize.tuning.packing import MLMCollator, load_texts, pack_texts, split_holdout, texts_fingerprint
-from headstore.heads.schedule import lr_lambda
+from headstore.featurize.tuning.schedule import lr_lambda
 
 log = logging.getLogger(__name__)
 

@@ -7,7 +7,7 @@ import hashlib
 
 import pytest
 
-from headstore.heads.schedule import lr_lambda
+from headstore.featurize.tuning.schedule import lr_lambda
 
 WARMUPS = (0, 1, 2, 3, 7, 10, 60)  # none, short, longer than the run
 TOTALS = (1, 2, 3, 10, 50, 57)

@@ -150,7 +150,7 @@ def test_positive_pair_losses_on_a_table_without_positives_are_an_error():
 def test_lr_schedule_is_transformers_schedule_with_the_warmup_counting_the_update(schedule):
     import transformers.optimization as hf
 
-    from headstore.heads.schedule import lr_lambda
+    from headstore.featurize.tuning.schedule import lr_lambda
 
     make = {"cosine": hf.get_cosine_schedule_with_warmup, "linear": hf.get_linear_schedule_with_warmup,
             "constant": hf.get_constant_schedule_with_warmup}[schedule]

@@ -18,7 +18,7 @@ from __future__ import annotations
 from functools import lru_cache
 from typing import Callable
 
-from headstore.heads.config import SCHEDULES  # cosine | linear | constant: the decay after warm-up
+SCHEDULES = ("cosine", "linear", "constant")  # the decay after warm-up (heads and `cli adapt` alike)
 
 
 @lru_cache(maxsize=64)
