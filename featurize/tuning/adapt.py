@@ -26,6 +26,7 @@ import torch
 from tqdm import tqdm
 
 from headstore.data.files import atomic_write_json
+from headstore.featurize.config import AdaptConfig
 from headstore.featurize.model import pick_device
 from headstore.featurize.tuning.checkpoint import checkpoint_state, copy_sidecars, read_checkpoint, write_checkpoint
 from headstore.featurize.tuning.mlm_head import head_parameters, load_mlm_model, masked_lm_loss, save_encoder, save_head
@@ -36,37 +37,6 @@ log = logging.getLogger(__name__)
 
 CHECKPOINT = "checkpoint-last"
 RUN_LENGTH_FIELDS = ("epochs", "max_steps", "save_every", "device")  # may change on resume
-
-
-@dataclass(frozen=True)
-class AdaptConfig:
-    model: str = "minilm"  # name for featurize.model.resolve_model, or a model directory
-    max_length: int = 128  # block length; MiniLM was trained at 128-256, and short blocks are cheap
-    mlm_probability: float = 0.15  # BERT's masking rate
-    whole_word: bool = False  # BERT's original per-piece masking; True masks whole words (every piece [MASK])
-    train_encoder: bool = True  # False trains only the head: the honest baseline for a fresh head
-    lr: float = 5e-5  # the usual continued-pre-training rate; higher forgets faster
-    fresh_head_lr: float = 1e-3  # a newly initialised head's own parameters (not the tied decoder)
-    # learn fast: at `lr` it needs thousands of steps, feeding noise to the encoder all along
-    warmup_ratio: float = 0.06  # RoBERTa-style short warm-up for AdamW's moment estimates
-    weight_decay: float = 0.01  # BERT's; not applied to biases and LayerNorm
-    max_grad_norm: float = 1.0  # clipping guards the fresh head's first large gradients
-    batch_size: int = 32  # blocks per step; 32 x 128 tokens fits a CPU step in about a second
-    epochs: float = 1.0  # passes over the blocks, used when max_steps is None
-    max_steps: int | None = None  # fixed step budget (overrides epochs)
-    holdout_fraction: float = 0.0  # texts kept out of training for evaluation (by text_id hash)
-    seed: int = 0  # data order, masks, dropout and a fresh head
-    device: str = "auto"  # "auto" = cuda when available
-    bf16: bool = True  # bf16 autocast on CUDA (ignored on CPU, where it is slow)
-    save_every: int = 200  # steps between checkpoints
-
-    def __post_init__(self):
-        if self.max_steps is not None and self.max_steps < 1:
-            raise ValueError(f"max_steps must be >= 1, got {self.max_steps}")
-        if self.batch_size < 1 or self.save_every < 1 or self.epochs <= 0:
-            raise ValueError("batch_size and save_every must be >= 1 and epochs > 0")
-        if self.device not in ("auto", "cpu", "cuda") and not self.device.startswith("cuda:"):
-            raise ValueError(f"device must be auto, cpu, cuda or cuda:N, got {self.device!r}")
 
 
 def lr_at(step: int, total: int, warmup: int, peak: float) -> float:

@@ -6,7 +6,7 @@ import logging
 
 import click
 
-from headstore.featurize.tuning.adapt import AdaptConfig, adapt
+from headstore.featurize.config import AdaptConfig
 
 _DEFAULTS = AdaptConfig()
 
@@ -56,6 +56,8 @@ def adapt_command(data, model, out_dir, column, max_length, mlm_probability, who
         weight_decay=weight_decay, batch_size=batch_size, epochs=epochs, max_steps=max_steps,
         holdout_fraction=holdout_fraction, seed=seed, device=device, bf16=bf16,
         save_every=save_every)
+    from headstore.featurize.tuning.adapt import adapt  # here: `import headstore.cli` stays free of torch
+
     summary = adapt(config, list(data), out_dir, column=column,
                     stop_after_steps=stop_after_steps)
     if summary["mlm_head_newly_initialised"]:

@@ -23,7 +23,7 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
 from headstore.data.files import atomic_write_json
-from headstore.featurize.tuning.adapt import AdaptConfig
+from headstore.featurize.config import AdaptConfig
 from headstore.featurize.config import FeaturizeConfig
 from headstore.heads.config import setting_hints, TrainConfig
 from headstore.featurize.tuning.finetune import FinetuneConfig

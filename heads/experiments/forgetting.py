@@ -32,7 +32,8 @@ from headstore.data.files import atomic_write_json, atomic_write_text
 from headstore.featurize.config import FeaturizeConfig
 from headstore.featurize.run import featurize
 from headstore.featurize.store import FeatureStore
-from headstore.featurize.tuning.adapt import AdaptConfig, adapt
+from headstore.featurize.config import AdaptConfig
+from headstore.featurize.tuning.adapt import adapt
 from headstore.featurize.tuning.finetune import FinetuneConfig, finetune
 from headstore.featurize.tuning.mlm_eval import mlm_loss
 from headstore.featurize.tuning.packing import load_texts, split_holdout

@@ -10,7 +10,8 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoModel, BertConfig, BertForMaskedLM, BertModel, BertTokenizerFast
 
-from headstore.featurize.tuning.adapt import CHECKPOINT, AdaptConfig, adapt, lr_at
+from headstore.featurize.config import AdaptConfig
+from headstore.featurize.tuning.adapt import CHECKPOINT, adapt, lr_at
 from headstore.featurize.model import weights_hash
 from headstore.featurize.tuning.mlm_eval import mlm_loss, pseudo_perplexity
 from headstore.featurize.tuning.mlm_head import HEAD_FILE, load_mlm_model, masked_lm_loss
