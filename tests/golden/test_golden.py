@@ -1,0 +1,56 @@
+"""Golden outputs: every number today's headstore computes on the scenarios of scenarios.py (train-head on
+each kind of data, a layer mix, eval, grids, export, index and search) equals the one recorded in
+golden.json (tests/golden/record.py) before the heads/ redesign, so the redesign can prove it changed no
+number. Floats agree to 1e-6 on a CPU of the recorded kind (with or without avx512f), to 1e-4 on the
+other kind, whose matmul kernels round differently; every other leaf, and the set of keys, exactly."""
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from .record import GOLDEN, cpu_info
+from .scenarios import run_all
+
+RECORDED = json.loads(GOLDEN.read_text())
+SAME_CPU = cpu_info()["avx512f"] == RECORDED["cpu"]["avx512f"]
+TOL = 1e-6 if SAME_CPU else 1e-4
+WHY = "" if SAME_CPU else (f" (tolerance {TOL}: this CPU's avx512f differs from the recording CPU's, "
+                            f"{RECORDED['cpu']['model']})")
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory):
+    return json.loads(json.dumps(run_all(tmp_path_factory.mktemp("golden"))))  # as record.py stores them
+
+
+def differences(got, want, path: str):
+    """Every leaf where `got` differs from `want`, as 'path: got ... recorded ...' lines."""
+    if isinstance(want, dict) and isinstance(got, dict):
+        if set(got) != set(want):
+            yield (f"{path}: keys differ; new {sorted(set(got) - set(want))}, "
+                   f"missing {sorted(set(want) - set(got))}")
+        for key in sorted(set(got) & set(want)):
+            yield from differences(got[key], want[key], f"{path}.{key}")
+    elif isinstance(want, list) and isinstance(got, list):
+        if len(got) != len(want):
+            yield f"{path}: length {len(got)}, recorded {len(want)}"
+        for i, (g, w) in enumerate(zip(got, want)):
+            yield from differences(g, w, f"{path}[{i}]")
+    elif isinstance(want, float) and isinstance(got, float):
+        if not (math.isnan(got) and math.isnan(want)) and not abs(got - want) <= TOL:
+            yield f"{path}: {got!r}, recorded {want!r} (|diff| {abs(got - want):.3g} > {TOL}){WHY}"
+    elif type(got) is not type(want) or got != want:
+        yield f"{path}: {got!r}, recorded {want!r}"
+
+
+def test_same_scenarios(results):
+    assert set(results) == set(RECORDED) - {"cpu"}
+
+
+@pytest.mark.parametrize("scenario", sorted(set(RECORDED) - {"cpu"}))
+def test_scenario_matches_golden(results, scenario):
+    assert scenario in results, f"scenario {scenario} no longer runs"
+    diffs = list(differences(results[scenario], RECORDED[scenario], scenario))
+    assert not diffs, f"{len(diffs)} difference(s) from golden.json:\n" + "\n".join(diffs[:50])
