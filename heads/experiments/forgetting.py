@@ -30,7 +30,7 @@ import polars as pl
 
 from headstore.data.files import atomic_write_json, atomic_write_text
 from headstore.featurize.config import FeaturizeConfig
-from headstore.featurize.tuning.finetune import FinetuneConfig
+from headstore.heads.apply.finetune import FinetuneConfig
 from headstore.heads.config import TrainConfig
 from headstore.heads.model import HeadConfig
 
@@ -142,7 +142,7 @@ def _continue_head(cfg: ForgettingConfig, head_dir: Path, data: str, data_format
 def run_forgetting(cfg: ForgettingConfig, out_dir: str, log=print) -> str:
     """Run (or reuse) every step; write forgetting.json and forgetting.md; return the table."""
     from headstore.featurize.run import featurize
-    from headstore.featurize.tuning.finetune import finetune
+    from headstore.heads.apply.finetune import finetune
     from headstore.heads.experiments.compare import Steps
     from headstore.heads.run import train_head
 

@@ -182,7 +182,7 @@ def export_sentence_transformers(head: Head, out: Path, model: str | None = None
     except ImportError:
         raise ValueError("export to sentence-transformers needs it installed: pip install 'headstore[export]'") from None
     from headstore.featurize.model import model_identity
-    from headstore.featurize.pipeline import check_encoder, encoder_source
+    from headstore.heads.apply.pipeline import check_encoder, encoder_source
 
     parts = head.store_manifest
     if head.head_config.mix > 1:

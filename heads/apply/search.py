@@ -155,7 +155,7 @@ class SearchIndex:
 
     def pipeline(self, model: str | None = None):
         if self._pipeline is None:
-            from headstore.featurize.pipeline import Pipeline
+            from headstore.heads.apply.pipeline import Pipeline
 
             self._pipeline = Pipeline.from_head(self.head, model)
         return self._pipeline
