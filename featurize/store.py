@@ -34,10 +34,11 @@ import numpy as np
 import polars as pl
 import zarr
 
+from headstore.featurize.ids import IdSet, SortedIds, keys_of_hex
+
 MANIFEST = "manifest.json"
 TEXTS_DIR = "texts"
 LEGACY_TEXTS = "texts.parquet"  # format 1
-TEXTS = LEGACY_TEXTS  # kept for older imports
 LOCK = ".lock"
 FORMAT_VERSION = 2
 FINGERPRINT_PARTS = ("model_id", "weights_hash", "tokenizer_hash", "pooling", "layers",
@@ -258,8 +259,6 @@ class FeatureStore:
 
     def rows_for(self, text_ids: Sequence[str]) -> np.ndarray:
         """Row of each text_id (int64); KeyError naming the first text that is not stored."""
-        from headstore.featurize.ids import SortedIds, keys_of_hex
-
         if self._index is None:
             frame = self.scan_texts(["text_id", "row"]).collect()
             self._index = SortedIds(keys_of_hex(frame["text_id"]), frame["row"].to_numpy())
@@ -299,19 +298,9 @@ def check_fingerprint(path: Path, manifest: dict, parts: dict) -> None:
                      + "\nuse another --store, or the store's settings")
 
 
-def stored_ids(store: FeatureStore):
+def stored_ids(store: FeatureStore) -> IdSet:
     """An IdSet of every committed text id (read part by part: text_id column only)."""
-    from headstore.featurize.ids import IdSet, keys_of_hex
-
     ids = IdSet()
     for file in store.part_files():
         ids.add(keys_of_hex(pl.read_parquet(file, columns=["text_id"])["text_id"]))
     return ids
-
-
-def __getattr__(name):  # StoreWriter lives in writer.py; keep `from ...store import StoreWriter`
-    if name == "StoreWriter":
-        from headstore.featurize.writer import StoreWriter
-
-        return StoreWriter
-    raise AttributeError(name)
