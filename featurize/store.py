@@ -26,6 +26,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import signal
 from collections.abc import Sequence
 from pathlib import Path
@@ -45,6 +46,7 @@ FINGERPRINT_PARTS = ("model_id", "weights_hash", "tokenizer_hash", "pooling", "l
                      "max_length", "dtype", "precision", "code_version")
 TEXTS_SCHEMA = {"text_id": pl.String, "text": pl.String, "row": pl.Int64,
                 "n_tokens": pl.Int32, "truncated": pl.Boolean}
+HEX_ID = re.compile(r"[0-9a-fA-F]{32}")  # what keys_of_hex can turn into a key (16 bytes, hex)
 
 
 class StoreError(ValueError):
@@ -257,34 +259,34 @@ class FeatureStore:
                         f"file: the store is corrupted (run `cli store verify {self.path}`)")
         return f"{array_path}: cannot be read ({type(err).__name__}: {err})"
 
-    def rows_for(self, text_ids: Sequence[str]) -> np.ndarray:
-        """Row of each text_id (int64); KeyError naming the first text that is not stored."""
+    def find_rows(self, text_ids: Sequence[str]) -> np.ndarray:
+        """Row of each text_id (int64), -1 where it is not stored (or is no 32-hex-character id).
+
+        The one text-id index of a store: built on first use from the text_id and row columns only
+        (16 bytes + a row per text, ids.SortedIds), then reused by every lookup."""
         if self._index is None:
             frame = self.scan_texts(["text_id", "row"]).collect()
             self._index = SortedIds(keys_of_hex(frame["text_id"]), frame["row"].to_numpy())
         text_ids = list(text_ids)
-        try:
-            keys = keys_of_hex(text_ids)
-            if len(keys) != len(text_ids):
-                raise ValueError("an id of another length")
-        except ValueError:  # not 32 hex characters: certainly not stored
-            bad = next((t for t in text_ids if len(t) != 32 or not _is_hex(t)), text_ids[0])
-            raise KeyError(f"{self.path}: text_id {bad} is not in the store; "
-                           "featurize the dataset into it first") from None
-        found = self._index.find(keys)
-        if (found < 0).any():
-            missing = text_ids[int(np.argmax(found < 0))]
+        rows = np.full(len(text_ids), -1, dtype=np.int64)
+        valid = np.array([HEX_ID.fullmatch(t) is not None for t in text_ids], dtype=bool)
+        if valid.any():
+            found = self._index.find(keys_of_hex([t for t, ok in zip(text_ids, valid) if ok]))
+            hit = found >= 0
+            rows[np.flatnonzero(valid)[hit]] = self._index.values[found[hit]]
+        return rows
+
+    def rows_for(self, text_ids: Sequence[str]) -> np.ndarray:
+        """Row of each text_id (int64); KeyError naming the first text that is not stored (a
+        malformed id first: it cannot be stored)."""
+        text_ids = list(text_ids)
+        rows = self.find_rows(text_ids)
+        if (rows < 0).any():
+            malformed = [t for t in text_ids if not HEX_ID.fullmatch(t)]
+            missing = malformed[0] if malformed else text_ids[int(np.argmax(rows < 0))]
             raise KeyError(f"{self.path}: text_id {missing} is not in the store; "
                            "featurize the dataset into it first")
-        return self._index.values[found].astype(np.int64)
-
-
-def _is_hex(text: str) -> bool:
-    try:
-        bytes.fromhex(text)
-        return True
-    except ValueError:
-        return False
+        return rows
 
 
 def check_fingerprint(path: Path, manifest: dict, parts: dict) -> None:
