@@ -26,7 +26,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import re
 import signal
 from collections.abc import Sequence
 from pathlib import Path
@@ -35,6 +34,7 @@ import numpy as np
 import polars as pl
 import zarr
 
+from headstore.data.text_id import TEXT_ID_BYTES
 from headstore.featurize.ids import IdSet, SortedIds, keys_of_hex
 
 MANIFEST = "manifest.json"
@@ -46,7 +46,7 @@ FINGERPRINT_PARTS = ("model_id", "weights_hash", "tokenizer_hash", "pooling", "l
                      "max_length", "dtype", "precision", "code_version")
 TEXTS_SCHEMA = {"text_id": pl.String, "text": pl.String, "row": pl.Int64,
                 "n_tokens": pl.Int32, "truncated": pl.Boolean}
-HEX_ID = re.compile(r"[0-9a-fA-F]{32}")  # what keys_of_hex can turn into a key (16 bytes, hex)
+PLAIN_ID = f"^[0-9a-fA-F]{{{2 * TEXT_ID_BYTES}}}$"  # a text id as stored (hex of 16 bytes)
 
 
 class StoreError(ValueError):
@@ -268,12 +268,15 @@ class FeatureStore:
             frame = self.scan_texts(["text_id", "row"]).collect()
             self._index = SortedIds(keys_of_hex(frame["text_id"]), frame["row"].to_numpy())
         text_ids = list(text_ids)
+        hexes = pl.Series(text_ids, dtype=pl.String)
+        if not hexes.str.contains(PLAIN_ID).all():  # rare: spaces in ids, or not ids at all
+            hexes = pl.Series([_id_hex(t) for t in text_ids], dtype=pl.String)  # None: not an id
         rows = np.full(len(text_ids), -1, dtype=np.int64)
-        valid = np.array([HEX_ID.fullmatch(t) is not None for t in text_ids], dtype=bool)
-        if valid.any():
-            found = self._index.find(keys_of_hex([t for t, ok in zip(text_ids, valid) if ok]))
+        valid = np.flatnonzero(hexes.is_not_null().to_numpy())
+        if len(valid):
+            found = self._index.find(keys_of_hex(hexes.gather(valid)))
             hit = found >= 0
-            rows[np.flatnonzero(valid)[hit]] = self._index.values[found[hit]]
+            rows[valid[hit]] = self._index.values[found[hit]]
         return rows
 
     def rows_for(self, text_ids: Sequence[str]) -> np.ndarray:
@@ -282,11 +285,21 @@ class FeatureStore:
         text_ids = list(text_ids)
         rows = self.find_rows(text_ids)
         if (rows < 0).any():
-            malformed = [t for t in text_ids if not HEX_ID.fullmatch(t)]
+            malformed = [t for t in text_ids if _id_hex(t) is None]
             missing = malformed[0] if malformed else text_ids[int(np.argmax(rows < 0))]
             raise KeyError(f"{self.path}: text_id {missing} is not in the store; "
                            "featurize the dataset into it first")
         return rows
+
+
+def _id_hex(text_id: str) -> str | None:
+    """The 32 hex characters of a 16-byte text id (case and spaces as bytes.fromhex takes them),
+    None for anything else: such an id cannot be stored."""
+    try:
+        raw = bytes.fromhex(text_id)
+    except ValueError:
+        return None
+    return raw.hex() if len(raw) == TEXT_ID_BYTES else None
 
 
 def check_fingerprint(path: Path, manifest: dict, parts: dict) -> None:
