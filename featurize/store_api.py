@@ -100,7 +100,10 @@ class Store:
             texts_or_ids = [texts_or_ids]
         items = list(texts_or_ids)
         # the store's one text-id index: an item that is a stored text_id keeps its row, the rest hash
-        rows = self._store.find_rows([t if TEXT_ID.fullmatch(t) else "" for t in items])
+        rows = np.full(len(items), -1, dtype=np.int64)
+        as_id = np.flatnonzero([TEXT_ID.fullmatch(t) is not None for t in items])
+        if as_id.size:
+            rows[as_id] = self._store.find_rows([items[i] for i in as_id])
         as_text = np.flatnonzero(rows < 0)
         if as_text.size:
             rows[as_text] = self._store.find_rows([text_id(items[i]) for i in as_text])
