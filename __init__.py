@@ -24,7 +24,7 @@ __version__ = "0.2.0"
 _API = {
     "Store": "headstore.featurize.store_api",
     "Head": "headstore.heads.head",
-    "Pipeline": "headstore.featurize.pipeline",
+    "Pipeline": "headstore.heads.apply.pipeline",
 }
 __all__ = [*_API, "__version__"]
 

@@ -308,7 +308,7 @@ def grid(store, data, data_format, grid_path, out, transfer, select_ood, ood_del
 @click.option("--seed", type=int, default=0, show_default=True)
 def finetune(head_dir, out, store, data, encoder, **settings):
     """Unfreeze the encoder under a trained head and train both end to end for one epoch."""
-    from headstore.featurize.tuning.finetune import FinetuneConfig, finetune as run_finetune
+    from headstore.heads.apply.finetune import FinetuneConfig, finetune as run_finetune
 
     summary = run_finetune(head_dir, out, FinetuneConfig(**settings), store, data, encoder)
     click.echo(json.dumps({k: v for k, v in summary.items() if k != "history"}, indent=2, default=float))
@@ -337,7 +337,7 @@ from headstore.featurize.tuning.adapt_cli import adapt_command  # noqa: E402
 
 main.add_command(adapt_command)
 
-from headstore.heads.export_cli import export_command, index_command, search_command  # noqa: E402
+from headstore.heads.apply.export_cli import export_command, index_command, search_command  # noqa: E402
 
 for _command in (export_command, index_command, search_command):
     main.add_command(_command)

@@ -25,7 +25,7 @@ from headstore.featurize.store_api import Store  # noqa: E402
 from headstore.heads.energy import pairwise_energy  # noqa: E402
 from headstore.heads.head import Head  # noqa: E402
 from headstore.heads.metrics import topk_ranking  # noqa: E402
-from headstore.heads.search import _metric, _prepare, corpus_items, recall_at_k  # noqa: E402
+from headstore.heads.apply.search import _metric, _prepare, corpus_items, recall_at_k  # noqa: E402
 
 
 def best_of(fn, repeat: int):

@@ -26,8 +26,8 @@ import zarr
 from headstore.data.files import fsync_dir
 from headstore.featurize.store import (LEGACY_TEXTS, MANIFEST, TEXTS_DIR, TEXTS_SCHEMA, StoreError,
                                        format_version, read_manifest, shard_rows_of)
-from headstore.featurize.writer import (acquire_lock, create_array, fsync_rows, new_manifest,
-                                        write_manifest, write_part)
+from headstore.featurize.writer import (StoreWriter, acquire_lock, create_array, fsync_rows,
+                                        new_manifest, write_manifest, write_part)
 
 STAGING, READY, OLD = ".migrate.incomplete", ".migrate.ready", ".migrate.old"
 
@@ -123,8 +123,6 @@ def _swap_in(path: Path) -> None:
 
 def compact_store(path: str | Path, target_rows: int = 1 << 20) -> dict:
     """Merge runs of consecutive parts into parts of up to target_rows rows."""
-    from headstore.featurize.writer import StoreWriter
-
     path = Path(path)
     lock = acquire_lock(path)
     try:

@@ -49,7 +49,7 @@ def _local_dir(path_or_id: str) -> Path:
     """The directory holding the model files (downloads a Hub id via the HF cache)."""
     if Path(path_or_id).is_dir():
         return Path(path_or_id)
-    from huggingface_hub import snapshot_download
+    from huggingface_hub import snapshot_download  # here: only a Hub id needs it (a slow import)
 
     allow = ["*.safetensors", "*.json", "vocab.txt"]
     try:
@@ -172,7 +172,7 @@ class Encoder:
 
 
 def pick_device(device: str) -> str:
-    import torch
+    import torch  # here: importing torch costs seconds; reading a model's identity needs none
 
     if device == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
@@ -183,7 +183,7 @@ def pick_device(device: str) -> str:
 
 def load_encoder(name_or_path: str, device: str = "auto", max_length: int | None = None) -> Encoder:
     """Model (safetensors, no remote code, SDPA attention unless unsupported) and tokenizer."""
-    from transformers import AutoModel, AutoTokenizer
+    from transformers import AutoModel, AutoTokenizer  # here: seconds to import; only loading needs it
 
     identity = model_identity(name_or_path, max_length)
     model_dir = identity.model_dir

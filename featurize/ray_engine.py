@@ -26,12 +26,15 @@ from pathlib import Path
 
 import numpy as np
 import polars as pl
+import torch
 from tqdm import tqdm
 
 from headstore.featurize.config import FeaturizeConfig
-from headstore.featurize.run import Plan, encode_in_plan_order
-from headstore.featurize.source import all_chunks, open_sources, windows
+from headstore.featurize.model import load_encoder
+from headstore.featurize.run import Plan, encode_in_plan_order, new_windows
+from headstore.featurize.source import all_chunks, open_sources
 from headstore.featurize.store import array_names
+from headstore.featurize.writer import StoreWriter
 
 SEGMENT_TEXTS = 16384  # texts per segment: one actor call, one commit, one texts part
 STAGING = ".ray-staging"  # in the store: the new texts as segment files Ray Data reads (shared FS)
@@ -42,10 +45,6 @@ class SegmentEncoder:
 
     def __init__(self, config: dict, device: str, num_threads: int, crash_at: str | None = None,
                  crash_marker: str | None = None):
-        import torch
-
-        from headstore.featurize.model import load_encoder
-
         self.config = FeaturizeConfig(**{**config, "layers": tuple(config["layers"])})
         self.device = device
         if device == "cpu":
@@ -123,7 +122,7 @@ def featurize_texts_ray(config: FeaturizeConfig, texts: Sequence[str], store_pat
 
 def _ray():
     try:
-        import ray
+        import ray  # here: Ray is an optional dependency (headstore[ray])
     except ImportError:
         raise ValueError("--engine ray needs Ray: pip install 'headstore[ray]' "
                          "(or `python3 -m pip install ray[data]==2.60.0`)") from None
@@ -133,11 +132,40 @@ def _ray():
 def run_ray(plan: Plan, chunks, *, address: str | None = None, workers: int = 2,
             gpus_per_worker: float = 0.0, cpus_per_worker: float = 1.0,
             segment_texts: int = SEGMENT_TEXTS) -> dict:
+    """Stage the new texts as segments, encode them on the actor pool, commit each when complete."""
     ray = _ray()
-    from ray.data import ActorPoolStrategy, DataContext
-
     t0 = time.perf_counter()
-    config = plan.config
+    _connect(ray, address)
+    counts = {"n_input_texts": 0, "n_encoded": 0, "n_truncated": 0, "real_tokens": 0,
+              "n_windows": 0, "n_segments": 0}
+    staging = plan.store_path / STAGING
+    commit_seconds = 0.0
+    try:
+        sizes = _stage_segments(plan, chunks, counts, staging, segment_texts)
+        if sizes:
+            blocks = _encoded_blocks(ray, plan, staging, sizes, workers=workers,
+                                     gpus_per_worker=gpus_per_worker, cpus_per_worker=cpus_per_worker)
+            commit_seconds = _commit_segments(plan.writer, blocks, sizes, counts,
+                                              list(array_names(plan.config.layers)))
+        if plan.writer is not None:
+            plan.save_config()
+    finally:
+        if plan.writer is not None:
+            shutil.rmtree(staging, ignore_errors=True)
+            plan.writer.close()
+    encode_seconds = time.perf_counter() - t0
+    counts.update(engine="ray", workers=workers, gpus_per_worker=gpus_per_worker,
+                  device=plan.device, precision=plan.config.resolved_precision(plan.device),
+                  encode_seconds=round(encode_seconds, 3),
+                  texts_per_s=round(counts["n_encoded"] / max(encode_seconds, 1e-9), 1),
+                  commit_seconds_total=round(commit_seconds, 3), n_commits=counts["n_segments"])
+    return plan.summary(counts, t0)
+
+
+def _connect(ray, address: str | None) -> None:
+    """Start Ray here, or join the cluster at `address` (once per process)."""
+    from ray.data import DataContext  # here: Ray is optional
+
     if not ray.is_initialized():
         try:
             ray.init(address=address, log_to_driver=False, include_dashboard=False)
@@ -145,78 +173,71 @@ def run_ray(plan: Plan, chunks, *, address: str | None = None, workers: int = 2,
             raise ValueError(f"--address {address}: cannot start or join Ray ({err}); start a "
                              "cluster with `ray start --head`, or leave --address out") from None
     DataContext.get_current().enable_progress_bars = False
-    names = list(array_names(config.layers))
-    counts = {"n_input_texts": 0, "n_encoded": 0, "n_truncated": 0, "real_tokens": 0,
-              "n_windows": 0, "n_segments": 0}
-    writer, bar, commit_seconds = None, None, 0.0
-    actor_args = {"config": {**asdict(config), "layers": list(config.layers)},
+
+
+def _segment_file(staging: Path, segment: int) -> Path:
+    return staging / f"segment-{segment:06d}.parquet"
+
+
+def _stage_segments(plan: Plan, chunks, counts: dict, staging: Path,
+                    segment_texts: int) -> dict[int, int]:
+    """1. The driver streams the input and stages the new texts as segment files of up to
+    segment_texts texts each; returns segment number -> its number of texts."""
+    sizes: dict[int, int] = {}
+    for i, (new_ids, new_texts) in enumerate(new_windows(plan, chunks, counts)):
+        if i == 0:  # the store was just locked; the lock covers the staging folder too
+            shutil.rmtree(staging, ignore_errors=True)
+            staging.mkdir()
+        for start in range(0, len(new_ids), segment_texts):
+            segment = len(sizes)
+            ids = new_ids[start:start + segment_texts]
+            sizes[segment] = len(ids)
+            pl.DataFrame({"text_id": ids, "text": new_texts[start:start + segment_texts]}).write_parquet(
+                _segment_file(staging, segment))
+    return sizes
+
+
+def _encoded_blocks(ray, plan: Plan, staging: Path, sizes: dict[int, int], *, workers: int,
+                    gpus_per_worker: float, cpus_per_worker: float):
+    """2. Ray Data reads the segments and the actor pool encodes them: blocks of encoded rows."""
+    from ray.data import ActorPoolStrategy  # here: Ray is optional
+
+    actor_args = {"config": {**asdict(plan.config), "layers": list(plan.config.layers)},
                   "device": plan.device, "num_threads": int(max(1, cpus_per_worker)),
                   "crash_at": os.environ.get("HEADSTORE_CRASH_AT"),
                   "crash_marker": os.environ.get("HEADSTORE_CRASH_MARKER")}
-    staging = plan.store_path / STAGING
-    sizes: dict[int, int] = {}
+    items = [{"segment": k, "path": str(_segment_file(staging, k))} for k in sorted(sizes)]
+    dataset = ray.data.from_items(items, override_num_blocks=len(items))
+    encoded = dataset.map_batches(
+        SegmentEncoder, fn_constructor_kwargs=actor_args, batch_size=1,
+        batch_format="numpy", compute=ActorPoolStrategy(size=workers),
+        num_gpus=gpus_per_worker, num_cpus=cpus_per_worker)
+    return encoded.iter_batches(batch_size=None, batch_format="numpy")
+
+
+def _commit_segments(writer: StoreWriter, blocks, sizes: dict[int, int], counts: dict,
+                     names: list[str]) -> float:
+    """3. The driver commits each segment as soon as all its rows are back; seconds committing."""
+    bar = tqdm(total=sum(sizes.values()), unit="text", desc="featurize (ray)", dynamic_ncols=True)
+    pending: dict[int, list[dict]] = {}
+    seconds = 0.0
     try:
-        # 1. the driver streams the input, keeps the texts that are new, stages them as segments
-        for window in windows(chunks, config.window_texts):
-            counts["n_input_texts"] += len(window)
-            counts["n_windows"] += 1
-            new_ids, new_texts, keys = plan.new_in_window(window)
-            if not new_ids:
-                continue
-            if writer is None:
-                writer = plan.open_writer()  # the lock covers the staging folder too
-                new_ids, new_texts, keys = plan.new_in_window(window)
-                shutil.rmtree(staging, ignore_errors=True)
-                staging.mkdir()
-            plan.added.add(keys)
-            for start in range(0, len(new_ids), segment_texts):
-                segment = len(sizes)
-                ids = new_ids[start:start + segment_texts]
-                sizes[segment] = len(ids)
-                pl.DataFrame({"text_id": ids, "text": new_texts[start:start + segment_texts]}).write_parquet(
-                    staging / f"segment-{segment:06d}.parquet")
-        if sizes:
-            # 2. Ray Data reads the segments, the actor pool encodes, the driver commits
-            bar = tqdm(total=sum(sizes.values()), unit="text", desc="featurize (ray)",
-                       dynamic_ncols=True)
-            items = [{"segment": k, "path": str(staging / f"segment-{k:06d}.parquet")}
-                     for k in sorted(sizes)]
-            dataset = ray.data.from_items(items, override_num_blocks=len(items))
-            encoded = dataset.map_batches(
-                SegmentEncoder, fn_constructor_kwargs=actor_args, batch_size=1,
-                batch_format="numpy", compute=ActorPoolStrategy(size=workers),
-                num_gpus=gpus_per_worker, num_cpus=cpus_per_worker)
-            pending: dict[int, list[dict]] = {}
-            for block in encoded.iter_batches(batch_size=None, batch_format="numpy"):
-                for segment in np.unique(block["segment"]).tolist():
-                    take = block["segment"] == segment
-                    pending.setdefault(segment, []).append({k: v[take] for k, v in block.items()})
-                    if sum(len(p["segment"]) for p in pending[segment]) == sizes[segment]:
-                        t = time.perf_counter()
-                        _commit(writer, pending.pop(segment), names, counts)
-                        commit_seconds += time.perf_counter() - t
-                        bar.update(sizes[segment])
-            assert not pending, f"segments never completed: {sorted(pending)}"
+        for block in blocks:
+            for segment in np.unique(block["segment"]).tolist():
+                take = block["segment"] == segment
+                pending.setdefault(segment, []).append({k: v[take] for k, v in block.items()})
+                if sum(len(p["segment"]) for p in pending[segment]) == sizes[segment]:
+                    t = time.perf_counter()
+                    _commit(writer, pending.pop(segment), names, counts)
+                    seconds += time.perf_counter() - t
+                    bar.update(sizes[segment])
     finally:
-        if bar is not None:
-            bar.close()
-        if writer is not None:
-            shutil.rmtree(staging, ignore_errors=True)
-            writer.close()
-    if writer is not None:
-        from headstore.data.files import atomic_write_text
-
-        atomic_write_text(plan.store_path / "config.json", config.to_json())
-    encode_seconds = time.perf_counter() - t0
-    counts.update(engine="ray", workers=workers, gpus_per_worker=gpus_per_worker,
-                  device=plan.device, precision=config.resolved_precision(plan.device),
-                  encode_seconds=round(encode_seconds, 3),
-                  texts_per_s=round(counts["n_encoded"] / max(encode_seconds, 1e-9), 1),
-                  commit_seconds_total=round(commit_seconds, 3), n_commits=counts["n_segments"])
-    return plan.summary(writer, counts, t0)
+        bar.close()
+    assert not pending, f"segments never completed: {sorted(pending)}"
+    return seconds
 
 
-def _commit(writer, pieces: list[dict], names: list[str], counts: dict) -> None:
+def _commit(writer: StoreWriter, pieces: list[dict], names: list[str], counts: dict) -> None:
     """One finished segment -> rows n.. of the store, committed."""
     part = {k: np.concatenate([p[k] for p in pieces]) for k in pieces[0]}
     start = writer.n_texts

@@ -76,6 +76,7 @@ class Plan:
     stored: IdSet  # committed ids when the run began (marks count the ones the input holds)
     n_stored: int  # committed rows when the run began
     added: IdSet = field(default_factory=IdSet)  # ids queued for encoding by this run
+    writer: StoreWriter | None = None  # opened by open_writer, at the first new text (never if none)
 
     @classmethod
     def make(cls, config: FeaturizeConfig, store_path: str | Path, device: str | None = None) -> "Plan":
@@ -104,11 +105,12 @@ class Plan:
         return [raw[i].hex() for i in idx], [window[i] for i in idx], keys[idx]
 
     def open_writer(self) -> StoreWriter:
-        """Lock the store (creating it); ids another writer committed meanwhile join `added`."""
+        """Lock the store (creating it) as `self.writer`; ids another writer committed meanwhile
+        join `added`."""
         config = self.config
-        writer = StoreWriter.open_or_create(self.store_path, self.parts, dim=self.dim,
-                                            chunk_rows=config.chunk_rows,
-                                            shard_rows=config.shard_rows)
+        writer = self.writer = StoreWriter.open_or_create(self.store_path, self.parts, dim=self.dim,
+                                                          chunk_rows=config.chunk_rows,
+                                                          shard_rows=config.shard_rows)
         if writer.n_texts != self.n_stored:
             for part in writer.manifest["parts"]:
                 if part["start"] >= self.n_stored:
@@ -117,7 +119,12 @@ class Plan:
             self.n_stored = writer.n_texts
         return writer
 
-    def summary(self, writer: StoreWriter | None, counts: dict, t0: float) -> dict:
+    def save_config(self) -> None:
+        """The settings of the latest run that added rows, beside the store (speed settings may
+        differ between runs; the parts that change numbers are in the fingerprint)."""
+        atomic_write_text(self.store_path / "config.json", self.config.to_json())
+
+    def summary(self, counts: dict, t0: float) -> dict:
         store = FeatureStore.open(self.store_path) if (self.store_path / MANIFEST).is_file() else None
         n_truncated = int(store.scan_texts(["truncated"]).select(pl.col("truncated").sum())
                           .collect().item() or 0) if store else 0
@@ -182,31 +189,43 @@ class _Committer:
                 pass
 
 
+def new_windows(plan: Plan, chunks: Iterable[list[str]],
+                counts: dict) -> Iterator[tuple[list[str], list[str]]]:
+    """The window loop of both engines: (ids, texts) of each input window's texts that are neither
+    stored nor earlier in the input, in input order; counts n_input_texts and n_windows.
+
+    This is where a rerun resumes: texts an earlier run committed are in plan.stored and never
+    yielded. At the first window with new texts the store is locked (plan.open_writer) and the
+    window looked at again, as another writer may have committed some of its texts meanwhile; a run
+    with nothing new never opens (nor creates) the store."""
+    for window in windows(chunks, plan.config.window_texts):
+        counts["n_input_texts"] += len(window)
+        counts["n_windows"] += 1
+        new_ids, new_texts, keys = plan.new_in_window(window)
+        if not new_ids:
+            continue
+        if plan.writer is None:
+            plan.open_writer()
+            new_ids, new_texts, keys = plan.new_in_window(window)  # another writer's rows
+        plan.added.add(keys)
+        yield new_ids, new_texts
+
+
 def run_local(plan: Plan, chunks: Iterable[list[str]]) -> dict:
     """The local engine: this process encodes every window, a thread commits."""
     t0 = time.perf_counter()
     config = plan.config
     counts = {"n_input_texts": 0, "n_encoded": 0, "n_truncated": 0, "real_tokens": 0,
               "padded_tokens": 0, "n_batches": 0, "n_windows": 0}
-    writer = committer = encoder = bar = None
+    committer = encoder = bar = None
     t_encode, next_row = 0.0, 0
     try:
-        for window in windows(chunks, config.window_texts):
-            counts["n_input_texts"] += len(window)
-            counts["n_windows"] += 1
-            new_ids, new_texts, keys = plan.new_in_window(window)
-            if not new_ids:
-                continue
-            if writer is None:
-                writer = plan.open_writer()
-                new_ids, new_texts, keys = plan.new_in_window(window)  # another writer's rows
+        for new_ids, new_texts in new_windows(plan, chunks, counts):
+            if committer is None:  # the first new texts: the store is locked now
                 encoder = _load(config, plan.device)
-                committer = _Committer(writer, config.commit_seconds, config.shard_rows)
-                next_row = writer.n_texts
-                # in tokens: texts vary in length by 100x (a sentence vs a 256-token abstract), tokens are the work
-                bar = tqdm(total=0, unit="tok", unit_scale=True, desc="featurize", smoothing=0.1,
-                           dynamic_ncols=True)
-            plan.added.add(keys)
+                committer = _Committer(plan.writer, config.commit_seconds, config.shard_rows)
+                next_row = plan.writer.n_texts
+                bar = _token_bar()
             t = time.perf_counter()
             _encode_window(config, encoder, plan.device, committer, bar, counts,
                            base=next_row, new_ids=new_ids, new_texts=new_texts)
@@ -220,25 +239,35 @@ def run_local(plan: Plan, chunks: Iterable[list[str]]) -> dict:
     finally:
         if bar is not None:
             bar.close()
-        if writer is not None and committer is None:
-            writer.close()
-    if writer is not None:
-        try:
-            committer.finish()
-            # the settings of the latest run that added rows, beside the store (speed settings
-            # may differ between runs; the parts that change numbers are in the fingerprint)
-            atomic_write_text(plan.store_path / "config.json", config.to_json())
-        finally:
-            writer.close()
-        if counts["n_truncated"]:
-            tqdm.write(f"featurize: {counts['n_truncated']} of {counts['n_encoded']} texts were "
-                       f"truncated at {encoder.max_length} tokens (column `truncated` in texts/)")
-        counts.update(precision=config.resolved_precision(plan.device), device=plan.device,
-                      max_length=encoder.max_length, encode_seconds=round(t_encode, 3),
-                      texts_per_s=round(counts["n_encoded"] / max(t_encode, 1e-9), 1),
-                      tokens_per_s=round(counts["real_tokens"] / max(t_encode, 1e-9), 1),
-                      commit_seconds_total=round(committer.seconds, 3), n_commits=committer.n_commits)
-    return plan.summary(writer, counts, t0)
+        if plan.writer is not None and committer is None:
+            plan.writer.close()
+    if plan.writer is not None:
+        _finish_local(plan, committer, encoder, counts, t_encode)
+    return plan.summary(counts, t0)
+
+
+def _token_bar() -> tqdm:
+    # in tokens: texts vary in length by 100x (a sentence vs a 256-token abstract), tokens are the work
+    return tqdm(total=0, unit="tok", unit_scale=True, desc="featurize", smoothing=0.1,
+                dynamic_ncols=True)
+
+
+def _finish_local(plan: Plan, committer: _Committer, encoder, counts: dict, t_encode: float) -> None:
+    """Commit the last segment, save the config, release the store; the engine's counts."""
+    config = plan.config
+    try:
+        committer.finish()
+        plan.save_config()
+    finally:
+        plan.writer.close()
+    if counts["n_truncated"]:
+        tqdm.write(f"featurize: {counts['n_truncated']} of {counts['n_encoded']} texts were "
+                   f"truncated at {encoder.max_length} tokens (column `truncated` in texts/)")
+    counts.update(precision=config.resolved_precision(plan.device), device=plan.device,
+                  max_length=encoder.max_length, encode_seconds=round(t_encode, 3),
+                  texts_per_s=round(counts["n_encoded"] / max(t_encode, 1e-9), 1),
+                  tokens_per_s=round(counts["real_tokens"] / max(t_encode, 1e-9), 1),
+                  commit_seconds_total=round(committer.seconds, 3), n_commits=committer.n_commits)
 
 
 def _load(config: FeaturizeConfig, device: str):

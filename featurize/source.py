@@ -14,7 +14,9 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from headstore.data.dataset import detect_format, load_dataset, resolve_data_path
 from headstore.data.errors import DataError
+from headstore.data.readers import TEXT_FILE_SUFFIXES, string_columns
 
 CHUNK_ROWS = 65536  # texts read at a time from a streamed file
 
@@ -64,7 +66,7 @@ class Source:
             yield chunk
 
     def _parquet_chunks(self, chunk_rows: int) -> Iterator[list[str]]:
-        import pyarrow.parquet as pq
+        import pyarrow.parquet as pq  # here: ~0.5 s to import, needed by parquet inputs only
 
         row = 0
         for batch in pq.ParquetFile(self.path).iter_batches(batch_size=chunk_rows,
@@ -82,9 +84,6 @@ class Source:
 
 def open_source(path: str | Path, fmt: str | None) -> Source:
     """Check one --data input and say how to read it (no texts read, except small datasets)."""
-    from headstore.data.dataset import detect_format, load_dataset, resolve_data_path
-    from headstore.data.readers import TEXT_FILE_SUFFIXES, string_columns
-
     resolved = resolve_data_path(path)
     fmt = fmt or detect_format(resolved)
     suffix = resolved.suffix.lower() if resolved.is_file() else ""
@@ -93,7 +92,7 @@ def open_source(path: str | Path, fmt: str | None) -> Source:
     if fmt == "text" and suffix in TEXT_FILE_SUFFIXES:
         return Source(resolved, "txt")
     if fmt == "text" and suffix == ".parquet":
-        import pyarrow.parquet as pq
+        import pyarrow.parquet as pq  # here: as above
 
         try:
             meta = pq.ParquetFile(resolved).metadata

@@ -34,16 +34,19 @@ import numpy as np
 import polars as pl
 import zarr
 
+from headstore.data.text_id import TEXT_ID_BYTES
+from headstore.featurize.ids import IdSet, SortedIds, keys_of_hex
+
 MANIFEST = "manifest.json"
 TEXTS_DIR = "texts"
 LEGACY_TEXTS = "texts.parquet"  # format 1
-TEXTS = LEGACY_TEXTS  # kept for older imports
 LOCK = ".lock"
 FORMAT_VERSION = 2
 FINGERPRINT_PARTS = ("model_id", "weights_hash", "tokenizer_hash", "pooling", "layers",
                      "max_length", "dtype", "precision", "code_version")
 TEXTS_SCHEMA = {"text_id": pl.String, "text": pl.String, "row": pl.Int64,
                 "n_tokens": pl.Int32, "truncated": pl.Boolean}
+PLAIN_ID = f"^[0-9a-fA-F]{{{2 * TEXT_ID_BYTES}}}$"  # a text id as stored (hex of 16 bytes)
 
 
 class StoreError(ValueError):
@@ -256,36 +259,47 @@ class FeatureStore:
                         f"file: the store is corrupted (run `cli store verify {self.path}`)")
         return f"{array_path}: cannot be read ({type(err).__name__}: {err})"
 
-    def rows_for(self, text_ids: Sequence[str]) -> np.ndarray:
-        """Row of each text_id (int64); KeyError naming the first text that is not stored."""
-        from headstore.featurize.ids import SortedIds, keys_of_hex
+    def find_rows(self, text_ids: Sequence[str]) -> np.ndarray:
+        """Row of each text_id (int64), -1 where it is not stored (or is no 32-hex-character id).
 
+        The one text-id index of a store: built on first use from the text_id and row columns only
+        (16 bytes + a row per text, ids.SortedIds), then reused by every lookup."""
         if self._index is None:
             frame = self.scan_texts(["text_id", "row"]).collect()
             self._index = SortedIds(keys_of_hex(frame["text_id"]), frame["row"].to_numpy())
         text_ids = list(text_ids)
-        try:
-            keys = keys_of_hex(text_ids)
-            if len(keys) != len(text_ids):
-                raise ValueError("an id of another length")
-        except ValueError:  # not 32 hex characters: certainly not stored
-            bad = next((t for t in text_ids if len(t) != 32 or not _is_hex(t)), text_ids[0])
-            raise KeyError(f"{self.path}: text_id {bad} is not in the store; "
-                           "featurize the dataset into it first") from None
-        found = self._index.find(keys)
-        if (found < 0).any():
-            missing = text_ids[int(np.argmax(found < 0))]
+        hexes = pl.Series(text_ids, dtype=pl.String)
+        if not hexes.str.contains(PLAIN_ID).all():  # rare: spaces in ids, or not ids at all
+            hexes = pl.Series([_id_hex(t) for t in text_ids], dtype=pl.String)  # None: not an id
+        rows = np.full(len(text_ids), -1, dtype=np.int64)
+        valid = np.flatnonzero(hexes.is_not_null().to_numpy())
+        if len(valid):
+            found = self._index.find(keys_of_hex(hexes.gather(valid)))
+            hit = found >= 0
+            rows[valid[hit]] = self._index.values[found[hit]]
+        return rows
+
+    def rows_for(self, text_ids: Sequence[str]) -> np.ndarray:
+        """Row of each text_id (int64); KeyError naming the first text that is not stored (a
+        malformed id first: it cannot be stored)."""
+        text_ids = list(text_ids)
+        rows = self.find_rows(text_ids)
+        if (rows < 0).any():
+            malformed = [t for t in text_ids if _id_hex(t) is None]
+            missing = malformed[0] if malformed else text_ids[int(np.argmax(rows < 0))]
             raise KeyError(f"{self.path}: text_id {missing} is not in the store; "
                            "featurize the dataset into it first")
-        return self._index.values[found].astype(np.int64)
+        return rows
 
 
-def _is_hex(text: str) -> bool:
+def _id_hex(text_id: str) -> str | None:
+    """The 32 hex characters of a 16-byte text id (case and spaces as bytes.fromhex takes them),
+    None for anything else: such an id cannot be stored."""
     try:
-        bytes.fromhex(text)
-        return True
+        raw = bytes.fromhex(text_id)
     except ValueError:
-        return False
+        return None
+    return raw.hex() if len(raw) == TEXT_ID_BYTES else None
 
 
 def check_fingerprint(path: Path, manifest: dict, parts: dict) -> None:
@@ -299,19 +313,9 @@ def check_fingerprint(path: Path, manifest: dict, parts: dict) -> None:
                      + "\nuse another --store, or the store's settings")
 
 
-def stored_ids(store: FeatureStore):
+def stored_ids(store: FeatureStore) -> IdSet:
     """An IdSet of every committed text id (read part by part: text_id column only)."""
-    from headstore.featurize.ids import IdSet, keys_of_hex
-
     ids = IdSet()
     for file in store.part_files():
         ids.add(keys_of_hex(pl.read_parquet(file, columns=["text_id"])["text_id"]))
     return ids
-
-
-def __getattr__(name):  # StoreWriter lives in writer.py; keep `from ...store import StoreWriter`
-    if name == "StoreWriter":
-        from headstore.featurize.writer import StoreWriter
-
-        return StoreWriter
-    raise AttributeError(name)

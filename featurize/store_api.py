@@ -98,16 +98,18 @@ class Store:
         KeyError naming the first item that is not in the store."""
         if isinstance(texts_or_ids, str):
             texts_or_ids = [texts_or_ids]
-        known = self._known_ids()
-        ids = [t if TEXT_ID.fullmatch(t) and t in known else text_id(t) for t in texts_or_ids]
-        missing = [item for item, tid in zip(texts_or_ids, ids) if tid not in known]
+        items = list(texts_or_ids)
+        # the store's one text-id index: an item that is a stored text_id keeps its row, the rest hash
+        rows = np.full(len(items), -1, dtype=np.int64)
+        as_id = np.flatnonzero([TEXT_ID.fullmatch(t) is not None for t in items])
+        if as_id.size:
+            rows[as_id] = self._store.find_rows([items[i] for i in as_id])
+        as_text = np.flatnonzero(rows < 0)
+        if as_text.size:
+            rows[as_text] = self._store.find_rows([text_id(items[i]) for i in as_text])
+        missing = [items[i] for i in np.flatnonzero(rows < 0)]
         if missing:
             shown = missing[0] if len(missing[0]) <= 80 else missing[0][:77] + "..."
-            raise KeyError(f"{self.path}: {len(missing)} of {len(ids)} texts are not in the store, "
+            raise KeyError(f"{self.path}: {len(missing)} of {len(items)} texts are not in the store, "
                            f"first: {shown!r}; featurize them into it first (cli featurize)")
-        return self._store.rows_for(ids)
-
-    def _known_ids(self) -> set[str]:
-        if getattr(self, "_ids", None) is None:
-            self._ids = set(self._store.texts["text_id"].to_list())
-        return self._ids
+        return rows

@@ -16,10 +16,10 @@ import numpy as np
 import polars as pl
 import zarr
 
-from headstore.featurize.ids import IdSet, keys_of_hex
+from headstore.featurize.ids import IdSet, digests, keys_of_digests, keys_of_hex
 from headstore.featurize.store import (FINGERPRINT_PARTS, FORMAT_VERSION, LEGACY_TEXTS, MANIFEST,
-                                       TEXTS_DIR, TEXTS_SCHEMA, fingerprint_of, shard_file,
-                                       shard_rows_of)
+                                       TEXTS_DIR, TEXTS_SCHEMA, FeatureStore, fingerprint_of,
+                                       shard_file, shard_rows_of)
 
 RERUN = "an interrupted featurize: rerunning featurize into this store completes it"
 
@@ -62,8 +62,6 @@ def verify_store(path: str | Path) -> list[str]:
 
 def _check_table(where: str, table: pl.DataFrame, start: int, ids: IdSet) -> list[str]:
     """Schema, rows start..start+len-1 in order, text_id = hash(text), ids not seen before."""
-    from headstore.featurize.ids import digests, keys_of_digests
-
     schema_diff = {k: str(v) for k, v in TEXTS_SCHEMA.items() if table.schema.get(k) != v}
     if schema_diff:
         return [f"{where}: columns missing or of the wrong type: {schema_diff}"]
@@ -195,8 +193,6 @@ def _dir_size(path: Path) -> int:
 
 def store_info(path: str | Path) -> dict:
     """Model, dims, dtype, N, arrays, truncated count, parts and size on disk."""
-    from headstore.featurize.store import FeatureStore
-
     store = FeatureStore.open(path)
     m = store.manifest
     stats = store.scan_texts(["n_tokens", "truncated"]).select(

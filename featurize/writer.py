@@ -23,6 +23,7 @@ import numpy as np
 import polars as pl
 import zarr
 from filelock import FileLock, Timeout
+from zarr.codecs import Crc32cCodec
 
 from headstore.data.files import atomic_write_bytes, atomic_write_parquet, fsync_dir
 from headstore.featurize.store import (FINGERPRINT_PARTS, FORMAT_VERSION, LOCK, MANIFEST, TEXTS_DIR,
@@ -33,8 +34,6 @@ from headstore.featurize.store import (FINGERPRINT_PARTS, FORMAT_VERSION, LOCK, 
 
 def create_array(path: Path, dim: int, dtype: str, chunk_rows: int, shard_rows: int) -> zarr.Array:
     """An empty (0, dim) array, sharded, each chunk followed by its crc32c checksum."""
-    from zarr.codecs import Crc32cCodec
-
     return zarr.create_array(store=str(path), shape=(0, dim), dtype=dtype, chunks=(chunk_rows, dim),
                              shards=(shard_rows, dim), compressors=[Crc32cCodec()], fill_value=0,
                              zarr_format=3, overwrite=True)

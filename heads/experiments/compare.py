@@ -26,7 +26,7 @@ from headstore.data.files import atomic_write_json
 from headstore.featurize.config import AdaptConfig
 from headstore.featurize.config import FeaturizeConfig
 from headstore.heads.config import setting_hints, TrainConfig
-from headstore.featurize.tuning.finetune import FinetuneConfig
+from headstore.heads.apply.finetune import FinetuneConfig
 from headstore.heads.experiments.datasets_root import default_mlm_text, missing_mlm_text_note
 from headstore.heads.model import HeadConfig
 
@@ -177,7 +177,7 @@ def run_compare(cfg: CompareConfig, out_dir: str, log=print) -> str:
     """Run (or reuse) every step, evaluate every setup; write compare.json and compare.md; return the table."""
     from headstore.featurize.tuning.adapt import adapt
     from headstore.heads.experiments.compare_report import evaluate_setups, mlm_losses, write_report
-    from headstore.featurize.tuning.finetune import finetune
+    from headstore.heads.apply.finetune import finetune
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)

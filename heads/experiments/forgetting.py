@@ -34,7 +34,7 @@ from headstore.featurize.run import featurize
 from headstore.featurize.store import FeatureStore
 from headstore.featurize.config import AdaptConfig
 from headstore.featurize.tuning.adapt import adapt
-from headstore.featurize.tuning.finetune import FinetuneConfig, finetune
+from headstore.heads.apply.finetune import FinetuneConfig, finetune
 from headstore.featurize.tuning.mlm_eval import mlm_loss
 from headstore.featurize.tuning.packing import load_texts, split_holdout
 from headstore.heads.artefacts import write_head_dir

@@ -9,7 +9,7 @@ from click.testing import CliRunner
 
 import headstore
 from headstore.cli import main
-from headstore.heads.export import export_head
+from headstore.heads.apply.export import export_head
 from headstore.heads.config import HeadConfig
 
 SHAPES = {  # name: (HeadConfig, normalize, training settings)

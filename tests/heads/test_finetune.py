@@ -12,7 +12,7 @@ from headstore.featurize.config import FeaturizeConfig
 from headstore.featurize.run import featurize
 from headstore.featurize.store import FeatureStore
 from headstore.heads.config import TrainConfig
-from headstore.featurize.tuning.finetune import FinetuneConfig, build_optimizer, encoder_blocks, finetune, n_unfrozen
+from headstore.heads.apply.finetune import FinetuneConfig, build_optimizer, encoder_blocks, finetune, n_unfrozen
 from headstore.heads.config import HeadConfig
 from headstore.heads.model import StackedMLP
 from headstore.heads.run import train_head

@@ -9,7 +9,7 @@ import pytest
 
 from headstore.featurize.config import FeaturizeConfig
 from headstore.featurize.run import featurize
-from headstore.featurize.tuning.finetune import FinetuneConfig
+from headstore.heads.apply.finetune import FinetuneConfig
 from headstore.heads.config import TrainConfig
 from headstore.heads.experiments.forgetting import ForgettingConfig, run_forgetting, split_classes
 from headstore.heads.config import HeadConfig

@@ -11,7 +11,7 @@ from headstore.cli import main
 from headstore.heads.energy import pairwise_energy
 from headstore.heads.metrics import topk_ranking
 from headstore.heads.config import HeadConfig
-from headstore.heads.search import SearchIndex, build_index, corpus_items, recall_at_k
+from headstore.heads.apply.search import SearchIndex, build_index, corpus_items, recall_at_k
 
 
 def _queries(world) -> list[str]:

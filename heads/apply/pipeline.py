@@ -29,6 +29,7 @@ from headstore.featurize.encode import CODE_VERSION, Batch, collate, encode_batc
 from headstore.featurize.model import load_encoder, model_identity
 from headstore.featurize.store import array_names, fingerprint_of
 from headstore.heads.energy import pairwise_energy
+from headstore.heads.features import array_list
 from headstore.heads.head import Head
 
 ENCODER_PARTS = ("weights_hash", "tokenizer_hash", "code_version")  # what an encoder must match
@@ -79,8 +80,6 @@ class Pipeline:
         parts = head.store_manifest
         self.encoder, self.head, self.model_source = encoder, head, model_source
         self.pooling = parts["pooling"]
-        from headstore.heads.features import array_list
-
         names = array_names(parts["layers"])
         unknown = [a for a in array_list(head.array) if a not in names]
         if unknown:

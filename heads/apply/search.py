@@ -23,7 +23,11 @@ import numpy as np
 import polars as pl
 from tqdm.auto import tqdm
 
+from headstore.data.dataset import load_dataset
 from headstore.data.files import atomic_write_json, atomic_write_parquet
+from headstore.data.text_id import doc_text, text_ids
+from headstore.featurize.store_api import Store
+from headstore.heads.apply.pipeline import Pipeline
 from headstore.heads.features import read_features
 from headstore.heads.head import Head
 
@@ -35,7 +39,7 @@ EF_SEARCH = 64  # HNSW query-time beam (>= k); raise it for recall, lower for sp
 
 def _faiss():
     try:
-        import faiss
+        import faiss  # here: an optional extra (headstore[faiss])
     except ImportError:
         raise ValueError("cli index / search need FAISS: pip install 'headstore[faiss]'") from None
     return faiss
@@ -64,9 +68,6 @@ def _to_energy(distances: np.ndarray, energy: str) -> np.ndarray:
 
 def corpus_items(data_path: str, data_format: str | None = None) -> pl.DataFrame:
     """`id`, `text` of every item to index: a BEIR corpus's documents, else the dataset's unique texts."""
-    from headstore.data.dataset import load_dataset
-    from headstore.data.text_id import doc_text, text_ids
-
     ds = load_dataset(data_path, data_format)
     if ds.kind == "beir":
         corpus = ds.beir.corpus
@@ -80,8 +81,6 @@ def build_index(store_path: str, head_ref: str, data_path: str, out_dir: str, hn
                 data_format: str | None = None, ef_construction: int = EF_CONSTRUCTION,
                 progress: bool = True) -> dict:
     """Embed the corpus of `data_path` (stored features -> head) into a FAISS index at `out_dir`."""
-    from headstore.featurize.store_api import Store
-
     faiss = _faiss()
     out = Path(out_dir)
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
@@ -155,8 +154,6 @@ class SearchIndex:
 
     def pipeline(self, model: str | None = None):
         if self._pipeline is None:
-            from headstore.featurize.pipeline import Pipeline
-
             self._pipeline = Pipeline.from_head(self.head, model)
         return self._pipeline
 

@@ -27,6 +27,9 @@ from typing import Callable
 import torch
 
 from headstore.data.files import atomic_write_json
+from headstore.featurize.model import model_identity
+from headstore.featurize.store import array_names
+from headstore.heads.apply.pipeline import check_encoder, encoder_source
 from headstore.heads.head import Head
 
 SIMILARITY = {"l1": "manhattan", "l2": "euclidean", "cosine": "cosine"}
@@ -40,7 +43,7 @@ def _activation(name: str) -> torch.nn.Module:
 
 def _dense(weight: torch.Tensor, bias: torch.Tensor, activation: str, residual: bool = False):
     """A stock Dense computing activation(weight @ x + bias) (+ x); weight (out, in) as nn.Linear's."""
-    from sentence_transformers.sentence_transformer.modules import Dense
+    from sentence_transformers.sentence_transformer.modules import Dense  # here: an optional extra
 
     out_f, in_f = weight.shape
     return Dense(in_f, out_f, bias=True, activation_function=_activation(activation),
@@ -50,7 +53,7 @@ def _dense(weight: torch.Tensor, bias: torch.Tensor, activation: str, residual: 
 
 def normalizer_modules(head: Head) -> list:
     """x -> (x - center) / scale, then L2 for the l2 kinds."""
-    from sentence_transformers.sentence_transformer.modules import Normalize
+    from sentence_transformers.sentence_transformer.modules import Normalize  # here: optional extra
 
     norm, modules = head.normalizer, []
     if norm.kind in ("center", "center-l2", "standardize"):
@@ -62,7 +65,7 @@ def normalizer_modules(head: Head) -> list:
 
 def head_modules(head: Head) -> list:
     """The head's MLP as stock Dense (and LayerNorm) modules; ValueError where no exact form exists."""
-    from sentence_transformers.sentence_transformer.modules import LayerNorm
+    from sentence_transformers.sentence_transformer.modules import LayerNorm  # here: optional extra
 
     cfg, model = head.head_config, head.model
     layers = [(model.weights[i][0].T, model.biases[i][0]) for i in range(cfg.depth)]  # (out, in), (out,)
@@ -176,14 +179,11 @@ def ensemble_modules(head) -> list:
 
 def export_sentence_transformers(head: Head, out: Path, model: str | None = None) -> dict:
     """Write a SentenceTransformer directory at `out` (stock modules only); returns a summary."""
-    try:
+    try:  # here: sentence-transformers is an optional extra (headstore[export])
         from sentence_transformers import SentenceTransformer
         from sentence_transformers.sentence_transformer.modules import Pooling, Transformer
     except ImportError:
         raise ValueError("export to sentence-transformers needs it installed: pip install 'headstore[export]'") from None
-    from headstore.featurize.model import model_identity
-    from headstore.featurize.pipeline import check_encoder, encoder_source
-
     parts = head.store_manifest
     if head.head_config.mix > 1:
         raise ValueError(f"{head.source} mixes several encoder layers ({head.array}); a sentence-transformers "
@@ -220,8 +220,6 @@ def export_sentence_transformers(head: Head, out: Path, model: str | None = None
 
 
 def _array_names(parts: dict) -> list[str]:
-    from headstore.featurize.store import array_names
-
     return list(array_names(parts["layers"]))
 
 
