@@ -28,17 +28,21 @@ from pathlib import Path
 import numpy as np
 import torch
 from tqdm.auto import tqdm
+from transformers import AutoModel, AutoTokenizer
 
 from headstore.data.files import atomic_write_json
-from headstore.featurize.model import pick_device
+from headstore.featurize.model import model_identity, pick_device, resolve_model
 from headstore.featurize.pooling import pooled_forward
 from headstore.featurize.store import FeatureStore, fingerprint_of
-from headstore.heads.config import TrainConfig
+from headstore.featurize.tuning.checkpoint import copy_sidecars
+from headstore.featurize.tuning.mlm_head import HEAD_FILE
+from headstore.heads.artefacts import write_head_dir
 from headstore.heads.batches import same_mask
+from headstore.heads.config import TrainConfig
+from headstore.heads.features import load_features
 from headstore.heads.kinds import kind_of, load_task
 from headstore.heads.losses import LOSSES, get_loss
 from headstore.heads.mining import mine_negatives
-from headstore.heads.model import save_heads
 from headstore.heads.optim import lr_factor
 from headstore.heads.run import load_head
 
@@ -150,14 +154,48 @@ def finetune(head_dir: str, out_dir: str, cfg: FinetuneConfig, store_path: str |
 
     `store_path`, `data_path`: default to the head's own (config.json); `model`: the encoder the store was
     featurized with (`encoder`, default: the store's model_id, e.g. `minilm`; a local model dir must be given)."""
-    from transformers import AutoModel, AutoTokenizer
-
-    from headstore.featurize.model import model_identity, resolve_model
-
     t0 = time.perf_counter()
     head, norm, head_config = load_head(head_dir)
-    store_path = store_path or head_config["store"]
-    data_path = data_path or head_config["data"]
+    src = _training_source(head_config, store_path or head_config["store"], data_path or head_config["data"],
+                           head_dir)
+    model, tokenizer, model_dir = _load_encoder(cfg, encoder or head_config.get("encoder_dir")
+                                                or src.parts["model_id"], src.parts, src.store_path)
+    device = next(model.parameters()).device
+    head.to(device).train()
+    norm = _norm_to(norm, device)
+    blocks = encoder_blocks(model)
+    for p in model.parameters():
+        p.requires_grad_(False)
+    train_cfg = src.train_cfg
+    head_lr = cfg.head_lr if cfg.head_lr is not None else train_cfg.lr
+    opt = build_optimizer(blocks, head, cfg, head_lr, train_cfg.weight_decay)
+    negatives = _negatives(src, cfg)
+    text_of = src.store.texts.sort("row")["text"].to_list()
+    use_bf16 = cfg.bf16 and device.type == "cuda"
+    embed = lambda rows: _embed_texts(model, tokenizer, [text_of[r] for r in rows.tolist()],  # noqa: E731
+                                      int(src.parts["max_length"]), src.parts["pooling"], src.layer, norm, head,
+                                      device, use_bf16)
+    history, unfrozen_at, steps = _train(src, cfg, blocks, head, opt, embed, negatives, progress)
+    return _write_outputs(Path(out_dir), model, tokenizer, Path(model_dir), head, norm, head_dir, head_config,
+                          src.parts, cfg, history, unfrozen_at, time.perf_counter() - t0, len(blocks), steps,
+                          len(src.pairs))
+
+
+@dataclass
+class _Source:
+    """What a head was trained on, rebuilt from its config: the store, the task's training set and settings."""
+
+    store_path: str
+    store: FeatureStore
+    parts: dict  # the store's manifest
+    array: str
+    layer: int  # the encoder layer the head's array holds
+    train_cfg: TrainConfig
+    task: object  # heads.kinds.Task
+    pairs: object  # heads.kinds.TrainSet: what the loss trains on, as train-head
+
+
+def _training_source(head_config: dict, store_path: str, data_path: str, head_dir: str) -> _Source:
     store = FeatureStore.open(store_path)
     if store.fingerprint != head_config["store_fingerprint"]:
         raise ValueError(f"{store_path}: fingerprint differs from the one {head_dir} was trained on; "
@@ -166,14 +204,14 @@ def finetune(head_dir: str, out_dir: str, cfg: FinetuneConfig, store_path: str |
     array = head_config.get("array", "features")
     layer = int(parts["arrays"][array]["layer"]) if isinstance(parts["arrays"][array], dict) else parts["layers"][0]
     train_cfg = TrainConfig.from_dict(head_config["train"])
-    spec = LOSSES[train_cfg.loss]
     task = load_task(data_path, store, head_config.get("format"))
     task = kind_of(task).for_training(task, train_cfg)  # labels: shots, hierarchy
-    pairs = kind_of(task).train_set(task, train_cfg.loss)  # what the loss trains on, as train-head
-    labels_all = None if pairs.targets is None else torch.as_tensor(pairs.targets, dtype=torch.float32)
-    text_of = store.texts.sort("row")["text"].to_list()
+    pairs = kind_of(task).train_set(task, train_cfg.loss)
+    return _Source(store_path, store, parts, array, layer, train_cfg, task, pairs)
 
-    encoder = encoder or head_config.get("encoder_dir") or parts["model_id"]
+
+def _load_encoder(cfg: FinetuneConfig, encoder: str, parts: dict, store_path: str):
+    """(model in train mode on the device, tokenizer, model dir) of the encoder that featurized the store."""
     model_dir = resolve_model(encoder)
     identity = model_identity(model_dir, parts["max_length"])
     if identity.weights_hash != parts["weights_hash"]:
@@ -186,25 +224,24 @@ def finetune(head_dir: str, out_dir: str, cfg: FinetuneConfig, store_path: str |
     if cfg.gradient_checkpointing:
         model.gradient_checkpointing_enable()
     model.train()
-    head.to(device).train()
-    norm = _norm_to(norm, device)
-    blocks = encoder_blocks(model)
-    for p in model.parameters():
-        p.requires_grad_(False)
-    head_lr = cfg.head_lr if cfg.head_lr is not None else train_cfg.lr
-    opt = build_optimizer(blocks, head, cfg, head_lr, train_cfg.weight_decay)
+    return model, tokenizer, model_dir
 
-    negatives = None  # (P, K) store rows: given ones, plus hard negatives mined once on the stored features
-    if spec.negatives and pairs.negative is not None:
-        negatives = torch.as_tensor(pairs.negative)
+
+def _negatives(src: _Source, cfg: FinetuneConfig) -> torch.Tensor | None:
+    """(P, K) store rows: given negatives, plus hard negatives mined once on the stored features."""
+    spec, pairs, train_cfg = LOSSES[src.train_cfg.loss], src.pairs, src.train_cfg
+    negatives = torch.as_tensor(pairs.negative) if spec.negatives and pairs.negative is not None else None
     mined_k = train_cfg.mined_k if cfg.mined_k is None else cfg.mined_k
-    if spec.negatives and mined_k and task.corpus_rows is not None:
-        from headstore.heads.features import load_features
-
-        mined = mine_negatives(load_features(store, array), pairs.anchor, task.corpus_rows, task.relevant,
-                               mined_k, None, 1, energy=train_cfg.eval_energy)[0]
+    if spec.negatives and mined_k and src.task.corpus_rows is not None:
+        mined = mine_negatives(load_features(src.store, src.array), pairs.anchor, src.task.corpus_rows,
+                               src.task.relevant, mined_k, None, 1, energy=train_cfg.eval_energy)[0]
         negatives = mined if negatives is None else torch.cat([negatives, mined], dim=-1)
+    return negatives
 
+
+def _train(src: _Source, cfg: FinetuneConfig, blocks, head, opt, embed, negatives, progress: bool):
+    """One epoch (or --max-steps) of encoder + head: (history, step -> blocks unfrozen, steps)."""
+    pairs, train_cfg, task, n_rows = src.pairs, src.train_cfg, src.task, src.store.n_texts + 1
     P = len(pairs)
     B = min(cfg.batch_size or train_cfg.batch_size, P)
     steps = math.ceil(P / B) if cfg.max_steps is None else min(math.ceil(P / B), cfg.max_steps)
@@ -213,12 +250,10 @@ def finetune(head_dir: str, out_dir: str, cfg: FinetuneConfig, store_path: str |
     sampler = kind_of(task).sampler(task)  # labelled texts: P classes x K texts per batch
     batches = sampler([train_cfg], [torch.Generator().manual_seed(cfg.seed)], B, steps)[0] if sampler else None
     anchor, positive = torch.as_tensor(pairs.anchor), torch.as_tensor(pairs.positive)
-    relevant = torch.as_tensor(sorted(a * (store.n_texts + 1) + p for a, p in task.relevant), dtype=torch.long)
+    labels_all = None if pairs.targets is None else torch.as_tensor(pairs.targets, dtype=torch.float32)
+    relevant = torch.as_tensor(sorted(a * n_rows + p for a, p in task.relevant), dtype=torch.long)
     loss_fn, loss_cfg = get_loss(train_cfg.loss, pairs.form), train_cfg.loss_config()
-    use_bf16 = cfg.bf16 and device.type == "cuda"
-    max_length = int(parts["max_length"])
-    embed = lambda rows: _embed_texts(model, tokenizer, [text_of[r] for r in rows.tolist()], max_length,
-                                      parts["pooling"], layer, norm, head, device, use_bf16)
+    device = next(head.parameters()).device
     trainable = [p for b in blocks for _, p in b] + list(head.parameters())
     history, unfrozen_at = [], {}
     bar = tqdm(total=steps, desc=f"finetune ({cfg.unfreeze})", disable=not progress)
@@ -233,40 +268,38 @@ def finetune(head_dir: str, out_dir: str, cfg: FinetuneConfig, store_path: str |
         zp = za if torch.equal(a_rows, p_rows) else embed(p_rows)  # labelled texts: anchor = positive
         zn = None
         if negatives is not None:
-            n_rows = negatives[idx]  # (b, K)
-            zn = embed(n_rows.flatten()).unflatten(1, n_rows.shape)  # (1, b, K, d)
+            n_idx = negatives[idx]  # (b, K)
+            zn = embed(n_idx.flatten()).unflatten(1, n_idx.shape)  # (1, b, K, d)
         labels = labels_all[idx].unsqueeze(0).to(device) if labels_all is not None else None  # (1, b[, L])
-        same = same_mask(a_rows, p_rows, relevant, store.n_texts + 1).to(device)  # (b, b)
+        same = same_mask(a_rows, p_rows, relevant, n_rows).to(device)  # (b, b)
         loss = loss_fn(za.float(), zp.float(), None if zn is None else zn.float(), labels,
                        energy=train_cfg.energy, cfg=loss_cfg, same=same)[0]
-        if not torch.isfinite(loss):
-            raise RuntimeError(f"finetune: loss became {loss.item()} at step {step + 1}; lower --encoder-lr")
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        if cfg.grad_clip:
-            torch.nn.utils.clip_grad_norm_([p for p in trainable if p.grad is not None], cfg.grad_clip)
-        factor = lr_factor(step, steps, sched)
-        for g in opt.param_groups:
-            g["lr"] = g["base_lr"] * factor
-        opt.step()
+        _step(loss, step, steps, opt, trainable, cfg, sched)
         history.append({"step": step + 1, "loss": float(loss.detach()), "unfrozen_blocks": k})
         bar.update(1)
         bar.set_postfix(loss=f"{history[-1]['loss']:.4f}", blocks=k)
     bar.close()
-    seconds = time.perf_counter() - t0
-    return _write_outputs(Path(out_dir), model, tokenizer, Path(model_dir), head, norm, head_dir, head_config,
-                          parts, cfg, history, unfrozen_at, seconds, len(blocks), steps, P)
+    return history, unfrozen_at, steps
+
+
+def _step(loss, step: int, steps: int, opt, trainable, cfg: FinetuneConfig, sched: TrainConfig) -> None:
+    """Backward, clipping and one AdamW update at the schedule's rate for `step`."""
+    if not torch.isfinite(loss):
+        raise RuntimeError(f"finetune: loss became {loss.item()} at step {step + 1}; lower --encoder-lr")
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    if cfg.grad_clip:
+        torch.nn.utils.clip_grad_norm_([p for p in trainable if p.grad is not None], cfg.grad_clip)
+    factor = lr_factor(step, steps, sched)
+    for g in opt.param_groups:
+        g["lr"] = g["base_lr"] * factor
+    opt.step()
 
 
 def _write_outputs(out: Path, model, tokenizer, model_dir: Path, head, norm, head_dir, head_config, parts,
                    cfg: FinetuneConfig, history, unfrozen_at, seconds, n_blocks, steps, n_pairs) -> dict:
-    from headstore.featurize.model import model_identity
-    from headstore.featurize.tuning.checkpoint import copy_sidecars
-    from headstore.featurize.tuning.mlm_head import HEAD_FILE
-
     enc_dir, new_head = out / "encoder", out / "head"
     enc_dir.mkdir(parents=True, exist_ok=True)
-    new_head.mkdir(parents=True, exist_ok=True)
     if cfg.gradient_checkpointing:  # transformers 5 renamed the disable call
         (getattr(model, "activation_checkpointing_disable", None) or model.gradient_checkpointing_disable)()
     model.to("cpu").eval().save_pretrained(str(enc_dir), safe_serialization=True)
@@ -278,9 +311,7 @@ def _write_outputs(out: Path, model, tokenizer, model_dir: Path, head, norm, hea
                  "tokenizer_hash": identity.tokenizer_hash}
     fingerprint = fingerprint_of(new_parts)
     head = head.to("cpu").eval()
-    save_heads(new_head / "head.safetensors", head)
     norm.center, norm.scale = norm.center.cpu(), norm.scale.cpu()
-    norm.save(new_head / "normalizer.safetensors")
     summary = {"config": asdict(cfg), "source_head": str(head_dir), "source_encoder": str(model_dir),
                "encoder_dir": str(enc_dir), "head_dir": str(new_head), "n_pairs": n_pairs, "steps": steps,
                "n_blocks": n_blocks, "unfrozen_at_step": {str(k): v for k, v in unfrozen_at.items()},
@@ -291,6 +322,6 @@ def _write_outputs(out: Path, model, tokenizer, model_dir: Path, head, norm, hea
     config = {**head_config, "store": None, "store_fingerprint": fingerprint, "encoder_dir": str(enc_dir),
               "store_manifest": {**head_config.get("store_manifest", {}), **new_parts, "fingerprint": fingerprint},
               "finetune": {k: v for k, v in summary.items() if k != "history"}}
-    atomic_write_json(new_head / "config.json", config, sort_keys=True)
+    write_head_dir(new_head, head, norm, config)
     atomic_write_json(out / "finetune.json", summary, indent=1)
     return summary

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from headstore.data.options import label_read_options
+from headstore.data.options import fold_label_options, label_read_options
 
 
 @click.command("forgetting")
