@@ -31,6 +31,7 @@ from headstore.featurize.model import model_identity
 from headstore.featurize.store import array_names
 from headstore.heads.apply.pipeline import check_encoder, encoder_source
 from headstore.heads.head import Head
+from headstore.heads.apply.formats import EXPORT_FORMATS
 
 SIMILARITY = {"l1": "manhattan", "l2": "euclidean", "cosine": "cosine"}
 EXACT_ODD_PART = ("relu", "gelu")  # a(x) - a(-x) = x: carry x through a hidden layer as [x; -x]
@@ -232,11 +233,8 @@ def export_safetensors(head: Head, out: Path, model: str | None = None) -> dict:
             "files": sorted(p.name for p in out.iterdir()), "load": f"headstore.Head.load({str(out)!r})"}
 
 
-# format name -> writer(head, out dir, encoder override) -> summary; the CLI offers sorted(EXPORT_FORMATS)
-EXPORT_FORMATS: dict[str, Callable[[Head, Path, str | None], dict]] = {
-    "sentence-transformers": export_sentence_transformers,
-    "safetensors": export_safetensors,
-}
+# the registry's writers (heads.apply.formats names them): writer(head, out dir, encoder override) -> summary
+WRITERS: dict[str, Callable[[Head, Path, str | None], dict]] = {name: globals()[fn] for name, fn in EXPORT_FORMATS.items()}
 
 
 def export_head(ref: str, fmt: str, out: str | Path, model: str | None = None) -> dict:
@@ -246,4 +244,4 @@ def export_head(ref: str, fmt: str, out: str | Path, model: str | None = None) -
     out = Path(out)
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise ValueError(f"{out}: exists and is not an empty directory; give a new --out")
-    return EXPORT_FORMATS[fmt](Head.load(ref), out, model)
+    return WRITERS[fmt](Head.load(ref), out, model)

@@ -4,10 +4,12 @@ from __future__ import annotations
 import click
 
 from headstore.data.files import atomic_write_json
-from headstore.data.readers import read_text
-from headstore.heads.apply.export import EXPORT_FORMATS, export_head
-from headstore.heads.apply.search import SearchIndex, build_index, results_table
 from headstore.data.options import format_option
+from headstore.data.readers import read_text
+from headstore.heads.apply.formats import EXPORT_FORMATS
+
+# The implementations (torch, FAISS, sentence-transformers) are imported when a command runs, so that
+# `import headstore.cli` stays cheap.
 
 
 def _head_ref(head: str | None, grid: str | None, rank: int | None, head_id: str | None,
@@ -44,6 +46,8 @@ def _head_ref(head: str | None, grid: str | None, rank: int | None, head_id: str
 def export_command(head, grid, rank, head_id, ensemble, fmt, out, model):
     """Export one trained head, or an ensemble of a grid's best as one head (encoder included for
     sentence-transformers), to OUT."""
+    from headstore.heads.apply.export import export_head
+
     ref = _head_ref(head, grid, rank, head_id, ensemble)
     summary = export_head(ref, fmt, out, model)
     click.echo(f"exported {ref} -> {summary['out']} ({fmt})")
@@ -64,6 +68,8 @@ def export_command(head, grid, rank, head_id, ensemble, fmt, out, model):
 @click.option("--ef-construction", type=int, default=80, show_default=True, help="HNSW build beam.")
 def index_command(store, head, data, data_format, out, hnsw, ef_construction):
     """Put the head's outputs of a corpus (from stored features) into a FAISS index for `cli search`."""
+    from headstore.heads.apply.search import build_index
+
     info = build_index(store, head, data, out, hnsw, data_format, ef_construction)
     kind = f"HNSW (M={info['hnsw_m']})" if info["kind"] == "hnsw" else "flat (exact)"
     click.echo(f"{out}: {info['n']} vectors of dim {info['dim']}, {kind}, {info['metric']} ({info['energy']} energy)")
@@ -79,6 +85,8 @@ def index_command(store, head, data, data_format, out, hnsw, ef_construction):
 @click.option("--out", default=None, help="Also write every result to this JSON file.")
 def search_command(index_dir, queries, queries_file, k, model, ef_search, out):
     """Encode queries with the head's encoder and head, and list the k lowest-energy items of the index."""
+    from headstore.heads.apply.search import SearchIndex, results_table
+
     texts = list(queries)
     if queries_file:
         texts += read_text(queries_file)["text"].to_list()
