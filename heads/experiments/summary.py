@@ -11,12 +11,10 @@ import polars as pl
 from scipy import stats
 
 from headstore.data.files import atomic_write_json, atomic_write_text
+from headstore.heads.artefacts import RESULT_PREFIXES, VARIED_EXCLUDE
 from headstore.heads.kinds import Task, kind_of
 
-# result columns that are not settings (left out when grouping seeds)
-NOT_SETTINGS = {"head_id", "grid_version", "stack", "stack_index", "status", "reason", "best_epoch",
-                "train_seconds", "eval_seconds", "primary", "history", "seed", "n_labelled"}
-RESULT_PREFIXES = ("test_", "dev_", "base_", "ood_", "sel_")
+NOT_SETTINGS = VARIED_EXCLUDE | {"seed"}  # result columns that are not settings, and the seed (what is summarised over)
 
 
 def write_summary(frame: pl.DataFrame, task: Task, out: Path, print_it: bool = True) -> pl.DataFrame:

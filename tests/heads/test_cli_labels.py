@@ -3,11 +3,14 @@ eval, grid sweeping shots x seeds, and SetFit beside headstore (when the optiona
 import json
 import random
 
+import numpy as np
 import polars as pl
 import pytest
 from click.testing import CliRunner
 
+import headstore
 from headstore.cli import main
+from headstore.heads.artefacts import ranked_configs
 
 from .finetune_world import WORDS, tiny_bert
 
@@ -91,6 +94,10 @@ def test_grid_sweeps_losses_shots_and_seeds(world):
     summary = json.loads((root / "grid" / "summary.json").read_text())
     assert len(summary) == 4 and all(s["seeds"] == 2 for s in summary)
     assert "head probe_accuracy" in (root / "grid" / "summary.md").read_text()
+    groups, _ = ranked_configs(frame)  # seeds of one configuration train in separate stacks: still one config
+    assert len(groups) == 4 and all(g.height == 2 for g in groups)
+    head = headstore.Head.load(f"{root / 'grid'}#rank=1")  # a label grid's heads load as every grid's do
+    assert head.embed(np.zeros((1, head.in_dim), np.float32)).shape == (1, head.out_dim)
     rerun = CliRunner().invoke(main, args)  # every head is finished: nothing retrains
     assert rerun.exit_code == 0 and pl.read_parquet(root / "grid" / "results.parquet").height == 13
 
