@@ -23,14 +23,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from headstore.featurize.store import FeatureStore  # noqa: E402
 from headstore.heads.config import TrainConfig  # noqa: E402
 from headstore.heads.energy import pairwise_energy  # noqa: E402
-from headstore.heads.evaluate import (SELECT_CANDIDATES, embed_rows, evaluate_split, l1_on_candidates,  # noqa: E402
-                                      selection_scores)
+from headstore.heads.evaluate import embed_rows, evaluate_split, selection_scores  # noqa: E402
+from headstore.heads.kinds.ranking import SELECT_CANDIDATES, l1_on_candidates  # noqa: E402
 from headstore.heads.features import load_features  # noqa: E402
 from headstore.heads.config import HeadConfig  # noqa: E402
 from headstore.heads.kinds import load_task  # noqa: E402
 from headstore.heads.train import train_stack  # noqa: E402
+from headstore.heads.experiments.datasets_root import datasets_root  # noqa: E402
 
-DATA = Path(__file__).resolve().parents[2] / "shared" / "datasets"
+DATA = datasets_root()
 
 
 def top10_inside(zq: torch.Tensor, zd: torch.Tensor) -> float:

@@ -51,8 +51,9 @@ from headstore.heads.kinds import load_task  # noqa
 from headstore.heads.kinds.ranking import IRSplit  # noqa: E402
 from headstore.heads import batches as T  # noqa: E402
 from headstore.heads.train import train_stack  # noqa: E402
+from headstore.heads.experiments.datasets_root import datasets_root  # noqa: E402
 
-DATA = Path(os.environ.get("HEADSTORE_DATA", Path(__file__).resolve().parents[2] / "shared" / "datasets"))
+DATA = datasets_root()
 DATASETS = {"scifact": ("SciFact train pairs", "scifact"), "stsb": ("STS-B train", "stsb")}
 EPOCHS = 5
 HEADS = 64

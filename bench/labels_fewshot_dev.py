@@ -20,6 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from headstore.heads.experiments.grid import run_grid  # noqa: E402
 from headstore.heads.experiments.summary import summarize, summary_table  # noqa: E402
 from headstore.heads.kinds.labels import SUMMARY_METRICS  # noqa: E402
+from headstore.heads.experiments.datasets_root import datasets_root  # noqa: E402
 
 GRID = """[grid]
 loss = {losses}
@@ -35,7 +36,7 @@ batch_size = 64
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--store", required=True)
-    parser.add_argument("--data", default=str(Path(__file__).resolve().parents[2] / "shared" / "datasets" / "20newsgroups"))
+    parser.add_argument("--data", default=str(datasets_root() / "20newsgroups"))
     parser.add_argument("--format", default="labels?text_column=body")
     parser.add_argument("--shots", type=int, default=16)
     parser.add_argument("--losses", default="supcon-kl,supcon,l1-energy")
