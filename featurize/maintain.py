@@ -8,7 +8,8 @@ point), and the old texts.parquet goes. Killed anywhere, a rerun of migrate fini
 the manifest is replaced the store stays a readable format-1 store (the swapped arrays hold the
 same numbers).
 
-Compact rewrites runs of small consecutive parts as one part each, commits the manifest listing the
+Compact first checks every committed part (size and sha256, store.check_part) and refuses a damaged
+store naming the file; it then rewrites runs of small consecutive parts as one part each, commits the manifest listing the
 merged parts, then deletes the old files (a crash in between leaves unlisted files, which the next
 writer removes). Reads are correct with or without it; it only bounds the number of files.
 """
@@ -25,7 +26,7 @@ import zarr
 
 from headstore.data.files import fsync_dir
 from headstore.featurize.store import (LEGACY_TEXTS, MANIFEST, TEXTS_DIR, TEXTS_SCHEMA, StoreError,
-                                       format_version, read_manifest, shard_rows_of)
+                                       check_part, format_version, read_manifest, shard_rows_of)
 from headstore.featurize.writer import (StoreWriter, acquire_lock, create_array, fsync_rows,
                                         new_manifest, write_manifest, write_part)
 
@@ -130,6 +131,11 @@ def compact_store(path: str | Path, target_rows: int = 1 << 20) -> dict:
         if format_version(manifest) != 2:
             raise StoreError(f"{path}: a format-1 store has one texts file; nothing to compact "
                              f"(`cli store migrate {path}` converts it)")
+        for part in manifest["parts"]:  # a damaged part is refused before anything is rewritten
+            try:
+                check_part(path, part)
+            except StoreError as err:
+                raise StoreError(f"{err}; nothing was compacted") from None
         writer = StoreWriter(path, manifest, lock)  # reconciles leftovers first
         groups, current = [], []
         for part in writer.manifest["parts"]:

@@ -102,6 +102,26 @@ def read_manifest(path: Path) -> dict:
     return manifest
 
 
+def check_part(path: Path, part: dict, content: bool = True) -> Path:
+    """The file of a committed texts part (a manifest entry of store `path`); StoreError naming it
+    when it is missing, of another size or (content=True: one pass over the file) of another
+    sha256 than the one committed."""
+    file = path / part["path"]
+    size = file.stat().st_size if file.is_file() else None
+    if size != part["bytes"]:
+        what = "is missing" if size is None else f"has {size} bytes, the manifest says {part['bytes']}"
+        raise StoreError(f"{file}: {what} (truncated or replaced); the store is corrupted "
+                         f"(run `cli store verify {path}`)")
+    if content:
+        with open(file, "rb") as f:
+            digest = hashlib.file_digest(f, "sha256").hexdigest()
+        if digest != part["sha256"]:
+            raise StoreError(f"{file}: sha256 differs from the one committed (overwritten or "
+                             f"edited); the store is corrupted (run `cli store verify {path}`; "
+                             "featurize the texts again into a new store)")
+    return file
+
+
 def format_version(manifest: dict) -> int:
     return int(manifest.get("format_version", 1))
 
@@ -123,6 +143,7 @@ class FeatureStore:
         self.manifest = manifest
         self._texts = texts
         self._index = None  # SortedIds of text ids -> rows, built on the first rows_for
+        self._checked: set[str] = set()  # parts whose sha256 was checked (once per FeatureStore)
 
     @classmethod
     def open(cls, path: str | Path) -> "FeatureStore":
@@ -137,12 +158,7 @@ class FeatureStore:
                                  f"(run `cli store verify {path}`)") from None
             return cls(path, manifest, texts)
         for part in manifest["parts"]:
-            file = path / part["path"]
-            size = file.stat().st_size if file.is_file() else None
-            if size != part["bytes"]:
-                what = "is missing" if size is None else f"has {size} bytes, the manifest says {part['bytes']}"
-                raise StoreError(f"{file}: {what} (truncated or replaced); the store is corrupted "
-                                 f"(run `cli store verify {path}`)")
+            check_part(path, part, content=False)
         return cls(path, manifest)
 
     @property
@@ -173,12 +189,24 @@ class FeatureStore:
             return [self.path / LEGACY_TEXTS]
         return [self.path / p["path"] for p in self.manifest["parts"]]
 
+    def checked_part_files(self) -> list[Path]:
+        """part_files(), each checked against its committed sha256 on its first read (StoreError
+        naming the file): a part overwritten with other bytes of the same size is refused here,
+        not deep inside polars. Format 1 records no checksum."""
+        if self.format_version == 1:
+            return self.part_files()
+        for part in self.manifest["parts"]:
+            if part["path"] not in self._checked:
+                check_part(self.path, part)
+                self._checked.add(part["path"])
+        return self.part_files()
+
     def scan_texts(self, columns: Sequence[str] | None = None) -> pl.LazyFrame:
         """The committed rows as a lazy frame (concatenated parts, row order)."""
         columns = list(columns or TEXTS_SCHEMA)
         if self._texts is not None:
             return self._texts.lazy().select(columns)
-        files = self.part_files()
+        files = self.checked_part_files()
         if not files:
             return pl.DataFrame(schema=TEXTS_SCHEMA).lazy().select(columns)
         return pl.scan_parquet([str(f) for f in files]).select(columns)
@@ -187,8 +215,9 @@ class FeatureStore:
     def texts(self) -> pl.DataFrame:
         """Every committed row (text_id, text, row, n_tokens, truncated), sorted by row."""
         if self._texts is None:
+            scan = self.scan_texts()  # a part that fails its sha256 is named here
             try:
-                self._texts = self.scan_texts().collect().cast(TEXTS_SCHEMA)
+                self._texts = scan.collect().cast(TEXTS_SCHEMA)
             except Exception as err:
                 raise StoreError(f"{self.path}: a texts part cannot be read ({err}); "
                                  f"run `cli store verify {self.path}`") from None
@@ -316,6 +345,6 @@ def check_fingerprint(path: Path, manifest: dict, parts: dict) -> None:
 def stored_ids(store: FeatureStore) -> IdSet:
     """An IdSet of every committed text id (read part by part: text_id column only)."""
     ids = IdSet()
-    for file in store.part_files():
+    for file in store.checked_part_files():
         ids.add(keys_of_hex(pl.read_parquet(file, columns=["text_id"])["text_id"]))
     return ids

@@ -85,6 +85,50 @@ def test_verify_names_a_truncated_texts_part(store):
     assert info.exit_code == 2 and str(part) in info.output
 
 
+def overwrite_same_size(part) -> None:
+    """Other bytes of the same size in the middle of a texts part (its size check passes)."""
+    data = bytearray(part.read_bytes())
+    middle = len(data) // 2
+    data[middle: middle + 64] = bytes(b ^ 0x5A for b in data[middle: middle + 64])
+    part.write_bytes(bytes(data))
+
+
+def test_readers_check_a_texts_part_sha256_on_first_read(tiny_model, texts, tmp_path, store):
+    part = sorted((store / "texts").glob("part-*.parquet"))[0]
+    overwrite_same_size(part)
+    opened = FeatureStore.open(store)  # sizes only: opening stays cheap
+    for read in (lambda: opened.texts, lambda: opened.find_rows(["0" * 32]),
+                 lambda: opened.scan_texts(["text"])):
+        with pytest.raises(StoreError, match=f"{part}: sha256 differs from the one committed"):
+            read()
+    (tmp_path / "same.txt").write_text("\n".join(texts[:40]))
+    result = invoke(*featurize_args(tiny_model, tmp_path / "same.txt", store, "--dtype", "float32"))
+    assert result.exit_code == 2 and f"{part}: sha256 differs" in result.output
+    assert "cli store verify" in result.output
+
+
+@pytest.mark.parametrize("damage", ["truncated-of-many", "overwritten-only-part"])
+def test_compact_refuses_a_damaged_part_naming_it(tiny_model, texts, tmp_path, store, damage):
+    if damage == "truncated-of-many":
+        store = tmp_path / "many"
+        featurize_texts(config(tiny_model), texts[:40], store)  # one part per window
+        parts = sorted((store / "texts").glob("part-*.parquet"))
+        assert len(parts) > 2
+        part = parts[1]
+        part.write_bytes(part.read_bytes()[:-50])
+    else:
+        assert invoke("store", "compact", store).exit_code == 0  # one part left
+        part, = sorted((store / "texts").glob("part-*.parquet"))
+        overwrite_same_size(part)
+    before = sorted(p.name for p in (store / "texts").iterdir())
+    manifest = (store / "manifest.json").read_bytes()
+    result = invoke("store", "compact", store)
+    assert result.exit_code == 2 and f"Error: {part}:" in result.output, result.output
+    assert "nothing was compacted" in result.output and "cli store verify" in result.output
+    assert sorted(p.name for p in (store / "texts").iterdir()) == before
+    assert (store / "manifest.json").read_bytes() == manifest
+
+
 def test_verify_names_a_manifest_that_is_not_json(store):
     (store / "manifest.json").write_text('{"fingerprint": "abc", "arr')
     result = invoke("store", "verify", store)
