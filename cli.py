@@ -15,7 +15,7 @@ import click
 
 from headstore.data.dataset import FORMATS
 from headstore.featurize.config import POOLING_NAMES, PRECISIONS
-from headstore.data.options import fold_label_options, format_option, label_options
+from headstore.data.options import PATH, fold_label_options, format_option, label_options
 from headstore.heads.options import configs_from_options, head_and_train_options
 
 
@@ -78,7 +78,7 @@ def select_ood_options(f):
     """--select-ood D (repeatable) and --ood-delta: out-of-domain dev splits in the selection rule."""
     f = click.option("--ood-delta", type=float, default=0.01, show_default=True,
                      help="Largest out-of-domain dev loss (frozen cosine minus head) a selected head may have.")(f)
-    return click.option("--select-ood", multiple=True,
+    return click.option("--select-ood", type=PATH, multiple=True,
                         help="Out-of-domain dataset whose dev split (else train split, never test) takes part in "
                              "selection: the best dev head within --ood-delta of the frozen baseline on it, else "
                              "the least-losing (repeatable).")(f)
@@ -96,13 +96,13 @@ def main(debug):
 
 
 @main.command()
-@click.option("--model", default="minilm", show_default=True,
+@click.option("--model", type=PATH, default="minilm", show_default=True,
               help="'minilm' (offline all-MiniLM-L6-v2), a local model dir, or a Hub id.")
-@click.option("--data", "data_paths", multiple=True, required=True,
+@click.option("--data", "data_paths", type=PATH, multiple=True, required=True,
               help="Dataset file or folder; repeat for several.")
 @click.option("--format", "formats", multiple=True, type=click.Choice(sorted(FORMATS)),
               help="Dataset format (default: detected); once for all, or once per --data.")
-@click.option("--store", required=True, help="Feature store directory (created if absent).")
+@click.option("--store", type=PATH, required=True, help="Feature store directory (created if absent).")
 @click.option("--pooling", type=click.Choice(sorted(POOLING_NAMES)), default="mean", show_default=True)
 @click.option("--layers", default="-1", show_default=True,
               help="Comma-separated hidden layers, e.g. -1,-4; the first is `features`.")
@@ -156,7 +156,7 @@ def store():
 
 
 @store.command()
-@click.argument("path")
+@click.argument("path", type=PATH)
 def verify(path):
     """Check PATH's integrity; exit 1 listing every problem found."""
     from headstore.featurize.verify import verify_store
@@ -171,7 +171,7 @@ def verify(path):
 
 
 @store.command()
-@click.argument("path")
+@click.argument("path", type=PATH)
 def info(path):
     """Summarise PATH: model, dims, dtype, number of texts, arrays, truncation, size on disk."""
     from headstore.featurize.verify import store_info
@@ -181,7 +181,7 @@ def info(path):
 
 
 @store.command()
-@click.argument("path")
+@click.argument("path", type=PATH)
 def migrate(path):
     """Convert PATH from store format 1 (one texts.parquet) to format 2 (segments, checksums), in place."""
     from headstore.featurize.maintain import migrate_store
@@ -191,7 +191,7 @@ def migrate(path):
 
 
 @store.command()
-@click.argument("path")
+@click.argument("path", type=PATH)
 @click.option("--target-rows", type=int, default=1 << 20, show_default=True,
               help="Rows per merged texts part at most.")
 def compact(path, target_rows):
@@ -203,10 +203,10 @@ def compact(path, target_rows):
 
 
 @main.command("train-head")
-@click.option("--store", required=True, help="Feature store written by `cli featurize`.")
-@click.option("--data", required=True, help="Dataset (BEIR folder, STS or pairs table) whose texts are in the store.")
+@click.option("--store", type=PATH, required=True, help="Feature store written by `cli featurize`.")
+@click.option("--data", type=PATH, required=True, help="Dataset (BEIR folder, STS or pairs table) whose texts are in the store.")
 @format_option
-@click.option("--out", required=True, help="Output directory for head.safetensors, config.json, metrics.json, curve.png.")
+@click.option("--out", type=PATH, required=True, help="Output directory for head.safetensors, config.json, metrics.json, curve.png.")
 @click.option("--array", default="features", show_default=True, help="Store array (another layer) to train on.")
 @select_ood_options
 @score_range_option
@@ -238,12 +238,12 @@ def _echo_metrics(metrics: dict, out: str) -> None:
 
 
 @main.command("eval")
-@click.option("--store", required=True, help="Feature store holding the dataset's texts.")
-@click.option("--head", "head_dir", required=True, help="A `cli train-head --out` directory.")
-@click.option("--data", required=True, help="Dataset to evaluate on (its test split; a table without a split column whole).")
+@click.option("--store", type=PATH, required=True, help="Feature store holding the dataset's texts.")
+@click.option("--head", "head_dir", type=PATH, required=True, help="A `cli train-head --out` directory.")
+@click.option("--data", type=PATH, required=True, help="Dataset to evaluate on (its test split; a table without a split column whole).")
 @format_option
-@click.option("--out", required=True, help="Directory for metrics.json.")
-@click.option("--exclude-overlap", default=None,
+@click.option("--out", type=PATH, required=True, help="Directory for metrics.json.")
+@click.option("--exclude-overlap", type=PATH, default=None,
               help="Dataset whose texts must not be scored (drop evaluation items that use them), e.g. the training set.")
 @score_range_option
 @overwrite_option
@@ -261,12 +261,12 @@ def eval_(store, head_dir, data, data_format, out, exclude_overlap, score_range,
 
 
 @main.command()
-@click.option("--store", required=True, help="Feature store written by `cli featurize`.")
-@click.option("--data", required=True, help="Dataset whose texts are in the store.")
+@click.option("--store", type=PATH, required=True, help="Feature store written by `cli featurize`.")
+@click.option("--data", type=PATH, required=True, help="Dataset whose texts are in the store.")
 @format_option
-@click.option("--grid", "grid_path", required=True, help="TOML grid file ([grid] lists, [fixed] values).")
-@click.option("--out", required=True, help="Results directory (rerunning into it skips finished heads).")
-@click.option("--transfer", multiple=True, help="Out-of-domain dataset every head is also scored on (repeatable).")
+@click.option("--grid", "grid_path", type=PATH, required=True, help="TOML grid file ([grid] lists, [fixed] values).")
+@click.option("--out", type=PATH, required=True, help="Results directory (rerunning into it skips finished heads).")
+@click.option("--transfer", type=PATH, multiple=True, help="Out-of-domain dataset every head is also scored on (repeatable).")
 @select_ood_options
 @click.option("--ensemble", "ensembles", multiple=True, type=click.IntRange(min=1),
               help="Also score ensembles (mean L1 energy) of the K best l1 configurations, one per seed (repeatable).")
@@ -287,11 +287,11 @@ def grid(store, data, data_format, grid_path, out, transfer, select_ood, ood_del
 
 
 @main.command()
-@click.option("--head", "head_dir", required=True, help="A `cli train-head --out` directory to start from.")
-@click.option("--out", required=True, help="Output: encoder/ (HF checkpoint for --model), head/, finetune.json.")
-@click.option("--store", default=None, help="The head's feature store (default: the one in its config.json).")
-@click.option("--data", default=None, help="Training dataset (default: the head's).")
-@click.option("--model", "encoder", default=None,
+@click.option("--head", "head_dir", type=PATH, required=True, help="A `cli train-head --out` directory to start from.")
+@click.option("--out", type=PATH, required=True, help="Output: encoder/ (HF checkpoint for --model), head/, finetune.json.")
+@click.option("--store", type=PATH, default=None, help="The head's feature store (default: the one in its config.json).")
+@click.option("--data", type=PATH, default=None, help="Training dataset (default: the head's).")
+@click.option("--model", "encoder", type=PATH, default=None,
               help="Encoder the store was featurized with (default: the store's model id, e.g. minilm).")
 @click.option("--unfreeze", type=click.Choice(["all", "top-k", "gradual"]), default="all", show_default=True)
 @click.option("--top-k", type=int, default=2, show_default=True, help="Layers trained with --unfreeze top-k.")
@@ -315,12 +315,12 @@ def finetune(head_dir, out, store, data, encoder, **settings):
 
 
 @main.command()
-@click.option("--config", "config_path", default=None, help="TOML file (see examples/compare.toml).")
-@click.option("--out", required=True, help="Output directory (rerunning reuses finished steps).")
-@click.option("--in-domain", default=None, help="Dataset the heads train on (its test split is reported).")
-@click.option("--ood", "out_of_domain", multiple=True, help="Out-of-domain dataset; repeat for several.")
-@click.option("--model", default=None, help="Base encoder (default minilm).")
-@click.option("--base-store", default=None, help="Reuse this store for the base encoder's features.")
+@click.option("--config", "config_path", type=PATH, default=None, help="TOML file (see examples/compare.toml).")
+@click.option("--out", type=PATH, required=True, help="Output directory (rerunning reuses finished steps).")
+@click.option("--in-domain", type=PATH, default=None, help="Dataset the heads train on (its test split is reported).")
+@click.option("--ood", "out_of_domain", type=PATH, multiple=True, help="Out-of-domain dataset; repeat for several.")
+@click.option("--model", type=PATH, default=None, help="Base encoder (default minilm).")
+@click.option("--base-store", type=PATH, default=None, help="Reuse this store for the base encoder's features.")
 @click.option("--adapt-steps", type=int, default=None, help="MLM adaptation steps.")
 @click.option("--finetune-steps", type=int, default=None, help="Cap on finetune steps (default: one epoch).")
 @click.option("--mlm/--no-mlm", default=None, help="Measure MLM loss on held-out text (forgetting).")

@@ -11,6 +11,26 @@ from headstore.data.labels import label_format
 LABEL_OPTION_NAMES = ("text_column", "label_column", "label_sep", "label_columns")
 
 
+class NonEmptyPath(click.Path):
+    """The type of every path option and argument (--data, --store, --out, --head, --grid, --index,
+    --model, store PATH, ...): the value as given (a str), refused when empty -- read as a path, ''
+    is the current folder (`--data ''` would featurize whatever is there). Nothing else is checked
+    here unless asked (readable=False): readers and writers name what is wrong with a path."""
+
+    def __init__(self, **kwargs):
+        kwargs.setdefault("readable", False)
+        super().__init__(**kwargs)
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, str) and not value:
+            self.fail("the path is empty (give a file or folder; '.' for the current folder)",
+                      param, ctx)
+        return super().convert(value, param, ctx)
+
+
+PATH = NonEmptyPath()
+
+
 def format_option(f):
     """--format: a dataset format of data.dataset.FORMATS (the registry is the one list of choices)."""
     return click.option("--format", "data_format", type=click.Choice(sorted(FORMATS)), default=None,

@@ -6,18 +6,19 @@ import logging
 
 import click
 
+from headstore.data.options import PATH, NonEmptyPath
 from headstore.featurize.config import AdaptConfig
 
 _DEFAULTS = AdaptConfig()
 
 
 @click.command("adapt")
-@click.option("--data", "data", multiple=True, required=True, type=click.Path(exists=True),
+@click.option("--data", "data", multiple=True, required=True, type=NonEmptyPath(exists=True, readable=True),
               help="Unlabeled text: a BEIR folder (its corpus), a .txt (one passage per line) or a Parquet "
                    "text column; repeat for several.")
-@click.option("--model", default=_DEFAULTS.model, show_default=True,
+@click.option("--model", type=PATH, default=_DEFAULTS.model, show_default=True,
               help="'minilm', a model directory, or a Hub id.")
-@click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False),
+@click.option("--out", "out_dir", required=True, type=NonEmptyPath(file_okay=False, readable=True),
               help="Output folder: the adapted encoder (usable as --model) and checkpoint-last/.")
 @click.option("--column", default="text", show_default=True, help="Text column of Parquet input.")
 @click.option("--max-length", default=_DEFAULTS.max_length, show_default=True, type=int)

@@ -4,7 +4,7 @@ from __future__ import annotations
 import click
 
 from headstore.data.files import atomic_write_json
-from headstore.data.options import format_option
+from headstore.data.options import PATH, format_option
 from headstore.data.readers import read_text
 from headstore.heads.apply.formats import EXPORT_FORMATS
 
@@ -31,8 +31,8 @@ def _head_ref(head: str | None, grid: str | None, rank: int | None, head_id: str
 
 
 @click.command("export")
-@click.option("--head", "head", default=None, help="A `cli train-head --out` dir (or GRID#rank=K, GRID#id=HEAD_ID).")
-@click.option("--grid", "grid", default=None, help="A `cli grid --out` dir: export its --rank (default 1) or --id head.")
+@click.option("--head", "head", type=PATH, default=None, help="A `cli train-head --out` dir (or GRID#rank=K, GRID#id=HEAD_ID).")
+@click.option("--grid", "grid", type=PATH, default=None, help="A `cli grid --out` dir: export its --rank (default 1) or --id head.")
 @click.option("--rank", type=int, default=None, help="With --grid: the leaderboard rank (selected on dev).")
 @click.option("--id", "head_id", default=None, help="With --grid: a head_id from its results.csv.")
 @click.option("--ensemble", type=int, default=None,
@@ -40,8 +40,8 @@ def _head_ref(head: str | None, grid: str | None, rank: int | None, head_id: str
 @click.option("--format", "fmt", type=click.Choice(sorted(EXPORT_FORMATS)), required=True,
               help="sentence-transformers: a model dir plain SentenceTransformer(DIR) loads; "
                    "safetensors: head + normaliser + config.json (headstore.Head.load).")
-@click.option("--out", required=True, help="New (or empty) output directory.")
-@click.option("--model", default=None, help="The encoder the head's store was featurized with (default: found "
+@click.option("--out", type=PATH, required=True, help="New (or empty) output directory.")
+@click.option("--model", type=PATH, default=None, help="The encoder the head's store was featurized with (default: found "
                                             "from the store; checked against its fingerprint).")
 def export_command(head, grid, rank, head_id, ensemble, fmt, out, model):
     """Export one trained head, or an ensemble of a grid's best as one head (encoder included for
@@ -59,11 +59,11 @@ def export_command(head, grid, rank, head_id, ensemble, fmt, out, model):
 
 
 @click.command("index")
-@click.option("--store", required=True, help="The feature store the head was trained on.")
-@click.option("--head", "head", required=True, help="A train-head dir, GRID#rank=K or GRID#id=HEAD_ID.")
-@click.option("--data", required=True, help="Corpus to index: a BEIR folder (its corpus) or any dataset (its texts).")
+@click.option("--store", type=PATH, required=True, help="The feature store the head was trained on.")
+@click.option("--head", "head", type=PATH, required=True, help="A train-head dir, GRID#rank=K or GRID#id=HEAD_ID.")
+@click.option("--data", type=PATH, required=True, help="Corpus to index: a BEIR folder (its corpus) or any dataset (its texts).")
 @format_option
-@click.option("--out", required=True, help="New (or empty) index directory.")
+@click.option("--out", type=PATH, required=True, help="New (or empty) index directory.")
 @click.option("--hnsw", type=int, default=None, help="Approximate HNSW index with M links per node (default: exact flat).")
 @click.option("--ef-construction", type=int, default=80, show_default=True, help="HNSW build beam.")
 def index_command(store, head, data, data_format, out, hnsw, ef_construction):
@@ -76,13 +76,13 @@ def index_command(store, head, data, data_format, out, hnsw, ef_construction):
 
 
 @click.command("search")
-@click.option("--index", "index_dir", required=True, help="A `cli index --out` directory.")
+@click.option("--index", "index_dir", type=PATH, required=True, help="A `cli index --out` directory.")
 @click.option("--query", "queries", multiple=True, help="A query text (repeatable).")
-@click.option("--queries", "queries_file", default=None, help="File of queries: .txt (one per line) or Parquet text column.")
+@click.option("--queries", "queries_file", type=PATH, default=None, help="File of queries: .txt (one per line) or Parquet text column.")
 @click.option("--k", type=int, default=10, show_default=True, help="Results per query.")
-@click.option("--model", default=None, help="Encoder override (default: the head's store's encoder).")
+@click.option("--model", type=PATH, default=None, help="Encoder override (default: the head's store's encoder).")
 @click.option("--ef-search", type=int, default=64, show_default=True, help="HNSW query beam (ignored for flat).")
-@click.option("--out", default=None, help="Also write every result to this JSON file.")
+@click.option("--out", type=PATH, default=None, help="Also write every result to this JSON file.")
 def search_command(index_dir, queries, queries_file, k, model, ef_search, out):
     """Encode queries with the head's encoder and head, and list the k lowest-energy items of the index."""
     from headstore.heads.apply.search import SearchIndex, results_table

@@ -6,20 +6,20 @@ from pathlib import Path
 
 import click
 
-from headstore.data.options import fold_label_options, label_read_options
+from headstore.data.options import PATH, fold_label_options, label_read_options
 
 
 @click.command("forgetting")
-@click.option("--store", required=True, help="Base-encoder feature store holding both tasks' texts.")
-@click.option("--out", required=True, help="Output directory (rerunning reuses finished steps).")
-@click.option("--task-a", default=None, help="Dataset trained first (its test metric is the forgetting measure).")
-@click.option("--task-b", default=None, help="Dataset trained second.")
-@click.option("--data", default=None, help="Instead of --task-a/--task-b: a labelled dataset split into two "
+@click.option("--store", type=PATH, required=True, help="Base-encoder feature store holding both tasks' texts.")
+@click.option("--out", type=PATH, required=True, help="Output directory (rerunning reuses finished steps).")
+@click.option("--task-a", type=PATH, default=None, help="Dataset trained first (its test metric is the forgetting measure).")
+@click.option("--task-b", type=PATH, default=None, help="Dataset trained second.")
+@click.option("--data", type=PATH, default=None, help="Instead of --task-a/--task-b: a labelled dataset split into two "
                                             "disjoint halves of its classes (sorted names: first half A, second B).")
 @click.option("--train-per-class", type=int, default=64, show_default=True, help="--data: train texts per class kept.")
 @click.option("--test-per-class", type=int, default=100, show_default=True, help="--data: test texts per class kept.")
 @label_read_options
-@click.option("--model", default="minilm", show_default=True, help="The encoder the store was featurized with.")
+@click.option("--model", type=PATH, default="minilm", show_default=True, help="The encoder the store was featurized with.")
 @click.option("--loss", default="l1-energy", show_default=True, help="Both heads' loss (l1-energy fits labels, STS, IR).")
 @click.option("--epochs", type=int, default=10, show_default=True)
 @click.option("--batch-size", type=int, default=64, show_default=True)
@@ -57,9 +57,9 @@ def forgetting_command(store, out, task_a, task_b, data, train_per_class, test_p
 
 
 @click.command("setfit-compare")
-@click.option("--store", required=True, help="Feature store holding the dataset's texts (MiniLM).")
-@click.option("--data", required=True, help="Labelled dataset (e.g. ../shared/datasets/20newsgroups).")
-@click.option("--out", required=True, help="Output directory (rerunning reuses finished runs).")
+@click.option("--store", type=PATH, required=True, help="Feature store holding the dataset's texts (MiniLM).")
+@click.option("--data", type=PATH, required=True, help="Labelled dataset (e.g. ../shared/datasets/20newsgroups).")
+@click.option("--out", type=PATH, required=True, help="Output directory (rerunning reuses finished runs).")
 @label_read_options
 @click.option("--shots", default="8", show_default=True, help="Comma-separated texts per class.")
 @click.option("--seeds", default="0,1,2", show_default=True, help="Comma-separated seeds (each draws its own texts).")
@@ -70,7 +70,7 @@ def forgetting_command(store, out, task_a, task_b, data, train_per_class, test_p
               help="Run SetFit's contrastive body fine-tuning (b); slow on a CPU.")
 @click.option("--setfit-max-steps", type=int, default=None,
               help="Cap on SetFit's body steps (default: its one epoch; a cap is reported as a deviation).")
-@click.option("--model", default="minilm", show_default=True, help="The encoder: SetFit loads its local directory.")
+@click.option("--model", type=PATH, default="minilm", show_default=True, help="The encoder: SetFit loads its local directory.")
 def setfit_command(store, data, out, data_format, shots, seeds, losses, test_per_class, setfit_body, setfit_max_steps,
                    model, **label_settings):
     """SetFit (frozen body + logistic regression; contrastive body fine-tuning) beside headstore's heads and probe."""
