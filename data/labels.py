@@ -103,8 +103,19 @@ def label_format(fmt: str | None, text_column=None, label_column=None, label_sep
 # ---- reading ------------------------------------------------------------------------------------
 
 def _string_values(table: Table, column: str, what: str) -> list[str]:
-    """The column as stripped strings; integers are accepted (class ids); null/empty is an error."""
+    """The column as stripped strings; integers are accepted (class ids), and whole numbers in a float
+    column (1.0: a column that once held a NaN); null/empty/NaN is an error naming the row."""
     series = table.frame[column]
+    if series.dtype.is_float():
+        missing = (series.is_null() | series.is_nan()).fill_null(True).arg_true()
+        if len(missing):
+            more = f" ({len(missing)} rows have no {what}; the first is shown)" if len(missing) > 1 else ""
+            raise table.error(int(missing[0]), f"{what} {column!r} is missing (null or NaN){more}")
+        fraction = (~series.is_finite() | (series != series.floor())).arg_true()
+        if len(fraction):
+            raise table.error(int(fraction[0]), f"{what} {column!r} is {series[int(fraction[0])]}: "
+                              "not a class (give text or whole numbers)")
+        series = series.cast(pl.Int64)
     if series.dtype.is_integer():
         series = series.cast(pl.String)
     elif series.dtype not in (pl.String, pl.Null):

@@ -307,6 +307,27 @@ def string_columns(path: Path) -> list[str]:
     return [n for n, t in parquet_schema(path).items() if t in (pl.String, pl.Utf8)]
 
 
+NUL_PROBLEM = "contains a NUL character (\\x00) (remove it)"  # refused, never stripped
+
+
+def passage_of_line(path: Path, number: int, line: str) -> str:
+    """A line of a plain-text corpus as its passage (stripped; '' for a blank line). A NUL character
+    is refused naming the line, as in every other format (read_text and featurize's stream alike)."""
+    if "\x00" in line:
+        raise DataError(path, NUL_PROBLEM, line=number)
+    return line.strip()
+
+
+def check_passage_values(path: Path, column: str, values: list, first_row: int = 0) -> None:
+    """Values of a Parquet text column read in chunks (row `first_row` on): a null or a NUL
+    character is refused naming its row, as read_text refuses them."""
+    for i, value in enumerate(values):
+        if value is None:
+            raise DataError(path, f"{column} is missing (null)", row=first_row + i)
+        if "\x00" in value:
+            raise DataError(path, f"{column} {NUL_PROBLEM}", row=first_row + i)
+
+
 def read_text_counted(path: str | Path, column: str = "text") -> tuple[pl.DataFrame, int]:
     """``read_text`` plus the number of empty passages skipped."""
     path = Path(path)
@@ -316,10 +337,9 @@ def read_text_counted(path: str | Path, column: str = "text") -> tuple[pl.DataFr
             raise DataError(path, "no such file")
         kept = []
         for number, line in read_lines(path):
-            if "\x00" in line:
-                raise DataError(path, "contains a NUL character (\\x00) (remove it)", line=number)
-            if line.strip():
-                kept.append(line.strip())
+            passage = passage_of_line(path, number, line)
+            if passage:
+                kept.append(passage)
         if not kept:
             raise DataError(path, "no passages: the file is empty or blank")
         # blank lines separate passages in plain-text files; they are not passages themselves
@@ -348,7 +368,7 @@ def read_text_counted(path: str | Path, column: str = "text") -> tuple[pl.DataFr
                           + (f" ({len(nulls)} rows)" if len(nulls) > 1 else ""))
     nul = series.str.contains("\x00", literal=True).arg_true()
     if len(nul):
-        raise table.error(int(nul[0]), f"{column} contains a NUL character (\\x00) (remove it)")
+        raise table.error(int(nul[0]), f"{column} {NUL_PROBLEM}")
     empty = series.str.strip_chars().str.len_chars() == 0
     skipped = int(empty.sum())
     if skipped:

@@ -3,8 +3,9 @@
 Plain-text corpora -- a `.txt` file (one passage per line) or a Parquet text column -- are streamed:
 a `.txt` line by line, a Parquet file by record batches. They yield exactly what
 `load_dataset(path).texts()` lists (lines stripped and blank lines skipped; Parquet values as they
-are, empty ones skipped and counted), in the same order. The labelled formats (BEIR, STS, pairs)
-are small by nature and read whole with `load_dataset`. Every source is opened -- existence,
+are, empty ones skipped and counted; a NUL character or a null refused naming the line or row, by the
+readers' own checks), in the same order. The labelled formats (BEIR, STS, pairs) are small by nature
+and read whole with `load_dataset`. Every source is opened -- existence,
 format, emptiness -- before any store is created.
 """
 
@@ -16,7 +17,8 @@ from pathlib import Path
 
 from headstore.data.dataset import detect_format, load_dataset, resolve_data_path
 from headstore.data.errors import DataError
-from headstore.data.readers import TEXT_FILE_SUFFIXES, string_columns
+from headstore.data.readers import (TEXT_FILE_SUFFIXES, check_passage_values, passage_of_line,
+                                    string_columns)
 
 CHUNK_ROWS = 65536  # texts read at a time from a streamed file
 
@@ -56,7 +58,7 @@ class Source:
                                     "the line)", line=number) from None
                 if number == 1:
                     line = line.removeprefix("\ufeff")  # a byte-order mark
-                text = line.strip()
+                text = passage_of_line(self.path, number, line)
                 if text:
                     chunk.append(text)
                     if len(chunk) >= chunk_rows:
@@ -72,9 +74,7 @@ class Source:
         for batch in pq.ParquetFile(self.path).iter_batches(batch_size=chunk_rows,
                                                             columns=[self.column]):
             values = batch.column(0).to_pylist()
-            if None in values:
-                raise DataError(self.path, f"{self.column} is missing (null)",
-                                row=row + values.index(None))
+            check_passage_values(self.path, self.column, values, row)
             kept = [v for v in values if v.strip()]
             self.skipped += len(values) - len(kept)
             row += len(values)
