@@ -62,6 +62,7 @@ def evaluate_head(task: Task, features: torch.Tensor, model, norm, energy: str, 
         base, base_items = evaluate_split(task, split, lambda r: embed_rows(None, base_features, r), ("cosine", "l1"))
         head, head_items = evaluate_split(task, split, lambda r: embed_rows(model, X, r), energies)
         block = {"baseline": base[0], "head": head[0]}
+        out.setdefault("warnings", []).extend(kind.warnings(task, split))  # metrics.json and the terminal table
         out["n_scored"][split] = kind.n_items(task.eval_sets[split])  # queries, pairs or texts
         ci = {"baseline": kind.ci(task, split, base_items[0]["cosine"]),
               "head": kind.ci(task, split, head_items[0][PREFIX[energy]])}
@@ -70,4 +71,6 @@ def evaluate_head(task: Task, features: torch.Tensor, model, norm, energy: str, 
             out["ci"] = ci
         else:
             out[split] = block | {"ci": ci}
+    if not out.get("warnings"):
+        out.pop("warnings", None)
     return out

@@ -5,7 +5,9 @@ Output directory:
 - `config.json`: every setting, the dataset, the store path and fingerprint;
 - `metrics.json`: `{"baseline": {...}, "head": {...}}` on the test split, the dev figures under
   `"dev"`, the primary metric's name and bootstrap 95% CIs under `"ci"`, how the dataset is evaluated
-  (`"evaluation"`), how dev was made (`"dev_made"`) and an STS table's score scale (`"score_range"`);
+  (`"evaluation"`), how dev was made (`"dev_made"`), an STS table's score scale (`"score_range"`) and what
+  the task kind says a reader must know of the figures (`"warnings"`, also printed under the terminal table:
+  e.g. no test query with a relevant document);
 - `curve.png`: training loss and dev metric per epoch;
 - `run.<split>.trec` (IR tasks): the head's top-100 per query, for trec_eval (`heads.trec`).
 `cli eval` writes `metrics.json` and the run files of the splits it scores.
@@ -200,6 +202,11 @@ def eval_head(store_path: str, head_dir: str, data_path: str, out_dir: str, data
     dropped = None
     if exclude_overlap:
         task, dropped = without_overlap(task, task_rows(load_task(exclude_overlap, store, for_eval=True)))
+        split = eval_split(task)
+        if dropped.get(split) and not kind_of(task).n_items(task.eval_sets[split]):
+            raise ValueError(f"--exclude-overlap {exclude_overlap}: every one of the {dropped[split]} "
+                             f"{kind_of(task).items_name} of {data_path} split {split!r} uses a text of it, so "
+                             "nothing is left to score (exclude another dataset, or leave --exclude-overlap out)")
     features = load_features(store, array)
     train_cfg = TrainConfig.from_dict(config["train"])
     task = kind_of(task).for_eval(task, train_cfg)  # labelled texts: the labelled set k-NN / probe use

@@ -25,4 +25,5 @@ def metrics_table(metrics: dict) -> str:
         rows.append((split, f"{base:.4f}", _ci(ci.get("baseline")), f"{head:.4f}", _ci(ci.get("head")),
                      f"{head - base:+.4f}"))
     headers = ["split", f"baseline {base_primary}", "95% CI", f"head {primary}", "95% CI", "head - baseline"]
-    return tabulate(rows, headers=headers, disable_numparse=True)
+    table = tabulate(rows, headers=headers, disable_numparse=True)
+    return "\n".join([table, *(f"WARNING: {w}" for w in metrics.get("warnings", []))])  # the kind's (evaluate_head)

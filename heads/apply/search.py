@@ -16,6 +16,7 @@ run. A query is encoded by a `Pipeline` (the head's own encoder, checked against
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Sequence
 
@@ -122,6 +123,22 @@ def build_index(store_path: str, head_ref: str, data_path: str, out_dir: str, hn
     return info
 
 
+def _read_index(faiss, path: Path):
+    """faiss.read_index, its RuntimeError (a truncated or damaged file) a ValueError naming the file."""
+    try:
+        return faiss.read_index(str(path))
+    except RuntimeError as err:
+        if path.stat().st_size == 0:
+            raise ValueError(f"{path}: empty file (0 bytes), not a FAISS index (rebuild the index with "
+                             "`cli index`)") from None
+        reason = str(err).strip().splitlines()[-1]  # "Error in F at index_read.cpp:N: Error: 'ret == (size)' failed:
+        # read error in PATH: 775 != 1600 (Success)": keep what it says, not where FAISS checked it
+        reason = re.sub(r"^Error in .*? at \S+:\d+: (Error: )?('.*?' failed: )?", "", reason)
+        reason = reason.replace(f" in {path}", "").removesuffix(" (Success)")
+        raise ValueError(f"{path}: not a readable FAISS index ({reason}) (the file may be truncated or damaged; "
+                         "rebuild the index with `cli index`)") from None
+
+
 class SearchIndex:
     """An index directory opened for search: `search_vectors` (head outputs) or `search` (texts)."""
 
@@ -132,7 +149,7 @@ class SearchIndex:
             raise FileNotFoundError(f"{d}: missing {missing} (is this a `cli index --out` directory?)")
         faiss = _faiss()
         self.dir, self.info = d, json.loads((d / INFO_FILE).read_text())
-        self.index = faiss.read_index(str(d / INDEX_FILE))
+        self.index = _read_index(faiss, d / INDEX_FILE)
         self.items = pl.read_parquet(d / ITEMS_FILE)
         if self.index.ntotal != self.items.height:
             raise ValueError(f"{d}: {INDEX_FILE} holds {self.index.ntotal} vectors, {ITEMS_FILE} "

@@ -187,6 +187,10 @@ class TaskKind:
         """How many items (queries, pairs, texts) an evaluation set scores."""
         return len(data)
 
+    def warnings(self, task: Task, split: str) -> list[str]:
+        """What a reader of `split`'s figures must be told (IR: no query has a relevant document); none here."""
+        return []
+
     def as_reported(self, data):
         """An evaluation set prepared to be reported in full (labelled texts: dev is k-NN only per epoch)."""
         return data

@@ -55,6 +55,14 @@ class IRKind(TaskKind):
     def n_items(self, data: IRSplit) -> int:
         return len(data.query_ids)
 
+    def warnings(self, task, split):
+        data: IRSplit = task.eval_sets[split]
+        if any(g > 0 for q in data.query_ids for g in data.qrels.get(q, {}).values()):
+            return []
+        return [f"{task.name}: no {split} query has a relevant document (every judgement of its "
+                f"{len(data.query_ids)} queries has grade <= 0), so every IR metric is 0, as trec_eval scores "
+                "it; check the qrels' score column"]
+
     def write_runs(self, task, embed, energy, splits, out_dir, run_name):
         written = []
         for split in splits:
