@@ -112,7 +112,8 @@ def main(debug):
 @click.option("--batch-tokens", type=int, default=None,
               help="Padded tokens per batch (default 4096 on CPU, 65536 on GPU).")
 @click.option("--precision", type=click.Choice(sorted(PRECISIONS)), default="auto", show_default=True,
-              help="Encoder maths: auto = fp32 on CPU (exact), bf16 autocast on GPU; part of the fingerprint.")
+              help="Encoder maths: auto = fp32 on CPU (exact), bf16 autocast on GPU; part of the fingerprint. "
+                   "bf16 on a CPU without AMX/AVX-512-BF16 is emulated, far slower (a warning).")
 @click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto",
               show_default=True)
 @click.option("--engine", type=click.Choice(["local", "ray"]), default="local", show_default=True,

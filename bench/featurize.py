@@ -328,7 +328,9 @@ def main():
         return {"best_over_best": round(b, 3), "median_per_round": round(statistics.median(per_round), 3)}
 
     speedups = {f"{p} vs sentence-transformers omp={o}": ratio(p, o) for p in precisions for o in st_omps}
-    result = {"device": device, "n_texts": len(texts), "real_tokens": real_tokens,
+    machine = limits.machine(device)
+    rows = limits.with_machine(rows, machine)
+    result = {"machine": machine, "device": device, "n_texts": len(texts), "real_tokens": real_tokens,
               "flops_per_token": total_flops / real_tokens, "matmul_probes": probes, "limit_gflop_per_s": limit,
               "n_truncated": hs_any["n_truncated"], "torch_threads": hs_any["torch_threads"],
               "load_average": os.getloadavg(), "runs": rows, "speedups": speedups}
@@ -337,6 +339,7 @@ def main():
 
     print(f"\n{len(texts)} texts, {real_tokens} real tokens, {total_flops / real_tokens / 1e6:.1f} MFLOP per token, "
           f"device {device}, {hs_any['torch_threads']} torch threads, load average {os.getloadavg()[0]:.1f}")
+    print(limits.machine_line(machine))
     print("matmul limit (best of the probes before/after): " +
           ", ".join(f"{p} {v:,.0f} GFLOP/s" for p, v in limit.items()))
     print("\n| system | precision | setting | omp | real tokens/s | GFLOP/s | share of limit | padded/real | "

@@ -265,18 +265,22 @@ def main() -> None:
     for r in rows:
         r["limit_gflop_per_s"] = limit[r["precision"]]
         r["share_of_limit"] = r["gflop_per_s"] / limit[r["precision"]]
-    report(rows, peers, probes, load_before)
+    machine = limits.machine()
+    report(rows, peers, probes, load_before, machine)
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps({
-            "rows": rows, "peer": peers, "probes": probes, "limit": limit, "head": dataclasses.asdict(head),
+            "machine": machine, "rows": limits.with_machine(rows, machine),
+            "peer": limits.with_machine(peers, machine), "probes": probes, "limit": limit,
+            "head": dataclasses.asdict(head),
             "torch_threads": torch.get_num_threads(), "load_average_before": load_before,
             "load_average_after": os.getloadavg()[0], "epochs": args.epochs}, indent=2))
 
 
-def report(rows: list[dict], peers: list[dict], probes: list[dict], load_before: float) -> None:
+def report(rows: list[dict], peers: list[dict], probes: list[dict], load_before: float, machine: dict) -> None:
     limit = limits.best_of(*probes)
-    print("\nmatmul limit (best of the probes before/after): " +
+    print("\n" + limits.machine_line(machine))
+    print("matmul limit (best of the probes before/after): " +
           ", ".join(f"{p} {v:,.0f} GFLOP/s" for p, v in limit.items()) +
           f"; torch threads {torch.get_num_threads()}; load average {load_before:.1f} -> {os.getloadavg()[0]:.1f}")
     print("\n| dataset | pairs | precision | 64 heads stacked | head matmuls | rate | share of limit | "

@@ -39,9 +39,11 @@ class FeaturizeConfig:
     # cheaper), so texts of one exact length get unpadded batches; on GPU batch_tokens (calls are
     # dear: batches fill the budget unless that wastes more than a batch of padding).
     batch_overhead_tokens: int | None = None
-    # compute precision of the encoder. auto: fp32 on CPU (the reference maths), bf16 autocast on
-    # GPU (tensor cores). bf16 on CPU uses AMX/AVX512-BF16 where present (~3x faster on MiniLM)
-    # at ~1e-2 absolute error. Pooling is fp32 either way; precision is part of the fingerprint.
+    # compute precision of the encoder. auto: fp32 on every CPU (the reference maths), bf16 autocast
+    # on GPU (tensor cores). bf16 on CPU uses AMX/AVX512-BF16 where present (1.0-1.7x fp32's tokens/s
+    # on MiniLM on the README's AMX Xeon, within its +-30% noise) at ~1e-2 absolute error; where the
+    # CPU lacks them it is emulated and 5-300x slower, and an explicit bf16 warns (featurize.hardware).
+    # Pooling is fp32 either way; precision is part of the fingerprint.
     precision: str = "auto"
     # upper bound on texts per batch, so a corpus of very short texts does not form huge batches.
     max_batch_size: int = 1024
@@ -84,7 +86,12 @@ class FeaturizeConfig:
             raise ValueError(f"shard_rows ({self.shard_rows}) must be a multiple of chunk_rows ({self.chunk_rows})")
 
     def resolved_precision(self, device: str) -> str:
-        """fp32 or bf16 on the resolved device ("cpu" or "cuda")."""
+        """fp32 or bf16 on the resolved device ("cpu" or "cuda"). auto picks fp32 on every CPU, with
+        native bf16 (AMX, AVX-512-BF16) or without, and bf16 on CUDA. Not bf16 on a CPU with native bf16:
+        docs/speed.md's runs on an AMX Xeon gave bf16 only 1.0-1.7x fp32's tokens/s under +-30% noise,
+        at ~1e-2 instead of 1e-6 feature error, and precision is part of a store's fingerprint: a store
+        begun with auto must take more texts with auto on any other CPU. On a CPU without native bf16 an
+        explicit bf16 is emulated (5-300x slower) and warns (featurize.hardware)."""
         if self.precision != "auto":
             return self.precision
         return "bf16" if device == "cuda" else "fp32"

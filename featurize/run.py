@@ -30,6 +30,7 @@ from headstore.featurize.config import FeaturizeConfig
 from headstore.featurize.encode import (CODE_VERSION, Batch, Tokenized, encode_batch, plan_batches,
                                         prefetch_batches, tokenize)
 from headstore.featurize.ids import IdSet, digests, first_occurrences, keys_of_digests, keys_of_hex
+from headstore.featurize.hardware import warn_if_emulated_bf16
 from headstore.featurize.model import check_options, load_encoder, model_identity, pick_device
 from headstore.featurize.source import all_chunks, open_sources, windows
 from headstore.featurize.store import (MANIFEST, FeatureStore, StoreError, array_names,
@@ -84,6 +85,7 @@ class Plan:
         device = device or pick_device(config.device)
         _, dim = check_options(config.model, config.max_length, config.layers)
         parts = fingerprint_parts(config, device)
+        warn_if_emulated_bf16(parts["precision"], device)  # one line on stderr where bf16 is emulated
         if store_path.exists() and (not store_path.is_dir() or (
                 any(store_path.iterdir()) and not (store_path / MANIFEST).is_file())):
             raise StoreError(f"{store_path}: exists and is not a feature store (no {MANIFEST}); "

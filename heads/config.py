@@ -100,8 +100,11 @@ class OptimConfig:
     seed: int = field(default=0, metadata=_opt())  # head init, batch order, dropout
     precision: str = field(default="fp32", metadata=_opt(
         "Training maths: fp32, or bf16 autocast for the matmuls (fp32 master weights and losses; faster on "
-        "CPUs with AMX and on GPUs).", choices=PRECISIONS))  # fp32 stays the default so results and head
-    # ids of earlier runs do not move; bf16 test metrics lie within the fp32 run's 95% CI (README)
+        "CPUs with AMX and on GPUs; emulated and far slower on CPUs without AMX/AVX-512-BF16, which warns).",
+        choices=PRECISIONS))  # fp32 stays the default so results and head
+    # ids of earlier runs do not move; bf16 test metrics lie within the fp32 run's 95% CI (README). No
+    # `auto`: a head's numbers, and a grid's head ids, would then depend on the CPU that trained it (a grid
+    # resumed on another machine would train its heads again under other ids)
 
 
 @dataclass(frozen=True)

@@ -23,6 +23,7 @@ import torch
 
 from headstore.data.files import atomic_write_json
 from headstore.data.outputs import prepare_output_dir
+from headstore.featurize.hardware import warn_if_emulated_bf16
 from headstore.featurize.store import FeatureStore
 from headstore.heads.artefacts import write_head_dir
 from headstore.heads.config import KIND_DEPENDENT, HeadConfig, TrainConfig
@@ -81,6 +82,7 @@ def train_head(store_path: str, data_path: str, out_dir: str, head_cfg: HeadConf
     layer = _array_layer(store, array)
     task = load_task(data_path, store, data_format, score_range=score_range)
     head_cfg, cfg, defaults_note = defaults_for_kind(task, head_cfg, cfg, kind_defaults)
+    warn_if_emulated_bf16(cfg.precision, "cpu")  # heads train on the CPU: one line where bf16 is emulated
     task = kind_of(task).for_training(task, cfg)  # labelled texts: shots, hierarchy
     features = load_features(store, array)
     selection = load_selection(store, select_ood, task, features[:, :store.dim], ood_delta)

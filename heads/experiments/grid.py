@@ -24,6 +24,7 @@ from tqdm.auto import tqdm
 from headstore.data.files import atomic_write_json, atomic_write_text
 from headstore.data.outputs import prepare_output_dir
 from headstore.data.tables import read_utf8
+from headstore.featurize.hardware import warn_if_emulated_bf16
 from headstore.featurize.store import FeatureStore
 from headstore.heads.artefacts import resume_rows, save_stack, write_results
 from headstore.heads.config import HeadConfig, TrainConfig, stack_key
@@ -56,6 +57,8 @@ def run_grid(store_path: str, data_path: str, grid_path: str, out_dir: str, data
     `score_split`: the split reported in the `test_*` columns; "dev" scores few-shot heads (which select on
     nothing) on the dev slice, to choose few-shot settings without looking at test."""
     combos = read_grid(grid_path)
+    if any(c.get("precision") == "bf16" for c in combos):  # heads train on the CPU
+        warn_if_emulated_bf16("bf16", "cpu", fix=f'precision = "fp32" in {grid_path}')
     inputs = (data_path, grid_path, *transfer, *select_ood)
     prepare_output_dir(out_dir, "grid", overwrite, resumable=True, inputs=inputs, create=False)
     store = FeatureStore.open(store_path)
