@@ -89,7 +89,7 @@ def label_format(fmt: str | None, text_column=None, label_column=None, label_sep
 
     Options imply the labels format; with another ``--format`` they are an error."""
     given = {k: v for k, v in (("text_column", text_column), ("label_column", label_column),
-                               ("label_sep", label_sep), ("label_columns", label_columns)) if v}
+                               ("label_sep", label_sep), ("label_columns", label_columns)) if v is not None}
     if not given:
         return fmt
     if fmt is not None and not is_label_format(fmt):

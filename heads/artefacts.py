@@ -27,7 +27,7 @@ import polars as pl
 import torch
 
 from headstore.data.files import atomic_write_json, atomic_write_parquet, atomic_write_text
-from headstore.heads.config import TrainConfig
+from headstore.heads.config import HeadConfig, TrainConfig
 from headstore.heads.features import Normalizer
 from headstore.heads.model import StackedMLP, load_heads, save_heads
 
@@ -81,6 +81,23 @@ def read_head_config(path: Path) -> dict:
     return config
 
 
+def check_head_config(path: Path, config: dict, weights_cfg: HeadConfig) -> None:
+    """config.json's "head" block must be a valid HeadConfig equal to the one the weights were saved with
+    (a hand-edited or mismatched config would otherwise describe another model than the one applied)."""
+    block = config.get("head")
+    if block is None:  # heads saved by `Head.save` of an ensemble member carry it; older configs may not
+        return
+    try:
+        cfg = HeadConfig(**block)
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"{path}: its \"head\" settings are not valid: {e} (retrain the head)") from None
+    if cfg != weights_cfg:
+        differ = [f"{k} {getattr(cfg, k)!r} vs {getattr(weights_cfg, k)!r} in {HEAD_FILE}"
+                  for k in block if getattr(cfg, k, None) != getattr(weights_cfg, k, None)]
+        raise ValueError(f"{path}: its \"head\" settings do not match the weights beside it ({'; '.join(differ)}) "
+                         "(the config was edited or belongs to another head; retrain or export the head again)")
+
+
 def load_safetensors(path: Path, load):
     """load(path), with a damaged file (truncated, not safetensors) reported as the file and its problem."""
     try:
@@ -110,6 +127,7 @@ def read_head_dir(d: str | Path) -> tuple[StackedMLP, Normalizer, dict]:
                                 "without its settings")
     config = read_head_config(d / CONFIG_FILE)
     model = load_safetensors(d / HEAD_FILE, load_heads)
+    check_head_config(d / CONFIG_FILE, config, model.cfg)
     if model.n_heads != 1:
         model = model.head_slice(int(config.get("stack_index", 0)))
     norm_path = d / NORMALIZER_FILE
@@ -152,7 +170,12 @@ def read_results(grid_dir: str | Path) -> pl.DataFrame:
     path = Path(grid_dir) / RESULTS_FILE
     if not path.is_file():
         raise FileNotFoundError(f"{grid_dir}: no {RESULTS_FILE} (is this a `cli grid --out` directory?)")
-    return pl.read_parquet(path)
+    try:
+        return pl.read_parquet(path)
+    except Exception as e:  # polars raises ComputeError / OSError for a truncated or foreign file
+        raise ValueError(f"{path}: cannot be read ({type(e).__name__}: {str(e).strip().splitlines()[0][:160]}) "
+                         "(the grid's results are damaged: rerun the grid with --overwrite, or into another "
+                         "--out)") from None
 
 
 def resume_rows(grid_dir: str | Path, version: int) -> tuple[list[dict], list[dict]]:

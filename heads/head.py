@@ -63,6 +63,9 @@ class Head:
         ref = str(ref)
         base, _, selector = ref.rpartition("#")
         match = GRID_REF.fullmatch(selector)
+        if base and not match and not Path(ref).exists() and Path(base).is_dir():
+            raise ValueError(f"{ref}: {selector!r} is no grid selector; after '#' give rank=K (the K-th "
+                             "configuration by dev), id=HEAD_ID (results.csv) or ensemble=K (the K best as one head)")
         if base and match and not Path(ref).exists():
             if match["key"] == "ensemble":
                 return EnsembleHead.from_grid(base, match["value"])

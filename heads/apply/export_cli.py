@@ -94,6 +94,8 @@ def search_command(index_dir, queries, queries_file, k, model, ef_search, out):
         raise click.UsageError("give --query TEXT (repeatable) or --queries FILE")
     index = SearchIndex(index_dir, ef_search=ef_search)
     results = index.search(texts, k, model)
+    for note in index.notes:
+        click.echo(f"note: {note}", err=True)
     for text, hits in zip(texts, results):
         click.echo(results_table(text, hits) + "\n")
     if out:

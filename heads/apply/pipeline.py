@@ -89,6 +89,7 @@ class Pipeline:
         self.precision = parts.get("precision", "fp32")
         self.store_dtype = np.dtype(parts["dtype"])
         self.max_length = int(parts["max_length"])
+        self.last_truncated = 0  # texts cut at max_length by the last `features` call
 
     @classmethod
     def from_head(cls, head: Head | str, model: str | None = None, device: str = "auto") -> "Pipeline":
@@ -115,6 +116,7 @@ class Pipeline:
         if not texts:
             return out
         tok = tokenize(self.encoder.tokenizer, texts, self.max_length)
+        self.last_truncated = int(tok.truncated.sum())  # texts cut at max_length in the last call (said by callers)
         order = np.argsort(-tok.n_tokens, kind="stable")  # longest first: little padding per batch
         pad_id = self.encoder.tokenizer.pad_token_id or 0
         bar = tqdm(total=int(tok.n_tokens.sum()), unit="tok", desc="encode", disable=not progress)

@@ -158,12 +158,16 @@ class SearchIndex:
             self.index.hnsw.efSearch = ef_search
         self.head = Head.load(d / HEAD_DIR)
         self._pipeline = None
+        self.notes: list[str] = []  # what a search capped or cut, for the caller to say
 
     def search_vectors(self, vectors: np.ndarray, k: int = 10) -> tuple[np.ndarray, np.ndarray]:
         """(positions (Q, k) int64, energies (Q, k)) of the k lowest-energy items per head output."""
         if k < 1:
             raise ValueError(f"k must be >= 1; got {k}")
-        k = min(k, self.index.ntotal)
+        if k > self.index.ntotal:
+            self.notes.append(f"--k {k} is more than the {self.index.ntotal} items of the index: "
+                              f"{self.index.ntotal} results per query")
+            k = self.index.ntotal
         if self.info["kind"] == "hnsw":
             self.index.hnsw.efSearch = max(self.index.hnsw.efSearch, k)
         dist, pos = self.index.search(_prepare(vectors, self.info["energy"]), k)
@@ -176,7 +180,12 @@ class SearchIndex:
 
     def search(self, queries: Sequence[str], k: int = 10, model: str | None = None) -> list[list[dict]]:
         """Per query, the top k items: rank, id, text, energy (ascending)."""
-        pos, energies = self.search_vectors(self.pipeline(model).encode(list(queries)), k)
+        pipe = self.pipeline(model)
+        vectors = pipe.encode(list(queries))
+        if pipe.last_truncated:
+            self.notes.append(f"{pipe.last_truncated} of {len(queries)} queries are longer than the encoder's "
+                              f"{pipe.max_length} tokens and were cut to them (as featurize cuts stored texts)")
+        pos, energies = self.search_vectors(vectors, k)
         ids, texts = self.items["id"].to_list(), self.items["text"].to_list()
         return [[{"rank": r + 1, "id": ids[p], "text": texts[p], "energy": float(e)}
                  for r, (p, e) in enumerate(zip(pos[q], energies[q])) if p >= 0]

@@ -44,7 +44,7 @@ from headstore.heads.train import train_stack
 def run_grid(store_path: str, data_path: str, grid_path: str, out_dir: str, data_format: str | None = None,
              progress: bool = True, transfer: tuple[str, ...] = (), score_range=None,
              overwrite: bool = False, select_ood: tuple[str, ...] = (), ood_delta: float = DEFAULT_DELTA,
-             ensembles: tuple[int, ...] = (), score_split: str = "test") -> pl.DataFrame:
+             ensembles: tuple[int, ...] = (), score_split: str = "test", dry_run: bool = False) -> pl.DataFrame:
     """Train every head of the grid (skipping finished ones); write results, leaderboard, summary and plots.
 
     `transfer`: out-of-domain datasets (texts in the store) every head is also scored on, never
@@ -55,7 +55,8 @@ def run_grid(store_path: str, data_path: str, grid_path: str, out_dir: str, data
     configurations alike (heads.selection; `ood_delta` its tolerance); columns `sel_<name>_primary`, `sel_loss`.
     `ensembles`: sizes K of ensembles of the best configurations to score per seed (heads.experiments.ensembles).
     `score_split`: the split reported in the `test_*` columns; "dev" scores few-shot heads (which select on
-    nothing) on the dev slice, to choose few-shot settings without looking at test."""
+    nothing) on the dev slice, to choose few-shot settings without looking at test.
+    `dry_run`: print the plan (heads, stacks, skipped, a rough time) and return without writing anything."""
     combos = read_grid(grid_path)
     if any(c.get("precision") == "bf16" for c in combos):  # heads train on the CPU
         warn_if_emulated_bf16("bf16", "cpu", fix=f'precision = "fp32" in {grid_path}')
@@ -66,13 +67,19 @@ def run_grid(store_path: str, data_path: str, grid_path: str, out_dir: str, data
     task = load_task(data_path, store, data_format, score_range=score_range)
     ood = _transfer_sets(task, store, transfer)
     selection = load_selection(store, select_ood, task, load_features(store, "features"), ood_delta)
-    out = prepare_output_dir(out_dir, "grid", overwrite, resumable=True, inputs=inputs)  # data read: claim it
-    atomic_write_text(out / "grid.toml", read_utf8(Path(grid_path)))
-    rows, old_rows = resume_rows(out, GRID_VERSION)
     ids = {"data": str(data_path), "fingerprint": store.fingerprint, "transfer": tuple(ood), "in_dim": store.dim,
            "score_range": task.score_range, "select_ood": tuple(selection.sets), "ood_delta": ood_delta,
            "data_format": data_format}
+    if dry_run:
+        done = {r["head_id"] for r in (resume_rows(out_dir, GRID_VERSION)[0] if not overwrite else [])}
+        print(plan_summary(*plan_stacks(combos, task, ids, done), len(done), task))
+        return pl.DataFrame()
+    out = prepare_output_dir(out_dir, "grid", overwrite, resumable=True, inputs=inputs)  # data read: claim it
+    atomic_write_text(out / "grid.toml", read_utf8(Path(grid_path)))
+    rows, old_rows = resume_rows(out, GRID_VERSION)
     groups, skipped = plan_stacks(combos, task, ids, {r["head_id"] for r in rows})
+    if progress:
+        print(plan_summary(groups, skipped, len(rows), task))
     rows += skipped
     runner = StackRunner(out, task, store, store_path, data_path, data_format, ood, selection, score_split)
     bar = tqdm(total=sum(len(items) for items in groups.values()), desc="grid heads", disable=not progress)
@@ -138,6 +145,31 @@ def plan_stacks(combos: list[dict], task: Task, ids: dict, done: set[str]) -> tu
         key = (json.dumps(asdict(head), sort_keys=True), stack_key(train), array)
         groups.setdefault(key, []).append((hid, head, train, array))
     return groups, skipped
+
+
+# a rough cost per head and training pair-epoch on a 2-core CPU (SciFact/STS-B grids, docs/speed.md): only
+# to tell a user before a long run how long it may take, never used for anything else
+SECONDS_PER_PAIR_EPOCH = 2e-4
+
+
+def plan_summary(groups: dict, skipped: list[dict], n_done: int, task: Task) -> str:
+    """One paragraph on what a grid will do: heads and stacks to train, skipped and finished ones, a rough time."""
+    n_heads = sum(len(items) for items in groups.values())
+    pairs = len(kind_of(task).train_rows(task))  # rows the training set uses: a proxy of its size
+    epochs = sum(it[2].epochs for items in groups.values() for it in items)
+    rough = SECONDS_PER_PAIR_EPOCH * pairs * epochs
+    lines = [f"grid plan: {n_heads} head(s) to train in {len(groups)} stack(s); {len(skipped)} skipped "
+             f"(cannot apply); {n_done} already finished (resumed)"]
+    if n_heads:
+        lines.append(f"  rough time on a 2-core CPU: {rough / 60:.1f} min ({pairs} training rows x {epochs} "
+                     "head-epochs at most; early stopping shortens it)")
+    for (_, _, array), items in list(groups.items())[:10]:
+        first = items[0][2]
+        lines.append(f"  stack of {len(items)}: loss {first.loss}, array {array}, epochs {first.epochs}")
+    if len(groups) > 10:
+        lines.append(f"  ... and {len(groups) - 10} more stacks")
+    lines += [f"  skipped: {r['reason']}" for r in skipped[:5]]
+    return "\n".join(lines)
 
 
 def flat_settings(head: HeadConfig, train: TrainConfig, array: str) -> dict:

@@ -72,6 +72,10 @@ def read_grid(path: str) -> list[dict]:
             bad = sorted(set(table) - set(GRID_KEYS))
             if bad:
                 raise ValueError(f"{path}: {name} has unknown settings {bad}; valid: {sorted(GRID_KEYS)}")
+        both = sorted(set(grid) & set(fixed))
+        if both:
+            raise ValueError(f"{path}: {', '.join(both)} in both {where} and [fixed] (the [fixed] value would be "
+                             "dropped); give each setting in one table")
         for k, v in grid.items():
             if not isinstance(v, list) or not v:
                 raise ValueError(f"{path}: {where} {k} must be a non-empty list of values, got {v!r}")
