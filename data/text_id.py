@@ -39,3 +39,30 @@ def doc_text(title: str, text: str) -> str:
     other field, without a stray leading or trailing space.
     """
     return (title + " " + text).strip()
+
+
+# The two roles a text can be encoded in (issue 19): a retrieval query, or a document of a corpus. Symmetric
+# data (STS, pairs, labelled texts) take the document role unless told otherwise (see featurize: prompts).
+ROLES = ("query", "document")
+
+
+def row_id(text: str, prompt: str = "") -> str:
+    """The id of the store row holding `text` encoded under `prompt` (32 hex characters).
+
+    Without a prompt it is `text_id(text)`, so stores made before prompts existed stay valid. With one, it
+    is blake2b of the text keyed by blake2b(prompt): one text under two prompts is two rows, and no
+    (prompt, text) pair can take the id of another pair or of an unprompted text."""
+    if not prompt:
+        return text_id(text)
+    if not isinstance(text, str) or not isinstance(prompt, str):
+        raise TypeError("row_id needs a str text and a str prompt")
+    key = hashlib.blake2b(prompt.encode("utf-8")).digest()  # 64 bytes: blake2b's largest key
+    return hashlib.blake2b(text.encode("utf-8"), key=key).digest()[:TEXT_ID_BYTES].hex()
+
+
+def row_ids(texts: list[str], prompt: str = "") -> list[str]:
+    """`row_id` for many texts under one prompt."""
+    if not prompt:
+        return text_ids(texts)
+    key = hashlib.blake2b(prompt.encode("utf-8")).digest()
+    return [hashlib.blake2b(t.encode("utf-8"), key=key).digest()[:TEXT_ID_BYTES].hex() for t in texts]
