@@ -272,11 +272,14 @@ def eval_(store, head_dir, data, data_format, out, exclude_overlap, score_range,
 @click.option("--dry-run", is_flag=True, help="Print the plan (heads, stacks, skipped, a rough time) and exit.")
 @click.option("--ensemble", "ensembles", multiple=True, type=click.IntRange(min=1),
               help="Also score ensembles (mean L1 energy) of the K best l1 configurations, one per seed (repeatable).")
+@click.option("--soup", "soups", multiple=True, type=click.IntRange(min=1),
+              help="Also score soups (mean weights) of K heads sharing their start, one per seed (repeatable; "
+                   "GRID#soup=K loads one).")
 @score_range_option
 @overwrite_option
 @label_options
-def grid(store, data, data_format, grid_path, out, transfer, select_ood, ood_delta, dry_run, ensembles, score_range,
-         overwrite, **label_settings):
+def grid(store, data, data_format, grid_path, out, transfer, select_ood, ood_delta, dry_run, ensembles, soups,
+         score_range, overwrite, **label_settings):
     """Train every combination of a grid of heads (stacked by shape); write results, leaderboard and plots.
 
     On labelled texts (--format labels) the grid may sweep shots, hierarchy and per_class; each few-shot
@@ -286,7 +289,7 @@ def grid(store, data, data_format, grid_path, out, transfer, select_ood, ood_del
     data_format = fold_label_options(data_format, label_settings)
     run_grid(store, data, grid_path, out, data_format, transfer=tuple(transfer), score_range=score_range,
              overwrite=overwrite, select_ood=tuple(select_ood), ood_delta=ood_delta, ensembles=tuple(ensembles),
-             dry_run=dry_run)
+             dry_run=dry_run, soups=tuple(soups))
 
 
 @main.command()

@@ -15,6 +15,7 @@ from typing import Optional
 import numpy as np
 import torch
 
+from headstore.heads.anchor import anchor_penalty
 from headstore.heads.config import TrainConfig
 from headstore.heads.evaluate import embed_rows
 from headstore.heads.features import Normalizer
@@ -139,14 +140,15 @@ def q_at(cfg: TrainConfig, step: int, total: int) -> Optional[float]:
 
 def batch_losses(model: StackedMLP, X: torch.Tensor, batch: Batch, cfg: TrainConfig,
                  init: Optional[list[torch.Tensor]] = None, q: Optional[float] = None,
-                 form: str = "positives") -> torch.Tensor:
+                 form: str = "positives", anchor: Optional[torch.Tensor] = None) -> torch.Tensor:
     """(H,) loss of every head on its batch (plus the decay-to-init penalty when cfg asks for it).
 
     Anchors, positives and negatives go through the heads in one forward pass, so each layer is one
     batched matmul over all H heads x (2 + K) b rows; under cfg.precision "bf16" the matmuls run in bf16
     and the outputs are cast to fp32 before the loss (losses and their reductions stay fp32).
     q: l1-energy's Q for this step (a Q schedule, `q_at`); None = cfg's. form: the training data's form
-    (heads.losses.FORMS), which picks the loss's function."""
+    (heads.losses.FORMS), which picks the loss's function. anchor: (H, m) store rows of the anchor on the
+    unlabeled store (heads.anchor), weighted by cfg.anchor_weight."""
     H, b = batch.anchor.shape
     rows = [batch.anchor, batch.positive] + ([batch.negative.flatten(1)] if batch.negative is not None else [])
     with autocast(cfg.precision, X.device):
@@ -159,4 +161,7 @@ def batch_losses(model: StackedMLP, X: torch.Tensor, batch: Batch, cfg: TrainCon
     if cfg.decay_to_init and init is not None:
         losses = losses + cfg.decay_to_init * sum((p - p0).pow(2).flatten(1).sum(1)
                                                   for p, p0 in zip(model.parameters(), init))
+    if cfg.anchor_weight and anchor is not None:
+        with autocast(cfg.precision, X.device):
+            losses = losses + cfg.anchor_weight * anchor_penalty(model, X[anchor])
     return losses

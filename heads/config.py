@@ -27,6 +27,20 @@ NORMALIZATIONS = ("none", "center", "l2", "center-l2", "standardize")
 ENERGY_NAMES = ("cosine", "l1", "l2")  # heads.energy.ENERGIES implements each
 ACTIVATION_NAMES = ("gelu", "identity", "relu", "tanh")  # heads.model implements each
 INITS = ("default", "identity")
+STRENGTH_AUTO = "auto"  # --strength auto: chosen after training on dev (heads.strength)
+
+
+def parse_strength(value: str) -> Optional[float]:
+    """A `strength` setting: None for "auto", else the number in [0, 1] (ValueError naming the valid values)."""
+    if value == STRENGTH_AUTO:
+        return None
+    try:
+        a = float(value)
+    except (TypeError, ValueError):
+        a = float("nan")
+    if not 0.0 <= a <= 1.0:  # also refuses NaN
+        raise ValueError(f"strength must be 'auto' or a number in [0, 1], got {value!r}")
+    return a
 # settings whose default depends on the kind of data (each kind's `defaults`, heads.kinds); the command
 # line leaves them unset so the kind can fill them in, and config.json "defaults" says which applied
 KIND_DEPENDENT = ("depth", "lr", "epochs")
@@ -126,6 +140,9 @@ class ObjectiveConfig:
     # that beats the frozen features on STS-B (the others overfit; docs/l1-energy.md)
     q_start: Optional[float] = field(default=None, metadata=_opt(
         "A Q schedule: l1-energy's Q goes linearly from this to --q over training."))  # None: a fixed Q
+    anchor_weight: float = field(default=0.0, metadata=_opt(
+        "Anchor on the unlabeled store: + lambda * mean ||f(x) - x||_1 over store rows that are not training "
+        "texts, sampled each step (--anchor-data names the rows)."))  # 0 = off (earlier heads do not move)
 
 
 @dataclass(frozen=True)
@@ -143,6 +160,11 @@ class SelectionConfig:
     guard: bool = field(default=True, metadata=_opt(
         "Keep the starting point (the identity head) as a candidate: a head that never beats it on dev is "
         "returned as it; a head worse than the frozen features is reported."))  # never worse than no head
+    strength: str = field(default="1", metadata=_opt(
+        "Strength a of the trained update, after training: f_a(x) = x + a g(x) for a residual head (other "
+        "heads: a of the way from their starting weights). A number in [0, 1], or 'auto': chosen on dev (the "
+        "in-domain dev split and the --select-ood sets, heads.strength's rule)."))  # 1: the trained head as
+    # it is (earlier heads and figures do not move); the study's choice is in docs/robust.md
 
 
 @dataclass(frozen=True)
@@ -155,6 +177,9 @@ class DataConfig:
         "Labelled texts: K texts per class in a batch of batch-size // K classes."))  # 3 partners per anchor
     hierarchy: bool = field(default=False, metadata=_opt(
         "Labelled texts: targets from the label tree (shared-prefix depth / depth)."))
+    anchor_data: str = field(default="", metadata=_opt(
+        "With --anchor-weight: a dataset whose texts in the store are the anchor rows (training texts left "
+        "out); empty = every row of the store."))  # the whole store: the unlabeled corpus it holds
 
 
 SECTIONS = {"optimizer": OptimConfig, "objective": ObjectiveConfig, "negatives": NegativesConfig,
@@ -216,6 +241,9 @@ class TrainConfig:
         self.loss_config()  # q, tau, margin, genuine_weight: finite and positive
         if self.q_start is not None and not (math.isfinite(self.q_start) and self.q_start > 0):
             raise ValueError(f"q_start must be a finite number > 0 (or unset: no Q schedule), got {self.q_start}")
+        parse_strength(self.strength)
+        if not (math.isfinite(self.anchor_weight) and self.anchor_weight >= 0):
+            raise ValueError(f"anchor_weight must be a finite number >= 0 (0 = no anchor), got {self.anchor_weight}")
         if self.shots < 0 or self.per_class < 2:
             raise ValueError(f"need shots >= 0 and per_class >= 2; got shots={self.shots}, per_class={self.per_class}")
 

@@ -38,8 +38,9 @@ from headstore.heads.config import TrainConfig
 from headstore.heads.energy import pairwise_energy
 from headstore.heads.features import Normalizer
 from headstore.heads.model import HeadConfig, StackedMLP
+from headstore.heads.soup import load_soup
 
-GRID_REF = re.compile(r"(?P<key>rank|id|ensemble)=(?P<value>.+)")  # what may follow '#' in a grid reference
+GRID_REF = re.compile(r"(?P<key>rank|id|ensemble|soup)=(?P<value>.+)")  # what may follow '#' in a grid reference
 EMBED_BATCH = 8192  # rows per forward pass; bounds memory, not results
 
 
@@ -65,10 +66,13 @@ class Head:
         match = GRID_REF.fullmatch(selector)
         if base and not match and not Path(ref).exists() and Path(base).is_dir():
             raise ValueError(f"{ref}: {selector!r} is no grid selector; after '#' give rank=K (the K-th "
-                             "configuration by dev), id=HEAD_ID (results.csv) or ensemble=K (the K best as one head)")
+                             "configuration by dev), id=HEAD_ID (results.csv), ensemble=K (the K best as one head) "
+                             "or soup=K (the mean weights of K heads sharing their start)")
         if base and match and not Path(ref).exists():
             if match["key"] == "ensemble":
                 return EnsembleHead.from_grid(base, match["value"])
+            if match["key"] == "soup":  # the mean of the weights of K heads sharing their start (heads.soup)
+                return cls(*load_soup(base, match["value"]), ref)
             model, norm, config = load_grid_head(base, **{match["key"]: match["value"]})
             return cls(model, norm, config, ref)
         return cls._load_dir(Path(ref))

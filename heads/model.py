@@ -155,6 +155,11 @@ class StackedMLP(nn.Module):
         return self.select_heads([h])
 
 
+def start_of(model: StackedMLP) -> StackedMLP:
+    """The stack's starting point: the same heads as initialised from their seeds (what training began at)."""
+    return StackedMLP(model.n_heads, model.cfg, seeds=model.seeds).to(next(model.parameters()).device)
+
+
 def save_heads(path, model: StackedMLP, cfg: Optional[HeadConfig] = None) -> None:
     """Write the stack's parameters to safetensors (atomically) with the HeadConfig, seeds and H in the metadata."""
     cfg = model.cfg if cfg is None else cfg

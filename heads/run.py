@@ -25,14 +25,16 @@ from headstore.data.files import atomic_write_json
 from headstore.data.outputs import prepare_output_dir
 from headstore.featurize.hardware import warn_if_emulated_bf16
 from headstore.featurize.store import FeatureStore
+from headstore.heads.anchor import anchor_rows_of
 from headstore.heads.artefacts import write_head_dir
-from headstore.heads.config import KIND_DEPENDENT, HeadConfig, TrainConfig
+from headstore.heads.config import KIND_DEPENDENT, STRENGTH_AUTO, HeadConfig, TrainConfig
 from headstore.heads.curve import plot_curve
 from headstore.heads.evaluate import TEST_SPLIT, embed_rows, evaluate_head
 from headstore.heads.features import Normalizer, array_list, load_features
 from headstore.heads.head import Head
 from headstore.heads.kinds import WHOLE, Task, kind_of, load_task, task_rows, without_overlap
 from headstore.heads.selection import DEFAULT_DELTA, load_selection
+from headstore.heads.strength import STRENGTHS, plot_strength
 from headstore.heads.train import train_one
 
 # fingerprint parts that change the numbers of a feature (the layer of the head's array is checked apart)
@@ -87,7 +89,7 @@ def train_head(store_path: str, data_path: str, out_dir: str, head_cfg: HeadConf
     features = load_features(store, array)
     selection = load_selection(store, select_ood, task, features[:, :store.dim], ood_delta)
     head_cfg = head_shape(head_cfg, features, array)
-    model, norm, run = train_one(task, features, head_cfg, cfg, progress, selection)
+    model, norm, run = train_one(task, features, head_cfg, cfg, progress, selection, anchor_rows_of(store, cfg))
     out = prepare_output_dir(out_dir, "head", overwrite, inputs=inputs)
     config = {"head": asdict(head_cfg), "train": cfg.to_dict(), "data": str(data_path), "format": data_format,
               "task": task.name, "kind": task.kind, "dev": task.dev_note or "the dataset's dev split",
@@ -107,12 +109,26 @@ def train_head(store_path: str, data_path: str, out_dir: str, head_cfg: HeadConf
         metrics["split"] = "dev"
         metrics["note"] = f"{data_path} has no test split: only dev figures are reported"
     metrics["history"] = run.history
+    if cfg.strength != "1":
+        metrics["strength"] = strength_report(run, cfg, selection)
     if getattr(task, "report", None):  # labelled texts: unseen labels, skipped texts, duplicates
         metrics["data_report"] = task.report
     atomic_write_json(out / "metrics.json", metrics, sort_keys=True)
     write_runs(task, features, model, norm, cfg.eval_energy, ("dev", TEST_SPLIT), out)
     plot_curve(run.history, out / "curve.png", title=f"{task.name}: {cfg.loss} ({cfg.eval_energy})")
+    if run.strength_curve:
+        plot_strength(run.strength_curve, run.strength, out / "strength.png", metrics["primary"],
+                      title=f"{task.name}: strength a (chosen {run.strength:g})")
     return metrics
+
+
+def strength_report(run, cfg: TrainConfig, selection) -> dict:
+    """metrics.json "strength": the a applied, how it was chosen, and the dev curve over a (heads.strength)."""
+    rule = ("fixed by --strength" if cfg.strength != STRENGTH_AUTO else
+            "the best in-domain dev " + (f"whose worst out-of-domain dev loss is <= {selection.delta}, else the "
+                                         "least-losing" if selection else "") + "; ties to the larger a")
+    return {"setting": cfg.strength, "chosen": run.strength, "rule": rule, "strengths": list(STRENGTHS),
+            "curve": run.strength_curve, "plot": "strength.png" if run.strength_curve else None}
 
 
 def defaults_for_kind(task: Task, head_cfg: HeadConfig, cfg: TrainConfig, unset: tuple[str, ...]):

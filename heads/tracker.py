@@ -28,6 +28,8 @@ class HeadRun:
     seconds: float = 0.0
     start_dev: float = float("nan")  # the dev metric of the starting point (before any update)
     best_sel_loss: Optional[float] = None  # out-of-domain dev loss of the kept weights (--select-ood)
+    strength: float = 1.0  # the strength a applied after training (heads.strength)
+    strength_curve: list[dict] = field(default_factory=list)  # dev (and OOD dev) per a, when a was scored
 
 
 def dev_scores(task: Task, split: str, model: StackedMLP, X: torch.Tensor, cfg: TrainConfig) -> list[float]:

@@ -16,8 +16,11 @@ import math
 import time
 from typing import Optional
 
+import numpy as np
 import torch
 from tqdm.auto import tqdm
+
+from headstore.heads.anchor import AnchorSampler
 
 from headstore.heads.batches import NegativeSource, batch_losses, epoch_batches, make_batch, prepare_data, q_at
 from headstore.heads.config import HeadConfig, TrainConfig, stack_key
@@ -27,6 +30,7 @@ from headstore.heads.kinds import Task, kind_of
 from headstore.heads.model import StackedMLP
 from headstore.heads.optim import StackOptimizer
 from headstore.heads.selection import OodSelection
+from headstore.heads.strength import choose, parse_strength, strength_curves, with_strength
 from headstore.heads.tracker import HeadRun, HeadTracker, dev_scores
 
 
@@ -37,17 +41,19 @@ class TrainingDiverged(ValueError):
 def train_stack(task: Task, features: torch.Tensor, head_cfg: HeadConfig, configs: list[TrainConfig],
                 progress: bool = True, select_split: str = "dev",
                 selection: Optional[OodSelection] = None,
-                init: Optional[tuple[StackedMLP, Normalizer]] = None) -> tuple[StackedMLP, Normalizer, list[HeadRun]]:
-    """Train len(configs) heads of one shape together; returns the best-on-dev stack.
+                init: Optional[tuple[StackedMLP, Normalizer]] = None,
+                anchor_rows: Optional[np.ndarray] = None) -> tuple[StackedMLP, Normalizer, list[HeadRun]]:
+    """Train len(configs) heads of one shape together; returns the best-on-dev stack (at the strength
+    cfg.strength asks for, heads.strength).
 
     features: (N, D) raw store features ((N, L * D) for a head mixing L arrays). All configs must share
     `stack_key` (they differ only in lr, weight decay and seed). `selection`: out-of-domain dev sets that
     take part in choosing each head's epoch (heads.selection). `init`: heads (and their normaliser) to go
     on training instead of fresh ones (a shared head trained on task A, then on B:
     heads.experiments.forgetting); copied. A task without `select_split` (few-shot labelled texts) trains
-    every epoch and keeps the last."""
+    every epoch and keeps the last. `anchor_rows`: the store rows of the anchor (heads.anchor; None = all)."""
     assert len({stack_key(c) for c in configs}) == 1, "a stack mixes settings that must be shared"
-    run = StackTraining(task, features, head_cfg, configs, select_split, selection, init)
+    run = StackTraining(task, features, head_cfg, configs, select_split, selection, init, anchor_rows)
     bar = tqdm(total=run.total, desc=f"{run.H} head(s) {configs[0].loss}", disable=not progress, leave=False)
     t0 = time.perf_counter()
     for epoch in range(configs[0].epochs):
@@ -62,7 +68,8 @@ class StackTraining:
     """The state of one stack's training: data, heads, optimiser, tracker, negatives, per-head generators."""
 
     def __init__(self, task: Task, features: torch.Tensor, head_cfg: HeadConfig, configs: list[TrainConfig],
-                 select_split: str, selection: Optional[OodSelection], init: Optional[tuple[StackedMLP, Normalizer]]):
+                 select_split: str, selection: Optional[OodSelection], init: Optional[tuple[StackedMLP, Normalizer]],
+                 anchor_rows: Optional[np.ndarray] = None):
         cfg0 = self.cfg = configs[0]
         self.task, self.configs, self.select_split, self.selection = task, configs, select_split, selection
         self.data = prepare_data(task, features, cfg0, blocks=head_cfg.mix, norm=None if init is None else init[1])
@@ -82,6 +89,9 @@ class StackTraining:
         self.gens = [torch.Generator().manual_seed(c.seed) for c in configs]
         self.metric = kind_of(task).primary_metric(cfg0.eval_energy)
         self.step = 0
+        train_rows = np.concatenate([self.data.pairs.anchor, self.data.pairs.positive])
+        self.anchor = (AnchorSampler(len(self.data.X), train_rows, configs, anchor_rows) if cfg0.anchor_weight
+                       else None)
         if self.select:
             self.tracker.start(dev_scores(task, select_split, self.model, self.data.X, cfg0), self.sel_losses(),
                                cfg0.guard)
@@ -103,7 +113,8 @@ class StackTraining:
                    if self.sampler is not None else epoch_batches(self.gens, self.P, self.B))
         for s, idx in enumerate(batches):
             losses = batch_losses(self.model, data.X, make_batch(data, idx, negs), cfg0, self.optimizer.init,
-                                  q_at(cfg0, self.step, self.total), data.pairs.form)
+                                  q_at(cfg0, self.step, self.total), data.pairs.form,
+                                  self.anchor.sample() if self.anchor is not None else None)
             where = f"at epoch {epoch + 1}, step {s + 1} (global step {self.step + 1})"
             finite = self.tracker.check_losses(losses, where)
             self.optimizer.step(losses, finite, self.tracker.ok, self.tracker.alive)
@@ -126,13 +137,38 @@ class StackTraining:
                     h.pop(f"dev_{self.metric}", None)
         for r in self.tracker.runs:
             r.seconds = elapsed / self.H
+        if self.cfg.strength != "1":
+            self.apply_strength()
         return self.model, self.data.norm, self.tracker.runs
+
+    def apply_strength(self) -> None:
+        """Every head at its strength (heads.strength): the fixed a, or with "auto" the a the selection rule
+        picks on the dev curve. Without a dev split (few-shot heads) "auto" keeps a = 1."""
+        fixed = parse_strength(self.cfg.strength)
+        curves = strength_curves(self.model, self.strength_scores) if self.select else [[]] * self.H
+        if fixed is not None:
+            alphas = [fixed] * self.H
+        else:
+            alphas = choose(curves, self.selection.delta if self.selection else 0.0) if self.select else [1.0] * self.H
+        self.model = with_strength(self.model, alphas)
+        for r, a, curve in zip(self.tracker.runs, alphas, curves):
+            r.strength, r.strength_curve = a, curve
+
+    def strength_scores(self, stack: StackedMLP):
+        """(in-domain dev per head, worst OOD dev loss per head or None, {OOD set: metric per head})."""
+        dev = dev_scores(self.task, self.select_split, stack, self.data.X, self.cfg)
+        if not self.selection:
+            return dev, None, {}
+        loss, per_set = self.selection.losses(lambda rows: embed_rows(stack, self.data.X, rows), self.cfg.eval_energy)
+        return dev, loss.tolist(), per_set
 
 
 def train_one(task: Task, features: torch.Tensor, head_cfg: HeadConfig, cfg: TrainConfig,
-              progress: bool = True, selection: Optional[OodSelection] = None) -> tuple[StackedMLP, Normalizer, HeadRun]:
+              progress: bool = True, selection: Optional[OodSelection] = None,
+              anchor_rows: Optional[np.ndarray] = None) -> tuple[StackedMLP, Normalizer, HeadRun]:
     """Train a single head; a NaN/inf loss raises TrainingDiverged naming the step."""
-    model, norm, (run,) = train_stack(task, features, head_cfg, [cfg], progress, selection=selection)
+    model, norm, (run,) = train_stack(task, features, head_cfg, [cfg], progress, selection=selection,
+                                      anchor_rows=anchor_rows)
     if run.status == "failed":
         raise TrainingDiverged(f"{task.name}: training stopped: {run.reason}; lower --lr or change the loss "
                                f"settings (q, margin, tau)")

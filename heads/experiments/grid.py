@@ -26,12 +26,14 @@ from headstore.data.outputs import prepare_output_dir
 from headstore.data.tables import read_utf8
 from headstore.featurize.hardware import warn_if_emulated_bf16
 from headstore.featurize.store import FeatureStore
+from headstore.heads.anchor import anchor_rows_of
 from headstore.heads.artefacts import resume_rows, save_stack, write_results
 from headstore.heads.config import HeadConfig, TrainConfig, stack_key
 from headstore.heads.evaluate import embed_rows, evaluate_split
 from headstore.heads.experiments.ensembles import score_ensembles, write_ensembles
-from headstore.heads.experiments.grid_spec import GRID_VERSION, head_id, read_grid, split_settings
+from headstore.heads.experiments.grid_spec import GRID_VERSION, UNSET_SINCE_ID, head_id, read_grid, split_settings
 from headstore.heads.experiments.report import write_report
+from headstore.heads.experiments.soups import score_soups
 from headstore.heads.experiments.summary import write_summary
 from headstore.heads.features import array_list, load_features
 from headstore.heads.kinds import PREFIX, WHOLE, Task, kind_of, load_task, task_rows, without_overlap
@@ -44,7 +46,8 @@ from headstore.heads.train import train_stack
 def run_grid(store_path: str, data_path: str, grid_path: str, out_dir: str, data_format: str | None = None,
              progress: bool = True, transfer: tuple[str, ...] = (), score_range=None,
              overwrite: bool = False, select_ood: tuple[str, ...] = (), ood_delta: float = DEFAULT_DELTA,
-             ensembles: tuple[int, ...] = (), score_split: str = "test", dry_run: bool = False) -> pl.DataFrame:
+             ensembles: tuple[int, ...] = (), score_split: str = "test", dry_run: bool = False,
+             soups: tuple[int, ...] = ()) -> pl.DataFrame:
     """Train every head of the grid (skipping finished ones); write results, leaderboard, summary and plots.
 
     `transfer`: out-of-domain datasets (texts in the store) every head is also scored on, never
@@ -56,6 +59,7 @@ def run_grid(store_path: str, data_path: str, grid_path: str, out_dir: str, data
     `ensembles`: sizes K of ensembles of the best configurations to score per seed (heads.experiments.ensembles).
     `score_split`: the split reported in the `test_*` columns; "dev" scores few-shot heads (which select on
     nothing) on the dev slice, to choose few-shot settings without looking at test.
+    `soups`: sizes K of weight soups to score per seed (heads.soup, heads.experiments.soups; soups.json).
     `dry_run`: print the plan (heads, stacks, skipped, a rough time) and return without writing anything."""
     combos = read_grid(grid_path)
     if any(c.get("precision") == "bf16" for c in combos):  # heads train on the CPU
@@ -92,6 +96,9 @@ def run_grid(store_path: str, data_path: str, grid_path: str, out_dir: str, data
         write_results(out, old_rows + rows)
     frame = pl.DataFrame(rows, infer_schema_length=None) if rows else pl.DataFrame()
     _finish(out, frame, runner, ensembles, progress)
+    if soups and not frame.is_empty():
+        score_soups(out, frame, runner.task, runner.features, runner.ood, runner.selection, tuple(soups),
+                    transfer_split)
     return frame
 
 
@@ -173,8 +180,11 @@ def plan_summary(groups: dict, skipped: list[dict], n_done: int, task: Task) -> 
 
 
 def flat_settings(head: HeadConfig, train: TrainConfig, array: str) -> dict:
+    """A row's settings; those added since grid rows were first recorded (the levers of issue 20) only
+    where set, so the rows (and golden outputs) of grids that do not use them keep their columns."""
     h = {k: v for k, v in asdict(head).items() if k != "in_dim"}
-    return {**h, **train.to_dict(), "array": array}
+    t = {k: v for k, v in train.to_dict().items() if UNSET_SINCE_ID.get(k, object()) != v}
+    return {**h, **t, "array": array}
 
 
 def transfer_split(task: Task) -> str:
@@ -260,7 +270,8 @@ class StackRunner:
         stask = self.scored_task(configs[0])
         head_cfg = head_shape(items[0][1], X, array)
         t0 = time.perf_counter()
-        model, norm, runs = train_stack(stask, X, head_cfg, configs, progress=progress, selection=self.selection)
+        model, norm, runs = train_stack(stask, X, head_cfg, configs, progress=progress, selection=self.selection,
+                                        anchor_rows=anchor_rows_of(self.store, configs[0]))
         t1 = time.perf_counter()
         scores = self.score(stask, model, norm(X), configs[0].eval_energy)
         t2 = time.perf_counter()
@@ -274,6 +285,8 @@ class StackRunner:
                    **flat_settings(head, train, array), "status": runs[h].status, "reason": runs[h].reason,
                    "best_epoch": runs[h].best_epoch, "train_seconds": (t1 - t0) / len(items),
                    "eval_seconds": (t2 - t1) / len(items), "history": json.dumps(runs[h].history), **extra}
+            if train.strength != "1":  # the a applied after training, and the dev curve it was chosen on
+                row.update(strength_chosen=runs[h].strength, strength_curve=json.dumps(runs[h].strength_curve))
             rows.append(row | self.score_columns(scores, h, stask, configs[0].eval_energy) | base)
         return rows
 

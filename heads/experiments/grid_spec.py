@@ -33,6 +33,8 @@ GRID_KEYS = HEAD_KEYS + TRAIN_KEYS + ("array",)
 # bump when training/evaluation changes so old results are not reused. 2: dev carved by text, trec_eval
 # ties and all-zero queries, positives-only pairs as retrieval, resolved defaults in the head id
 GRID_VERSION = 2
+# settings added after grid ids were first recorded, with their default (left out of the id when at it)
+UNSET_SINCE_ID = {"strength": "1", "anchor_weight": 0.0, "anchor_data": ""}
 
 
 def _check_values(path: str, where: str, key: str, values: list) -> None:
@@ -111,6 +113,9 @@ def resolved_settings(settings: dict, in_dim: int | None = None) -> dict:
     train_dict = {**train.to_dict(), **{k: loss[k] for k in ("q", "tau", "margin")}}  # None -> the default used
     if train_dict["precision"] == "fp32":  # fp32 heads keep the ids they had before `precision` existed
         del train_dict["precision"]
+    for key, unset in UNSET_SINCE_ID.items():  # settings added since: at their default, ids do not move
+        if train_dict.get(key) == unset:
+            del train_dict[key]
     return {"head": head_dict, "train": train_dict, "array": array, "loss": loss,
             "constants": {"dev_fraction": DEV_FRACTION, "dev_seed": DEV_SEED, "genuine_threshold": GENUINE_THRESHOLD,
                           "ir_topk": IR_TOPK}}

@@ -1,0 +1,69 @@
+"""An anchor on the unlabeled store (`--anchor-weight`, `--anchor-data`; issue 20, lever 2).
+
+The store holds the unlabeled corpus the seeds' setting has beside a few relevant pairs. The anchor adds
+`lambda * mean_x ||f(x) - x||_1` to every head's loss, over store rows that are not training texts,
+ANCHOR_ROWS rows drawn per step and head from the head's own generator (seeded apart from the batch
+order, so a head with lambda = 0 trains exactly as without the option): the head moves only where the
+task needs it (Search-Adaptor, Yoon et al. 2024, keeps a recovery loss of this kind). x is the head's
+input (the normalised features; for a head mixing several arrays, its mixed input), so the penalty is
+zero at the identity head and pulls a head toward it.
+
+The rows: `--anchor-data D` names a dataset whose texts are in the store (its corpus, queries, sentences),
+or, unset, every row of the store. Only row ids are kept (8 bytes a row); the features are the ones the
+heads already train on. Texts of the training pairs are left out, so the anchor never pulls on a text
+the loss trains.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import numpy as np
+import torch
+
+from headstore.heads.config import TrainConfig
+from headstore.heads.model import StackedMLP
+
+ANCHOR_ROWS = 128  # rows per step and head: 2 batches' anchors, a fifth of a mined step's rows
+ANCHOR_SEED = 0xA7C4  # offsets each head's anchor generator from its batch-order generator
+
+
+def anchor_rows_of(store, cfg: TrainConfig) -> Optional[np.ndarray]:
+    """The store rows `--anchor-data` names (None: the whole store, or no anchor)."""
+    if not cfg.anchor_weight or not cfg.anchor_data:
+        return None
+    from headstore.heads.kinds import load_task, task_rows  # the dataset readers, only when named
+
+    task = load_task(cfg.anchor_data, store, for_eval=True)
+    corpus = task.corpus_rows if task.corpus_rows is not None else []  # an IR corpus: every document
+    rows = np.unique(np.fromiter(task_rows(task) | {int(r) for r in corpus}, dtype=np.int64))
+    if not len(rows):
+        raise ValueError(f"--anchor-data {cfg.anchor_data}: none of its texts is in {store.path} (featurize it)")
+    return rows
+
+
+class AnchorSampler:
+    """ANCHOR_ROWS anchor rows per step and head: (H, m) store rows from each head's own generator."""
+
+    def __init__(self, n_rows: int, train_rows: np.ndarray, configs: list[TrainConfig],
+                 rows: Optional[np.ndarray] = None):
+        pool = np.arange(n_rows, dtype=np.int64) if rows is None else np.asarray(rows, dtype=np.int64)
+        pool = np.setdiff1d(pool, np.asarray(train_rows, dtype=np.int64))
+        if not len(pool):
+            raise ValueError("--anchor-weight: no store row is left once the training texts are taken out "
+                             "(name other texts with --anchor-data)")
+        self.pool = torch.as_tensor(pool)
+        self.gens = [torch.Generator().manual_seed(c.seed + ANCHOR_SEED) for c in configs]
+        self.m = min(ANCHOR_ROWS, len(pool))
+
+    def sample(self) -> torch.Tensor:
+        return torch.stack([self.pool[torch.randint(len(self.pool), (self.m,), generator=g)] for g in self.gens])
+
+
+def anchor_penalty(model: StackedMLP, x: torch.Tensor) -> torch.Tensor:
+    """(H,) mean over rows of ||f(x) - x||_1 for per-head inputs x (H, m, D * mix)."""
+    base = model.mixed_input(x) if model.cfg.mix > 1 else x
+    z = model(x).float()
+    if z.shape != base.shape:
+        raise ValueError(f"--anchor-weight needs a head whose output has the input's width ({base.shape[-1]}); "
+                         f"this one outputs {z.shape[-1]} (use out-dim = the feature dim)")
+    return (z - base.float()).abs().sum(-1).mean(-1)

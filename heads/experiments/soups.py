@@ -1,0 +1,65 @@
+"""`cli grid --soup K`: score the soup of K heads (heads.soup) per seed, like a configuration.
+
+Soup K of seed s: that seed's best-dev head and the K - 1 best-dev heads sharing its start, weights
+averaged into one head; scored on dev, test, the transfer and the selection sets; the K row reports mean
+± std over seeds and the CI of that mean (soups.json; `GRID#soup=K` loads the grid's own, heads.soup).
+"""
+from __future__ import annotations
+
+import numpy as np
+import polars as pl
+import torch
+
+from headstore.data.files import atomic_write_json
+from headstore.heads.evaluate import PREFIX, embed_rows, evaluate_split, primary_metric
+from headstore.heads.experiments.report import _ci
+from headstore.heads.kinds import Task
+from headstore.heads.soup import load_soup
+
+
+def score_soups(out, frame: pl.DataFrame, task: Task, features, transfer: dict, selection,
+                ks: tuple[int, ...], split_of) -> dict:
+    """{"rows": one aggregated row per K, "per_seed": one per K and seed}; `features(array)` gives raw features."""
+    ok = frame.filter(pl.col("status") == "ok")
+    rows, per_seed = [], []
+    for k in sorted(set(ks)):
+        recs, items = [], []
+        for seed in sorted(set(ok["seed"].to_list())):
+            try:
+                model, norm, config = load_soup(out, k, seed)
+            except ValueError as err:
+                print(f"soup of {k}, seed {seed}: {err}; skipped")
+                continue
+            energy = config["train"]["energy"] if config["train"]["loss"] != "mnr" else "cosine"
+            X = norm(features(config.get("array", "features")))
+            embed = lambda r: embed_rows(model, X, r)  # noqa: E731
+            rec = {"k": k, "seed": seed, "head_ids": config["soup"]["head_ids"]}
+            for split in ("dev", "test"):
+                if split in task.eval_sets:
+                    res, it = evaluate_split(task, split, embed, (energy,))
+                    rec[f"{split}_primary"] = res[0][primary_metric(task.kind, energy)]
+                    if split == "test":
+                        items.append(np.asarray(it[0][PREFIX[energy]]))
+            for name, t in transfer.items():
+                res, _ = evaluate_split(t, split_of(t), embed, (energy,))
+                rec[f"ood_{name}"] = res[0][primary_metric(t.kind, energy)]
+            if selection:
+                rec["sel_loss"] = float(selection.losses(embed, energy)[0][0])
+            recs.append(rec)
+        if not recs:
+            continue
+        per_seed += recs
+        row = {"config": f"soup of {k}", "k": k, "seeds": len(recs)}
+        for col in [c for c in recs[0] if c.endswith("_primary") or c.startswith("ood_") or c == "sel_loss"]:
+            vals = np.array([r[col] for r in recs], dtype=float)
+            name = col[:-len("_primary")] if col.endswith("_primary") else col
+            row[f"{name}_mean"] = float(vals.mean())
+            row[f"{name}_std"] = float(vals.std(ddof=1)) if len(vals) > 1 else 0.0
+        if items:
+            row["test_ci_lo"], row["test_ci_hi"] = _ci(task, items)
+        rows.append(row)
+        print(f"soup of {k} ({len(recs)} seeds): " + ", ".join(f"{c} {v:.4f}" for c, v in row.items()
+                                                             if isinstance(v, float) and c.endswith("_mean")))
+    result = {"rows": rows, "per_seed": per_seed}
+    atomic_write_json(out / "soups.json", result)
+    return result

@@ -1,0 +1,203 @@
+"""The levers of issue 20: strength after training (heads.strength), the anchor on the unlabeled store
+(heads.anchor), weight soups (heads.soup), and the cosine energy with each of them."""
+import json
+
+import numpy as np
+import pytest
+import torch
+from click.testing import CliRunner
+
+import headstore
+from headstore.cli import main
+from headstore.heads.anchor import AnchorSampler, anchor_penalty
+from headstore.heads.batches import batch_losses, make_batch, prepare_data
+from headstore.heads.config import HeadConfig, TrainConfig
+from headstore.heads.model import StackedMLP
+from headstore.heads.soup import soup_of
+from headstore.heads.model import start_of
+from headstore.heads.strength import choose, with_strength
+from headstore.heads.train import train_one
+
+from .synthetic import planted_ir_task
+
+SHAPES = [HeadConfig(in_dim=12, hidden=10, depth=2), HeadConfig(in_dim=12, depth=1),
+          HeadConfig(in_dim=12, hidden=10, depth=2, residual=False, out_dim=6)]
+
+
+def _trained_like(cfg: HeadConfig, seed: int = 0) -> StackedMLP:
+    """A stack whose every parameter moved away from its start (as training would move it)."""
+    m = StackedMLP(2, cfg, seeds=[seed, seed + 1])
+    gen = torch.Generator().manual_seed(seed + 7)
+    with torch.no_grad():
+        for p in m.parameters():
+            p.add_(0.3 * torch.randn(p.shape, generator=gen))
+    return m
+
+
+@pytest.mark.parametrize("cfg", SHAPES, ids=["residual-2", "residual-1", "plain-2"])
+def test_strength_zero_is_the_start_and_one_the_trained_head(cfg):
+    m = _trained_like(cfg)
+    x = torch.randn(9, 12)
+    start = start_of(m)
+    assert torch.equal(with_strength(m, [0.0, 0.0])(x), start(x))  # bit for bit
+    if cfg.residual:
+        assert torch.equal(with_strength(m, [0.0, 0.0])(x), x.expand(2, -1, -1))  # the identity, exactly
+    assert torch.equal(with_strength(m, [1.0, 1.0])(x), m(x))
+    for name, p in with_strength(m, [1.0, 1.0]).named_parameters():
+        assert torch.equal(p, m.get_parameter(name))
+
+
+def test_strength_of_a_residual_head_scales_its_update():
+    m = _trained_like(SHAPES[0])
+    x = torch.randn(9, 12)
+    half = with_strength(m, [0.5, 0.25])
+    g = m(x) - x  # the trained update of each head
+    torch.testing.assert_close(half(x)[0], x + 0.5 * g[0], rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(half(x)[1], x + 0.25 * g[1], rtol=1e-5, atol=1e-6)
+    # only g's last layer moved: the hidden layer keeps its trained weights
+    assert torch.equal(half.weights[0], m.weights[0])
+
+
+def test_strength_rule_takes_the_best_dev_within_delta_and_ties_to_the_larger():
+    curve = [{"strength": a, "dev": d, "ood_loss": l} for a, d, l in
+             [(0.0, 0.60, -0.01), (0.5, 0.70, 0.005), (0.8, 0.70, 0.009), (1.0, 0.75, 0.03)]]
+    assert choose([curve], delta=0.01) == [0.8]  # 1.0 loses more than delta; 0.5 and 0.8 tie on dev
+    assert choose([[{**p, "ood_loss": p["ood_loss"] + 1} for p in curve]], 0.01) == [0.0]  # none within: least-losing
+    assert choose([[{"strength": p["strength"], "dev": p["dev"]} for p in curve]], 0.01) == [1.0]  # dev alone
+
+
+def _ir_training(**settings):
+    task, X = planted_ir_task(n_docs=200, dim=12)
+    cfg = TrainConfig(epochs=3, batch_size=16, mined_k=2, lr=1e-2, **settings)
+    return task, X, cfg
+
+
+def test_strength_auto_in_training_records_its_curve_and_applies_the_chosen_a():
+    task, X, cfg = _ir_training(strength="auto")
+    head_cfg = HeadConfig(in_dim=12, hidden=16)
+    model, norm, run = train_one(task, X, head_cfg, cfg, progress=False)
+    full, _, run1 = train_one(task, X, head_cfg, cfg.replace(strength="1"), progress=False)
+    assert [p["strength"] for p in run.strength_curve] == pytest.approx([i / 10 for i in range(11)])
+    best = max(run.strength_curve, key=lambda p: (p["dev"], p["strength"]))
+    assert run.strength == best["strength"]
+    x = norm(X[:20])
+    torch.testing.assert_close(model(x), with_strength(full, [run.strength])(x))  # the same training, scaled
+
+
+def test_anchor_penalty_is_zero_at_the_identity_and_pulls_toward_it():
+    m = StackedMLP(1, HeadConfig(in_dim=12, hidden=10), seeds=[0])  # residual: starts as the identity
+    x = torch.randn(1, 30, 12)
+    assert torch.equal(anchor_penalty(m, x), torch.zeros(1))
+    task, X, cfg = _ir_training()
+    head_cfg = HeadConfig(in_dim=12, hidden=16)
+    sample = torch.randn(400, 12)
+
+    def distance(model, norm):  # mean ||f(x) - x||_1 on rows the anchor never sampled
+        with torch.no_grad():
+            return float(anchor_penalty(model, norm(sample).unsqueeze(0)))
+    free = distance(*train_one(task, X, head_cfg, cfg.replace(guard=False), progress=False)[:2])
+    held = distance(*train_one(task, X, head_cfg, cfg.replace(guard=False, anchor_weight=3.0), progress=False)[:2])
+    assert held < 0.5 * free
+
+
+def test_anchor_rows_leave_out_training_texts_and_a_zero_weight_changes_nothing():
+    task, X, cfg = _ir_training()
+    data = prepare_data(task, X, cfg)
+    train_rows = np.concatenate([data.pairs.anchor, data.pairs.positive])
+    sampler = AnchorSampler(len(X), train_rows, [cfg, cfg.replace(seed=1)])
+    drawn = sampler.sample()
+    assert drawn.shape == (2, min(128, len(X) - len(np.unique(train_rows))))
+    assert not np.isin(drawn.numpy(), train_rows).any()
+    m = StackedMLP(1, HeadConfig(in_dim=12, hidden=10), seeds=[0])
+    batch = make_batch(data, torch.arange(8).unsqueeze(0), None)
+    plain = batch_losses(m, data.X, batch, cfg)
+    assert torch.equal(batch_losses(m, data.X, batch, cfg, anchor=drawn[:1]), plain)  # weight 0: off
+
+
+def test_a_soup_of_one_head_is_that_head_and_of_two_is_their_mean():
+    a, b = _trained_like(SHAPES[1]).head_slice(0), _trained_like(SHAPES[1], seed=5).head_slice(0)
+    one = soup_of([a])
+    for name, p in one.named_parameters():
+        assert torch.equal(p, a.get_parameter(name))
+    two = soup_of([a, b])  # linear residual heads start at zero whatever the seed: they soup
+    torch.testing.assert_close(two.weights[0], (a.weights[0] + b.weights[0]) / 2)
+    deep = _trained_like(SHAPES[0])
+    with pytest.raises(ValueError, match="share their starting weights"):
+        soup_of([deep.head_slice(0), deep.head_slice(1)])  # seeds 0 and 1 draw other hidden layers
+
+
+@pytest.fixture(scope="module")
+def lever_grid(world, tmp_path_factory):
+    spec = tmp_path_factory.mktemp("lever-grid") / "grid.toml"
+    spec.write_text('[grid]\nlr = [1e-3, 3e-3, 1e-2]\nseed = [0, 1]\nenergy = ["l1", "cosine"]\n'
+                    '[fixed]\nepochs = 2\nbatch_size = 8\nhidden = 16\nmined_k = 2\nstrength = "auto"\n'
+                    'anchor_weight = 0.1\n')
+    out = spec.parent / "out"
+    r = CliRunner().invoke(main, ["grid", "--store", str(world.store), "--data", str(world.beir), "--grid", str(spec),
+                                  "--out", str(out), "--soup", "1", "--soup", "3"])
+    assert r.exit_code == 0, r.output
+    return out
+
+
+def test_grid_soup_of_one_is_the_best_head_and_soups_load_and_export(world, lever_grid, tmp_path):
+    from sentence_transformers import SentenceTransformer
+
+    info = json.loads((lever_grid / "soups.json").read_text())
+    for rec in info["per_seed"]:
+        if rec["k"] == 1:
+            assert rec["dev_primary"] == pytest.approx(
+                headstore.Head.load(f"{lever_grid}#id={rec['head_ids'][0]}").config["grid"]["dev_primary"], abs=1e-6)
+    soup = headstore.Head.load(f"{lever_grid}#soup=3")
+    members = [headstore.Head.load(f"{lever_grid}#id={h}") for h in soup.config["soup"]["head_ids"]]
+    assert len(members) == 3 and len({m.train_config.seed for m in members}) == 1  # 2-layer: one seed's heads
+    for name, p in soup.model.named_parameters():
+        torch.testing.assert_close(p, torch.stack([m.model.get_parameter(name) for m in members]).mean(0))
+    one = headstore.Head.load(f"{lever_grid}#soup=1")
+    best = headstore.Head.load(f"{lever_grid}#rank=1")
+    for name, p in one.model.named_parameters():
+        assert torch.equal(p, best.model.get_parameter(name))
+    r = CliRunner().invoke(main, ["export", "--head", f"{lever_grid}#soup=3", "--format", "sentence-transformers",
+                                  "--out", str(tmp_path / "st")])
+    assert r.exit_code == 0, r.output
+    texts = headstore.Store.open(world.store).texts["text"].to_list()[:20]
+    got = SentenceTransformer(str(tmp_path / "st"), device="cpu").encode(texts, convert_to_numpy=True)
+    np.testing.assert_allclose(got, headstore.Pipeline.from_head(soup).encode(texts), rtol=0, atol=1e-5)
+
+
+def test_grid_rows_record_the_chosen_strength_for_both_energies(lever_grid):
+    import polars as pl
+
+    rows = pl.read_parquet(lever_grid / "results.parquet")
+    assert set(rows["energy"]) == {"l1", "cosine"} and set(rows["status"]) == {"ok"}
+    for row in rows.iter_rows(named=True):
+        curve = json.loads(row["strength_curve"])
+        assert row["strength_chosen"] == max(curve, key=lambda p: (p["dev"], p["strength"]))["strength"]
+        assert row["dev_primary"] == pytest.approx(
+            next(p["dev"] for p in curve if p["strength"] == row["strength_chosen"]), abs=1e-6)
+
+
+@pytest.mark.parametrize("energy", ["l1", "cosine"])
+def test_train_head_strength_exports_exactly_and_writes_its_curve(world, tmp_path, energy):
+    from sentence_transformers import SentenceTransformer
+
+    out = tmp_path / "head"
+    r = CliRunner().invoke(main, ["train-head", "--store", str(world.store), "--data", str(world.beir), "--out",
+                                  str(out), "--hidden", "16", "--epochs", "2", "--batch-size", "8", "--mined-k", "2",
+                                  "--energy", energy, "--strength", "0.5", "--anchor-weight", "0.1"])
+    assert r.exit_code == 0, r.output
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["strength"]["chosen"] == 0.5 and (out / "strength.png").is_file()
+    assert json.loads((out / "config.json").read_text())["train"]["strength"] == "0.5"
+    r = CliRunner().invoke(main, ["export", "--head", str(out), "--format", "sentence-transformers",
+                                  "--out", str(tmp_path / "st")])
+    assert r.exit_code == 0, r.output
+    texts = headstore.Store.open(world.store).texts["text"].to_list()[:20]
+    got = SentenceTransformer(str(tmp_path / "st"), device="cpu").encode(texts, convert_to_numpy=True)
+    np.testing.assert_allclose(got, headstore.Pipeline.from_head(headstore.Head.load(out)).encode(texts),
+                               rtol=0, atol=1e-5)
+
+
+def test_bad_strength_is_refused_naming_the_valid_values(world, tmp_path):
+    r = CliRunner().invoke(main, ["train-head", "--store", str(world.store), "--data", str(world.beir), "--out",
+                                  str(tmp_path / "h"), "--strength", "1.5"])
+    assert r.exit_code != 0 and "strength must be 'auto' or a number in [0, 1]" in r.output
