@@ -103,7 +103,9 @@ def main(debug):
 @click.option("--format", "formats", multiple=True, type=click.Choice(sorted(FORMATS)),
               help="Dataset format (default: detected); once for all, or once per --data.")
 @click.option("--store", type=PATH, required=True, help="Feature store directory (created if absent).")
-@click.option("--pooling", type=click.Choice(sorted(POOLING_NAMES)), default="mean", show_default=True)
+@click.option("--pooling", type=click.Choice(sorted(POOLING_NAMES)), default="model", show_default=True,
+              help="model: the model's own sentence embedding (modules.json: Pooling, Dense, Normalize; mean pooling "
+                   "for a plain checkpoint); mean|cls|max: that pooling of the encoder's tokens instead.")
 @click.option("--layers", default="-1", show_default=True,
               help="Comma-separated hidden layers, e.g. -1,-4; the first is `features`.")
 @click.option("--dtype", type=click.Choice(["float16", "float32"]), default="float16",
@@ -183,11 +185,15 @@ def info(path):
 
 @store.command()
 @click.argument("path", type=PATH)
-def migrate(path):
-    """Convert PATH from store format 1 (one texts.parquet) to format 2 (segments, checksums), in place."""
+@click.option("--model", type=PATH, default=None, help="The model the store was made with, when its config.json does not "
+              "name it (for recording the model's Normalize).")
+def migrate(path, model):
+    """Bring PATH up to date in place: store format 1 (one texts.parquet) to format 2 (segments, checksums); a
+    mean-pooled store of a model whose own modules are mean pooling then Normalize (MiniLM) gets that
+    Normalize recorded (applied on read), so `--pooling model` (the default) can add texts to it."""
     from headstore.featurize.maintain import migrate_store
 
-    summary = migrate_store(path)
+    summary = migrate_store(path, model)
     click.echo(json.dumps(summary, indent=2))
 
 

@@ -13,15 +13,16 @@ from dataclasses import dataclass
 DTYPES = ("float16", "float32")
 DEVICES = ("auto", "cpu", "cuda")
 PRECISIONS = ("auto", "fp32", "bf16")
-POOLING_NAMES = ("cls", "max", "mean")  # featurize.pooling.POOLINGS implements each (torch-free names: the CLI)
+POOLING_NAMES = ("cls", "max", "mean", "model")  # model: the model's own modules (featurize.sentence); the rest override
 
 
 @dataclass(frozen=True)
 class FeaturizeConfig:
     # `minilm` (the offline all-MiniLM-L6-v2), a local HF model dir, or a Hub id.
     model: str = "minilm"
-    # mean pooling is what sentence-transformers models such as MiniLM were trained with.
-    pooling: str = "mean"
+    # model: the sentence embedding the model's authors configured (modules.json: Pooling, Dense, Normalize),
+    # mask-aware mean pooling for a plain checkpoint; mean|cls|max override it (featurize.sentence).
+    pooling: str = "model"
     # hidden-state layers to store; -1 (the last) is what every head uses by default.
     layers: tuple[int, ...] = (-1,)
     # None: the model's own (sentence_bert_config max_seq_length, else tokenizer max up to 512).

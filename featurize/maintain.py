@@ -1,4 +1,10 @@
-"""`cli store migrate` (format 1 -> 2, in place) and `cli store compact` (merge small texts parts).
+"""`cli store migrate` (format 1 -> 2, in place; a model's Normalize recorded) and `cli store compact` (merge
+small texts parts).
+
+A store of a sentence-transformers model's mean-pooled features made before `--pooling model` existed (MiniLM:
+mean pooling then Normalize) becomes that model's `--pooling model` store by recording the Normalize, which is
+applied on read: the manifest is rewritten (atomically) with `normalize` and a new fingerprint, no row is
+encoded again (`_record_normalize`).
 
 Migrate builds the format-2 store beside the old files, in `S/.migrate.incomplete/`: one texts part
 holding every committed row, and each array copied shard by shard into a new array whose chunks
@@ -16,6 +22,7 @@ writer removes). Reads are correct with or without it; it only bounds the number
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 from pathlib import Path
@@ -25,32 +32,69 @@ import polars as pl
 import zarr
 
 from headstore.data.files import fsync_dir
+from headstore.featurize.model import model_identity
+from headstore.featurize.sentence import SentenceSpec, read_model_spec
 from headstore.featurize.store import (LEGACY_TEXTS, MANIFEST, TEXTS_DIR, TEXTS_SCHEMA, StoreError,
-                                       check_part, format_version, read_manifest, shard_rows_of)
+                                       check_part, fingerprint_of, format_version, read_manifest, shard_rows_of)
 from headstore.featurize.writer import (StoreWriter, acquire_lock, create_array, fsync_rows,
                                         new_manifest, write_manifest, write_part)
 
 STAGING, READY, OLD = ".migrate.incomplete", ".migrate.ready", ".migrate.old"
 
 
-def migrate_store(path: str | Path) -> dict:
-    """Convert a format-1 store to format 2 in place; a no-op summary for a format-2 store."""
+def migrate_store(path: str | Path, model: str | None = None) -> dict:
+    """Convert a format-1 store to format 2 in place, then record the model's Normalize where the store
+    holds a sentence-transformers model's mean-pooled features from before `--pooling model` (a no-op
+    summary for a store that needs neither)."""
     path = Path(path)
     lock = acquire_lock(path) if (path / MANIFEST).is_file() else None
     if lock is None:
         read_manifest(path)  # the StoreError for "not a store"
     try:
         manifest = read_manifest(path)
-        if format_version(manifest) == 2 and not (path / READY).exists():
-            return {"store": str(path), "format_version": 2, "migrated": False}
-        if not (path / READY).exists():
-            _stage(path, manifest)
-        _swap_in(path)
-        return {"store": str(path), "format_version": 2, "migrated": True,
-                "n_texts": read_manifest(path)["n_texts"]}
+        summary = {"store": str(path), "format_version": 2, "migrated": False}
+        if format_version(manifest) != 2 or (path / READY).exists():
+            if not (path / READY).exists():
+                _stage(path, manifest)
+            _swap_in(path)
+            summary.update(migrated=True, n_texts=read_manifest(path)["n_texts"])
+        summary["normalize_recorded"] = _record_normalize(path, read_manifest(path), model)
+        return summary
     finally:
         if lock is not None:
             lock.release()
+
+
+def _record_normalize(path: Path, manifest: dict, model: str | None) -> bool:
+    """Record a model's final Normalize (applied on read, featurize.sentence) in a store of its plain
+    mean-pooled features: only when the model the store names (its config.json `model`, else `model`) has the
+    store's weights and tokenizer and its modules are exactly mean pooling then Normalize. The stored numbers
+    stay; the manifest (and so the fingerprint) changes, atomically."""
+    if manifest.get("pooling") != "mean" or any(k in manifest for k in ("normalize", "dense", "include_prompt")):
+        return False
+    name = model or _featurized_with(path) or manifest.get("model_id")
+    try:
+        identity = model_identity(name, int(manifest["max_length"]))
+    except (ValueError, FileNotFoundError) as err:
+        raise StoreError(f"{path}: cannot find the model the store was made with ({err}); give --model") from None
+    if (identity.weights_hash, identity.tokenizer_hash) != (manifest["weights_hash"], manifest["tokenizer_hash"]):
+        raise StoreError(f"{path}: {name} is not the model the store was made with (weights or tokenizer hash "
+                         "differ); give --model with that model")
+    spec = read_model_spec(Path(identity.model_dir))
+    if spec is None or spec != SentenceSpec(("mean",), normalize=True):
+        return False  # not a mean-then-Normalize model: its mean-pooled store is already what it is
+    arrays = {n: {**a, "normalize": True} if a.get("layer") == -1 else a for n, a in manifest["arrays"].items()}
+    parts = {**manifest, **spec.parts()}
+    write_manifest(path, {**manifest, **spec.parts(), "arrays": arrays, "fingerprint": fingerprint_of(parts)})
+    return True
+
+
+def _featurized_with(path: Path) -> str | None:
+    config = path / "config.json"
+    try:
+        return json.loads(config.read_text()).get("model") if config.is_file() else None
+    except (OSError, json.JSONDecodeError):
+        return None
 
 
 def _stage(path: Path, manifest: dict) -> None:

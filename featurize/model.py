@@ -239,9 +239,18 @@ def check_options(name: str, max_length: int | None, layers) -> tuple[ModelIdent
         raise ValueError(f"--max-length {identity.max_length} is more than {name}'s position limit "
                          f"of {limit} tokens ({config_file}: max_position_embeddings "
                          f"{config.get('max_position_embeddings')}); give --max-length {limit} or less")
-    n_layers = int(config.get("num_hidden_layers", 0))
+    n_layers = int(_config_value(config, "num_hidden_layers", "n_layers") or 0)
     for layer in layers:
         if not -(n_layers + 1) <= layer <= n_layers:
             raise ValueError(f"layer {layer} out of range for a {n_layers}-layer model "
                              f"(valid {-(n_layers + 1)}..{n_layers}; 0 = embeddings, -1 = last)")
-    return identity, int(config["hidden_size"])
+    hidden = _config_value(config, "hidden_size", "dim", "d_model")
+    if hidden is None:
+        raise ValueError(f"{config_file}: no hidden size (hidden_size, dim or d_model); cannot size the store")
+    return identity, int(hidden)
+
+
+def _config_value(config: dict, *names: str):
+    """The first of `names` a config.json has (architectures name one setting differently: DistilBERT's
+    `dim` and `n_layers` are BERT's hidden_size and num_hidden_layers)."""
+    return next((config[n] for n in names if n in config), None)

@@ -32,6 +32,8 @@ from headstore.featurize.encode import (CODE_VERSION, Batch, Tokenized, encode_b
 from headstore.featurize.ids import IdSet, digests, first_occurrences, keys_of_digests, keys_of_hex
 from headstore.featurize.hardware import warn_if_emulated_bf16
 from headstore.featurize.model import check_options, load_encoder, model_identity, pick_device
+from headstore.featurize.pooling import Pooler
+from headstore.featurize.sentence import SentenceSpec, resolve_spec, sentence_dim
 from headstore.featurize.source import all_chunks, open_sources, windows
 from headstore.featurize.store import (MANIFEST, FeatureStore, StoreError, array_names,
                                        check_fingerprint, stored_ids)
@@ -42,8 +44,9 @@ def fingerprint_parts(config: FeaturizeConfig, device: str | None = None) -> dic
     """The fingerprint parts of a run with this config (hashes are cached: cheap to repeat)."""
     identity = model_identity(config.model, config.max_length)
     device = device or pick_device(config.device)
+    spec = resolve_spec(config.pooling, identity.model_dir)
     return {"model_id": identity.model_id, "weights_hash": identity.weights_hash,
-            "tokenizer_hash": identity.tokenizer_hash, "pooling": config.pooling,
+            "tokenizer_hash": identity.tokenizer_hash, **spec.parts(),
             "layers": list(config.layers), "max_length": identity.max_length,
             "dtype": config.dtype, "precision": config.resolved_precision(device),
             "code_version": CODE_VERSION}
@@ -83,8 +86,9 @@ class Plan:
     def make(cls, config: FeaturizeConfig, store_path: str | Path, device: str | None = None) -> "Plan":
         store_path = Path(store_path)
         device = device or pick_device(config.device)
-        _, dim = check_options(config.model, config.max_length, config.layers)
+        _, hidden = check_options(config.model, config.max_length, config.layers)
         parts = fingerprint_parts(config, device)
+        dim = sentence_dim(SentenceSpec.from_parts(parts), hidden, config.layers)
         warn_if_emulated_bf16(parts["precision"], device)  # one line on stderr where bf16 is emulated
         if store_path.exists() and (not store_path.is_dir() or (
                 any(store_path.iterdir()) and not (store_path / MANIFEST).is_file())):
@@ -290,10 +294,11 @@ def encode_in_plan_order(config: FeaturizeConfig, encoder, device: str, ids: lis
                                   batch_overhead_tokens=config.resolved_batch_overhead(device),
                                   attention_width=6 * encoder.model.config.hidden_size)
     pad_id = encoder.tokenizer.pad_token_id or 0
+    pooler = Pooler.of(resolve_spec(config.pooling, encoder.identity.model_dir), encoder.identity.model_dir)
     # CPU: collate inline (the cores are busy with the forward); GPU: in a background thread
     depth = 4 if device == "cuda" else 0
     for batch in prefetch_batches(tok, order, batches, pad_id, pin=device == "cuda", depth=depth):
-        pooled = encode_batch(encoder, batch, config.pooling, config.layers, precision)  # [(B, D)]
+        pooled = encode_batch(encoder, batch, pooler, config.layers, precision)  # [(B, D)]
         feats = {name: p.to(torch.float32).cpu().numpy().astype(np_dtype, copy=False)
                  for name, p in zip(names, pooled)}
         yield order[batch.start: batch.start + batch.input_ids.shape[0]], feats, tok, batch

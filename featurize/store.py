@@ -44,6 +44,9 @@ LOCK = ".lock"
 FORMAT_VERSION = 2
 FINGERPRINT_PARTS = ("model_id", "weights_hash", "tokenizer_hash", "pooling", "layers",
                      "max_length", "dtype", "precision", "code_version")
+# parts present only where they differ from what stores had before them (so those stores keep their
+# fingerprint): the model's sentence modules (featurize.sentence) and the roles' prompts
+OPTIONAL_PARTS = ("include_prompt", "dense", "normalize", "prompts")
 TEXTS_SCHEMA = {"text_id": pl.String, "text": pl.String, "row": pl.Int64,
                 "n_tokens": pl.Int32, "truncated": pl.Boolean}
 PLAIN_ID = f"^[0-9a-fA-F]{{{2 * TEXT_ID_BYTES}}}$"  # a text id as stored (hex of 16 bytes)
@@ -55,9 +58,20 @@ class StoreError(ValueError):
 
 def fingerprint_of(parts: dict) -> str:
     """sha256 of the canonical JSON (sorted keys, no spaces) of the fingerprint parts."""
-    canonical = json.dumps({k: parts[k] for k in FINGERPRINT_PARTS}, sort_keys=True,
-                           separators=(",", ":"))
+    chosen = {k: parts[k] for k in FINGERPRINT_PARTS} | {k: parts[k] for k in OPTIONAL_PARTS if k in parts}
+    canonical = json.dumps(chosen, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def unit_rows(x: np.ndarray) -> np.ndarray:
+    """Rows scaled to unit L2 norm in place (float32): the model's final Normalize, applied on read."""
+    x /= np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-12)
+    return x
+
+
+def normalized_arrays(manifest: dict) -> set[str]:
+    """The arrays of a store read through the model's Normalize."""
+    return {name for name, info in manifest.get("arrays", {}).items() if isinstance(info, dict) and info.get("normalize")}
 
 
 def array_names(layers: Sequence[int]) -> dict[str, int]:
@@ -267,6 +281,8 @@ class FeatureStore:
                 out = np.asarray(block, dtype=np.float32)[inverse]
         except Exception as err:
             raise StoreError(self._which_shard_failed(arr, array_path, wanted, err)) from None
+        if self.manifest["arrays"][array].get("normalize"):  # the model's final Normalize (featurize.sentence)
+            out = unit_rows(out)
         finite = np.isfinite(out).all(axis=1)
         if not finite.all():
             bad_rows = wanted[~finite]
@@ -335,11 +351,15 @@ def check_fingerprint(path: Path, manifest: dict, parts: dict) -> None:
     """StoreError naming every differing part when the store was made with other settings."""
     if manifest["fingerprint"] == fingerprint_of(parts):
         return
-    diffs = [f"{k}: store has {manifest.get(k)!r}, this run has {parts[k]!r}"
-             for k in FINGERPRINT_PARTS if manifest.get(k) != parts[k]]
+    diffs = [f"{k}: store has {manifest.get(k)!r}, this run has {parts.get(k)!r}"
+             for k in (*FINGERPRINT_PARTS, *OPTIONAL_PARTS) if manifest.get(k) != parts.get(k)]
+    hint = ""
+    if {d.split(":")[0] for d in diffs} == {"normalize"} and manifest.get("pooling") == "mean":
+        hint = ("\nthe store holds this model's mean-pooled features from before --pooling model applied its "
+                f"Normalize: `cli store migrate {path}` records the Normalize (no encoding), or give --pooling mean")
     raise StoreError(f"{path}: fingerprint mismatch, refusing to mix features; differing parts:\n  "
                      + "\n  ".join(diffs or ["(manifest parts do not hash to its fingerprint)"])
-                     + "\nuse another --store, or the store's settings")
+                     + (hint or "\nuse another --store, or the store's settings"))
 
 
 def stored_ids(store: FeatureStore) -> IdSet:

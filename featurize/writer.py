@@ -26,7 +26,7 @@ from filelock import FileLock, Timeout
 from zarr.codecs import Crc32cCodec
 
 from headstore.data.files import atomic_write_bytes, atomic_write_parquet, fsync_dir
-from headstore.featurize.store import (FINGERPRINT_PARTS, FORMAT_VERSION, LOCK, MANIFEST, TEXTS_DIR,
+from headstore.featurize.store import (FINGERPRINT_PARTS, FORMAT_VERSION, LOCK, MANIFEST, OPTIONAL_PARTS, TEXTS_DIR,
                                        TEXTS_SCHEMA, StoreError, array_names, check_fingerprint,
                                        crash_point, fingerprint_of, format_version, read_manifest,
                                        shard_file, shard_rows_of)
@@ -184,7 +184,7 @@ class StoreWriter:
 
 def new_manifest(parts: dict, dim: int, arrays: dict, chunk_rows: int, shard_rows: int) -> dict:
     return {"format_version": FORMAT_VERSION, "fingerprint": fingerprint_of(parts),
-            **{k: parts[k] for k in FINGERPRINT_PARTS},
+            **{k: parts[k] for k in FINGERPRINT_PARTS}, **{k: parts[k] for k in OPTIONAL_PARTS if k in parts},
             "arrays": arrays, "dim": dim, "chunk_rows": chunk_rows, "shard_rows": shard_rows,
             "n_texts": 0, "next_part": 0, "parts": []}
 
@@ -211,6 +211,8 @@ def _create(path: Path, parts: dict, dim: int, chunk_rows: int, shard_rows: int)
         for name, layer in array_names(parts["layers"]).items():
             create_array(tmp / f"{name}.zarr", dim, parts["dtype"], chunk_rows, shard_rows)
             arrays[name] = {"path": f"{name}.zarr", "layer": layer}
+            if parts.get("normalize") and layer == -1:  # the model's Normalize: on the last layer, on read
+                arrays[name]["normalize"] = True
         (tmp / TEXTS_DIR).mkdir()
         write_manifest(tmp, new_manifest(parts, dim, arrays, chunk_rows, shard_rows))
         crash_point("table_written")

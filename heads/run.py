@@ -40,6 +40,14 @@ from headstore.heads.train import train_one
 # fingerprint parts that change the numbers of a feature (the layer of the head's array is checked apart)
 FEATURE_PARTS = ("model_id", "weights_hash", "tokenizer_hash", "pooling", "max_length", "dtype", "precision",
                  "code_version")
+# parts a store has only where set (featurize.sentence, prompts): absent on both sides = equal
+SENTENCE_PARTS = ("include_prompt", "dense", "normalize", "prompts")
+
+
+def normalizes(config: dict) -> bool:
+    """A head whose normaliser ends in L2 sees the same features whether or not the store applies the model's
+    Normalize on read (a store migrated by `cli store migrate` keeps its heads valid)."""
+    return TrainConfig.from_dict(config["train"]).normalize == "l2" and config.get("head", {}).get("mix", 1) == 1
 
 
 def _array_layer(store: FeatureStore, array: str):
@@ -183,6 +191,8 @@ def check_same_features(head_dir: str, config: dict, store: FeatureStore, array:
                          f"{store.dim}-dim features (evaluate it on the store it was trained on)")
     differs = [f"{k}: {trained[k]!r} vs {here.get(k)!r}" for k in FEATURE_PARTS
                if k in trained and trained[k] != here.get(k)]
+    differs += [f"{k}: {trained.get(k)!r} vs {here.get(k)!r}" for k in SENTENCE_PARTS if trained.get(k) != here.get(k)
+                and not (k == "normalize" and normalizes(config))]
     layer = _array_layer(store, array)
     trained_layer = config.get("array_layer")
     if trained_layer is None and "layers" in trained and array == "features":  # configs before array_layer

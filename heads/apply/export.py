@@ -28,6 +28,7 @@ import torch
 
 from headstore.data.files import atomic_write_json
 from headstore.featurize.model import model_identity
+from headstore.featurize.sentence import SentenceSpec
 from headstore.featurize.store import array_names
 from headstore.heads.apply.pipeline import check_encoder, encoder_source
 from headstore.heads.head import Head
@@ -182,7 +183,7 @@ def export_sentence_transformers(head: Head, out: Path, model: str | None = None
     """Write a SentenceTransformer directory at `out` (stock modules only); returns a summary."""
     try:  # here: sentence-transformers is an optional extra (headstore[export])
         from sentence_transformers import SentenceTransformer
-        from sentence_transformers.sentence_transformer.modules import Pooling, Transformer
+        from sentence_transformers.sentence_transformer.modules import Transformer
     except ImportError:
         raise ValueError("export to sentence-transformers needs it installed: pip install 'headstore[export]'") from None
     parts = head.store_manifest
@@ -199,9 +200,9 @@ def export_sentence_transformers(head: Head, out: Path, model: str | None = None
     if layer not in (-1, n_layers):
         raise ValueError(f"{head.source} was trained on layer {layer} ({head.array}); a sentence-transformers "
                          "Transformer module gives the last layer only; export refused")
-    pooling = Pooling(transformer.get_embedding_dimension(), pooling_mode=parts["pooling"])
     body = ensemble_modules(head) if hasattr(head, "members") else [*normalizer_modules(head), *head_modules(head)]
-    modules = [transformer, pooling, *body]
+    modules = [transformer, *sentence_modules(SentenceSpec.from_parts(parts), model_dir,
+                                              transformer.get_embedding_dimension()), *body]
     st = SentenceTransformer(modules=modules, device="cpu",
                              similarity_fn_name=SIMILARITY[head.energy_name])
     out.mkdir(parents=True, exist_ok=True)
@@ -218,6 +219,19 @@ def export_sentence_transformers(head: Head, out: Path, model: str | None = None
                "load": f"SentenceTransformer({str(out)!r})"}
     atomic_write_json(out / "headstore_export.json", {**summary, "head_config": head.config}, sort_keys=True)
     return summary
+
+
+def sentence_modules(spec: SentenceSpec, model_dir: str, dim: int) -> list:
+    """The store's sentence embedding as stock modules: Pooling (its modes, include_prompt), the model's Dense
+    layers (loaded by sentence-transformers from the model directory, safetensors only), Normalize."""
+    from sentence_transformers.base.modules.dense import Dense
+    from sentence_transformers.base.modules.normalize import Normalize
+    from sentence_transformers.sentence_transformer.modules import Pooling
+
+    modes = spec.modes[0] if len(spec.modes) == 1 else spec.modes
+    modules = [Pooling(dim, pooling_mode=modes, include_prompt=spec.include_prompt)]
+    modules += [Dense.load(str(Path(model_dir) / d.path)) for d in spec.dense]
+    return modules + ([Normalize()] if spec.normalize else [])
 
 
 def _array_names(parts: dict) -> list[str]:

@@ -32,7 +32,8 @@ from transformers import AutoModel, AutoTokenizer
 
 from headstore.data.files import atomic_write_json
 from headstore.featurize.model import model_identity, pick_device, resolve_model
-from headstore.featurize.pooling import pooled_forward
+from headstore.featurize.pooling import Pooler, pooled_forward
+from headstore.featurize.sentence import SentenceSpec
 from headstore.featurize.store import FeatureStore, fingerprint_of
 from headstore.featurize.tuning.checkpoint import copy_sidecars
 from headstore.featurize.tuning.mlm_head import HEAD_FILE
@@ -134,12 +135,15 @@ def _pick_device(name: str) -> torch.device:
     return torch.device(pick_device(name))
 
 
-def _embed_texts(model, tokenizer, texts: list[str], max_length: int, pooling: str, layer: int, norm, head,
+def _embed_texts(model, tokenizer, texts: list[str], max_length: int, pooler: Pooler, layer: int, norm, head,
                  device: torch.device, use_bf16: bool) -> torch.Tensor:
-    """texts -> head outputs (1, B, d): the shared encode-and-pool step -> Normalizer -> head."""
+    """texts -> head outputs (1, B, d): the shared encode-and-pool step (the store's sentence embedding, its
+    Normalize as the store is read) -> Normalizer -> head."""
     enc = tokenizer(texts, padding=True, truncation=True, max_length=max_length, return_tensors="pt")
-    pooled = pooled_forward(model, enc["input_ids"].to(device), enc["attention_mask"].to(device), pooling,
+    pooled = pooled_forward(model, enc["input_ids"].to(device), enc["attention_mask"].to(device), pooler,
                             (layer,), "bf16" if use_bf16 else "fp32")[0]  # (B, D) float32
+    if pooler.spec.normalize and layer == -1:
+        pooled = torch.nn.functional.normalize(pooled, dim=-1)
     return head(norm(pooled))  # (1, B, d)
 
 
@@ -172,8 +176,9 @@ def finetune(head_dir: str, out_dir: str, cfg: FinetuneConfig, store_path: str |
     negatives = _negatives(src, cfg)
     text_of = src.store.texts.sort("row")["text"].to_list()
     use_bf16 = cfg.bf16 and device.type == "cuda"
+    pooler = Pooler.of(SentenceSpec.from_parts(src.parts), model_dir)
     embed = lambda rows: _embed_texts(model, tokenizer, [text_of[r] for r in rows.tolist()],  # noqa: E731
-                                      int(src.parts["max_length"]), src.parts["pooling"], src.layer, norm, head,
+                                      int(src.parts["max_length"]), pooler, src.layer, norm, head,
                                       device, use_bf16)
     history, unfrozen_at, steps = _train(src, cfg, blocks, head, opt, embed, negatives, progress)
     return _write_outputs(Path(out_dir), model, tokenizer, Path(model_dir), head, norm, head_dir, head_config,

@@ -27,7 +27,9 @@ from tqdm.auto import tqdm
 
 from headstore.featurize.encode import CODE_VERSION, Batch, collate, encode_batch, tokenize
 from headstore.featurize.model import load_encoder, model_identity
-from headstore.featurize.store import array_names, fingerprint_of
+from headstore.featurize.pooling import Pooler
+from headstore.featurize.sentence import SentenceSpec
+from headstore.featurize.store import array_names, fingerprint_of, unit_rows
 from headstore.heads.energy import pairwise_energy
 from headstore.heads.features import array_list
 from headstore.heads.head import Head
@@ -79,13 +81,15 @@ class Pipeline:
     def __init__(self, encoder, head: Head, model_source: str):
         parts = head.store_manifest
         self.encoder, self.head, self.model_source = encoder, head, model_source
-        self.pooling = parts["pooling"]
+        self.spec = SentenceSpec.from_parts(parts)
+        self.pooler = Pooler.of(self.spec, encoder.identity.model_dir)
         names = array_names(parts["layers"])
         unknown = [a for a in array_list(head.array) if a not in names]
         if unknown:
             raise ValueError(f"{head.source}: array {unknown[0]!r} is not one of the store's {sorted(names)}")
         self.layers = tuple(names[a] for a in array_list(head.array))  # a mixing head takes several, side by side
         self.layer = self.layers[0]
+        self.normalized = [self.spec.normalize and layer == -1 for layer in self.layers]  # read as the store reads
         self.precision = parts.get("precision", "fp32")
         self.store_dtype = np.dtype(parts["dtype"])
         self.max_length = int(parts["max_length"])
@@ -101,7 +105,7 @@ class Pipeline:
         return cls(encoder, head, name)
 
     def __repr__(self) -> str:
-        return (f"Pipeline({self.model_source!r}, {self.pooling} pooling, layer {self.layer if len(self.layers) == 1 else list(self.layers)}, "
+        return (f"Pipeline({self.model_source!r}, {self.spec.describe()}, layer {self.layer if len(self.layers) == 1 else list(self.layers)}, "
                 f"max_length {self.max_length}, {self.precision}, head {self.head!r})")
 
     def features(self, texts: Sequence[str], batch_size: int = 32, progress: bool = False) -> np.ndarray:
@@ -124,9 +128,10 @@ class Pipeline:
             idx = order[start:start + batch_size]
             input_ids, mask = collate([tok.ids[i] for i in idx], pad_id, pin=False)
             batch = Batch(start, input_ids, mask, int(tok.n_tokens[idx].sum()))
-            pooled = encode_batch(self.encoder, batch, self.pooling, self.layers, self.precision)  # L x (B, D)
-            pooled = torch.cat(list(pooled), dim=-1)  # (B, L * D)
-            out[idx] = pooled.cpu().numpy().astype(self.store_dtype).astype(np.float32)
+            pooled = encode_batch(self.encoder, batch, self.pooler, self.layers, self.precision)  # L x (B, D)
+            rows = [p.cpu().numpy().astype(self.store_dtype).astype(np.float32) for p in pooled]  # the store's dtype
+            rows = [unit_rows(r) if unit else r for r, unit in zip(rows, self.normalized)]  # as the store is read
+            out[idx] = np.concatenate(rows, axis=1)  # (B, L * D)
             bar.update(batch.n_real_tokens)
         bar.close()
         return out

@@ -1,5 +1,7 @@
-"""The real all-MiniLM-L6-v2 (offline package): stored float32 features equal a plain
-transformers mean-pooling reference. Skipped when the package is not installed."""
+"""The real all-MiniLM-L6-v2 (offline package): stored float32 features equal a plain transformers
+mean-pooling reference (`--pooling mean`), and that reference L2-normalised, which is what
+SentenceTransformer.encode gives, under `--pooling model` (the default: MiniLM's modules are mean pooling then
+Normalize). Skipped when the package is not installed."""
 
 from __future__ import annotations
 
@@ -24,7 +26,7 @@ TEXTS = ["A man is playing a guitar.", "The cat sat on the mat.", "ok",
 def test_minilm_features_match_plain_transformers(tmp_path):
     from transformers import AutoModel, AutoTokenizer
 
-    summary = featurize_texts(FeaturizeConfig(model="minilm", dtype="float32", device="cpu"),
+    summary = featurize_texts(FeaturizeConfig(model="minilm", pooling="mean", dtype="float32", device="cpu"),
                               TEXTS, tmp_path / "s")
     assert summary["max_length"] == 256 and summary["n_truncated"] == 1
     store = FeatureStore.open(tmp_path / "s")
@@ -40,3 +42,13 @@ def test_minilm_features_match_plain_transformers(tmp_path):
     expected = ((hidden * mask).sum(1) / mask.sum(1)).numpy()
     assert got.shape == (5, 384)
     assert np.abs(got - expected).max() < 1e-4
+
+    featurize_texts(FeaturizeConfig(model="minilm", dtype="float32", device="cpu"), TEXTS, tmp_path / "model")
+    store = FeatureStore.open(tmp_path / "model")
+    assert store.manifest["pooling"] == "mean" and store.manifest["normalize"] is True
+    unit = store.features()[store.rows_for(text_ids(TEXTS))]
+    np.testing.assert_allclose(unit, expected / np.linalg.norm(expected, axis=1, keepdims=True), rtol=0, atol=1e-5)
+    from sentence_transformers import SentenceTransformer
+
+    reference = SentenceTransformer(path, device="cpu").encode(TEXTS, convert_to_numpy=True)
+    assert np.abs(unit - reference).max() <= 1e-5
