@@ -19,8 +19,8 @@ from pathlib import Path
 
 import polars as pl
 import torch
-from tqdm.auto import tqdm
 
+from headstore.data.progress import progress_bar
 from headstore.data.files import atomic_write_json, atomic_write_text
 from headstore.data.outputs import prepare_output_dir
 from headstore.data.tables import read_utf8
@@ -91,7 +91,7 @@ def run_grid(store_path: str, data_path: str, grid_path: str, out_dir: str, data
         print(plan_summary(groups, skipped, len(rows), task))
     rows += skipped
     runner = StackRunner(out, task, tf, store_path, data_path, data_format, ood, selection, score_split)
-    bar = tqdm(total=sum(len(items) for items in groups.values()), desc="grid heads", disable=not progress)
+    bar = progress_bar(total=sum(len(items) for items in groups.values()), desc="grid heads", disable=not progress)
     for (_, _, array), items in groups.items():
         rows += runner.train(items, array, progress)
         write_results(out, old_rows + rows)
