@@ -106,6 +106,14 @@ def main(debug):
 @click.option("--pooling", type=click.Choice(sorted(POOLING_NAMES)), default="model", show_default=True,
               help="model: the model's own sentence embedding (modules.json: Pooling, Dense, Normalize; mean pooling "
                    "for a plain checkpoint); mean|cls|max: that pooling of the encoder's tokens instead.")
+@click.option("--query-prompt", default=None,
+              help="Prompt prepended to texts in the query role (BEIR queries; pairs anchors with --pair-roles "
+                   "query-document). Default: the model's prompt named query, else its default_prompt_name's, else none.")
+@click.option("--document-prompt", default=None,
+              help="Prompt prepended to texts in the document role (corpora, STS, symmetric pairs, labelled texts). "
+                   "Default: the model's prompt named document/passage/corpus, else its default_prompt_name's, else none.")
+@click.option("--prompt-name", default=None,
+              help="One of the model's own prompts (config_sentence_transformers.json) for both roles.")
 @click.option("--layers", default="-1", show_default=True,
               help="Comma-separated hidden layers, e.g. -1,-4; the first is `features`.")
 @click.option("--dtype", type=click.Choice(["float16", "float32"]), default="float16",
@@ -127,8 +135,9 @@ def main(debug):
 @click.option("--gpus-per-worker", type=float, default=0.0, show_default=True,
               help="--engine ray: GPUs per actor (0: CPU actors).")
 @label_options
-def featurize(model, data_paths, formats, store, pooling, layers, dtype, max_length, batch_tokens,
-              precision, device, engine, address, workers, gpus_per_worker, **label_settings):
+def featurize(model, data_paths, formats, store, pooling, query_prompt, document_prompt, prompt_name, layers, dtype,
+              max_length, batch_tokens, precision, device, engine, address, workers, gpus_per_worker,
+              **label_settings):
     """Encode every text of the datasets that STORE does not hold yet (a no-op when none are new)."""
     from headstore.featurize.config import FeaturizeConfig, parse_layers
     from headstore.featurize.model import pick_device
@@ -137,7 +146,8 @@ def featurize(model, data_paths, formats, store, pooling, layers, dtype, max_len
     if batch_tokens is None:
         on_gpu = gpus_per_worker > 0 if engine == "ray" else pick_device(device) == "cuda"
         batch_tokens = 65536 if on_gpu else FeaturizeConfig.batch_tokens
-    config = FeaturizeConfig(model=model, pooling=pooling, layers=parse_layers(layers),
+    config = FeaturizeConfig(model=model, pooling=pooling, query_prompt=query_prompt, document_prompt=document_prompt,
+                             prompt_name=prompt_name, layers=parse_layers(layers),
                              max_length=max_length, dtype=dtype, batch_tokens=batch_tokens,
                              precision=precision, device=device)
     if any(label_settings.values()):  # labelled texts: the options apply to every --data

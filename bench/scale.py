@@ -154,7 +154,7 @@ def minilm(out: Path, data: Path, workers: int) -> list[dict]:
                      "commit_share": round(s["commit_seconds_total"] / max(s["seconds"], 1e-9), 4),
                      "n_commits": s["n_commits"], "load_before": round(load, 2)})
         print(json.dumps(rows[-1]), flush=True)
-    texts = [t for chunk in all_chunks(open_sources([data / "scifact", data / "stsb"], None)) for t in chunk]
+    texts = [t for chunk in all_chunks(open_sources([data / "scifact", data / "stsb"], None)) for t in chunk[1]]
     ids = list(dict.fromkeys(text_ids(texts)))
     a, b = FeatureStore.open(stores["local"]), FeatureStore.open(stores["ray"])
     diff = float(np.abs(a.features(a.rows_for(ids)) - b.features(b.rows_for(ids))).max())

@@ -1,7 +1,8 @@
 """One entry point for every dataset: detect its format, read it, list the texts it needs encoded.
 
 ``load_dataset(path)`` accepts a file or a folder. A folder is a BEIR dataset when it holds
-``corpus.jsonl``; otherwise it must hold exactly one data file (Parquet/CSV/TSV/JSONL, else a single
+``corpus.jsonl``; a folder written by Hugging Face ``datasets.save_to_disk`` (data.hf) is read as a table of
+its columns (a DatasetDict's splits as the split column); otherwise it must hold exactly one data file (Parquet/CSV/TSV/JSONL, else a single
 .txt that is not a README/LICENSE), which is then read — so ``datasets/stsb`` (stsb.parquet beside
 README.md and LICENSE.txt) works, and a folder with several data files asks for one to be named.
 """
@@ -14,6 +15,7 @@ from typing import Callable
 
 import polars as pl
 
+from headstore.data.hf import is_hf_dataset_dir
 from headstore.data.labels import LabelSpec, is_label_format, read_labels_counted
 from headstore.data.readers import (TEXT_FILE_SUFFIXES, BeirData, pair_columns, read_beir, read_pairs,
                                     read_sts_ranged, read_text_counted, string_columns)
@@ -68,7 +70,7 @@ def resolve_data_path(path: str | Path) -> Path:
         return path
     if not path.is_dir():
         raise FileNotFoundError(f"{path}: no such file or folder (check the --data path)")
-    if (path / "corpus.jsonl").is_file():
+    if (path / "corpus.jsonl").is_file() or is_hf_dataset_dir(path):  # BEIR, or a datasets.save_to_disk folder
         return path
     files = sorted(p for p in path.iterdir() if p.is_file())
     tables = [p for p in files if p.suffix.lower() in TABLE_SUFFIXES]
@@ -91,7 +93,8 @@ def _format_from_columns(columns: list[str], path: Path) -> str:
         return "pairs"
     if {"text", "label"} <= set(columns):
         return "labels"
-    if path.suffix.lower() == ".parquet" and ("text" in columns or len(string_columns(path)) == 1):
+    if (path.suffix.lower() == ".parquet" or is_hf_dataset_dir(path)) and (
+            "text" in columns or len(string_columns(path)) == 1):
         return "text"
     raise ValueError(f"{path}: cannot tell the format from its columns ({', '.join(columns)}): "
                      "sts needs sentence1, sentence2, score; pairs needs anchor, positive; "
@@ -101,6 +104,8 @@ def _format_from_columns(columns: list[str], path: Path) -> str:
 def detect_format(path: str | Path) -> str:
     """The format name (a key of ``FORMATS``) of a file or folder; ValueError when it is unclear."""
     resolved = resolve_data_path(path)
+    if is_hf_dataset_dir(resolved):
+        return _format_from_columns(table_columns(resolved), resolved)
     if resolved.is_dir():
         return "beir"
     suffix = resolved.suffix.lower()
@@ -120,6 +125,7 @@ class Dataset:
     skipped: int = 0  # rows skipped as empty (read_text on Parquet, labels); 0 for the other formats
     score_range: tuple[float, float] | None = None  # sts: the scale of `score` (declared or detected)
     spec: object | None = None  # labels: the LabelSpec it was read with (columns, hierarchy)
+    pair_roles: str = "symmetric"  # pairs: symmetric, or query-document (anchor = query, the rest documents)
     _texts: list[str] | None = field(default=None, repr=False)
 
     @property
@@ -167,6 +173,29 @@ class Dataset:
             self._texts = list(dict.fromkeys(t for part in parts for t in part))
         return self._texts
 
+    def role_of(self, column: str) -> str:
+        """The role (data.text_id.ROLES) a column's texts are encoded in: BEIR queries are queries and its
+        corpus documents; a pairs table read as query-document has query anchors; everything else is
+        symmetric and takes the document role (the plain one: most instruction models prompt queries only)."""
+        if column == "queries" or (column == "anchor" and self.pair_roles == "query-document"):
+            return "query"
+        return "document"
+
+    def texts_by_role(self) -> dict[str, list[str]]:
+        """`texts()` split by role: {"document": [...], "query": [...]} (each unique, in order)."""
+        if self.kind == "beir":
+            corpus = self.frames["corpus"]
+            by_column = {"corpus": [doc_text(t, x) for t, x in zip(corpus["title"], corpus["text"])],
+                         "queries": self.frames["queries"]["text"].to_list()}
+        elif self.kind == "pairs":
+            by_column = {c: self.frame[c].to_list() for c in ("anchor", "positive", "negative") if c in self.frame.columns}
+        else:
+            return {"document": self.texts(), "query": []}
+        out: dict[str, list[str]] = {"document": [], "query": []}  # documents first, as texts() lists them
+        for column, texts in by_column.items():
+            out[self.role_of(column)].extend(texts)
+        return {role: list(dict.fromkeys(texts)) for role, texts in out.items()}
+
 
 def load_dataset(path: str | Path, format: str | None = None, score_range=None) -> Dataset:
     """Read the dataset at ``path`` (file or folder), detecting its format unless given.
@@ -176,6 +205,7 @@ def load_dataset(path: str | Path, format: str | None = None, score_range=None) 
     is an error naming its row."""
     path = Path(path)
     spec = None
+    format, pair_roles = split_pair_roles(format)
     if is_label_format(format):  # "labels" or "labels?text_column=body&..." (options: data/labels.py)
         format, spec = "labels", LabelSpec.from_format(format)
     if format is not None and format not in FORMATS:
@@ -190,5 +220,21 @@ def load_dataset(path: str | Path, format: str | None = None, score_range=None) 
     else:
         frames, skipped, found = FORMATS[kind](resolved, score_range)
     name = path.resolve().name if path.is_dir() else path.stem
+    if pair_roles != "symmetric" and kind != "pairs":
+        raise ValueError(f"{resolved}: --pair-roles {pair_roles} applies to a pairs table; this is a {kind!r} dataset")
     return Dataset(name=name, kind=kind, path=resolved, frames=frames, skipped=skipped, score_range=found,
-                   spec=spec)
+                   spec=spec, pair_roles=pair_roles)
+
+
+PAIR_ROLES = ("symmetric", "query-document")  # --pair-roles: how a pairs table's columns take the roles
+
+
+def split_pair_roles(format: str | None) -> tuple[str | None, str]:
+    """("pairs", "query-document") from the format string "pairs?roles=query-document" that `--pair-roles`
+    folds into (data.options); other formats pass through with symmetric roles."""
+    if not format or not format.startswith("pairs?"):
+        return format, "symmetric"
+    key, _, value = format.removeprefix("pairs?").partition("=")
+    if key != "roles" or value not in PAIR_ROLES:
+        raise ValueError(f"format {format!r}: give pairs?roles=ROLES with ROLES one of {list(PAIR_ROLES)}")
+    return None, value  # detected: a table that is not pairs is then refused by name

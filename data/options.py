@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import click
 
-from headstore.data.dataset import FORMATS
+from headstore.data.dataset import FORMATS, PAIR_ROLES
 from headstore.data.labels import label_format
 
 LABEL_OPTION_NAMES = ("text_column", "label_column", "label_sep", "label_columns")
@@ -47,6 +47,10 @@ def label_options(f):
         click.option("--label-sep", default=None, help="Labelled texts: split labels into levels on this string (e.g. '.')."),
         click.option("--label-columns", default=None,
                      help="Labelled texts: one column per level, coarse to fine, the last the label (level1,level2,label)."),
+        click.option("--pair-roles", type=click.Choice(PAIR_ROLES), default=None,
+                     help="Pairs tables: symmetric (default: both columns in the document role) or query-document "
+                          "(anchors encoded with the query prompt, positives/negatives with the document prompt); "
+                          "give the same to featurize and to every command reading the table."),
     ]
     for option in reversed(options):
         f = option(f)
@@ -54,8 +58,15 @@ def label_options(f):
 
 
 def fold_label_options(data_format: str | None, settings: dict) -> str | None:
-    """Pop the label options from `settings` (click's keyword arguments) into the format string."""
-    return label_format(data_format, **{k: settings.pop(k) for k in LABEL_OPTION_NAMES})
+    """Pop the label options and --pair-roles from `settings` (click's keyword arguments) into the format
+    string (`labels?text_column=body`, `pairs?roles=query-document`)."""
+    pair_roles = settings.pop("pair_roles", None)
+    folded = label_format(data_format, **{k: settings.pop(k) for k in LABEL_OPTION_NAMES})
+    if pair_roles and pair_roles != "symmetric":
+        if folded not in (None, "pairs"):
+            raise click.UsageError(f"--pair-roles applies to pairs tables, not to --format {folded}")
+        return f"pairs?roles={pair_roles}"
+    return folded
 
 
 def label_read_options(f):

@@ -20,6 +20,7 @@ from pathlib import Path
 import polars as pl
 
 from headstore.data.errors import DataError
+from headstore.data.hf import is_hf_dataset_dir
 from headstore.data.tables import (SPLIT_HELP, Table, canonical_split, check_float_column,
                                    check_split_column, check_text_column, parquet_schema,
                                    read_jsonl_objects, read_lines, read_table, require_columns)
@@ -304,7 +305,9 @@ TEXT_FILE_SUFFIXES = (".txt", ".text")
 
 
 def string_columns(path: Path) -> list[str]:
-    return [n for n, t in parquet_schema(path).items() if t in (pl.String, pl.Utf8)]
+    """The text columns of a Parquet file, or of a `datasets.save_to_disk` folder."""
+    schema = read_table(path).frame.schema if is_hf_dataset_dir(path) else parquet_schema(path)
+    return [n for n, t in schema.items() if t in (pl.String, pl.Utf8)]
 
 
 NUL_PROBLEM = "contains a NUL character (\\x00) (remove it)"  # refused, never stripped
@@ -346,9 +349,9 @@ def read_text_counted(path: str | Path, column: str = "text") -> tuple[pl.DataFr
         frame = pl.DataFrame({"text": pl.Series(kept, dtype=pl.String),
                               "split": pl.Series(["train"] * len(kept), dtype=pl.String)})
         return frame, 0
-    if suffix != ".parquet":
-        raise ValueError(f"{path}: read_text reads {', '.join(TEXT_FILE_SUFFIXES)} or .parquet, "
-                         f"not {suffix!r}")
+    if suffix != ".parquet" and not is_hf_dataset_dir(path):
+        raise ValueError(f"{path}: read_text reads {', '.join(TEXT_FILE_SUFFIXES)}, .parquet or a datasets "
+                         f"folder, not {suffix!r}")
     table = read_table(path)
     if column not in table.frame.columns:
         strings = string_columns(path)

@@ -18,6 +18,8 @@ from typing import Iterator
 
 import polars as pl
 
+from headstore.data.hf import hf_columns, is_hf_dataset_dir, read_hf_frame
+
 from headstore.data.errors import DataError
 
 TABLE_SUFFIXES = (".parquet", ".csv", ".tsv", ".jsonl")
@@ -170,6 +172,11 @@ def read_table(path: str | Path) -> Table:
     An empty file, or one with a header and no rows, is a DataError: there is nothing to train or
     evaluate on."""
     path = Path(path)
+    if is_hf_dataset_dir(path):  # a `datasets.save_to_disk` folder: rows are places, as in Parquet
+        table = Table(read_hf_frame(path), path, None)
+        if table.frame.height == 0:
+            raise DataError(path, "no rows: nothing to read (check the dataset was saved fully)")
+        return table
     suffix = path.suffix.lower()
     if suffix not in TABLE_SUFFIXES:
         raise ValueError(f"{path}: unsupported file type {suffix!r}; valid: {', '.join(TABLE_SUFFIXES)}")
@@ -194,6 +201,8 @@ def read_table(path: str | Path) -> Table:
 def table_columns(path: str | Path) -> list[str]:
     """Column names of a table file without reading its body (for format detection)."""
     path = Path(path)
+    if is_hf_dataset_dir(path):
+        return hf_columns(path)
     suffix = path.suffix.lower()
     if suffix not in TABLE_SUFFIXES:
         raise ValueError(f"{path}: unsupported file type {suffix!r}; valid: {', '.join(TABLE_SUFFIXES)}")

@@ -23,6 +23,11 @@ class FeaturizeConfig:
     # model: the sentence embedding the model's authors configured (modules.json: Pooling, Dense, Normalize),
     # mask-aware mean pooling for a plain checkpoint; mean|cls|max override it (featurize.sentence).
     pooling: str = "model"
+    # prompts prepended to the texts of each role (None: the model's own prompts, featurize.sentence.resolve_prompts);
+    # a text under another prompt is another row. prompt_name: one of the model's named prompts, for both roles.
+    query_prompt: str | None = None
+    document_prompt: str | None = None
+    prompt_name: str | None = None
     # hidden-state layers to store; -1 (the last) is what every head uses by default.
     layers: tuple[int, ...] = (-1,)
     # None: the model's own (sentence_bert_config max_seq_length, else tokenizer max up to 512).

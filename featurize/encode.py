@@ -160,12 +160,24 @@ def prefetch_batches(tok: Tokenized, order: np.ndarray, batches: list[tuple[int,
         stop.set()
 
 
-def encode_batch(encoder, batch: Batch, pooling: str, layers: tuple[int, ...],
-                 precision: str = "fp32") -> list[torch.Tensor]:
-    """Pooled features of one batch, one float32 (B, D) tensor per layer, on the model's device."""
+def prompt_length(tokenizer, prompt: str) -> int:
+    """Tokens a prompt takes at the start of prompt + text, as sentence-transformers counts them: the
+    prompt tokenised alone with special tokens, less a trailing special token (0 without a prompt)."""
+    if not prompt:
+        return 0
+    ids = tokenizer(prompt, add_special_tokens=True)["input_ids"]
+    return len(ids) - (1 if ids and ids[-1] in set(tokenizer.all_special_ids) else 0)
+
+
+def encode_batch(encoder, batch: Batch, pooling, layers: tuple[int, ...], precision: str = "fp32",
+                 prompt_lengths: torch.Tensor | None = None) -> list[torch.Tensor]:
+    """Pooled features of one batch, one float32 (B, D) tensor per layer, on the model's device.
+    `pooling`: a pooling.Pooler (or a mode name); `prompt_lengths` (B,): prompt tokens per text, left out
+    of the pooling where the model's Pooling says so."""
     device = torch.device(encoder.device)
     cuda = device.type == "cuda"
     input_ids = batch.input_ids.to(device, non_blocking=cuda)
     mask = batch.attention_mask.to(device, non_blocking=cuda) if batch.attention_mask is not None else None
     with torch.inference_mode():
-        return pooled_forward(encoder.model, input_ids, mask, pooling, layers, precision)
+        return pooled_forward(encoder.model, input_ids, mask, pooling, layers, precision,
+                              None if prompt_lengths is None or not prompt_lengths.any() else prompt_lengths)

@@ -25,8 +25,12 @@ from headstore.data.text_id import TEXT_ID_BYTES
 MAX_RUN = 1 << 22
 
 
-def digests(texts: list[str]) -> list[bytes]:
-    """The 16-byte text ids (raw bytes) of texts; `.hex()` of each is `text_id(text)`."""
+def digests(texts: list[str], prompt: str = "") -> list[bytes]:
+    """The 16-byte row ids (raw bytes) of texts encoded under `prompt`; `.hex()` of each is
+    `row_id(text, prompt)` (`text_id(text)` without a prompt)."""
+    if prompt:
+        key = hashlib.blake2b(prompt.encode("utf-8")).digest()
+        return [hashlib.blake2b(t.encode("utf-8"), key=key).digest()[:TEXT_ID_BYTES] for t in texts]
     blake2b = hashlib.blake2b
     return [blake2b(t.encode("utf-8")).digest()[:TEXT_ID_BYTES] for t in texts]
 

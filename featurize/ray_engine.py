@@ -29,8 +29,8 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 import torch
-from tqdm import tqdm
 
+from headstore.data.progress import progress_bar
 from headstore.featurize.config import FeaturizeConfig
 from headstore.featurize.model import load_encoder
 from headstore.featurize.run import Plan, encode_in_plan_order, new_windows
@@ -62,11 +62,11 @@ class SegmentEncoder:
         """One staged segment (batch_size=1: its number and file) -> its rows, encoded, in plan order."""
         self._maybe_crash()
         frame = pl.read_parquet(str(batch["path"][0]))
-        ids, texts = frame["text_id"].to_list(), frame["text"].to_list()
+        ids, texts, prompts = frame["text_id"].to_list(), frame["text"].to_list(), frame["prompt"].to_list()
         segment = np.full(len(ids), int(batch["segment"][0]), dtype=np.int64)
         out = {k: [] for k in ("index", "n_tokens", "truncated", *self.names)}
         for idx, feats, tok, _ in encode_in_plan_order(self.config, self.encoder, self.device,
-                                                       ids, texts):
+                                                       ids, texts, prompts):
             out["index"].append(idx)
             out["n_tokens"].append(tok.n_tokens[idx])
             out["truncated"].append(tok.truncated[idx])
@@ -122,7 +122,7 @@ def featurize_texts_ray(config: FeaturizeConfig, texts: Sequence[str], store_pat
     plan = Plan.make(config, store_path, device=device)
     if not len(texts):
         raise ValueError("no texts to featurize (an empty input); give at least one text")
-    return run_ray(plan, [list(texts)], **options)
+    return run_ray(plan, [("document", list(texts))], **options)
 
 
 def _ray():
@@ -228,7 +228,7 @@ def _stage_segments(plan: Plan, chunks, counts: dict, staging: Path,
     """1. The driver streams the input and stages the new texts as segment files of up to
     segment_texts texts each; returns segment number -> its number of texts."""
     sizes: dict[int, int] = {}
-    for i, (new_ids, new_texts) in enumerate(new_windows(plan, chunks, counts)):
+    for i, (prompt, new_ids, new_texts) in enumerate(new_windows(plan, chunks, counts)):
         if i == 0:  # the store was just locked; the lock covers the staging folder too
             shutil.rmtree(staging, ignore_errors=True)
             staging.mkdir()
@@ -236,7 +236,8 @@ def _stage_segments(plan: Plan, chunks, counts: dict, staging: Path,
             segment = len(sizes)
             ids = new_ids[start:start + segment_texts]
             sizes[segment] = len(ids)
-            pl.DataFrame({"text_id": ids, "text": new_texts[start:start + segment_texts]}).write_parquet(
+            pl.DataFrame({"text_id": ids, "text": new_texts[start:start + segment_texts],
+                          "prompt": [prompt] * len(ids)}).write_parquet(
                 _segment_file(staging, segment))
     return sizes
 
@@ -262,7 +263,7 @@ def _encoded_blocks(ray, plan: Plan, staging: Path, sizes: dict[int, int], *, wo
 def _commit_segments(writer: StoreWriter, blocks, sizes: dict[int, int], counts: dict,
                      names: list[str]) -> float:
     """3. The driver commits each segment as soon as all its rows are back; seconds committing."""
-    bar = tqdm(total=sum(sizes.values()), unit="text", desc="featurize (ray)", dynamic_ncols=True)
+    bar = progress_bar(total=sum(sizes.values()), unit="text", desc="featurize (ray)", dynamic_ncols=True)
     pending: dict[int, list[dict]] = {}
     seconds = 0.0
     try:

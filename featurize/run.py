@@ -23,17 +23,18 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 import torch
-from tqdm import tqdm
 
+from headstore.data.progress import progress_bar, progress_write
 from headstore.data.files import atomic_write_text
+from headstore.data.text_id import ROLES
 from headstore.featurize.config import FeaturizeConfig
-from headstore.featurize.encode import (CODE_VERSION, Batch, Tokenized, encode_batch, plan_batches,
+from headstore.featurize.encode import (CODE_VERSION, Batch, Tokenized, encode_batch, plan_batches, prompt_length,
                                         prefetch_batches, tokenize)
 from headstore.featurize.ids import IdSet, digests, first_occurrences, keys_of_digests, keys_of_hex
 from headstore.featurize.hardware import warn_if_emulated_bf16
 from headstore.featurize.model import check_options, load_encoder, model_identity, pick_device
 from headstore.featurize.pooling import Pooler
-from headstore.featurize.sentence import SentenceSpec, resolve_spec, sentence_dim
+from headstore.featurize.sentence import SentenceSpec, resolve_prompts, resolve_spec, sentence_dim
 from headstore.featurize.source import all_chunks, open_sources, windows
 from headstore.featurize.store import (MANIFEST, FeatureStore, StoreError, array_names,
                                        check_fingerprint, stored_ids)
@@ -45,11 +46,13 @@ def fingerprint_parts(config: FeaturizeConfig, device: str | None = None) -> dic
     identity = model_identity(config.model, config.max_length)
     device = device or pick_device(config.device)
     spec = resolve_spec(config.pooling, identity.model_dir)
+    prompts = resolve_prompts(identity.model_dir, config.query_prompt, config.document_prompt, config.prompt_name)
     return {"model_id": identity.model_id, "weights_hash": identity.weights_hash,
             "tokenizer_hash": identity.tokenizer_hash, **spec.parts(),
             "layers": list(config.layers), "max_length": identity.max_length,
             "dtype": config.dtype, "precision": config.resolved_precision(device),
-            "code_version": CODE_VERSION}
+            "code_version": CODE_VERSION,
+            **({"prompts": prompts} if any(prompts.values()) else {})}  # absent: stores made before prompts
 
 
 def featurize(config: FeaturizeConfig, data_paths: Sequence[str | Path], store_path: str | Path,
@@ -60,12 +63,15 @@ def featurize(config: FeaturizeConfig, data_paths: Sequence[str | Path], store_p
     return run_local(plan, all_chunks(sources))
 
 
-def featurize_texts(config: FeaturizeConfig, texts: Sequence[str], store_path: str | Path) -> dict:
-    """Encode the texts (deduplicated by text_id) missing from the store; a no-op if none are."""
+def featurize_texts(config: FeaturizeConfig, texts: Sequence[str], store_path: str | Path,
+                    role: str = "document") -> dict:
+    """Encode the texts (in `role`, deduplicated by row id) missing from the store; a no-op if none are."""
+    if role not in ROLES:
+        raise ValueError(f"role {role!r}; valid: {list(ROLES)}")
     plan = Plan.make(config, store_path)
     if not len(texts):
         raise ValueError("no texts to featurize (an empty input); give at least one text")
-    return run_local(plan, [list(texts)])
+    return run_local(plan, [(role, list(texts))])
 
 
 @dataclass
@@ -101,9 +107,13 @@ class Plan:
             stored, n_stored = stored_ids(store), store.n_texts
         return cls(config, store_path, parts, dim, device, stored, n_stored)
 
-    def new_in_window(self, window: list[str]) -> tuple[list[str], list[str], np.ndarray]:
-        """(hex ids, texts, keys) of the window's texts that are neither stored nor queued."""
-        raw = digests(window)
+    def prompt(self, role: str) -> str:
+        """The prompt texts of `role` are encoded under ("" for a store without prompts)."""
+        return self.parts.get("prompts", {}).get(role, "")
+
+    def new_in_window(self, window: list[str], prompt: str = "") -> tuple[list[str], list[str], np.ndarray]:
+        """(hex row ids, texts, keys) of the window's texts (under `prompt`) neither stored nor queued."""
+        raw = digests(window, prompt)
         keys = keys_of_digests(raw)
         fresh = ~(self.stored.mark(keys) | self.added.contains(keys))
         idx = np.flatnonzero(fresh)
@@ -195,26 +205,28 @@ class _Committer:
                 pass
 
 
-def new_windows(plan: Plan, chunks: Iterable[list[str]],
-                counts: dict) -> Iterator[tuple[list[str], list[str]]]:
-    """The window loop of both engines: (ids, texts) of each input window's texts that are neither
-    stored nor earlier in the input, in input order; counts n_input_texts and n_windows.
+def new_windows(plan: Plan, chunks: Iterable[tuple[str, list[str]]],
+                counts: dict) -> Iterator[tuple[str, list[str], list[str]]]:
+    """The window loop of both engines: (prompt, row ids, texts) of each input window's texts that are
+    neither stored nor earlier in the input, in input order; counts n_input_texts and n_windows. Chunks
+    come by role; a window holds texts of one prompt (roles that share a prompt share windows).
 
     This is where a rerun resumes: texts an earlier run committed are in plan.stored and never
     yielded. At the first window with new texts the store is locked (plan.open_writer) and the
     window looked at again, as another writer may have committed some of its texts meanwhile; a run
     with nothing new never opens (nor creates) the store."""
-    for window in windows(chunks, plan.config.window_texts):
+    by_prompt = ((plan.prompt(role), chunk) for role, chunk in chunks)
+    for prompt, window in windows(by_prompt, plan.config.window_texts):
         counts["n_input_texts"] += len(window)
         counts["n_windows"] += 1
-        new_ids, new_texts, keys = plan.new_in_window(window)
+        new_ids, new_texts, keys = plan.new_in_window(window, prompt)
         if not new_ids:
             continue
         if plan.writer is None:
             plan.open_writer()
-            new_ids, new_texts, keys = plan.new_in_window(window)  # another writer's rows
+            new_ids, new_texts, keys = plan.new_in_window(window, prompt)  # another writer's rows
         plan.added.add(keys)
-        yield new_ids, new_texts
+        yield prompt, new_ids, new_texts
 
 
 def run_local(plan: Plan, chunks: Iterable[list[str]]) -> dict:
@@ -226,7 +238,7 @@ def run_local(plan: Plan, chunks: Iterable[list[str]]) -> dict:
     committer = encoder = bar = None
     t_encode, next_row = 0.0, 0
     try:
-        for new_ids, new_texts in new_windows(plan, chunks, counts):
+        for prompt, new_ids, new_texts in new_windows(plan, chunks, counts):
             if committer is None:  # the first new texts: the store is locked now
                 encoder = _load(config, plan.device)
                 committer = _Committer(plan.writer, config.commit_seconds, config.shard_rows)
@@ -234,7 +246,7 @@ def run_local(plan: Plan, chunks: Iterable[list[str]]) -> dict:
                 bar = _token_bar()
             t = time.perf_counter()
             _encode_window(config, encoder, plan.device, committer, bar, counts,
-                           base=next_row, new_ids=new_ids, new_texts=new_texts)
+                           base=next_row, new_ids=new_ids, new_texts=new_texts, prompt=prompt)
             next_row += len(new_ids)
             t_encode += time.perf_counter() - t
     except BaseException:
@@ -252,9 +264,9 @@ def run_local(plan: Plan, chunks: Iterable[list[str]]) -> dict:
     return plan.summary(counts, t0)
 
 
-def _token_bar() -> tqdm:
+def _token_bar():
     # in tokens: texts vary in length by 100x (a sentence vs a 256-token abstract), tokens are the work
-    return tqdm(total=0, unit="tok", unit_scale=True, desc="featurize", smoothing=0.1,
+    return progress_bar(total=0, unit="tok", unit_scale=True, desc="featurize", smoothing=0.1,
                 dynamic_ncols=True)
 
 
@@ -267,7 +279,7 @@ def _finish_local(plan: Plan, committer: _Committer, encoder, counts: dict, t_en
     finally:
         plan.writer.close()
     if counts["n_truncated"]:
-        tqdm.write(f"featurize: {counts['n_truncated']} of {counts['n_encoded']} texts were "
+        progress_write(f"featurize: {counts['n_truncated']} of {counts['n_encoded']} texts were "
                    f"truncated at {encoder.max_length} tokens (column `truncated` in texts/)")
     counts.update(precision=config.resolved_precision(plan.device), device=plan.device,
                   max_length=encoder.max_length, encode_seconds=round(t_encode, 3),
@@ -282,13 +294,16 @@ def _load(config: FeaturizeConfig, device: str):
     return load_encoder(config.model, device, config.max_length)
 
 
-def encode_in_plan_order(config: FeaturizeConfig, encoder, device: str, ids: list[str],
-                         texts: list[str]) -> Iterator[tuple[np.ndarray, dict, Tokenized, Batch]]:
-    """Tokenise and plan the texts (longest first), encode batch by batch: yields (indices into
-    texts, {array name: (B, D) features in the store dtype}, the tokenisation, the batch)."""
+def encode_in_plan_order(config: FeaturizeConfig, encoder, device: str, ids: list[str], texts: list[str],
+                         prompts: str | list[str] = "") -> Iterator[tuple[np.ndarray, dict, Tokenized, Batch]]:
+    """Tokenise prompt + text (as sentence-transformers does) and plan the texts (longest first), encode
+    batch by batch: yields (indices into texts, {array name: (B, D) features in the store dtype}, the
+    tokenisation, the batch). `prompts`: one prompt for every text, or one per text."""
     names = list(array_names(config.layers))
     np_dtype = np.dtype(config.dtype)
-    tok = tokenize(encoder.tokenizer, texts, encoder.max_length)
+    prompts = [prompts] * len(texts) if isinstance(prompts, str) else list(prompts)
+    tok = tokenize(encoder.tokenizer, [p + t for p, t in zip(prompts, texts)], encoder.max_length)
+    prompt_lengths = torch.as_tensor([prompt_length(encoder.tokenizer, p) for p in prompts], dtype=torch.int64)
     precision = config.resolved_precision(device)
     order, batches = plan_batches(tok.n_tokens, ids, config.batch_tokens, config.max_batch_size,
                                   batch_overhead_tokens=config.resolved_batch_overhead(device),
@@ -298,17 +313,18 @@ def encode_in_plan_order(config: FeaturizeConfig, encoder, device: str, ids: lis
     # CPU: collate inline (the cores are busy with the forward); GPU: in a background thread
     depth = 4 if device == "cuda" else 0
     for batch in prefetch_batches(tok, order, batches, pad_id, pin=device == "cuda", depth=depth):
-        pooled = encode_batch(encoder, batch, pooler, config.layers, precision)  # [(B, D)]
+        lengths = prompt_lengths[order[batch.start: batch.start + batch.input_ids.shape[0]]]  # (B,)
+        pooled = encode_batch(encoder, batch, pooler, config.layers, precision, lengths)  # [(B, D)]
         feats = {name: p.to(torch.float32).cpu().numpy().astype(np_dtype, copy=False)
                  for name, p in zip(names, pooled)}
         yield order[batch.start: batch.start + batch.input_ids.shape[0]], feats, tok, batch
 
 
 def _encode_window(config: FeaturizeConfig, encoder, device: str, committer: _Committer, bar,
-                   counts: dict, base: int, new_ids: list[str], new_texts: list[str]) -> None:
-    """Encode one window's new texts; rows base, base+1, ... in plan order go to the committer."""
+                   counts: dict, base: int, new_ids: list[str], new_texts: list[str], prompt: str = "") -> None:
+    """Encode one window's new texts under `prompt`; rows base, base+1, ... in plan order go to the committer."""
     done = 0
-    for idx, feats, tok, batch in encode_in_plan_order(config, encoder, device, new_ids, new_texts):
+    for idx, feats, tok, batch in encode_in_plan_order(config, encoder, device, new_ids, new_texts, prompt):
         if done == 0:  # the window is tokenised: its tokens join the bar's total
             bar.total += int(tok.n_tokens.sum())
             bar.refresh()

@@ -162,3 +162,43 @@ def sentence_dim(spec: SentenceSpec, hidden_size: int, layers) -> int:
         raise ValueError(f"this model's Dense makes last-layer rows {last} wide and other layers' {other}: one "
                          "store holds one width; featurize the extra layers into another store with --pooling mean")
     return last if -1 in layers else other
+
+
+# the names a model's config_sentence_transformers.json gives each role's prompt, most usual first
+ROLE_PROMPT_NAMES = {"query": ("query",), "document": ("document", "passage", "corpus", "doc")}
+
+
+def model_prompts(model_dir: str | Path) -> tuple[dict[str, str], str | None]:
+    """(prompts, default_prompt_name) of a sentence-transformers model directory ({} , None without)."""
+    file = Path(model_dir) / "config_sentence_transformers.json"
+    if not file.is_file():
+        return {}, None
+    config = _json(file)
+    prompts = config.get("prompts") or {}
+    if not isinstance(prompts, dict) or not all(isinstance(v, str) for v in prompts.values()):
+        raise ValueError(f"{file}: `prompts` must map names to prompt strings")
+    return prompts, config.get("default_prompt_name")
+
+
+def resolve_prompts(model_dir: str | Path, query_prompt: str | None = None, document_prompt: str | None = None,
+                    prompt_name: str | None = None) -> dict[str, str]:
+    """The prompt of each role. An explicit --query-prompt / --document-prompt wins; else --prompt-name (one of
+    the model's own prompts, for both roles); else the model's prompt named after the role (query; document,
+    passage, corpus), else its default_prompt_name's prompt, else none."""
+    prompts, default_name = model_prompts(model_dir)
+    if prompt_name is not None and prompt_name not in prompts:
+        raise ValueError(f"--prompt-name {prompt_name!r}: the model's prompts are "
+                         f"{sorted(prompts) or 'none'} (config_sentence_transformers.json)")
+    chosen = {}
+    for role, given in (("query", query_prompt), ("document", document_prompt)):
+        if given is not None:
+            chosen[role] = given
+        elif prompt_name is not None:
+            chosen[role] = prompts[prompt_name]
+        else:
+            named = next((prompts[n] for n in ROLE_PROMPT_NAMES[role] if n in prompts), None)
+            chosen[role] = named if named is not None else prompts.get(default_name or "", "")
+    for role, prompt in chosen.items():
+        if "\0" in prompt:
+            raise ValueError(f"the {role} prompt holds a NUL character")
+    return chosen

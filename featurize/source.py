@@ -28,24 +28,29 @@ class Source:
     path: Path  # the file or BEIR folder read
     kind: str  # txt | parquet | dataset
     column: str | None = None  # Parquet text column
-    texts: list[str] | None = None  # dataset: read up front (small)
+    texts: dict[str, list[str]] | None = None  # dataset: role -> its texts, read up front (small)
     skipped: int = 0  # empty passages skipped (counted while streaming)
     n_texts: int = 0  # texts yielded so far
 
-    def chunks(self, chunk_rows: int = CHUNK_ROWS) -> Iterator[list[str]]:
-        produce = {"txt": self._txt_chunks, "parquet": self._parquet_chunks,
-                   "dataset": self._dataset_chunks}[self.kind]
-        for chunk in produce(chunk_rows):
+    def chunks(self, chunk_rows: int = CHUNK_ROWS) -> Iterator[tuple[str, list[str]]]:
+        """(role, texts) chunks: a plain corpus is documents; a dataset's queries (BEIR, query-document
+        pairs) come in the query role."""
+        if self.kind == "dataset":
+            produced = self._dataset_chunks(chunk_rows)
+        else:
+            produced = (("document", c) for c in {"txt": self._txt_chunks, "parquet": self._parquet_chunks}[self.kind](chunk_rows))
+        for role, chunk in produced:
             self.n_texts += len(chunk)
-            yield chunk
+            yield role, chunk
         if self.n_texts == 0:
             raise DataError(self.path, "no texts to featurize (an empty or header-only file"
                             + (f"; {self.skipped} empty value(s) skipped" if self.skipped else "")
                             + "); give a file with texts")
 
-    def _dataset_chunks(self, chunk_rows: int) -> Iterator[list[str]]:
-        for start in range(0, len(self.texts), chunk_rows):
-            yield self.texts[start:start + chunk_rows]
+    def _dataset_chunks(self, chunk_rows: int) -> Iterator[tuple[str, list[str]]]:
+        for role, texts in self.texts.items():
+            for start in range(0, len(texts), chunk_rows):
+                yield role, texts[start:start + chunk_rows]
 
     def _txt_chunks(self, chunk_rows: int) -> Iterator[list[str]]:
         chunk: list[str] = []
@@ -85,7 +90,8 @@ class Source:
 def open_source(path: str | Path, fmt: str | None) -> Source:
     """Check one --data input and say how to read it (no texts read, except small datasets)."""
     resolved = resolve_data_path(path)
-    fmt = fmt or detect_format(resolved)
+    if fmt and fmt.startswith("pairs?"):  # pairs?roles=query-document (--pair-roles): read whole, by role
+        return _dataset_source(resolved, fmt)
     suffix = resolved.suffix.lower() if resolved.is_file() else ""
     if resolved.is_file() and resolved.stat().st_size == 0:
         raise DataError(resolved, "empty file (0 bytes): no texts to featurize")
@@ -107,10 +113,14 @@ def open_source(path: str | Path, fmt: str | None) -> Source:
         if meta.num_rows == 0:
             raise DataError(resolved, "no rows (a header-only file): no texts to featurize")
         return Source(resolved, "parquet", column=column)
-    texts = load_dataset(resolved, format=fmt).texts()
-    if not texts:
+    return _dataset_source(resolved, fmt)
+
+
+def _dataset_source(resolved: Path, fmt: str) -> Source:
+    texts = load_dataset(resolved, format=fmt).texts_by_role()
+    if not any(texts.values()):
         raise DataError(resolved, "no texts to featurize (an empty or header-only file)")
-    return Source(resolved, "dataset", texts=texts)
+    return Source(resolved, "dataset", texts={role: t for role, t in texts.items() if t})
 
 
 def open_sources(data_paths: Sequence[str | Path], formats: Sequence[str | None] | None) -> list[Source]:
@@ -125,24 +135,31 @@ def open_sources(data_paths: Sequence[str | Path], formats: Sequence[str | None]
     return [open_source(path, fmt) for path, fmt in zip(data_paths, formats)]
 
 
-def windows(chunks: Iterable[list[str]], window_texts: int) -> Iterator[list[str]]:
-    """Cut a stream of chunks into lists of exactly window_texts texts (the last may be shorter).
+def windows(chunks: Iterable[tuple[str, list[str]]], window_texts: int) -> Iterator[tuple[str, list[str]]]:
+    """Cut a stream of (key, chunk) into (key, window)s of exactly window_texts texts of one key (the last
+    of a run of one key may be shorter). The key is the prompt the texts are encoded under: roles that share
+    a prompt share windows.
 
     Window boundaries depend on the input alone, so a rerun cuts the same windows (resume)."""
     window: list[str] = []
-    for chunk in chunks:
+    window_role = None
+    for role, chunk in chunks:
+        if window and role != window_role:
+            yield window_role, window
+            window = []
+        window_role = role
         start = 0
         while start < len(chunk):
             take = chunk[start:start + window_texts - len(window)]
             window.extend(take)
             start += len(take)
             if len(window) == window_texts:
-                yield window
+                yield role, window
                 window = []
     if window:
-        yield window
+        yield window_role, window
 
 
-def all_chunks(sources: Sequence[Source], chunk_rows: int = CHUNK_ROWS) -> Iterator[list[str]]:
+def all_chunks(sources: Sequence[Source], chunk_rows: int = CHUNK_ROWS) -> Iterator[tuple[str, list[str]]]:
     for source in sources:
         yield from source.chunks(chunk_rows)

@@ -34,7 +34,7 @@ import numpy as np
 import polars as pl
 import zarr
 
-from headstore.data.text_id import TEXT_ID_BYTES
+from headstore.data.text_id import ROLES, TEXT_ID_BYTES, row_ids
 from headstore.featurize.ids import IdSet, SortedIds, keys_of_hex
 
 MANIFEST = "manifest.json"
@@ -186,6 +186,18 @@ class FeatureStore:
     @property
     def arrays(self) -> list[str]:
         return list(self.manifest["arrays"])
+
+    @property
+    def prompts(self) -> dict[str, str]:
+        """The prompt of each role (data.text_id.ROLES) the store's texts were encoded under ("" for none)."""
+        given = self.manifest.get("prompts") or {}
+        return {role: given.get(role, "") for role in ROLES}
+
+    def row_ids(self, texts: Sequence[str], role: str = "document") -> list[str]:
+        """The row ids of `texts` in `role`: the key of each under the store's prompt of that role."""
+        if role not in ROLES:
+            raise ValueError(f"role {role!r}; valid: {list(ROLES)}")
+        return row_ids(list(texts), self.prompts[role])
 
     @property
     def dim(self) -> int:

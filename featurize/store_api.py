@@ -18,7 +18,6 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
-from headstore.data.text_id import text_id
 from headstore.featurize.store import FeatureStore
 
 TEXT_ID = re.compile(r"[0-9a-f]{32}")  # data.text_id: 16 bytes of blake2b, hex
@@ -92,10 +91,15 @@ class Store:
         block = self._store.array(array).get_orthogonal_selection((unique, slice(None)))  # (u, D)
         return np.asarray(block, dtype=np.float32)[inverse]
 
-    def rows_for(self, texts_or_ids: Sequence[str] | str) -> np.ndarray:
-        """Store row (int64) of each item: a stored text_id is taken as is, anything else is a text
-        (hashed as `cli featurize` hashed it; IR documents were stored as `title + " " + text`).
-        KeyError naming the first item that is not in the store."""
+    @property
+    def prompts(self) -> dict[str, str]:
+        """The prompt of each role ("query", "document") the store's texts were encoded under ("" for none)."""
+        return self._store.prompts
+
+    def rows_for(self, texts_or_ids: Sequence[str] | str, role: str = "document") -> np.ndarray:
+        """Store row (int64) of each item: a stored row id is taken as is, anything else is a text of `role`
+        (hashed as `cli featurize` hashed it, under the store's prompt of that role; IR documents were stored
+        as `title + " " + text`). KeyError naming the first item that is not in the store."""
         if isinstance(texts_or_ids, str):
             texts_or_ids = [texts_or_ids]
         items = list(texts_or_ids)
@@ -106,7 +110,7 @@ class Store:
             rows[as_id] = self._store.find_rows([items[i] for i in as_id])
         as_text = np.flatnonzero(rows < 0)
         if as_text.size:
-            rows[as_text] = self._store.find_rows([text_id(items[i]) for i in as_text])
+            rows[as_text] = self._store.find_rows(self._store.row_ids([items[i] for i in as_text], role))
         missing = [items[i] for i in np.flatnonzero(rows < 0)]
         if missing:
             shown = missing[0] if len(missing[0]) <= 80 else missing[0][:77] + "..."

@@ -60,7 +60,7 @@ def verify_store(path: str | Path) -> list[str]:
     return problems
 
 
-def _check_table(where: str, table: pl.DataFrame, start: int, ids: IdSet) -> list[str]:
+def _check_table(where: str, table: pl.DataFrame, start: int, ids: IdSet, prompts=("",)) -> list[str]:
     """Schema, rows start..start+len-1 in order, text_id = hash(text), ids not seen before."""
     schema_diff = {k: str(v) for k, v in TEXTS_SCHEMA.items() if table.schema.get(k) != v}
     if schema_diff:
@@ -72,9 +72,11 @@ def _check_table(where: str, table: pl.DataFrame, start: int, ids: IdSet) -> lis
         at = int(np.argmax(rows != expected))
         problems.append(f"{where}: rows are not {start}..{start + table.height - 1} in order "
                         f"(row {rows[at]} at position {at}; duplicated or missing rows)")
-    keys = keys_of_digests(digests(table["text"].to_list()))
     stored = keys_of_hex(table["text_id"])
-    bad = np.flatnonzero((keys != stored).any(axis=1))
+    bad = np.arange(table.height)
+    for prompt in prompts:  # a row's id is its text's under one of the store's prompts (featurize roles)
+        keys = keys_of_digests(digests(table["text"].to_list(), prompt))
+        bad = bad[(keys[bad] != stored[bad]).any(axis=1)]
     if len(bad):
         problems.append(f"{where}: {len(bad)} text_id(s) do not match hash(text), "
                         f"e.g. row {rows[bad[0]]}")
@@ -122,7 +124,8 @@ def _verify_parts(path: Path, manifest: dict) -> tuple[int, list[str]]:
             continue
         if table.height != part["n_rows"]:
             problems.append(f"{file}: {table.height} rows, the manifest says {part['n_rows']}")
-        problems += _check_table(str(file), table, part["start"], ids)
+        prompts = tuple(dict.fromkeys((manifest.get("prompts") or {}).values())) or ("",)
+        problems += _check_table(str(file), table, part["start"], ids, prompts)
     n = int(manifest["n_texts"])
     if start != n:
         problems.append(f"{path / MANIFEST}: n_texts {n}, but its parts hold {start} rows")

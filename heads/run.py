@@ -30,11 +30,12 @@ from headstore.heads.artefacts import write_head_dir
 from headstore.heads.config import KIND_DEPENDENT, STRENGTH_AUTO, HeadConfig, TrainConfig
 from headstore.heads.curve import plot_curve
 from headstore.heads.evaluate import TEST_SPLIT, embed_rows, evaluate_head
-from headstore.heads.features import Normalizer, array_list, load_features
+from headstore.heads.features import Normalizer, array_list
 from headstore.heads.head import Head
 from headstore.heads.kinds import WHOLE, Task, kind_of, load_task, task_rows, without_overlap
 from headstore.heads.selection import DEFAULT_DELTA, load_selection
 from headstore.heads.strength import STRENGTHS, plot_strength
+from headstore.heads.task_features import TaskFeatures, rows_of_datasets
 from headstore.heads.train import train_one
 
 # fingerprint parts that change the numbers of a feature (the layer of the head's array is checked apart)
@@ -94,10 +95,14 @@ def train_head(store_path: str, data_path: str, out_dir: str, head_cfg: HeadConf
     head_cfg, cfg, defaults_note = defaults_for_kind(task, head_cfg, cfg, kind_defaults)
     warn_if_emulated_bf16(cfg.precision, "cpu")  # heads train on the CPU: one line where bf16 is emulated
     task = kind_of(task).for_training(task, cfg)  # labelled texts: shots, hierarchy
-    features = load_features(store, array)
-    selection = load_selection(store, select_ood, task, features[:, :store.dim], ood_delta)
+    anchor = anchor_rows_of(store, cfg)  # None: the whole store (when the anchor is on)
+    tf = TaskFeatures.for_task(store, task, rows_of_datasets(store, select_ood),
+                               *([anchor] if cfg.anchor_weight else []))
+    task, features = tf.remap(task), tf.read(array)  # only the rows the task uses (heads.task_features)
+    selection = load_selection(store, select_ood, task, features[:, :store.dim], ood_delta, remap=tf.remap)
     head_cfg = head_shape(head_cfg, features, array)
-    model, norm, run = train_one(task, features, head_cfg, cfg, progress, selection, anchor_rows_of(store, cfg))
+    anchor = None if anchor is None else tf.positions(anchor)
+    model, norm, run = train_one(task, features, head_cfg, cfg, progress, selection, anchor)
     out = prepare_output_dir(out_dir, "head", overwrite, inputs=inputs)
     config = {"head": asdict(head_cfg), "train": cfg.to_dict(), "data": str(data_path), "format": data_format,
               "task": task.name, "kind": task.kind, "dev": task.dev_note or "the dataset's dev split",
@@ -237,7 +242,8 @@ def eval_head(store_path: str, head_dir: str, data_path: str, out_dir: str, data
             raise ValueError(f"--exclude-overlap {exclude_overlap}: every one of the {dropped[split]} "
                              f"{kind_of(task).items_name} of {data_path} split {split!r} uses a text of it, so "
                              "nothing is left to score (exclude another dataset, or leave --exclude-overlap out)")
-    features = load_features(store, array)
+    tf = TaskFeatures.for_task(store, task)
+    task, features = tf.remap(task), tf.read(array)  # only the rows the task uses (heads.task_features)
     train_cfg = TrainConfig.from_dict(config["train"])
     task = kind_of(task).for_eval(task, train_cfg)  # labelled texts: the labelled set k-NN / probe use
     energy = train_cfg.eval_energy

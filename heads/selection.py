@@ -67,15 +67,17 @@ class OodSelection:
 
 
 def load_selection(store, paths: tuple[str, ...], in_domain: Task, features: torch.Tensor,
-                   delta: float = DEFAULT_DELTA) -> OodSelection:
+                   delta: float = DEFAULT_DELTA, remap=None) -> OodSelection:
     """The selection sets of `paths` (their dev or train split, in-domain texts dropped) and the frozen
-    baseline on each, from `features` (N, D) raw stored features (the last layer)."""
+    baseline on each, from `features` (N, D) raw stored features (the last layer). `remap`: store rows ->
+    positions of `features` when it holds only some rows (heads.task_features.TaskFeatures.remap)."""
     if not (math.isfinite(delta) and delta >= 0):
         raise ValueError(f"ood delta must be a finite number >= 0 (a loss of the metric), got {delta}")
     sel = OodSelection(delta=delta)
     rows = task_rows(in_domain)
     for path in paths:
         task = load_task(path, store, for_eval=True)
+        task = remap(task) if remap is not None else task
         split = selection_split(task, path)
         task, dropped = without_overlap(task, rows)
         if kind_of(task).n_items(task.eval_sets[split]) < 2:

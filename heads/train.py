@@ -18,8 +18,8 @@ from typing import Optional
 
 import numpy as np
 import torch
-from tqdm.auto import tqdm
 
+from headstore.data.progress import progress_bar
 from headstore.heads.anchor import AnchorSampler
 
 from headstore.heads.batches import NegativeSource, batch_losses, epoch_batches, make_batch, prepare_data, q_at
@@ -54,7 +54,7 @@ def train_stack(task: Task, features: torch.Tensor, head_cfg: HeadConfig, config
     every epoch and keeps the last. `anchor_rows`: the store rows of the anchor (heads.anchor; None = all)."""
     assert len({stack_key(c) for c in configs}) == 1, "a stack mixes settings that must be shared"
     run = StackTraining(task, features, head_cfg, configs, select_split, selection, init, anchor_rows)
-    bar = tqdm(total=run.total, desc=f"{run.H} head(s) {configs[0].loss}", disable=not progress, leave=False)
+    bar = progress_bar(total=run.total, desc=f"{run.H} head(s) {configs[0].loss}", disable=not progress, leave=False)
     t0 = time.perf_counter()
     for epoch in range(configs[0].epochs):
         if not bool(run.tracker.alive.any()):

@@ -23,8 +23,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from tqdm import tqdm
 
+from headstore.data.progress import progress_bar
 from headstore.data.files import atomic_write_json
 from headstore.featurize.config import AdaptConfig
 from headstore.featurize.model import pick_device
@@ -201,7 +201,7 @@ def _train_step(run: _Run, blocks: list[dict]) -> None:
 
 def _train(run: _Run, end: int, checkpoint) -> None:
     """Steps up to `end`: a checkpoint every `save_every` steps, and on Ctrl-C before it stops."""
-    bar = tqdm(total=run.total, initial=run.step, desc="adapt", unit="step")
+    bar = progress_bar(total=run.total, initial=run.step, desc="adapt", unit="step")
     try:
         while run.step < end:
             _train_step(run, _next_blocks(run))

@@ -21,8 +21,8 @@ import math
 from pathlib import Path
 
 import torch
-from tqdm import tqdm
 
+from headstore.data.progress import progress_bar
 from headstore.featurize.tuning.mlm_head import load_mlm_model, masked_lm_loss
 from headstore.featurize.tuning.packing import IGNORE_INDEX, MLMCollator, pack_texts
 
@@ -58,7 +58,7 @@ def mlm_loss(model_path: str | Path, texts: list[str], max_length: int = 128, se
         raise ValueError("mlm_loss got no text")
     total, count = 0.0, 0
     steps = n_masks * math.ceil(len(blocks) / batch_size)
-    bar = tqdm(total=steps, desc="mlm loss", disable=not progress, leave=False)
+    bar = progress_bar(total=steps, desc="mlm loss", disable=not progress, leave=False)
     for round_ in range(n_masks):
         collate = MLMCollator(tokenizer, model.config.vocab_size, mlm_probability, whole_word=False,
                               seed=seed * 1_000_003 + round_)
@@ -90,7 +90,7 @@ def pseudo_perplexity(model_path: str | Path, texts: list[str], max_texts: int =
         raise ValueError("pseudo_perplexity got no text")
     specials = torch.tensor(sorted(set(tokenizer.all_special_ids)))
     total_nll, n_tokens = 0.0, 0
-    for text in tqdm(chosen, desc="pseudo-perplexity", disable=not progress, leave=False):
+    for text in progress_bar(chosen, desc="pseudo-perplexity", disable=not progress, leave=False):
         ids = tokenizer(text, truncation=True, max_length=max_length,
                         return_tensors="pt")["input_ids"][0]  # (T,)
         positions = (~torch.isin(ids, specials)).nonzero().squeeze(1)  # (P,)

@@ -203,8 +203,9 @@ def export_sentence_transformers(head: Head, out: Path, model: str | None = None
     body = ensemble_modules(head) if hasattr(head, "members") else [*normalizer_modules(head), *head_modules(head)]
     modules = [transformer, *sentence_modules(SentenceSpec.from_parts(parts), model_dir,
                                               transformer.get_embedding_dimension()), *body]
-    st = SentenceTransformer(modules=modules, device="cpu",
-                             similarity_fn_name=SIMILARITY[head.energy_name])
+    prompts = {role: p for role, p in (parts.get("prompts") or {}).items() if p}  # encode(q, prompt_name="query")
+    st = SentenceTransformer(modules=modules, device="cpu", similarity_fn_name=SIMILARITY[head.energy_name],
+                             prompts=prompts)
     out.mkdir(parents=True, exist_ok=True)
     st.save(str(out), create_model_card=False)
     notes = []
@@ -215,6 +216,7 @@ def export_sentence_transformers(head: Head, out: Path, model: str | None = None
         notes.append("the store was encoded under bf16 autocast; the exported model runs in float32")
     summary = {"format": "sentence-transformers", "out": str(out), "head": head.source, "encoder": name,
                "modules": [type(m).__name__ for m in modules], "similarity_fn_name": SIMILARITY[head.energy_name],
+               "prompts": prompts,
                "embedding_dim": head.out_dim, "store_fingerprint": head.store_fingerprint, "notes": notes,
                "load": f"SentenceTransformer({str(out)!r})"}
     atomic_write_json(out / "headstore_export.json", {**summary, "head_config": head.config}, sort_keys=True)

@@ -27,9 +27,9 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from tqdm.auto import tqdm
 from transformers import AutoModel, AutoTokenizer
 
+from headstore.data.progress import progress_bar
 from headstore.data.files import atomic_write_json
 from headstore.featurize.model import model_identity, pick_device, resolve_model
 from headstore.featurize.pooling import Pooler, pooled_forward
@@ -261,7 +261,7 @@ def _train(src: _Source, cfg: FinetuneConfig, blocks, head, opt, embed, negative
     device = next(head.parameters()).device
     trainable = [p for b in blocks for _, p in b] + list(head.parameters())
     history, unfrozen_at = [], {}
-    bar = tqdm(total=steps, desc=f"finetune ({cfg.unfreeze})", disable=not progress)
+    bar = progress_bar(total=steps, desc=f"finetune ({cfg.unfreeze})", disable=not progress)
     for step in range(steps):
         k = n_unfrozen(cfg, step, len(blocks))
         if k not in unfrozen_at.values():

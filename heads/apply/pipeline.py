@@ -23,9 +23,10 @@ from typing import Sequence
 
 import numpy as np
 import torch
-from tqdm.auto import tqdm
 
-from headstore.featurize.encode import CODE_VERSION, Batch, collate, encode_batch, tokenize
+from headstore.data.progress import progress_bar
+from headstore.data.text_id import ROLES
+from headstore.featurize.encode import CODE_VERSION, Batch, collate, encode_batch, prompt_length, tokenize
 from headstore.featurize.model import load_encoder, model_identity
 from headstore.featurize.pooling import Pooler
 from headstore.featurize.sentence import SentenceSpec
@@ -108,8 +109,15 @@ class Pipeline:
         return (f"Pipeline({self.model_source!r}, {self.spec.describe()}, layer {self.layer if len(self.layers) == 1 else list(self.layers)}, "
                 f"max_length {self.max_length}, {self.precision}, head {self.head!r})")
 
-    def features(self, texts: Sequence[str], batch_size: int = 32, progress: bool = False) -> np.ndarray:
-        """Pooled encoder features of `texts` as the store holds them: (n, D) float32."""
+    def prompt(self, role: str) -> str:
+        """The prompt the head's store encoded texts of `role` under ("" for none)."""
+        if role not in ROLES:
+            raise ValueError(f"role {role!r}; valid: {list(ROLES)}")
+        return (self.head.store_manifest.get("prompts") or {}).get(role, "")
+
+    def features(self, texts: Sequence[str], batch_size: int = 32, progress: bool = False,
+                 role: str = "document") -> np.ndarray:
+        """Pooled encoder features of `texts` in `role` as the store holds them: (n, D) float32."""
         if isinstance(texts, str):
             raise ValueError("give a list of texts, not one string")
         texts = list(texts)
@@ -119,16 +127,19 @@ class Pipeline:
         out = np.zeros((len(texts), dim), dtype=np.float32)
         if not texts:
             return out
-        tok = tokenize(self.encoder.tokenizer, texts, self.max_length)
+        prompt = self.prompt(role)
+        tok = tokenize(self.encoder.tokenizer, [prompt + t for t in texts], self.max_length)
+        skip = torch.full((batch_size,), prompt_length(self.encoder.tokenizer, prompt), dtype=torch.int64)
         self.last_truncated = int(tok.truncated.sum())  # texts cut at max_length in the last call (said by callers)
         order = np.argsort(-tok.n_tokens, kind="stable")  # longest first: little padding per batch
         pad_id = self.encoder.tokenizer.pad_token_id or 0
-        bar = tqdm(total=int(tok.n_tokens.sum()), unit="tok", desc="encode", disable=not progress)
+        bar = progress_bar(total=int(tok.n_tokens.sum()), unit="tok", desc="encode", disable=not progress)
         for start in range(0, len(texts), batch_size):
             idx = order[start:start + batch_size]
             input_ids, mask = collate([tok.ids[i] for i in idx], pad_id, pin=False)
             batch = Batch(start, input_ids, mask, int(tok.n_tokens[idx].sum()))
-            pooled = encode_batch(self.encoder, batch, self.pooler, self.layers, self.precision)  # L x (B, D)
+            pooled = encode_batch(self.encoder, batch, self.pooler, self.layers, self.precision,
+                                  skip[:len(idx)])  # L x (B, D)
             rows = [p.cpu().numpy().astype(self.store_dtype).astype(np.float32) for p in pooled]  # the store's dtype
             rows = [unit_rows(r) if unit else r for r, unit in zip(rows, self.normalized)]  # as the store is read
             out[idx] = np.concatenate(rows, axis=1)  # (B, L * D)
@@ -136,12 +147,14 @@ class Pipeline:
         bar.close()
         return out
 
-    def encode(self, texts: Sequence[str], batch_size: int = 32, progress: bool = False) -> np.ndarray:
-        """Head outputs of `texts`: (n, d) float32 numpy."""
-        return self.head.embed(self.features(texts, batch_size, progress))
+    def encode(self, texts: Sequence[str], batch_size: int = 32, progress: bool = False,
+               role: str = "document") -> np.ndarray:
+        """Head outputs of `texts` encoded in `role` ("query" or "document", the default: the role of symmetric
+        data; a store without prompts encodes both alike): (n, d) float32 numpy."""
+        return self.head.embed(self.features(texts, batch_size, progress, role))
 
     def score(self, queries: Sequence[str], docs: Sequence[str], batch_size: int = 32) -> np.ndarray:
-        """Energy of every query against every doc, (Q, N); low = relevant (the head's own energy)."""
-        q = torch.from_numpy(self.encode(queries, batch_size))
-        d = torch.from_numpy(self.encode(docs, batch_size))
+        """Energy of every query (query role) against every doc (document role), (Q, N); low = relevant."""
+        q = torch.from_numpy(self.encode(queries, batch_size, role="query"))
+        d = torch.from_numpy(self.encode(docs, batch_size, role="document"))
         return pairwise_energy(self.head.energy_name, q, d).numpy()

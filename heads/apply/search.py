@@ -22,8 +22,8 @@ from typing import Sequence
 
 import numpy as np
 import polars as pl
-from tqdm.auto import tqdm
 
+from headstore.data.progress import progress_bar
 from headstore.data.dataset import load_dataset
 from headstore.data.files import atomic_write_json, atomic_write_parquet
 from headstore.data.text_id import doc_text, text_ids
@@ -105,7 +105,7 @@ def build_index(store_path: str, head_ref: str, data_path: str, out_dir: str, hn
              else faiss.IndexFlat(head.out_dim, _metric(faiss, energy)))
     if hnsw:
         index.hnsw.efConstruction = ef_construction
-    bar = tqdm(total=len(rows), unit="text", desc="index", disable=not progress)
+    bar = progress_bar(total=len(rows), unit="text", desc="index", disable=not progress)
     for start in range(0, len(rows), EMBED_CHUNK):
         chunk = rows[start:start + EMBED_CHUNK]
         index.add(_prepare(head.embed(read_features(store, head.array, rows=chunk)), energy))
@@ -181,7 +181,7 @@ class SearchIndex:
     def search(self, queries: Sequence[str], k: int = 10, model: str | None = None) -> list[list[dict]]:
         """Per query, the top k items: rank, id, text, energy (ascending)."""
         pipe = self.pipeline(model)
-        vectors = pipe.encode(list(queries))
+        vectors = pipe.encode(list(queries), role="query")  # the store's query prompt, as BEIR queries were
         if pipe.last_truncated:
             self.notes.append(f"{pipe.last_truncated} of {len(queries)} queries are longer than the encoder's "
                               f"{pipe.max_length} tokens and were cut to them (as featurize cuts stored texts)")

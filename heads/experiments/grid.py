@@ -19,8 +19,8 @@ from pathlib import Path
 
 import polars as pl
 import torch
-from tqdm.auto import tqdm
 
+from headstore.data.progress import progress_bar
 from headstore.data.files import atomic_write_json, atomic_write_text
 from headstore.data.outputs import prepare_output_dir
 from headstore.data.tables import read_utf8
@@ -35,11 +35,12 @@ from headstore.heads.experiments.grid_spec import GRID_VERSION, UNSET_SINCE_ID, 
 from headstore.heads.experiments.report import write_report
 from headstore.heads.experiments.soups import score_soups
 from headstore.heads.experiments.summary import write_summary
-from headstore.heads.features import array_list, load_features
+from headstore.heads.features import array_list
 from headstore.heads.kinds import PREFIX, WHOLE, Task, kind_of, load_task, task_rows, without_overlap
 from headstore.heads.losses import applicable
 from headstore.heads.run import head_shape
 from headstore.heads.selection import DEFAULT_DELTA, OodSelection, load_selection
+from headstore.heads.task_features import TaskFeatures, rows_of, rows_of_datasets
 from headstore.heads.train import train_stack
 
 
@@ -70,7 +71,11 @@ def run_grid(store_path: str, data_path: str, grid_path: str, out_dir: str, data
     _check_arrays(combos, store, grid_path, store_path)
     task = load_task(data_path, store, data_format, score_range=score_range)
     ood = _transfer_sets(task, store, transfer)
-    selection = load_selection(store, select_ood, task, load_features(store, "features"), ood_delta)
+    tf = TaskFeatures.for_task(store, task, rows_of_datasets(store, select_ood),
+                               *[rows_of(t) for t in ood.values()], *_anchor_rows(combos, store))
+    task, ood = tf.remap(task), tf.remap(ood)  # rows -> positions of the rows read (heads.task_features)
+    selection = load_selection(store, select_ood, task, tf.read("features")[:, :store.dim], ood_delta,
+                               remap=tf.remap)
     ids = {"data": str(data_path), "fingerprint": store.fingerprint, "transfer": tuple(ood), "in_dim": store.dim,
            "score_range": task.score_range, "select_ood": tuple(selection.sets), "ood_delta": ood_delta,
            "data_format": data_format}
@@ -85,8 +90,8 @@ def run_grid(store_path: str, data_path: str, grid_path: str, out_dir: str, data
     if progress:
         print(plan_summary(groups, skipped, len(rows), task))
     rows += skipped
-    runner = StackRunner(out, task, store, store_path, data_path, data_format, ood, selection, score_split)
-    bar = tqdm(total=sum(len(items) for items in groups.values()), desc="grid heads", disable=not progress)
+    runner = StackRunner(out, task, tf, store_path, data_path, data_format, ood, selection, score_split)
+    bar = progress_bar(total=sum(len(items) for items in groups.values()), desc="grid heads", disable=not progress)
     for (_, _, array), items in groups.items():
         rows += runner.train(items, array, progress)
         write_results(out, old_rows + rows)
@@ -100,6 +105,12 @@ def run_grid(store_path: str, data_path: str, grid_path: str, out_dir: str, data
         score_soups(out, frame, runner.task, runner.features, runner.ood, runner.selection, tuple(soups),
                     transfer_split)
     return frame
+
+
+def _anchor_rows(combos: list[dict], store: FeatureStore) -> list:
+    """The anchor rows of every configuration with an anchor (None: the whole store), to read with the task."""
+    paths = {c.get("anchor_data", "") for c in combos if c.get("anchor_weight")}
+    return [anchor_rows_of(store, TrainConfig(anchor_weight=1.0, anchor_data=p)) for p in sorted(paths)]
 
 
 def _check_arrays(combos: list[dict], store: FeatureStore, grid_path: str, store_path: str) -> None:
@@ -213,19 +224,22 @@ class StackRunner:
     """Trains one stack of a grid and scores it: features and frozen baselines cached per array (and per
     training set, for few-shot stacks), each stack saved loadably, one results row per head."""
 
-    def __init__(self, out: Path, task: Task, store: FeatureStore, store_path: str, data_path: str,
+    def __init__(self, out: Path, task: Task, tf: TaskFeatures, store_path: str, data_path: str,
                  data_format: str | None, ood: dict[str, Task], selection: OodSelection, score_split: str):
-        self.out, self.task, self.store, self.ood, self.selection = out, task, store, ood, selection
+        self.out, self.task, self.tf, self.ood, self.selection = out, task, tf, ood, selection
+        self.store = tf.store
         self.context = {"data": str(data_path), "format": data_format, "store": str(store_path)}
         self.score_split = score_split
-        self._features: dict[str, torch.Tensor] = {}
         self.baselines: dict[str, dict] = {}  # per array: frozen features on dev/test (and transfer sets)
         self._base_rows: dict[tuple, dict] = {}  # per (array, training set): frozen test metrics, `base_*`
 
     def features(self, array: str) -> torch.Tensor:
-        if array not in self._features:
-            self._features[array] = load_features(self.store, array)
-        return self._features[array]
+        return self.tf.read(array)  # the rows the grid's tasks use, read once per array
+
+    def anchor_positions(self, cfg: TrainConfig):
+        """The anchor's rows (heads.anchor) as positions of the features read (None: every row)."""
+        rows = anchor_rows_of(self.store, cfg)
+        return None if rows is None else self.tf.positions(rows)
 
     def baseline(self, array: str) -> dict:
         """Frozen features with cosine and L1: metrics and per-item values on dev and test (and OOD sets)."""
@@ -271,7 +285,7 @@ class StackRunner:
         head_cfg = head_shape(items[0][1], X, array)
         t0 = time.perf_counter()
         model, norm, runs = train_stack(stask, X, head_cfg, configs, progress=progress, selection=self.selection,
-                                        anchor_rows=anchor_rows_of(self.store, configs[0]))
+                                        anchor_rows=self.anchor_positions(configs[0]))
         t1 = time.perf_counter()
         scores = self.score(stask, model, norm(X), configs[0].eval_energy)
         t2 = time.perf_counter()

@@ -19,7 +19,6 @@ import torch
 from scipy.sparse import coo_matrix
 from scipy.sparse.csgraph import connected_components
 
-from headstore.data.text_id import text_id
 from headstore.heads.losses import GENUINE_THRESHOLD, LOSSES, applicable
 from headstore.heads.metrics import bootstrap_ci
 
@@ -78,14 +77,16 @@ class Task:
     score_range: tuple[float, float] | None = None  # sts: the scale the gold scores were rescaled from
 
 
-def store_rows(store, texts: list[str], where: str) -> np.ndarray:
-    """Store rows of `texts`, or ValueError naming `where` when a text was never featurized."""
+def store_rows(store, texts: list[str], where: str, role: str = "document") -> np.ndarray:
+    """Store rows of `texts` in `role` (encoded under the store's prompt of that role), or ValueError naming
+    `where` when a text was never featurized in it."""
     try:
-        return store.rows_for([text_id(t) for t in texts])
+        return store.rows_for(store.row_ids(texts, role))
     except KeyError as e:
         raise ValueError(
             f"{where}: a text is not in the feature store ({e.args[0] if e.args else e}) "
-            "(run `cli featurize` on this dataset first)") from None
+            f"{' as a ' + role if any(store.prompts.values()) else ''} (run `cli featurize` on this dataset "
+            "first, with the same --pair-roles)") from None
 
 
 def text_groups(items: list[list[str]]) -> list[np.ndarray]:

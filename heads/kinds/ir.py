@@ -111,13 +111,14 @@ def from_beir(ds, store, for_eval: bool) -> Task:
     corpus, queries, qrels = ds.beir.corpus, ds.beir.queries, ds.beir.qrels
     doc_ids = corpus["_id"].to_list()
     docs = [doc_text(t, x) for t, x in zip(corpus["title"], corpus["text"])]
-    doc_rows = store_rows(store, docs, f"{ds.path} corpus")
+    doc_rows = store_rows(store, docs, f"{ds.path} corpus", "document")
     doc_row = dict(zip(doc_ids, doc_rows.tolist()))
     q_text = dict(zip(queries["_id"].to_list(), queries["text"].to_list()))
 
     def ir_split(qr: dict[str, dict[str, int]]) -> IRSplit:
         qids = sorted(qr)
-        return IRSplit(qids, store_rows(store, [q_text[q] for q in qids], f"{ds.path} queries"), doc_ids, doc_rows, qr)
+        return IRSplit(qids, store_rows(store, [q_text[q] for q in qids], f"{ds.path} queries", "query"), doc_ids,
+                       doc_rows, qr)
 
     eval_sets: dict[str, object] = {}
     train, dev_note, relevant = None, "", set()
@@ -136,7 +137,7 @@ def from_beir(ds, store, for_eval: bool) -> Task:
             eval_sets["dev"] = ir_split({q: tr[q] for q, dev in zip(qids, is_dev) if dev})
             tr = {q: tr[q] for q, dev, drop in zip(qids, is_dev, dropped) if not dev and not drop}
         pairs = [(q, d) for q in sorted(tr) for d, g in sorted(tr[q].items()) if g > 0]
-        a = store_rows(store, [q_text[q] for q, _ in pairs], f"{ds.path} train queries")
+        a = store_rows(store, [q_text[q] for q, _ in pairs], f"{ds.path} train queries", "query")
         p = np.array([doc_row[d] for _, d in pairs], dtype=np.int64)
         train = PairSet(a, p)
         relevant = set(zip(a.tolist(), p.tolist()))
@@ -149,8 +150,10 @@ def from_beir(ds, store, for_eval: bool) -> Task:
     return Task(ds.name, KIND.name, train, eval_sets, dev_note, doc_rows, relevant, EVALUATION)
 
 
-def retrieval_split(store, anchors: list[str], positives: list[str], where: str) -> IRSplit:
-    """Pairs as retrieval: each unique anchor ranks every unique positive; its own positives are relevant."""
+def retrieval_split(store, anchors: list[str], positives: list[str], where: str,
+                    anchor_role: str = "document") -> IRSplit:
+    """Pairs as retrieval: each unique anchor (in `anchor_role`) ranks every unique positive (documents); its
+    own positives are relevant. Ids are text ids, whatever the role, so a query's own text is found."""
     qrels: dict[str, dict[str, int]] = {}
     query_text: dict[str, str] = {}
     doc_text_of: dict[str, str] = {}
@@ -160,5 +163,5 @@ def retrieval_split(store, anchors: list[str], positives: list[str], where: str)
         doc_text_of.setdefault(dp, p)
         qrels.setdefault(qa, {})[dp] = 1
     qids, dids = list(query_text), list(doc_text_of)
-    return IRSplit(qids, store_rows(store, [query_text[q] for q in qids], where), dids,
-                   store_rows(store, [doc_text_of[d] for d in dids], where), qrels, exclude_self=True)
+    return IRSplit(qids, store_rows(store, [query_text[q] for q in qids], where, anchor_role), dids,
+                   store_rows(store, [doc_text_of[d] for d in dids], where, "document"), qrels, exclude_self=True)

@@ -59,7 +59,8 @@ def from_table(ds, store, for_eval: bool) -> Task:
             train = pair_set(store, ds, part, where, labels)
         elif retrieval:
             a_col, b_col = COLUMNS[ds.kind]
-            eval_sets[split] = retrieval_split(store, part[a_col].to_list(), part[b_col].to_list(), where)
+            eval_sets[split] = retrieval_split(store, part[a_col].to_list(), part[b_col].to_list(), where,
+                                               ds.role_of(a_col))
         else:
             eval_sets[split] = pair_set(store, ds, part, where, labels)
             _check_both_classes(labels, where)

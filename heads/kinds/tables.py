@@ -55,11 +55,11 @@ def split_frames(frame: pl.DataFrame):
 def pair_set(store, ds, f: pl.DataFrame, where: str, labels: np.ndarray | None) -> PairSet:
     """The pairs of table rows `f` as store rows (given negatives too when every row has one)."""
     a_col, b_col = COLUMNS[ds.kind]
-    a = store_rows(store, f[a_col].to_list(), where)
-    b = store_rows(store, f[b_col].to_list(), where)
+    a = store_rows(store, f[a_col].to_list(), where, ds.role_of(a_col))  # query-document pairs: query anchors
+    b = store_rows(store, f[b_col].to_list(), where, ds.role_of(b_col))
     neg = None
     if "negative" in f.columns and f["negative"].null_count() == 0:
-        neg = store_rows(store, f["negative"].to_list(), where)[:, None]
+        neg = store_rows(store, f["negative"].to_list(), where, ds.role_of("negative"))[:, None]
     return PairSet(a, b, labels, neg)
 
 

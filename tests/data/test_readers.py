@@ -388,7 +388,7 @@ def test_read_text_parquet_empty_strings_are_counted_and_logged(tmp_path, caplog
 
 
 def test_read_text_rejects_other_suffixes(tmp_path):
-    with pytest.raises(ValueError, match="reads .txt, .text or .parquet"):
+    with pytest.raises(ValueError, match="reads .txt, .text, .parquet or a datasets folder"):
         read_text(tmp_path / "x.csv")
 
 

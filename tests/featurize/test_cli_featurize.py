@@ -20,10 +20,10 @@ def test_cli_round_trip(tiny_model, texts, tmp_path):
             "--layers", "-1,-2", "--batch-tokens", "256", "--device", "cpu"]
     result = CliRunner().invoke(main, args)
     assert result.exit_code == 0, result.output
-    summary = json.loads(result.output[result.output.index("{"):])
+    summary = json.loads(result.stdout)
     assert summary["n_encoded"] == len(texts) == summary["n_texts"]
     again = CliRunner().invoke(main, args)
-    assert again.exit_code == 0 and json.loads(again.output[again.output.index("{"):])["n_encoded"] == 0
+    assert again.exit_code == 0 and json.loads(again.stdout)["n_encoded"] == 0
     assert FeatureStore.open(store).arrays == ["features", "features_layer-2"]
 
     info = CliRunner().invoke(main, ["store", "info", str(store)])

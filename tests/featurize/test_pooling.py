@@ -51,4 +51,8 @@ def test_poolings_are_float32_under_half_inputs(batch):
 
 
 def test_registry_names():
-    assert set(POOLINGS) == {"mean", "cls", "max"}
+    from headstore.featurize.config import POOLING_NAMES
+    from headstore.featurize.sentence import POOLING_MODES
+
+    assert set(POOLINGS) == set(POOLING_MODES)  # every sentence-transformers Pooling mode
+    assert set(POOLING_NAMES) == {"mean", "cls", "max", "model"}  # --pooling: the model's own, or an override

@@ -54,7 +54,7 @@ def test_cli_ray_engine_equals_local_and_refuses_another_fingerprint(tiny_model,
             "--device", "cpu", "--engine", "ray", "--workers", "2"]
     result = CliRunner().invoke(main, args)
     assert result.exit_code == 0, result.output
-    summary = json.loads(result.output[result.output.index("{"):])
+    summary = json.loads(result.stdout)
     assert summary["engine"] == "ray" and summary["n_encoded"] == 120
     assert_same_as_local(tmp_path / "s", local_store)
     before = (tmp_path / "s" / "manifest.json").read_bytes()

@@ -79,7 +79,7 @@ def test_streamed_sources_equal_load_dataset(tmp_path):
     frame.write_parquet(tmp_path / "b.parquet")
     for path in (txt, tmp_path / "b.parquet"):
         (source,) = open_sources([path], None)
-        streamed = [t for chunk in source.chunks(chunk_rows=2) for t in chunk]
+        streamed = [t for _, chunk in source.chunks(chunk_rows=2) for t in chunk]
         assert list(dict.fromkeys(streamed)) == load_dataset(path).texts()
 
 

@@ -11,10 +11,15 @@ from headstore.data.text_id import text_id
 
 
 class MemoryStore:
-    """The one FeatureStore method a task needs: text ids -> rows."""
+    """What a task needs of a FeatureStore: the roles' prompts (none here), texts -> row ids -> rows."""
+
+    prompts = {"query": "", "document": ""}
 
     def __init__(self, texts: list[str]):
         self.index = {text_id(t): i for i, t in enumerate(texts)}
+
+    def row_ids(self, texts, role="document"):
+        return [text_id(t) for t in texts]
 
     def rows_for(self, ids):
         return np.array([self.index[i] for i in ids], dtype=np.int64)

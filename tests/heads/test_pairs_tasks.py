@@ -17,9 +17,14 @@ from .conftest import FAST, cli
 class TextStore:
     """Stands in for a FeatureStore: every text is a row, numbered in order of first sight."""
 
+    prompts = {"query": "", "document": ""}
+
     def __init__(self):
         self.row_of: dict[str, int] = {}
         self.fingerprint = "test"
+
+    def row_ids(self, texts, role="document"):
+        return [text_id(t) for t in texts]
 
     def rows_for(self, ids):
         return np.array([self.row_of.setdefault(i, len(self.row_of)) for i in ids], dtype=np.int64)

@@ -1,0 +1,108 @@
+"""Progress for long work, suited to where it is read: tqdm bars on a terminal, a plain line every few seconds
+in a log file or CI (no carriage returns: a main job's log is then tens of lines, not thousands of bar
+frames).
+
+`progress_bar(**tqdm_kwargs)` is the one way every command shows progress. The mode is chosen per call:
+`HEADSTORE_PROGRESS=bars|lines|off` when set, else bars when standard error is a terminal, else lines.
+Lines mode is tqdm with its output replaced (`LineProgress`): updates are throttled to one line per
+`LINE_SECONDS`, plus the final one, each saying what, how far (in the bar's unit: tokens where texts vary),
+the rate and the time left.
+"""
+from __future__ import annotations
+
+import os
+import sys
+
+from tqdm.auto import tqdm as terminal_tqdm
+from tqdm.std import tqdm
+
+LINE_SECONDS = 10.0  # a log line every 10 s: a 13-minute job writes ~80 lines per bar, not one per update
+MODES = ("bars", "lines", "off")
+ENV = "HEADSTORE_PROGRESS"
+
+
+def progress_mode(stream=None) -> str:
+    """bars, lines or off: HEADSTORE_PROGRESS when set, else bars on a terminal and lines elsewhere."""
+    chosen = os.environ.get(ENV, "").strip().lower()
+    if chosen:
+        if chosen not in MODES:
+            raise ValueError(f"{ENV}={chosen!r}; valid: {list(MODES)}")
+        return chosen
+    stream = stream if stream is not None else sys.stderr
+    isatty = getattr(stream, "isatty", None)
+    return "bars" if isatty is not None and isatty() else "lines"
+
+
+class LineProgress(tqdm):
+    """tqdm that writes whole lines (no '\\r', no cursor moves), at most one per `mininterval` seconds."""
+
+    def __init__(self, *args, mininterval: float = LINE_SECONDS, **kwargs):
+        kwargs.pop("dynamic_ncols", None)
+        kwargs.pop("ncols", None)
+        self._last_line, self._last_write_t = None, None
+        super().__init__(*args, mininterval=mininterval, miniters=0, **kwargs)
+
+    def display(self, msg=None, pos=None):
+        if not self.disable:
+            self._write(force=False)
+        return True
+
+    def close(self):
+        """The final line (for a bar that stays: leave), then tqdm's bookkeeping without its '\r' or '\n'."""
+        if getattr(self, "disable", True):
+            return
+        if self.leave or (self.leave is None and self.pos == 0):
+            self._write(force=True)
+        self.disable = True
+        self._decr_instances(self)
+
+    def _write(self, force: bool) -> None:
+        """One line, unless one was written less than `mininterval` ago (set_postfix and tqdm.write refresh
+        on every call) or it would repeat the last."""
+        now = self._time()
+        if not force and self._last_write_t is not None and now - self._last_write_t < self.mininterval:
+            return
+        line = self.line()
+        if line != self._last_line:
+            self.fp.write(line + "\n")
+            self.fp.flush()
+            self._last_line, self._last_write_t = line, now
+
+    def clear(self, nolock=False):  # nothing to erase: lines stay
+        return None
+
+    def moveto(self, n):  # no cursor movement between nested bars
+        return None
+
+    def line(self) -> str:
+        """`desc: n/total unit (pct%), rate, elapsed, ETA, postfix` in plain text."""
+        d = self.format_dict
+        unit, scale = d.get("unit") or "it", d.get("unit_scale")
+        size = tqdm.format_sizeof if scale else (lambda x: f"{x:,.0f}" if x >= 10 or x == int(x) else f"{x:.2f}")
+        total = d.get("total")
+        done = f"{size(d['n'])}/{size(total)} {unit} ({100 * d['n'] / total:.0f}%)" if total else f"{size(d['n'])} {unit}"
+        elapsed = d.get("elapsed") or 0.0
+        rate = d["n"] / elapsed if elapsed > 0 else None
+        parts = [done, f"{size(rate)} {unit}/s" if rate else None, f"elapsed {tqdm.format_interval(elapsed)}"]
+        if total and rate and d["n"] < total:
+            parts.append(f"ETA {tqdm.format_interval((total - d['n']) / rate)}")
+        postfix = d.get("postfix")
+        if postfix:
+            parts.append(str(postfix).lstrip(", "))
+        prefix = d.get("prefix") or "progress"
+        return f"{prefix}: " + ", ".join(p for p in parts if p)
+
+
+def progress_bar(*args, disable: bool = False, **kwargs):
+    """A tqdm-like progress bar for this process's standard error (see the module doc for the mode)."""
+    mode = progress_mode(kwargs.get("file"))
+    if mode == "off":
+        return tqdm(*args, disable=True, **kwargs)
+    if mode == "lines":
+        return LineProgress(*args, disable=disable, **kwargs)
+    return terminal_tqdm(*args, disable=disable, **kwargs)
+
+
+def progress_write(message: str) -> None:
+    """A message line on standard error that does not break a bar being drawn (tqdm.write)."""
+    tqdm.write(message, file=sys.stderr)
