@@ -217,3 +217,17 @@ def test_train_head_ir_default_anchors_and_a_given_weight_wins(world, tmp_path):
     assert trained("given", "--anchor-weight", "0")["train"]["anchor_weight"] == 0.0
     narrow = trained("narrow", "--no-residual", "--out-dim", "8")  # no f(x) - x to take: the default leaves it off
     assert narrow["train"]["anchor_weight"] == 0.0
+
+
+def test_whole_store_anchor_is_a_fixed_bounded_sample_of_a_large_store(world, monkeypatch):
+    import headstore.heads.anchor as anchor
+    from headstore.featurize.store import FeatureStore
+
+    store = FeatureStore.open(world.store)
+    cfg = TrainConfig(anchor_weight=1.0)
+    assert anchor.anchor_rows_of(store, cfg) is None  # a small store: every row
+    monkeypatch.setattr(anchor, "ANCHOR_POOL", 10)
+    rows = anchor.anchor_rows_of(store, cfg)
+    assert len(np.unique(rows)) == 10 and rows.max() < store.n_texts and (np.diff(rows) > 0).all()
+    assert np.array_equal(rows, anchor.anchor_rows_of(store, cfg))  # the same sample every time
+    assert anchor.anchor_rows_of(store, TrainConfig()) is None  # no anchor, nothing read
