@@ -38,7 +38,7 @@ STUDY = {
     "stsb": ("stsb", ("semeval-sts-2012-2016",), ("semeval-sts-2012-2016",)),
     "trecqa": ("pairs-small/trecqa_pairs.parquet", (), ()),
 }
-GRIDS = ("base", "anchor", "soup")  # <runs>/<dataset>-<grid>
+GRIDS = ("base", "anchor", "anchorstrong", "anchorgen", "soup")  # <runs>/<dataset>-<grid> (examples/robust_study.sh)
 
 
 class Scorer:
@@ -114,13 +114,14 @@ def stack_curves(scorer: Scorer, grid: Path) -> list[dict]:
     return out
 
 
-def aggregate(scorer: Scorer, label: str, recs: list[dict]) -> dict:
+def aggregate(scorer: Scorer, label: str, recs: list[dict], ci: bool = True) -> dict:
     """3-seed mean (and std) of every figure, the CI of the in-domain test mean."""
     row = {"lever": label, "seeds": len(recs)}
     for key in [k for k in recs[0] if k not in ("test_items", "strength", "seed")]:
         vals = np.array([r[key] for r in recs], dtype=float)
         row[key], row[f"{key}_std"] = float(vals.mean()), float(vals.std(ddof=1)) if len(vals) > 1 else 0.0
-    row["ci"] = list(_ci(scorer.task, [r["test_items"] for r in recs]))
+    if ci:  # the bootstrap (1,000 resamples; STS: a Spearman each) only for table rows, not curve points
+        row["ci"] = list(_ci(scorer.task, [r["test_items"] for r in recs]))
     if "strength auto" in label:
         row["strengths"] = [r["strength"] for r in recs]
     return row
@@ -135,18 +136,20 @@ def levers(scorer: Scorer, runs: Path, name: str) -> tuple[list[dict], dict]:
     groups: dict[tuple, list[dict]] = {}
     for h in heads:
         r = h["row"]
-        key = (h["grid"], h["energy"], r.get("anchor_weight") or 0.0, r["lr"])
+        key = (h["grid"], h["energy"], r.get("anchor_weight") or 0.0, r["lr"], Path(r.get("anchor_data") or "").stem)
         groups.setdefault(key, []).append(h)
     rows, curve = [], {}
-    for (grid, energy, lam, lr), hs in groups.items():
+    for (grid, energy, lam, lr, rows_of), hs in groups.items():
         full = [next(p for p in h["curve"] if p["strength"] == 1.0) for h in hs]
-        tag = f"{energy}" + (f", anchor {lam:g}" if lam else "") + (f", lr {lr:g}" if grid == "soup" else "")
+        tag = (f"{energy}" + (f", anchor {lam:g} ({rows_of or 'store'} rows)" if lam else "")
+               + (f", lr {lr:g}" if grid == "soup" else ""))
         rows.append(aggregate(scorer, f"{tag}", full))
         chosen = choose([h["curve"] for h in hs], scorer.selection.delta if scorer.selection else 0.0)
         picked = [{**next(p for p in h["curve"] if p["strength"] == a)} for h, a in zip(hs, chosen)]
         rows.append(aggregate(scorer, f"{tag} + strength auto", picked))
         if grid == "base":
-            curve[energy] = [aggregate(scorer, f"a={a:g}", [h["curve"][i] for h in hs]) for i, a in enumerate(STRENGTHS)]
+            curve[energy] = [aggregate(scorer, f"a={a:g}", [h["curve"][i] for h in hs], ci=False)
+                             for i, a in enumerate(STRENGTHS)]
     rows += soups(scorer, runs / f"{name}-soup")
     return rows, curve
 

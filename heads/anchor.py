@@ -9,8 +9,8 @@ input (the normalised features; for a head mixing several arrays, its mixed inpu
 zero at the identity head and pulls a head toward it.
 
 The rows: `--anchor-data D` names a dataset whose texts are in the store (its corpus, queries, sentences),
-or, unset, every row of the store. Only row ids are kept (8 bytes a row); the features are the ones the
-heads already train on. Texts of the training pairs are left out, so the anchor never pulls on a text
+or, unset, every row of the store (of a store above ANCHOR_POOL rows, a fixed sample of that many). Only
+those rows' features are read beside the task's (heads.task_features), so memory stays bounded. Texts of the training pairs are left out, so the anchor never pulls on a text
 the loss trains.
 """
 from __future__ import annotations
@@ -25,12 +25,23 @@ from headstore.heads.model import StackedMLP
 
 ANCHOR_ROWS = 128  # rows per step and head: 2 batches' anchors, a fifth of a mined step's rows
 ANCHOR_SEED = 0xA7C4  # offsets each head's anchor generator from its batch-order generator
+# the whole store as the anchor: up to this many rows (a fixed seeded sample of a larger store), so the
+# features read for training stay bounded (heads.task_features reads only the rows it is given): 100k rows of
+# 384-d float32 are 154 MB, and a step draws 128 of them
+ANCHOR_POOL = 100_000
+ANCHOR_POOL_SEED = 20_2611
 
 
 def anchor_rows_of(store, cfg: TrainConfig) -> Optional[np.ndarray]:
-    """The store rows `--anchor-data` names (None: the whole store, or no anchor)."""
-    if not cfg.anchor_weight or not cfg.anchor_data:
+    """The store rows `--anchor-data` names; unset, the whole store: None (every row) up to ANCHOR_POOL rows,
+    else a fixed seeded sample of ANCHOR_POOL of them. None too when the anchor is off."""
+    if not cfg.anchor_weight:
         return None
+    if not cfg.anchor_data:
+        n = store.n_texts
+        if n <= ANCHOR_POOL:
+            return None
+        return np.sort(np.random.default_rng(ANCHOR_POOL_SEED).choice(n, ANCHOR_POOL, replace=False)).astype(np.int64)
     from headstore.heads.kinds import load_task, task_rows  # the dataset readers, only when named
 
     task = load_task(cfg.anchor_data, store, for_eval=True)

@@ -43,7 +43,7 @@ def parse_strength(value: str) -> Optional[float]:
     return a
 # settings whose default depends on the kind of data (each kind's `defaults`, heads.kinds); the command
 # line leaves them unset so the kind can fill them in, and config.json "defaults" says which applied
-KIND_DEPENDENT = ("depth", "lr", "epochs")
+KIND_DEPENDENT = ("depth", "lr", "epochs", "anchor_weight")
 
 
 def _opt(help: str = "", choices=None, cli: bool = True, flag: str | None = None):
@@ -140,9 +140,12 @@ class ObjectiveConfig:
     # that beats the frozen features on STS-B (the others overfit; docs/l1-energy.md)
     q_start: Optional[float] = field(default=None, metadata=_opt(
         "A Q schedule: l1-energy's Q goes linearly from this to --q over training."))  # None: a fixed Q
-    anchor_weight: float = field(default=0.0, metadata=_opt(
+    anchor_weight: float = field(default=0.0, metadata={**_opt(
         "Anchor on the unlabeled store: + lambda * mean ||f(x) - x||_1 over store rows that are not training "
-        "texts, sampled each step (--anchor-data names the rows)."))  # 0 = off (earlier heads do not move)
+        "texts, sampled each step (--anchor-data names the rows)."), "kind_help": (
+        "train-head's default per kind of data: IR and positive pairs 2 (docs/robust.md), other kinds 0 "
+        "(off); cli grid: 0 unless set.")})  # 0 here (grids, and the ids of their heads, do not move); the
+    # IR kind's train-head default is the SciFact study's (heads.kinds.ir, docs/robust.md)
 
 
 @dataclass(frozen=True)

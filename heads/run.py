@@ -170,6 +170,8 @@ def defaults_for_kind(task: Task, head_cfg: HeadConfig, cfg: TrainConfig, unset:
         return head_cfg, cfg, f"{', '.join(unset)}: {kind.defaults_why}"
     assert set(kind.defaults) <= set(KIND_DEPENDENT), "a kind's defaults cover kind-dependent settings only"
     values = {k: kind.defaults[k] for k in unset}
+    if values.get("anchor_weight") and (head_cfg.out_dim is not None or head_cfg.depth == 0):
+        values["anchor_weight"] = 0.0  # the anchor compares f(x) with x: a head of another width (or none) has none
     head_keys = {f.name for f in fields(HeadConfig)}
     head_cfg = replace(head_cfg, **{k: v for k, v in values.items() if k in head_keys})
     cfg = cfg.replace(**{k: v for k, v in values.items() if k not in head_keys})

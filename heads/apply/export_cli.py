@@ -4,7 +4,7 @@ from __future__ import annotations
 import click
 
 from headstore.data.files import atomic_write_json
-from headstore.data.options import PATH, format_option
+from headstore.data.options import PATH, fold_label_options, format_option, label_options
 from headstore.data.readers import read_text
 from headstore.heads.apply.formats import EXPORT_FORMATS
 
@@ -66,10 +66,13 @@ def export_command(head, grid, rank, head_id, ensemble, fmt, out, model):
 @click.option("--out", type=PATH, required=True, help="New (or empty) index directory.")
 @click.option("--hnsw", type=int, default=None, help="Approximate HNSW index with M links per node (default: exact flat).")
 @click.option("--ef-construction", type=int, default=80, show_default=True, help="HNSW build beam.")
-def index_command(store, head, data, data_format, out, hnsw, ef_construction):
-    """Put the head's outputs of a corpus (from stored features) into a FAISS index for `cli search`."""
+@label_options
+def index_command(store, head, data, data_format, out, hnsw, ef_construction, **label_settings):
+    """Put the head's outputs of a corpus (from stored features, in the document role) into a FAISS index for
+    `cli search`."""
     from headstore.heads.apply.search import build_index
 
+    data_format = fold_label_options(data_format, label_settings)
     info = build_index(store, head, data, out, hnsw, data_format, ef_construction)
     kind = f"HNSW (M={info['hnsw_m']})" if info["kind"] == "hnsw" else "flat (exact)"
     click.echo(f"{out}: {info['n']} vectors of dim {info['dim']}, {kind}, {info['metric']} ({info['energy']} energy)")

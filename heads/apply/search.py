@@ -68,13 +68,14 @@ def _to_energy(distances: np.ndarray, energy: str) -> np.ndarray:
 
 
 def corpus_items(data_path: str, data_format: str | None = None) -> pl.DataFrame:
-    """`id`, `text` of every item to index: a BEIR corpus's documents, else the dataset's unique texts."""
+    """`id`, `text` of every item to index: a BEIR corpus's documents, else the dataset's unique texts of the
+    document role (a query-document pairs table: its positives and negatives, not its query anchors)."""
     ds = load_dataset(data_path, data_format)
     if ds.kind == "beir":
         corpus = ds.beir.corpus
         texts = [doc_text(t, x) for t, x in zip(corpus["title"].to_list(), corpus["text"].to_list())]
         return pl.DataFrame({"id": corpus["_id"].cast(pl.String), "text": texts})
-    texts = list(dict.fromkeys(ds.texts()))
+    texts = ds.texts_by_role()["document"]
     return pl.DataFrame({"id": text_ids(texts), "text": texts})
 
 

@@ -224,7 +224,7 @@ SUMMARY_METRICS = ("probe_accuracy", "probe_macro_f1", "manhattan_knn_accuracy",
 class LabelsKind(TaskKind):
     name = "labels"
     form = "classes"
-    defaults = {"depth": 2, "lr": 1e-3, "epochs": 10}
+    defaults = {"depth": 2, "lr": 1e-3, "epochs": 10, "anchor_weight": 0.0}
     data_words = "labelled"  # how config.json "defaults" names the data
     defaults_why = "the 20 Newsgroups dev choice"
     suggestion = "--graded pearson, --depth 1 --lr 1e-3, --normalize l2"

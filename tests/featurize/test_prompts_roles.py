@@ -103,6 +103,11 @@ def test_asymmetric_pairs_need_the_same_roles_to_read(world, tmp_path):
                                   str(tmp_path / "head"), "--pair-roles", "query-document", "--epochs", "1",
                                   "--hidden", "8", "--batch-size", "5", "--mined-k", "0"])
     assert r.exit_code == 0, r.output
+    r = CliRunner().invoke(main, ["index", "--store", str(tmp_path / "s"), "--head", str(tmp_path / "head"), "--data",
+                                  str(pairs), "--out", str(tmp_path / "index"), "--pair-roles", "query-document"])
+    assert r.exit_code == 0, r.output  # the corpus is the document role: positives, not the query anchors
+    assert sorted(pl.read_parquet(tmp_path / "index" / "items.parquet")["text"]) == sorted(
+        [f"cat tree {i}" for i in range(11)] + ["red river"])
 
 
 def test_pipeline_search_and_export_take_the_roles(world, tmp_path):

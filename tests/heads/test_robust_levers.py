@@ -201,3 +201,33 @@ def test_bad_strength_is_refused_naming_the_valid_values(world, tmp_path):
     r = CliRunner().invoke(main, ["train-head", "--store", str(world.store), "--data", str(world.beir), "--out",
                                   str(tmp_path / "h"), "--strength", "1.5"])
     assert r.exit_code != 0 and "strength must be 'auto' or a number in [0, 1]" in r.output
+
+
+def test_train_head_ir_default_anchors_and_a_given_weight_wins(world, tmp_path):
+    from headstore.heads.kinds.ir import ANCHOR_IR
+
+    def trained(name, *args):
+        r = CliRunner().invoke(main, ["train-head", "--store", str(world.store), "--data", str(world.beir), "--out",
+                                      str(tmp_path / name), "--hidden", "16", "--epochs", "1", "--batch-size", "8",
+                                      "--mined-k", "2", *args])
+        assert r.exit_code == 0, r.output
+        return json.loads((tmp_path / name / "config.json").read_text())
+
+    assert trained("default")["train"]["anchor_weight"] == ANCHOR_IR > 0
+    assert trained("given", "--anchor-weight", "0")["train"]["anchor_weight"] == 0.0
+    narrow = trained("narrow", "--no-residual", "--out-dim", "8")  # no f(x) - x to take: the default leaves it off
+    assert narrow["train"]["anchor_weight"] == 0.0
+
+
+def test_whole_store_anchor_is_a_fixed_bounded_sample_of_a_large_store(world, monkeypatch):
+    import headstore.heads.anchor as anchor
+    from headstore.featurize.store import FeatureStore
+
+    store = FeatureStore.open(world.store)
+    cfg = TrainConfig(anchor_weight=1.0)
+    assert anchor.anchor_rows_of(store, cfg) is None  # a small store: every row
+    monkeypatch.setattr(anchor, "ANCHOR_POOL", 10)
+    rows = anchor.anchor_rows_of(store, cfg)
+    assert len(np.unique(rows)) == 10 and rows.max() < store.n_texts and (np.diff(rows) > 0).all()
+    assert np.array_equal(rows, anchor.anchor_rows_of(store, cfg))  # the same sample every time
+    assert anchor.anchor_rows_of(store, TrainConfig()) is None  # no anchor, nothing read
