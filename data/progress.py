@@ -106,3 +106,18 @@ def progress_bar(*args, disable: bool = False, **kwargs):
 def progress_write(message: str) -> None:
     """A message line on standard error that does not break a bar being drawn (tqdm.write)."""
     tqdm.write(message, file=sys.stderr)
+
+
+def quiet_library_bars() -> None:
+    """Outside bars mode, turn off the progress bars libraries draw themselves (transformers' "Loading
+    weights", datasets' "Saving the dataset"): in a log they are carriage-return frames."""
+    if progress_mode() == "bars":
+        return
+    for module in ("transformers.utils.logging", "datasets.utils.logging"):
+        lib = sys.modules.get(module.split(".")[0])
+        if lib is None:
+            continue  # not imported: nothing of it will draw here
+        try:
+            __import__(module, fromlist=["disable_progress_bar"]).disable_progress_bar()
+        except (ImportError, AttributeError):
+            pass

@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from headstore.data.progress import quiet_library_bars
+
 TOKENIZER_FILES = ("tokenizer.json", "vocab.txt", "tokenizer_config.json", "special_tokens_map.json")
 _HASH_CACHE: dict[tuple[str, int, int], str] = {}  # (path, size, mtime_ns) -> sha256 hex
 
@@ -184,6 +186,8 @@ def pick_device(device: str) -> str:
 def load_encoder(name_or_path: str, device: str = "auto", max_length: int | None = None) -> Encoder:
     """Model (safetensors, no remote code, SDPA attention unless unsupported) and tokenizer."""
     from transformers import AutoModel, AutoTokenizer  # here: seconds to import; only loading needs it
+
+    quiet_library_bars()  # a log gets no "Loading weights" carriage-return frames
 
     identity = model_identity(name_or_path, max_length)
     model_dir = identity.model_dir

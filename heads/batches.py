@@ -16,6 +16,7 @@ import numpy as np
 import torch
 
 from headstore.heads.anchor import anchor_penalty
+from headstore.heads.candidates import frozen_topk
 from headstore.heads.config import TrainConfig
 from headstore.heads.evaluate import embed_rows
 from headstore.heads.features import Normalizer
@@ -90,6 +91,26 @@ class NegativeSource:
         self.task, self.data, self.cfg, self.n_heads = task, data, cfg, n_heads
         self.mining = bool(cfg.mined_k and LOSSES[cfg.loss].negatives and task.corpus_rows is not None)
         self.mined: Optional[torch.Tensor] = None  # (H, P, k)
+        self.pool, self.report = None, {"method": "exact"}
+        n_docs = len(np.unique(task.corpus_rows)) if self.mining else 0
+        if self.mining and n_docs > cfg.exact_max:  # a large corpus: a candidate pool, searched once
+            self.pool = self._pool(n_docs)
+            self.report = {"method": "candidates", "pool_k": int(self.pool.shape[1]), "index": "faiss IVF-Flat, "
+                           "inner product on L2-normalised features (cosine), built once", "corpus": n_docs,
+                           "exact_max": cfg.exact_max}
+        elif self.mining:
+            self.report["corpus"] = n_docs
+
+    def _pool(self, n_docs: int) -> np.ndarray:
+        """(U, c) candidates of every unique anchor: its frozen top-c by cosine (c = pool_k, plus room for
+        the anchor's own positives, which are never mined)."""
+        corpus = np.unique(self.task.corpus_rows)
+        anchors = np.unique(self.data.pairs.anchor)
+        per_anchor: dict[int, int] = {}
+        for a, _ in self.task.relevant:
+            per_anchor[a] = per_anchor.get(a, 0) + 1
+        c = min(n_docs, max(self.cfg.pool_k, self.cfg.mined_k) + max(per_anchor.values(), default=0))
+        return frozen_topk(self.data.X, anchors, corpus, c, seed=self.cfg.seed)
 
     def for_epoch(self, epoch: int, model: StackedMLP) -> Optional[torch.Tensor]:
         """(H, P, K) negatives for epoch `epoch` (0-based), or None when the loss uses none."""
@@ -98,7 +119,7 @@ class NegativeSource:
         if self.mining and (self.mined is None or cfg.remine):
             embed = (lambda rows: embed_rows(model, data.X, rows)) if cfg.remine and epoch > 0 else None
             self.mined = mine_negatives(data.X, data.pairs.anchor, self.task.corpus_rows, self.task.relevant,
-                                        cfg.mined_k, embed, self.n_heads, energy=cfg.eval_energy)
+                                        cfg.mined_k, embed, self.n_heads, energy=cfg.eval_energy, pool=self.pool)
         if self.mined is None:
             return given
         return self.mined if given is None else torch.cat([given, self.mined], dim=-1)

@@ -155,6 +155,14 @@ class NegativesConfig:
     # and matched 16 (docs/l1-energy.md); 0 = none
     remine: bool = field(default=True, metadata=_opt(
         "Re-mine hard negatives each epoch in the head's own space."))  # SciFact dev: +0.004 mean
+    exact_max: int = field(default=20_000, metadata=_opt(
+        "Largest corpus (documents) searched exactly for mining and dev ranking; above it, candidates: each "
+        "query's frozen top --pool-k from a FAISS index built once, re-scored in head space each epoch."))
+    # 20,000: SciFact (5k) and corpora of its size keep the exact search and their numbers; above ~20k an
+    # exact re-mine + dev ranking per epoch costs more than the epoch's training steps (bench/scale_heads.py)
+    pool_k: int = field(default=100, metadata=_opt(
+        "Candidates per query above --exact-max: the frozen space's top-k documents."))  # 100: 12x the 8
+    # mined negatives; the dev candidates' share of the exact top-10 is reported in metrics.json
 
 
 @dataclass(frozen=True)
@@ -237,6 +245,8 @@ class TrainConfig:
             ("seed", self.seed >= 0, ">= 0"),
             ("patience", self.patience >= 1, ">= 1 (epochs without a dev improvement before stopping)"),
             ("mined_k", self.mined_k >= 0, ">= 0 (0 = no mined negatives)"),
+            ("exact_max", self.exact_max >= 0, ">= 0 (corpus documents searched exactly)"),
+            ("pool_k", self.pool_k >= 10, ">= 10 (candidates per query; nDCG@10 needs 10)"),
         ]
         for name, holds, what in bounds:
             if not holds:

@@ -10,6 +10,7 @@ from typing import Callable, Optional
 import numpy as np
 import torch
 
+from headstore.heads.candidates import pooled_negatives
 from headstore.heads.energy import pairwise_energy
 from headstore.heads.metrics import topk_ranking
 
@@ -19,12 +20,15 @@ CHUNK = 512  # anchors per block of the (chunk, N) energy matrix
 def mine_negatives(features: torch.Tensor, anchors: np.ndarray, corpus_rows: np.ndarray,
                    relevant: set[tuple[int, int]], k: int,
                    embed: Optional[Callable[[np.ndarray], torch.Tensor]] = None, n_heads: int = 1,
-                   energy: str = "cosine") -> torch.Tensor:
+                   energy: str = "cosine", pool: Optional[np.ndarray] = None) -> torch.Tensor:
     """Store rows of the k lowest-energy corpus documents of each anchor that are not its positives.
 
     features (N, D); anchors (P,) store rows; corpus_rows (M,) store rows. With `embed` (rows ->
     (H, n, d)) the search runs in each head's space; otherwise once in feature space, shared by all
     n_heads. Returns (H, P, k) int64 store rows.
+
+    pool: (U, c) indices into the sorted unique corpus rows, the candidates of each unique anchor (sorted
+    ascending; heads.candidates.frozen_topk): only they are scored. None scans the whole corpus (exact).
 
     Documents are store rows, i.e. texts: a document listed twice in the corpus (two ids, one text) is one
     candidate, so a duplicate of an anchor's positive is never mined as that anchor's negative."""
@@ -40,18 +44,40 @@ def mine_negatives(features: torch.Tensor, anchors: np.ndarray, corpus_rows: np.
     kk = min(k, len(corpus_rows) - extra)
     if kk < k:
         raise ValueError(f"cannot mine {k} negatives from a corpus of {len(corpus_rows)} documents")
-    if embed is None:
+    if pool is not None:
+        spaces = []
+    elif embed is None:
         spaces = [(features[torch.as_tensor(uniq)], features[torch.as_tensor(corpus_rows)])]
         energy_used = "cosine"
     else:
         za, zd = embed(uniq), embed(corpus_rows)  # (H, U, d), (H, M, d)
         spaces = [(za[h], zd[h]) for h in range(za.shape[0])]
         energy_used = energy
-    out = []
     corpus_t = torch.as_tensor(corpus_rows)
+    if pool is not None:
+        return _mine_pool(features, uniq, inverse, corpus_t, pool, exclude, k, embed, n_heads, energy)
+    out = []
     for q, d in spaces:
         idx = topk_ranking(lambda s, e: pairwise_energy(energy_used, q[s:e], d), k=k, n_queries=len(uniq),
                            chunk_size=CHUNK, exclude=exclude)  # (U, k) corpus positions
         out.append(corpus_t[idx][torch.as_tensor(inverse)])  # (P, k) store rows
     mined = torch.stack(out)  # (H or 1, P, k)
+    return mined.expand(n_heads, -1, -1) if mined.shape[0] == 1 else mined
+
+
+def _mine_pool(features, uniq, inverse, corpus_t, pool, exclude, k, embed, n_heads, energy) -> torch.Tensor:
+    """mine_negatives on each anchor's candidate pool only (the pool's documents embedded once per call)."""
+    docs = np.unique(pool)  # corpus indices of every candidate
+    at = torch.full((len(corpus_t),), -1, dtype=torch.long)
+    at[torch.as_tensor(docs)] = torch.arange(len(docs))
+    if embed is None:
+        za, zd, energy_used = features[torch.as_tensor(uniq)].unsqueeze(0), None, "cosine"
+        zd = features[corpus_t[torch.as_tensor(docs)]].unsqueeze(0)
+    else:
+        za, zd, energy_used = embed(uniq), embed(corpus_t[torch.as_tensor(docs)].numpy()), energy
+    out = []
+    for h in range(za.shape[0]):
+        idx = pooled_negatives(za[h], lambda d, h=h: zd[h][at[torch.as_tensor(d)]], pool, k, exclude, energy_used)
+        out.append(corpus_t[idx][torch.as_tensor(inverse)])  # (P, k) store rows
+    mined = torch.stack(out)
     return mined.expand(n_heads, -1, -1) if mined.shape[0] == 1 else mined

@@ -122,6 +122,7 @@ def train_head(store_path: str, data_path: str, out_dir: str, head_cfg: HeadConf
         metrics["split"] = "dev"
         metrics["note"] = f"{data_path} has no test split: only dev figures are reported"
     metrics["history"] = run.history
+    metrics.update(scale_report(task, run, model, norm, features, cfg))
     if cfg.strength != "1":
         metrics["strength"] = strength_report(run, cfg, selection)
     if getattr(task, "report", None):  # labelled texts: unseen labels, skipped texts, duplicates
@@ -133,6 +134,21 @@ def train_head(store_path: str, data_path: str, out_dir: str, head_cfg: HeadConf
         plot_strength(run.strength_curve, run.strength, out / "strength.png", metrics["primary"],
                       title=f"{task.name}: strength a (chosen {run.strength:g})")
     return metrics
+
+
+SHARE_SAMPLE = 50  # dev queries whose exact top-10 is checked against the candidates (one whole-corpus ranking each)
+
+
+def scale_report(task: Task, run, model, norm, features: torch.Tensor, cfg: TrainConfig) -> dict:
+    """metrics.json "negatives" (how hard negatives were mined) and "dev_candidates" (how dev was ranked each
+    epoch; with candidates, the share of the exact top-10 inside them on SHARE_SAMPLE dev queries)."""
+    out = {"negatives": run.negatives} if run.negatives else {}
+    if run.dev_candidates:
+        X = norm(features) if norm is not None else features
+        share = kind_of(task).candidate_share(task, "dev", run.select_set, lambda r: embed_rows(model, X, r),
+                                              cfg.eval_energy, SHARE_SAMPLE)
+        out["dev_candidates"] = {**run.dev_candidates, **share}
+    return out
 
 
 def strength_report(run, cfg: TrainConfig, selection) -> dict:

@@ -30,6 +30,9 @@ class HeadRun:
     best_sel_loss: Optional[float] = None  # out-of-domain dev loss of the kept weights (--select-ood)
     strength: float = 1.0  # the strength a applied after training (heads.strength)
     strength_curve: list[dict] = field(default_factory=list)  # dev (and OOD dev) per a, when a was scored
+    negatives: dict = field(default_factory=dict)  # how hard negatives were mined (metrics.json "negatives")
+    dev_candidates: dict = field(default_factory=dict)  # how the per-epoch dev set was made (IR: exact / candidates)
+    select_set: object = None  # the evaluation set selected on each epoch (IR above exact_max: the candidates)
 
 
 def dev_scores(task: Task, split: str, model: StackedMLP, X: torch.Tensor, cfg: TrainConfig) -> list[float]:

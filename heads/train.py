@@ -12,6 +12,7 @@ starting point is a candidate too, so a head that never beats it on dev returns 
 from __future__ import annotations
 
 import copy
+from dataclasses import replace
 import math
 import time
 from typing import Optional
@@ -81,6 +82,10 @@ class StackTraining:
                              f"{self.H} of {head_cfg}")
         self.sampler = kind_of(task).sampler(task)  # labelled texts: P classes x K texts (heads.kinds.labels)
         self.select = select_split in task.eval_sets  # no split to select on (few-shot): every epoch, keep the last
+        self.select_task, self.select_report = task, {}
+        if self.select:  # a large IR corpus: dev ranked on candidates each epoch (heads.kinds.ir.selection_set)
+            chosen, self.select_report = kind_of(task).selection_set(task, select_split, self.data.X, cfg0)
+            self.select_task = replace(task, eval_sets={**task.eval_sets, select_split: chosen})
         self.steps_per_epoch = math.ceil(self.P / self.B)
         self.total = self.steps_per_epoch * cfg0.epochs
         self.optimizer = StackOptimizer(self.model, configs, self.total)
@@ -93,7 +98,7 @@ class StackTraining:
         self.anchor = (AnchorSampler(len(self.data.X), train_rows, configs, anchor_rows) if cfg0.anchor_weight
                        else None)
         if self.select:
-            self.tracker.start(dev_scores(task, select_split, self.model, self.data.X, cfg0), self.sel_losses(),
+            self.tracker.start(dev_scores(self.select_task, select_split, self.model, self.data.X, cfg0), self.sel_losses(),
                                cfg0.guard)
 
     def sel_losses(self) -> Optional[list[float]]:
@@ -121,7 +126,7 @@ class StackTraining:
             epoch_loss += torch.where(finite, losses.detach(), torch.zeros_like(losses)).double()
             self.step += 1
             bar.update(1)
-        scores = (dev_scores(self.task, self.select_split, self.model, data.X, cfg0) if self.select
+        scores = (dev_scores(self.select_task, self.select_split, self.model, data.X, cfg0) if self.select
                   else [float(epoch + 1)] * H)
         self.tracker.end_epoch(epoch + 1, epoch_loss / self.steps_per_epoch, scores, self.metric, self.step,
                                self.sel_losses())
@@ -137,6 +142,9 @@ class StackTraining:
                     h.pop(f"dev_{self.metric}", None)
         for r in self.tracker.runs:
             r.seconds = elapsed / self.H
+            r.negatives = self.negatives.report if self.negatives.mining else {}
+            r.dev_candidates = self.select_report
+            r.select_set = self.select_task.eval_sets.get(self.select_split) if self.select else None
         if self.cfg.strength != "1":
             self.apply_strength()
         return self.model, self.data.norm, self.tracker.runs
@@ -156,7 +164,7 @@ class StackTraining:
 
     def strength_scores(self, stack: StackedMLP):
         """(in-domain dev per head, worst OOD dev loss per head or None, {OOD set: metric per head})."""
-        dev = dev_scores(self.task, self.select_split, stack, self.data.X, self.cfg)
+        dev = dev_scores(self.select_task, self.select_split, stack, self.data.X, self.cfg)
         if not self.selection:
             return dev, None, {}
         loss, per_set = self.selection.losses(lambda rows: embed_rows(stack, self.data.X, rows), self.cfg.eval_energy)

@@ -34,7 +34,7 @@ GRID_KEYS = HEAD_KEYS + TRAIN_KEYS + ("array",)
 # ties and all-zero queries, positives-only pairs as retrieval, resolved defaults in the head id
 GRID_VERSION = 2
 # settings added after grid ids were first recorded, with their default (left out of the id when at it)
-UNSET_SINCE_ID = {"strength": "1", "anchor_weight": 0.0, "anchor_data": ""}
+UNSET_SINCE_ID = {"strength": "1", "anchor_weight": 0.0, "anchor_data": "", "exact_max": 20_000, "pool_k": 100}
 
 
 def _check_values(path: str, where: str, key: str, values: list) -> None:

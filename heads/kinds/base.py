@@ -192,6 +192,16 @@ class TaskKind:
         """What a reader of `split`'s figures must be told (IR: no query has a relevant document); none here."""
         return []
 
+    def selection_set(self, task: Task, split: str, X: torch.Tensor, cfg) -> tuple[object, dict]:
+        """(the evaluation set training selects on each epoch, how it was made): the split itself here (IR on a
+        corpus above cfg.exact_max: candidates, heads.kinds.ir)."""
+        return task.eval_sets[split], {"method": "exact"}
+
+    def candidate_share(self, task: Task, split: str, chosen, embed: Embed, energy: str, n: int) -> dict:
+        """How well a selection set made of candidates stands for the whole split (IR: the share of the exact
+        top-10 inside the candidates); nothing to say here."""
+        return {}
+
     def as_reported(self, data):
         """An evaluation set prepared to be reported in full (labelled texts: dev is k-NN only per epoch)."""
         return data

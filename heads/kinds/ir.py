@@ -15,7 +15,8 @@ import torch
 
 from headstore.data.text_id import doc_text, text_id
 from headstore.heads.kinds.base import PREFIX, PairSet, Task, TaskKind, carve_dev, store_rows
-from headstore.heads.kinds.ranking import IRSplit, evaluate_ir, selection_ndcg, write_trec_run
+from headstore.heads.kinds.ranking import (IRSplit, candidate_split, evaluate_ir, exact_top10, selection_ndcg,
+                                           write_trec_run)
 
 EVALUATION = "retrieval: each query ranks the whole corpus (IR metrics, nDCG@10)"
 
@@ -62,6 +63,33 @@ class IRKind(TaskKind):
         data: IRSplit = task.eval_sets[split]
         zq, zd = embed(data.query_rows).float(), embed(data.doc_rows).float()  # (H, Q, d), (H, N, d)
         return selection_ndcg(data, zq, zd, energy, precision)
+
+    def selection_set(self, task, split, X, cfg):
+        """Above cfg.exact_max documents, the dev split cut to candidates (ranking.candidate_split), searched
+        once: each epoch ranks those instead of the whole corpus."""
+        data: IRSplit = task.eval_sets[split]
+        if len(data.doc_rows) <= cfg.exact_max:
+            return data, {"method": "exact", "corpus": len(data.doc_rows)}
+        chosen, keep = candidate_split(data, X, cfg.pool_k, cfg.seed)
+        return chosen, {"method": "candidates", "pool_k": cfg.pool_k, "n_candidates": len(keep),
+                        "corpus": len(data.doc_rows), "exact_max": cfg.exact_max,
+                        "made": "every dev query's frozen top pool_k (faiss IVF-Flat, cosine) and every judged "
+                                "document, re-scored by each head each epoch"}
+
+    def candidate_share(self, task, split, chosen, embed, energy, n):
+        """The share of the exact top-10 (over the whole corpus, in the head's space) inside the candidates,
+        on the first n queries of a fixed shuffle of the split."""
+        data: IRSplit = task.eval_sets[split]
+        if chosen is data:
+            return {}
+        pick = np.sort(np.random.default_rng(0).permutation(len(data.query_ids))[:n])
+        sample = IRSplit([data.query_ids[i] for i in pick], data.query_rows[pick], data.doc_ids, data.doc_rows,
+                         data.qrels, data.exclude_self)
+        zq, zd = embed(sample.query_rows)[0], embed(sample.doc_rows)[0]
+        top = exact_top10(sample, zq, zd, energy)  # (n, 10) document indices
+        inside = set(chosen.doc_ids)
+        hits = [data.doc_ids[j] in inside for j in top.flatten().tolist() if j >= 0]
+        return {"top10_share": float(np.mean(hits)) if hits else float("nan"), "sample_queries": len(pick)}
 
     def n_items(self, data: IRSplit) -> int:
         return len(data.query_ids)

@@ -20,12 +20,15 @@ import torch
 
 from headstore.data.files import atomic_write_text
 from headstore.heads.energy import pairwise_energy
+from headstore.heads.candidates import candidate_docs, frozen_topk
 from headstore.heads.kinds.base import PREFIX
 from headstore.heads.metrics import ir_metrics_per_query, topk_ranking, trec_tie_order
 from headstore.heads.model import autocast
 
 IR_TOPK = 100  # one top-k pass serves every cutoff (1, 10, 100)
 RANK_CHUNK = 256  # queries per top-k pass
+RANK_BLOCK = 1 << 24  # energy entries (queries x documents) per top-k pass: 64 MB whatever the corpus size;
+# fewer queries per pass on a large corpus (the ranking of a query does not depend on the others in its pass)
 # epoch selection on an IR split with L1 energy: each query's exact L1 energies are computed for its
 # SELECT_CANDIDATES nearest documents by L2 (one batched matmul for all heads) instead of all documents
 # (torch.cdist p=1 has no matmul form and dominated SciFact grids); the exact L1 top 10 was inside the
@@ -68,7 +71,8 @@ def rank_split(split: IRSplit, q: torch.Tensor, d: torch.Tensor, energy: str, k:
     above), and with `with_energies` also {query id: [energy]} of those documents."""
     spare = int(split.exclude_self)  # one spare: a query's own text is dropped from its list
     idx, val = topk_ranking(lambda s, e: pairwise_energy(energy, q[s:e], d), k=k + spare, n_queries=q.shape[0],
-                            chunk_size=RANK_CHUNK, tie_order=trec_tie_order(split.doc_ids), return_energies=True)
+                            chunk_size=max(1, min(RANK_CHUNK, RANK_BLOCK // max(1, d.shape[0]))),
+                            tie_order=trec_tie_order(split.doc_ids), return_energies=True)
     ranked = ranked_ids(split, idx, k)
     if not with_energies:
         return ranked
@@ -147,3 +151,20 @@ def trec_lines(split: IRSplit, q: torch.Tensor, d: torch.Tensor, energy: str, ru
 def write_trec_run(split: IRSplit, q: torch.Tensor, d: torch.Tensor, energy: str, path: Path, run_name: str) -> Path:
     atomic_write_text(path, "\n".join(trec_lines(split, q, d, energy, run_name.replace(" ", "_"))) + "\n")
     return path
+
+
+def candidate_split(split: IRSplit, X: torch.Tensor, pool_k: int, seed: int = 0) -> tuple[IRSplit, np.ndarray]:
+    """The split with its corpus cut to the candidates: every query's frozen top `pool_k` (cosine over X's
+    rows, heads.candidates) and every judged document; (that split, the kept document indices, ascending)."""
+    pool = frozen_topk(X, split.query_rows, split.doc_rows, pool_k, seed=seed)
+    judged = {d for q in split.query_ids for d in split.qrels.get(q, {})}
+    relevant = np.array([j for j, d in enumerate(split.doc_ids) if d in judged], dtype=np.int64)
+    keep = candidate_docs(pool, relevant)
+    return IRSplit(split.query_ids, split.query_rows, [split.doc_ids[j] for j in keep], split.doc_rows[keep],
+                   split.qrels, split.exclude_self), keep
+
+
+def exact_top10(split: IRSplit, zq: torch.Tensor, zd: torch.Tensor, energy: str) -> torch.Tensor:
+    """(Q, 10) document indices of one head's exact top 10 over the whole corpus (the ranking rule above)."""
+    ranked = rank_split(split, zq, zd, energy, k=10)
+    return torch.as_tensor([ranked[q] + [-1] * (10 - len(ranked[q])) for q in split.query_ids], dtype=torch.long)

@@ -108,3 +108,27 @@ def test_a_killed_job_resumes_by_skipping_committed_segments(tiny_model, tmp_pat
     assert_same_as_local(tmp_path / "s", local_store)
     with pytest.raises(StoreError, match="fingerprint mismatch"):
         featurize_texts_ray(config(tiny_model, layers=(-1,)), TEXTS, tmp_path / "s")
+
+
+def test_ray_engine_encodes_each_role_under_its_prompt_as_local(tmp_path, ray_address):
+    """A BEIR folder through a prompted sentence-transformers model (its Pooling leaves the prompt out): the
+    ray engine stores the same (prompt, text) rows as the local engine."""
+    from arch_models import build_hf, build_st
+    from test_prompts_roles import PROMPTS, beir
+
+    from headstore.featurize.config import FeaturizeConfig
+    from headstore.featurize.run import featurize
+
+    st_dir = build_st(tmp_path / "st", build_hf(tmp_path / "hf", "bert"), "mean", None, True,
+                      include_prompt=False, prompts=PROMPTS)
+    folder = beir(tmp_path / "beir")
+    featurize(FeaturizeConfig(model=str(st_dir), dtype="float32"), [folder], tmp_path / "local")
+    args = ["featurize", "--model", str(st_dir), "--data", str(folder), "--store", str(tmp_path / "ray"),
+            "--dtype", "float32", "--device", "cpu", "--engine", "ray", "--workers", "2"]
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 0, result.output
+    local, ray = FeatureStore.open(tmp_path / "local"), FeatureStore.open(tmp_path / "ray")
+    assert ray.fingerprint == local.fingerprint and ray.prompts == PROMPTS
+    ids = sorted(local.texts["text_id"])
+    assert sorted(ray.texts["text_id"]) == ids and verify_store(tmp_path / "ray") == []
+    assert np.abs(ray.features(ray.rows_for(ids)) - local.features(local.rows_for(ids))).max() <= 1e-6

@@ -1,0 +1,203 @@
+"""Benchmark: heads at corpus scale -- train-head, eval, index and a grid as the corpus grows.
+
+    nice -n 5 python bench/scale_heads.py --sizes 10000,100000,1000000 --work runs/scale-heads \\
+        --json runs/scale_heads.json [--grid-size 1000000]
+
+A synthetic BEIR set per size: documents are unique random sentences (a 70-word vocabulary, 5-12 words,
+each made unique by its number); 2,000 train / 200 dev / 500 test queries, each a noisy copy of one of the
+first 10,000 documents (without its number, half its words replaced), so every size holds every query's document and the
+sizes differ only by the documents added. Featurized once per size by a tiny random BERT of width 384
+(MiniLM's width; 1 layer, intermediate 128, 16 tokens) into a store cached under --work (featurize is
+fingerprinted: a store is reused only when what made it is unchanged). Each command runs in its own process;
+measured from outside: wall seconds and the peak RSS of the process tree (polled from /proc, as
+bench/scale.py does). Per size:
+
+- `train-head` with the defaults (above exact_max=20,000 documents: candidates) -- seconds per epoch
+  (train_seconds / epochs run), whole wall, peak RSS, test nDCG@10, how negatives and dev were made;
+- where the exact search can run (--exact-sizes): the candidates run forced (--exact-max 0) and the exact
+  run (--exact-max 10**9), both --no-guard (so trained heads are compared, not the starting point the guard
+  may return for both), and their test nDCG@10 difference;
+- `eval` and `index` of the default head;
+- with --grid-size: a 64-head `cli grid` (4 lr x 4 weight decay x 4 seeds: one stack).
+
+The RSS goal is 1 GB + 1.2 x the task's float32 features (every document and query row, D=384). The
+machine is shared: the load average is recorded before each command.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from scale import tree_rss  # noqa: E402  (bench/scale.py: peak RSS of a process tree, from /proc)
+
+WORDS = ("alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu nu xi omicron pi rho sigma tau "
+         "upsilon phi chi psi omega red green blue black white grey brown pink gold silver cold warm hot wet dry "
+         "soft hard fast slow big small tall short old new young early late north south east west river lake "
+         "hill stone tree leaf wind rain snow sun moon star cloud").split()  # 70 words
+N_TRAIN, N_DEV, N_TEST = 2000, 200, 500
+DIM = 384
+DEVICE = "cpu"  # featurize's device (--device)
+
+
+def build_model(folder: Path) -> str:
+    """A random BERT of width 384 (1 layer, intermediate 128, 16 tokens): features of MiniLM's width, cheap."""
+    import torch
+    from transformers import BertConfig, BertModel, BertTokenizerFast
+
+    if (folder / "model.safetensors").exists():
+        return str(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *WORDS, *"0123456789", *[f"##{d}" for d in "0123456789"]]
+    (folder / "vocab.txt").write_text("\n".join(vocab) + "\n")
+    BertTokenizerFast(vocab=str(folder / "vocab.txt"), model_max_length=16).save_pretrained(folder)
+    torch.manual_seed(0)
+    config = BertConfig(vocab_size=len(vocab), hidden_size=DIM, num_hidden_layers=1, num_attention_heads=6,
+                        intermediate_size=128, max_position_embeddings=32)
+    BertModel(config).eval().save_pretrained(folder, safe_serialization=True)
+    return str(folder)
+
+
+def doc_text(i: int, rng: random.Random) -> str:
+    return " ".join(rng.choice(WORDS) for _ in range(rng.randint(5, 12))) + f" {i}"
+
+
+def build_beir(folder: Path, n_docs: int) -> Path:
+    """The synthetic BEIR folder of one size (written once; the first 10,000 documents and the queries are the
+    same at every size)."""
+    if (folder / "qrels" / "test.tsv").exists():
+        return folder
+    (folder / "qrels").mkdir(parents=True, exist_ok=True)
+    rng = random.Random(0)
+    docs = [doc_text(i, rng) for i in range(10_000)]
+    with open(folder / "corpus.jsonl", "w") as f:
+        for i in range(n_docs):
+            text = docs[i] if i < 10_000 else doc_text(i, rng)
+            f.write(json.dumps({"_id": f"d{i}", "title": "", "text": text}) + "\n")
+    qrng = random.Random(1)
+    targets = qrng.sample(range(10_000), N_TRAIN + N_DEV + N_TEST)
+    with open(folder / "queries.jsonl", "w") as f:
+        for j, d in enumerate(targets):
+            words = docs[d].split()[:-1]  # without its number
+            for w in qrng.sample(range(len(words)), len(words) // 2):
+                words[w] = qrng.choice(WORDS)  # half the words replaced
+            f.write(json.dumps({"_id": f"q{j}", "text": "find " + " ".join(words)}) + "\n")
+    bounds = {"train": (0, N_TRAIN), "dev": (N_TRAIN, N_TRAIN + N_DEV), "test": (N_TRAIN + N_DEV, len(targets))}
+    for split, (a, b) in bounds.items():
+        lines = ["query-id\tcorpus-id\tscore"] + [f"q{j}\td{targets[j]}\t1" for j in range(a, b)]
+        (folder / "qrels" / f"{split}.tsv").write_text("\n".join(lines) + "\n")
+    return folder
+
+
+def cli(args: list[str], log: Path) -> dict:
+    """Run a CLI command in its own process: wall seconds, peak RSS of its process tree, the load before."""
+    load = os.getloadavg()[0]
+    t0 = time.perf_counter()
+    with open(log, "w") as out:
+        child = subprocess.Popen([sys.executable, "-m", "headstore.cli", *args], stdout=out, stderr=subprocess.STDOUT,
+                                 env={**os.environ, "HEADSTORE_PROGRESS": "off"})
+        peak = 0
+        while child.poll() is None:
+            peak = max(peak, tree_rss(child.pid))
+            time.sleep(0.1)
+    if child.returncode != 0:
+        raise RuntimeError(f"{' '.join(args)} failed ({child.returncode}); see {log}")
+    return {"wall_s": round(time.perf_counter() - t0, 1), "peak_rss_mb": round(peak / 2**20), "load": round(load, 2)}
+
+
+def train(work: Path, store: Path, data: Path, name: str, extra: list[str]) -> dict:
+    """One train-head run: wall, RSS, seconds per epoch, test nDCG@10, how negatives and dev were made."""
+    out = work / name
+    r = cli(["train-head", "--store", str(store), "--data", str(data), "--out", str(out), "--overwrite", *extra],
+            work / f"{name}.log")
+    m = json.loads((out / "metrics.json").read_text())
+    c = json.loads((out / "config.json").read_text())
+    epochs = len(m["history"])
+    return {**r, "epochs": epochs, "s_per_epoch": round(c["train_seconds"] / epochs, 2),
+            "test_ndcg10": m["head"][m["primary"]], "frozen_ndcg10": m["baseline"][m["baseline_primary"]],
+            "negatives": m.get("negatives", {}).get("method"), "dev": m.get("dev_candidates", {}).get("method"),
+            "top10_share": m.get("dev_candidates", {}).get("top10_share")}
+
+
+GRID = ("[grid]\nlr = [1e-3, 2e-3, 3e-3, 5e-3]\nweight_decay = [0.0, 0.01, 0.03, 0.1]\nseed = [0, 1, 2, 3]\n")
+
+
+def one_size(work: Path, model: str, n: int, exact: bool, grid: bool) -> dict:
+    data = build_beir(work / f"beir-{n}", n)
+    store = work / f"store-{n}"
+    row: dict = {"docs": n, "features_mb": round((n + N_TRAIN + N_DEV + N_TEST) * DIM * 4 / 2**20)}
+    f = cli(["featurize", "--model", model, "--data", str(data), "--store", str(store), "--device", DEVICE],
+            work / f"featurize-{n}.log")
+    row["featurize_s"] = f["wall_s"]
+    row["default"] = train(work, store, data, f"head-{n}", [])
+    head = work / f"head-{n}"
+    row["eval"] = cli(["eval", "--store", str(store), "--head", str(head), "--data", str(data), "--out",
+                       str(work / f"eval-{n}"), "--overwrite"], work / f"eval-{n}.log")
+    import shutil
+
+    shutil.rmtree(work / f"index-{n}", ignore_errors=True)
+    row["index"] = cli(["index", "--store", str(store), "--head", str(head), "--data", str(data), "--out",
+                        str(work / f"index-{n}")], work / f"index-{n}.log")
+    if exact:
+        # --no-guard: the trained heads are compared (the guard may return the starting point for both)
+        row["candidates"] = train(work, store, data, f"head-{n}-cand", ["--exact-max", "0", "--no-guard"])
+        row["exact"] = train(work, store, data, f"head-{n}-exact", ["--exact-max", str(10**9), "--no-guard"])
+        row["ndcg_cand_minus_exact"] = round(row["candidates"]["test_ndcg10"] - row["exact"]["test_ndcg10"], 4)
+    if grid:
+        (work / "grid64.toml").write_text(GRID)
+        row["grid64"] = cli(["grid", "--store", str(store), "--data", str(data), "--grid", str(work / "grid64.toml"),
+                             "--out", str(work / f"grid-{n}"), "--overwrite"], work / f"grid-{n}.log")
+    row["rss_goal_mb"] = round(1024 + 1.2 * row["features_mb"])
+    print(json.dumps(row), flush=True)
+    return row
+
+
+def table(rows: list[dict]) -> str:
+    head = ["docs", "s/epoch", "train-head s", "epochs", "peak RSS MB", "RSS goal MB", "test nDCG@10",
+            "negatives/dev", "top-10 share", "exact nDCG@10", "cand - exact", "eval s", "index s", "grid64 s", "load"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in rows:
+        d = r["default"]
+        vals = [f"{r['docs']:,}", d["s_per_epoch"], d["wall_s"], d["epochs"], d["peak_rss_mb"], r["rss_goal_mb"],
+                f"{d['test_ndcg10']:.4f}", f"{d['negatives']}/{d['dev']}", d["top10_share"],
+                f"{r['exact']['test_ndcg10']:.4f}" if "exact" in r else "-",
+                f"{r['ndcg_cand_minus_exact']:+.4f}" if "exact" in r else "-", r["eval"]["wall_s"],
+                r["index"]["wall_s"], r["grid64"]["wall_s"] if "grid64" in r else "-", d["load"]]
+        lines.append("| " + " | ".join(str(v) for v in vals) + " |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--sizes", default="10000,100000,1000000,3000000")
+    parser.add_argument("--exact-sizes", default="10000,100000", help="sizes where the exact run is compared")
+    parser.add_argument("--grid-size", type=int, default=1_000_000, help="size of the 64-head grid (0: none)")
+    parser.add_argument("--work", default="runs/scale-heads", help="data, stores and runs (reused when present)")
+    parser.add_argument("--json", default=None)
+    parser.add_argument("--device", default="cpu", help="featurize on this device (heads train on the CPU)")
+    args = parser.parse_args()
+    global DEVICE
+    DEVICE = args.device
+    work = Path(args.work)
+    work.mkdir(parents=True, exist_ok=True)
+    model = build_model(work / "tiny-bert-384")
+    exact = {int(x) for x in args.exact_sizes.split(",") if x}
+    rows, result = [], {"argv": sys.argv, "cpus": os.cpu_count(), "load_start": os.getloadavg()}
+    for n in [int(x) for x in args.sizes.split(",")]:
+        rows.append(one_size(work, model, n, n in exact, n == args.grid_size))
+        result["rows"] = rows
+        if args.json:
+            Path(args.json).write_text(json.dumps({**result, "load_end": os.getloadavg()}, indent=1))
+    print(table(rows))
+
+
+if __name__ == "__main__":
+    main()

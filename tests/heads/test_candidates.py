@@ -1,0 +1,99 @@
+"""Corpus scale (heads.candidates): candidate mining and candidate selection equal the exact search when
+the candidates are the whole corpus, the top-10 share against a loop, chunked test ranking = unchunked."""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from headstore.heads.candidates import frozen_topk
+from headstore.heads.config import HeadConfig, TrainConfig
+from headstore.heads.energy import ENERGIES
+from headstore.heads.kinds import kind_of
+from headstore.heads.kinds import ranking
+from headstore.heads.mining import mine_negatives
+from headstore.heads.model import StackedMLP
+from headstore.heads.train import train_stack
+
+from .synthetic import planted_ir_task
+
+
+def _head(dim: int, n: int = 2) -> StackedMLP:
+    return StackedMLP(n, HeadConfig(depth=1, hidden=16, in_dim=dim), seeds=list(range(n)))
+
+
+def test_pool_of_the_whole_corpus_mines_as_exact():
+    task, X = planted_ir_task(n_docs=150, dim=8)
+    model = _head(8)
+    corpus = np.unique(task.corpus_rows)
+    anchors = task.train.anchor
+    pool = frozen_topk(X, np.unique(anchors), corpus, len(corpus))  # every document
+    embed = lambda rows: model(X[torch.as_tensor(rows)]).detach()  # noqa: E731
+    for kw in ({}, {"embed": embed, "n_heads": 2, "energy": "l1"}):
+        exact = mine_negatives(X, anchors, task.corpus_rows, task.relevant, 5, **kw)
+        pooled = mine_negatives(X, anchors, task.corpus_rows, task.relevant, 5, pool=pool, **kw)
+        assert torch.equal(exact, pooled)
+
+
+def test_faiss_pool_holds_the_near_documents():
+    rng = np.random.default_rng(0)
+    X = torch.tensor(rng.normal(size=(3000, 16)), dtype=torch.float32)
+    corpus, queries = np.arange(2000), np.arange(2000, 2100)
+    pool = frozen_topk(X, queries, corpus, 50)
+    assert pool.shape == (100, 50) and (np.diff(pool, axis=1) > 0).all() and pool.min() >= 0
+    cos = torch.nn.functional.normalize(X[2000:2100], dim=1) @ torch.nn.functional.normalize(X[:2000], dim=1).T
+    best = cos.argmax(1).numpy()
+    assert np.mean([b in set(p) for b, p in zip(best, pool.tolist())]) >= 0.9  # nearest in the pool
+
+
+def test_candidate_training_equals_exact_when_candidates_are_the_corpus():
+    task, X = planted_ir_task(n_docs=150, dim=8)
+    head = HeadConfig(depth=1, hidden=16, in_dim=8)
+    base = TrainConfig(epochs=3, batch_size=16, mined_k=4, patience=5)
+    _, _, exact = train_stack(task, X, head, [base], progress=False)
+    _, _, cand = train_stack(task, X, head, [base.replace(exact_max=0, pool_k=1000)], progress=False)
+    assert exact[0].history == cand[0].history
+    assert cand[0].negatives["method"] == "candidates" and exact[0].negatives["method"] == "exact"
+    assert cand[0].dev_candidates["method"] == "candidates" and cand[0].dev_candidates["n_candidates"] == 150
+
+
+def test_selection_on_the_whole_corpus_as_candidates_is_exact():
+    task, X = planted_ir_task(n_docs=150, dim=8)
+    kind = kind_of(task)
+    chosen, report = kind.selection_set(task, "dev", X, TrainConfig(exact_max=0, pool_k=1000))
+    assert chosen.doc_ids == task.eval_sets["dev"].doc_ids and report["method"] == "candidates"
+    model = _head(8)
+    embed = lambda rows: model(X[torch.as_tensor(rows)]).detach()  # noqa: E731
+    full = kind.selection_scores(task, "dev", embed, "l1", "fp32")
+    cut = kind.selection_scores(task.__class__(**{**task.__dict__, "eval_sets": {"dev": chosen}}), "dev", embed,
+                                "l1", "fp32")
+    assert full == cut
+
+
+def test_top10_share_against_a_loop():
+    task, X = planted_ir_task(n_docs=150, dim=8)
+    kind = kind_of(task)
+    chosen, _ = kind.selection_set(task, "dev", X, TrainConfig(exact_max=0, pool_k=10))
+    model = _head(8, n=1)
+    embed = lambda rows: model(X[torch.as_tensor(rows)]).detach()  # noqa: E731
+    got = kind.candidate_share(task, "dev", chosen, embed, "l1", 1000)
+    dev = task.eval_sets["dev"]
+    inside, hits, total = set(chosen.doc_ids), 0, 0
+    for q in dev.query_rows:  # every query (n >= the split), its 10 lowest L1 energies by a loop
+        zq = embed(np.array([q]))[0, 0]
+        e = [(ENERGIES["l1"](zq, embed(np.array([d]))[0, 0]).item(), j) for j, d in enumerate(dev.doc_rows)]
+        for _, j in sorted(e, key=lambda t: t[0])[:10]:
+            hits += dev.doc_ids[j] in inside
+            total += 1
+    assert got["sample_queries"] == len(dev.query_ids)
+    assert abs(got["top10_share"] - hits / total) < 1e-12
+    assert 0 < got["top10_share"] < 1
+
+
+def test_chunked_test_ranking_equals_unchunked(monkeypatch):
+    task, X = planted_ir_task(n_docs=150, dim=8)
+    split = task.eval_sets["test"]
+    q, d = X[torch.as_tensor(split.query_rows)], X[torch.as_tensor(split.doc_rows)]
+    whole = ranking.evaluate_ir(split, q, d, "l1")
+    monkeypatch.setattr(ranking, "RANK_BLOCK", 150 * 3)  # 3 queries per pass
+    chunked = ranking.evaluate_ir(split, q, d, "l1")
+    assert whole[0] == chunked[0] and np.array_equal(whole[1], chunked[1])
