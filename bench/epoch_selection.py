@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from headstore.featurize.store import FeatureStore  # noqa: E402
 from headstore.heads.config import TrainConfig  # noqa: E402
 from headstore.heads.energy import pairwise_energy  # noqa: E402
-from headstore.heads.evaluate import embed_rows, evaluate_split, selection_scores  # noqa: E402
+from headstore.heads.evaluate import embedder, evaluate_split, selection_scores  # noqa: E402
 from headstore.heads.kinds.ranking import SELECT_CANDIDATES, l1_on_candidates  # noqa: E402
 from headstore.heads.features import load_features  # noqa: E402
 from headstore.heads.config import HeadConfig  # noqa: E402
@@ -56,7 +56,7 @@ def main() -> None:
     configs = [dataclasses.replace(base, seed=s, lr=lr) for s in range(args.heads // 2) for lr in (1e-3, 3e-3)]
     model, norm, _ = train_stack(task, X, HeadConfig(in_dim=X.shape[1]), configs, progress=False)
     Xn = norm(X)
-    embed = lambda rows: embed_rows(model, Xn, rows)  # noqa: E731
+    embed = embedder(model, Xn)
     rows = []
     for split in ("dev", "test"):
         t0 = time.perf_counter()

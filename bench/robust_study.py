@@ -22,7 +22,7 @@ import torch
 
 from headstore.featurize.store import FeatureStore
 from headstore.heads.artefacts import load_safetensors, read_results, stack_paths
-from headstore.heads.evaluate import PREFIX, embed_rows, evaluate_split
+from headstore.heads.evaluate import PREFIX, embedder, evaluate_split
 from headstore.heads.experiments.datasets_root import datasets_root
 from headstore.heads.experiments.report import _ci
 from headstore.heads.features import Normalizer, load_features
@@ -38,7 +38,7 @@ STUDY = {
     "stsb": ("stsb", ("semeval-sts-2012-2016",), ("semeval-sts-2012-2016",)),
     "trecqa": ("pairs-small/trecqa_pairs.parquet", (), ()),
 }
-GRIDS = ("base", "anchor", "anchorstrong", "anchorgen", "soup")  # <runs>/<dataset>-<grid> (examples/robust_study.sh)
+GRIDS = ("base", "anchor", "anchorstrong", "anchorgen", "soup", "query")  # <runs>/<dataset>-<grid> (examples/robust_study.sh)
 
 
 class Scorer:
@@ -59,7 +59,7 @@ class Scorer:
 
     def frozen(self) -> dict:
         """The frozen features with cosine on every split and set."""
-        embed = lambda r: embed_rows(None, self.X, r)  # noqa: E731
+        embed = embedder(None, self.X)
         out = {}
         for split in ("dev", "test"):
             res, items = evaluate_split(self.task, split, embed, ("cosine",))
@@ -74,7 +74,7 @@ class Scorer:
     def score(self, model, norm: Normalizer, energy: str) -> list[dict]:
         """Per head of the stack: dev, test (+ items), OOD dev loss, OOD test."""
         Xn = norm(self.X)
-        embed = lambda r: embed_rows(model, Xn, r)  # noqa: E731
+        embed = embedder(model, Xn)
         metric = primary_metric(self.task.kind, energy)
         recs = [dict() for _ in range(model.n_heads)]
         for split in ("dev", "test"):
@@ -136,12 +136,14 @@ def levers(scorer: Scorer, runs: Path, name: str) -> tuple[list[dict], dict]:
     groups: dict[tuple, list[dict]] = {}
     for h in heads:
         r = h["row"]
-        key = (h["grid"], h["energy"], r.get("anchor_weight") or 0.0, r["lr"], Path(r.get("anchor_data") or "").stem)
+        key = (h["grid"], h["energy"], r.get("anchor_weight") or 0.0, r["lr"], Path(r.get("anchor_data") or "").stem,
+               r.get("sides") or "both")
         groups.setdefault(key, []).append(h)
     rows, curve = [], {}
-    for (grid, energy, lam, lr, rows_of), hs in groups.items():
+    for (grid, energy, lam, lr, rows_of, sides), hs in groups.items():
         full = [next(p for p in h["curve"] if p["strength"] == 1.0) for h in hs]
-        tag = (f"{energy}" + (f", anchor {lam:g} ({rows_of or 'store'} rows)" if lam else "")
+        tag = (("query-side " if sides == "query" else "") + f"{energy}"
+               + (f", anchor {lam:g} ({rows_of or 'store'} rows)" if lam else "")
                + (f", lr {lr:g}" if grid == "soup" else ""))
         rows.append(aggregate(scorer, f"{tag}", full))
         chosen = choose([h["curve"] for h in hs], scorer.selection.delta if scorer.selection else 0.0)

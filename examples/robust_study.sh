@@ -24,4 +24,7 @@ grid "${ST[@]}" --grid examples/robust-stsb-soup.toml --out "$R/stsb-soup" --sou
 grid "${SF[@]}" --grid examples/robust-scifact-anchor-stsb.toml --out "$R/scifact-anchorgen"
 grid "${SF[@]}" --grid examples/robust-scifact-anchor-strong.toml --out "$R/scifact-anchorstrong"
 grid "${SF[@]}" --grid examples/robust-scifact-cosine.toml --out "$R/scifact-cosx"
+grid "${SF[@]}" --grid examples/robust-scifact-query.toml --out "$R/scifact-query"   # lever 3: query-side heads
+grid "${ST[@]}" --grid examples/robust-stsb-query.toml --out "$R/stsb-query"
+grid "${TQ[@]}" --grid examples/robust-trecqa-query.toml --out "$R/trecqa-query"
 nice -n 5 python3 bench/robust_study.py --store "$S" --runs "$R" --out docs/img/robust-tradeoff.png

@@ -18,7 +18,7 @@ import torch
 from headstore.heads.anchor import anchor_penalty
 from headstore.heads.candidates import frozen_topk
 from headstore.heads.config import TrainConfig
-from headstore.heads.evaluate import embed_rows
+from headstore.heads.evaluate import embedder
 from headstore.heads.features import Normalizer
 from headstore.heads.kinds import Task, TrainSet, kind_of
 from headstore.heads.losses import LOSSES, get_loss
@@ -117,7 +117,7 @@ class NegativeSource:
         cfg, data = self.cfg, self.data
         given = data.given.unsqueeze(0).expand(self.n_heads, -1, -1) if data.given is not None else None
         if self.mining and (self.mined is None or cfg.remine):
-            embed = (lambda rows: embed_rows(model, data.X, rows)) if cfg.remine and epoch > 0 else None
+            embed = embedder(model, data.X) if cfg.remine and epoch > 0 else None
             self.mined = mine_negatives(data.X, data.pairs.anchor, self.task.corpus_rows, self.task.relevant,
                                         cfg.mined_k, embed, self.n_heads, energy=cfg.eval_energy, pool=self.pool)
         if self.mined is None:
@@ -159,6 +159,18 @@ def q_at(cfg: TrainConfig, step: int, total: int) -> Optional[float]:
     return cfg.q_start + (q_end - cfg.q_start) * min(1.0, step / max(1, total - 1))
 
 
+def forward_rows(model: StackedMLP, X: torch.Tensor, rows: torch.Tensor, n_queries: int, precision: str) -> torch.Tensor:
+    """(H, n, d) fp32 outputs of a step's rows (H, n), the first `n_queries` of each head the anchors (queries),
+    the rest positives and negatives (documents): all through the heads in one pass, or, for a query-side head,
+    the anchors only (documents keep their features: E(q, d) = ||f(q) - n(d)||)."""
+    if model.cfg.sides == "both":
+        with autocast(precision, X.device):
+            return model(X[rows]).float()
+    with autocast(precision, X.device):
+        za = model(X[rows[:, :n_queries]]).float()  # (H, b, d)
+    return torch.cat([za, model.encode(X[rows[:, n_queries:]], "document").float()], dim=1)
+
+
 def batch_losses(model: StackedMLP, X: torch.Tensor, batch: Batch, cfg: TrainConfig,
                  init: Optional[list[torch.Tensor]] = None, q: Optional[float] = None,
                  form: str = "positives", anchor: Optional[torch.Tensor] = None) -> torch.Tensor:
@@ -172,8 +184,7 @@ def batch_losses(model: StackedMLP, X: torch.Tensor, batch: Batch, cfg: TrainCon
     unlabeled store (heads.anchor), weighted by cfg.anchor_weight."""
     H, b = batch.anchor.shape
     rows = [batch.anchor, batch.positive] + ([batch.negative.flatten(1)] if batch.negative is not None else [])
-    with autocast(cfg.precision, X.device):
-        z = model(X[torch.cat(rows, dim=1)]).float()  # (H, (2 + K) b, d)
+    z = forward_rows(model, X, torch.cat(rows, dim=1), b, cfg.precision)  # (H, (2 + K) b, d)
     za, zp = z[:, :b], z[:, b:2 * b]  # (H, b, d)
     zn = z[:, 2 * b:].unflatten(1, batch.negative.shape[1:]) if batch.negative is not None else None  # (H, b, K, d)
     loss_cfg = cfg.loss_config() if q is None else replace(cfg.loss_config(), q=q)

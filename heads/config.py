@@ -27,6 +27,7 @@ NORMALIZATIONS = ("none", "center", "l2", "center-l2", "standardize")
 ENERGY_NAMES = ("cosine", "l1", "l2")  # heads.energy.ENERGIES implements each
 ACTIVATION_NAMES = ("gelu", "identity", "relu", "tanh")  # heads.model implements each
 INITS = ("default", "identity")
+SIDES = ("both", "query")  # which texts pass through a head: every text, or queries only (heads.model.encode)
 STRENGTH_AUTO = "auto"  # --strength auto: chosen after training on dev (heads.strength)
 
 
@@ -69,6 +70,10 @@ class HeadConfig:
     mix_init: float = field(default=0.8, metadata=_opt(
         "With --array A+B+...: the starting softmax weight of the first array in the head's layer mix."))
     # near the one-layer head; lower layers add 0.003 Spearman on STS-B dev (docs/l1-energy.md)
+    sides: str = field(default="both", metadata=_opt(
+        "Which texts pass through the head: both (queries and documents), or query (documents keep their frozen "
+        "normalised features, E(q, d) = ||f(q) - n(d)||: a corpus index serves every such head).", choices=SIDES))
+    # both: the siamese head of the method (and the ids of every earlier head); query: issue 20's lever 3
 
     def __post_init__(self):
         check_types(type(self), asdict(self))
@@ -78,6 +83,8 @@ class HeadConfig:
             raise ValueError(f"init={self.init!r}; valid: {list(INITS)}")
         if self.depth < 0 or self.hidden < 1 or not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"need depth >= 0, hidden >= 1, 0 <= dropout < 1; got {self}")
+        if self.sides not in SIDES:
+            raise ValueError(f"sides={self.sides!r}; valid: {list(SIDES)}")
         if self.mix < 1 or not 0.0 < self.mix_init < 1.0:
             raise ValueError(f"need mix >= 1 (arrays mixed) and 0 < mix_init < 1; got mix={self.mix}, "
                              f"mix_init={self.mix_init}")

@@ -18,17 +18,25 @@ EMBED_BATCH = 8192  # rows per forward pass when embedding a split; bounds memor
 TEST_SPLIT = "test"
 
 
-def embed_rows(model: torch.nn.Module | None, features: torch.Tensor, rows: np.ndarray) -> torch.Tensor:
-    """Head outputs of store rows, (H, n, d); `model=None` is the frozen baseline, (1, n, D)."""
+def embed_rows(model: torch.nn.Module | None, features: torch.Tensor, rows: np.ndarray,
+               role: str = "query") -> torch.Tensor:
+    """Head outputs of store rows holding texts in `role`, (H, n, d); `model=None` is the frozen baseline,
+    (1, n, D). A query-side head gives documents their features unchanged (heads.model.StackedMLP.encode)."""
     idx = torch.as_tensor(np.asarray(rows), dtype=torch.long)
     if model is None:
         return features[idx].unsqueeze(0)
     was_training = model.training
     model.eval()
     with torch.no_grad():
-        out = torch.cat([model(features[idx[s:s + EMBED_BATCH]]) for s in range(0, len(idx), EMBED_BATCH)], dim=1)
+        out = torch.cat([model.encode(features[idx[s:s + EMBED_BATCH]], role)
+                         for s in range(0, len(idx), EMBED_BATCH)], dim=1)
     model.train(was_training)
     return out
+
+
+def embedder(model: torch.nn.Module | None, features: torch.Tensor) -> Embed:
+    """The `Embed` of a stack over `features`: (store rows, role) -> (H, n, d) (`embed_rows`)."""
+    return lambda rows, role="query": embed_rows(model, features, rows, role)
 
 
 def evaluate_split(task: Task, split: str, embed: Embed, energies: tuple[str, ...]) -> tuple[list[dict], list[dict]]:
@@ -59,8 +67,8 @@ def evaluate_head(task: Task, features: torch.Tensor, model, norm, energy: str, 
     for split in splits:
         if split not in task.eval_sets:
             continue
-        base, base_items = evaluate_split(task, split, lambda r: embed_rows(None, base_features, r), ("cosine", "l1"))
-        head, head_items = evaluate_split(task, split, lambda r: embed_rows(model, X, r), energies)
+        base, base_items = evaluate_split(task, split, embedder(None, base_features), ("cosine", "l1"))
+        head, head_items = evaluate_split(task, split, embedder(model, X), energies)
         block = {"baseline": base[0], "head": head[0]}
         out.setdefault("warnings", []).extend(kind.warnings(task, split))  # metrics.json and the terminal table
         out["n_scored"][split] = kind.n_items(task.eval_sets[split])  # queries, pairs or texts

@@ -32,6 +32,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from headstore.data.text_id import ROLES
 from headstore.heads.artefacts import (ENSEMBLE_ENERGY, ensemble_ids, is_ensemble_dir, load_grid_head,
                                        read_ensemble_dir, read_head_dir, write_ensemble_dir, write_head_dir)
 from headstore.heads.config import TrainConfig
@@ -138,21 +139,40 @@ class Head:
             raise ValueError(f"features must be (n, {self.in_dim}) (the store's feature dim); got {tuple(x.shape)}")
         return x
 
-    def embed_tensor(self, features) -> torch.Tensor:
-        """Normaliser then head: (n, D) features -> (n, d) float32 tensor."""
-        x = self._inputs(features)
+    @property
+    def query_side(self) -> bool:
+        """True when queries and documents are embedded differently (`--sides query`: documents keep their
+        normalised features)."""
+        return self.head_config.sides == "query"
+
+    def role_of(self, role: str | None) -> str:
+        """The role texts are embedded in: `role`, or for a head of both sides "query" when none is given (both
+        roles give the same outputs); a query-side head needs one (ValueError)."""
+        if role is None and self.query_side:
+            raise ValueError(f"{self.source or 'this head'} is a query-side head (--sides query): give role='query' "
+                             "or role='document' (documents keep their normalised features)")
+        if role is not None and role not in ROLES:
+            raise ValueError(f"role {role!r}; valid: {list(ROLES)}")
+        return role or "query"
+
+    def embed_tensor(self, features, role: str | None = None) -> torch.Tensor:
+        """Normaliser then head: (n, D) features of texts in `role` -> (n, d) float32 tensor."""
+        x, role = self._inputs(features), self.role_of(role)
         with torch.no_grad():
-            parts = [self.model(self.normalizer(x[s:s + EMBED_BATCH]))[0] for s in range(0, len(x), EMBED_BATCH)]
+            parts = [self.model.encode(self.normalizer(x[s:s + EMBED_BATCH]), role)[0]
+                     for s in range(0, len(x), EMBED_BATCH)]
         return torch.cat(parts) if parts else torch.zeros(0, self.out_dim)
 
-    def embed(self, features) -> np.ndarray:
-        """Head outputs of stored (or Pipeline-pooled) features: (n, D) -> (n, d) float32 numpy."""
-        return self.embed_tensor(features).numpy()
+    def embed(self, features, role: str | None = None) -> np.ndarray:
+        """Head outputs of stored (or Pipeline-pooled) features of texts in `role` ("query" or "document"; a head
+        of both sides embeds both alike, a query-side head needs the role): (n, D) -> (n, d) float32 numpy."""
+        return self.embed_tensor(features, role).numpy()
 
     def energy(self, a, b) -> np.ndarray:
-        """Energy of every row of `a` against every row of `b` (features, as `embed` takes them):
-        (n_a, D), (n_b, D) -> (n_a, n_b); low = similar. The energy is the head's own (`energy_name`)."""
-        return pairwise_energy(self.energy_name, self.embed_tensor(a), self.embed_tensor(b)).numpy()
+        """Energy of every row of `a` (queries) against every row of `b` (documents), both features as `embed`
+        takes them: (n_a, D), (n_b, D) -> (n_a, n_b); low = similar. The energy is the head's own (`energy_name`)."""
+        za, zb = self.embed_tensor(a, "query"), self.embed_tensor(b, "document")
+        return pairwise_energy(self.energy_name, za, zb).numpy()
 
 
 class EnsembleModel(torch.nn.Module):
@@ -165,9 +185,13 @@ class EnsembleModel(torch.nn.Module):
         self.n_heads = 1
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.encode(x, "query")
+
+    def encode(self, x: torch.Tensor, role: str = "query") -> torch.Tensor:
+        """(B, D) or (1, B, D) raw features of texts in `role` -> (1, B, K * d)."""
         if x.dim() == 3:  # (1, B, D): a stack of one
             x = x[0]
-        outs = [m.model(m.normalizer(x))[0] for m in self.members]  # K x (B, d_k)
+        outs = [m.model.encode(m.normalizer(x), role)[0] for m in self.members]  # K x (B, d_k)
         return (torch.cat(outs, dim=-1) / len(outs)).unsqueeze(0)
 
 
@@ -193,6 +217,10 @@ class EnsembleHead(Head):
     @property
     def in_dim(self) -> int:
         return self.members[0].in_dim
+
+    @property
+    def query_side(self) -> bool:
+        return any(m.query_side for m in self.members)
 
     @property
     def out_dim(self) -> int:

@@ -50,7 +50,7 @@ def mine_negatives(features: torch.Tensor, anchors: np.ndarray, corpus_rows: np.
         spaces = [(features[torch.as_tensor(uniq)], features[torch.as_tensor(corpus_rows)])]
         energy_used = "cosine"
     else:
-        za, zd = embed(uniq), embed(corpus_rows)  # (H, U, d), (H, M, d)
+        za, zd = embed(uniq, "query"), embed(corpus_rows, "document")  # (H, U, d), (H, M, d)
         spaces = [(za[h], zd[h]) for h in range(za.shape[0])]
         energy_used = energy
     corpus_t = torch.as_tensor(corpus_rows)
@@ -74,7 +74,7 @@ def _mine_pool(features, uniq, inverse, corpus_t, pool, exclude, k, embed, n_hea
         za, zd, energy_used = features[torch.as_tensor(uniq)].unsqueeze(0), None, "cosine"
         zd = features[corpus_t[torch.as_tensor(docs)]].unsqueeze(0)
     else:
-        za, zd, energy_used = embed(uniq), embed(corpus_t[torch.as_tensor(docs)].numpy()), energy
+        za, zd, energy_used = embed(uniq, "query"), embed(corpus_t[torch.as_tensor(docs)].numpy(), "document"), energy
     out = []
     for h in range(za.shape[0]):
         idx = pooled_negatives(za[h], lambda d, h=h: zd[h][at[torch.as_tensor(d)]], pool, k, exclude, energy_used)

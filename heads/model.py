@@ -26,6 +26,7 @@ from safetensors.torch import load_file, save
 from safetensors import safe_open
 
 from headstore.data.files import atomic_write_bytes
+from headstore.data.text_id import ROLES
 from headstore.heads.config import ACTIVATION_NAMES, HeadConfig
 
 ACTIVATIONS = {
@@ -57,6 +58,10 @@ def _check_buildable(cfg: HeadConfig) -> None:
         raise ValueError(f"HeadConfig.in_dim must be set to the feature dim (got {cfg.in_dim})")
     if cfg.residual and cfg.depth > 0 and cfg.out_features != cfg.in_dim:
         raise ValueError(f"residual heads need out_dim == in_dim ({cfg.in_dim}); got out_dim={cfg.out_dim}")
+    if cfg.sides == "query" and (cfg.out_features != cfg.in_dim or cfg.mix > 1):
+        raise ValueError(f"a query-side head (sides='query') compares f(q) with a document's own features, so it needs "
+                         f"out_dim == in_dim ({cfg.in_dim}) and one stored array; got out_dim={cfg.out_dim}, "
+                         f"{cfg.mix} arrays")
     if cfg.init == "identity" and (cfg.depth != 1 or cfg.out_features != cfg.in_dim):
         raise ValueError(f"init='identity' needs depth 1 and out_dim == in_dim ({cfg.in_dim}); "
                          f"got depth={cfg.depth}, out_dim={cfg.out_dim}")
@@ -138,6 +143,16 @@ class StackedMLP(nn.Module):
                     h = F.layer_norm(h, h.shape[-1:]) * self.ln_weights[l].unsqueeze(1) + self.ln_biases[l].unsqueeze(1)
                 h = F.dropout(act(h), cfg.dropout, self.training)
         return x + h if cfg.residual and cfg.depth > 0 else h
+
+    def encode(self, x: torch.Tensor, role: str = "query") -> torch.Tensor:
+        """(B, D) or (H, B, D) features of texts in `role` -> (H, B, out_features). A query-side head
+        (cfg.sides "query") passes documents through unchanged (a view of x, the same numbers bit for bit):
+        only queries move, so a document index made once serves every such head."""
+        if role not in ROLES:
+            raise ValueError(f"role {role!r}; valid: {list(ROLES)}")
+        if role == "document" and self.cfg.sides == "query":
+            return x.unsqueeze(0).expand(self.n_heads, *x.shape) if x.dim() == 2 else x
+        return self(x)
 
     def select_heads(self, heads: Sequence[int]) -> "StackedMLP":
         """A new stack holding copies of the given heads, in that order."""

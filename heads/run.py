@@ -29,7 +29,7 @@ from headstore.heads.anchor import anchor_rows_of
 from headstore.heads.artefacts import write_head_dir
 from headstore.heads.config import KIND_DEPENDENT, STRENGTH_AUTO, HeadConfig, TrainConfig
 from headstore.heads.curve import plot_curve
-from headstore.heads.evaluate import TEST_SPLIT, embed_rows, evaluate_head
+from headstore.heads.evaluate import TEST_SPLIT, embedder, evaluate_head
 from headstore.heads.features import Normalizer, array_list
 from headstore.heads.head import Head
 from headstore.heads.kinds import WHOLE, Task, kind_of, load_task, task_rows, without_overlap
@@ -145,7 +145,7 @@ def scale_report(task: Task, run, model, norm, features: torch.Tensor, cfg: Trai
     out = {"negatives": run.negatives} if run.negatives else {}
     if run.dev_candidates:
         X = norm(features) if norm is not None else features
-        share = kind_of(task).candidate_share(task, "dev", run.select_set, lambda r: embed_rows(model, X, r),
+        share = kind_of(task).candidate_share(task, "dev", run.select_set, embedder(model, X),
                                               cfg.eval_energy, SHARE_SAMPLE)
         out["dev_candidates"] = {**run.dev_candidates, **share}
     return out
@@ -282,4 +282,4 @@ def eval_head(store_path: str, head_dir: str, data_path: str, out_dir: str, data
 def write_runs(task: Task, features: torch.Tensor, model, norm, energy: str, splits: tuple[str, ...], out_dir) -> list:
     """The task kind's run files of the head on `splits` (IR: `run.<split>.trec`, for trec_eval)."""
     X = norm(features) if norm is not None else features
-    return kind_of(task).write_runs(task, lambda rows: embed_rows(model, X, rows), energy, splits, out_dir, task.name)
+    return kind_of(task).write_runs(task, embedder(model, X), energy, splits, out_dir, task.name)

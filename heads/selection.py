@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from headstore.heads.artefacts import rule_key  # noqa: F401 (the rule's sort key lives with the grid ranking it orders)
-from headstore.heads.evaluate import embed_rows, evaluate_split
+from headstore.heads.evaluate import embedder, evaluate_split
 from headstore.heads.kinds import Task, kind_of, load_task, primary_metric, task_rows, without_overlap
 
 DEFAULT_DELTA = 0.01  # the tolerance: an out-of-domain loss of at most 1 point of the metric
@@ -86,7 +86,7 @@ def load_selection(store, paths: tuple[str, ...], in_domain: Task, features: tor
         name = task.name if task.name not in sel.sets else f"{task.name}-{len(sel.sets)}"
         if any(dropped.values()):
             sel.dropped[name] = dropped
-        res, _ = evaluate_split(task, split, lambda r: embed_rows(None, features, r), ("cosine",))
+        res, _ = evaluate_split(task, split, embedder(None, features), ("cosine",))
         sel.sets[name] = (task, split)
         sel.frozen[name] = res[0][primary_metric(task.kind, "cosine")]
     return sel

@@ -38,9 +38,9 @@ class HeadRun:
 def dev_scores(task: Task, split: str, model: StackedMLP, X: torch.Tensor, cfg: TrainConfig) -> list[float]:
     """The selection metric of every head on `split` (NaN for a head whose outputs are not finite):
     one pass for all heads (heads.evaluate.selection_scores), the embeddings in cfg.precision."""
-    def embed(rows):
+    def embed(rows, role="query"):
         with autocast(cfg.precision, X.device):
-            return embed_rows(model, X, rows).float()
+            return embed_rows(model, X, rows, role).float()
 
     return selection_scores(task, split, embed, cfg.eval_energy, cfg.precision)
 

@@ -25,7 +25,7 @@ from headstore.heads.anchor import AnchorSampler
 
 from headstore.heads.batches import NegativeSource, batch_losses, epoch_batches, make_batch, prepare_data, q_at
 from headstore.heads.config import HeadConfig, TrainConfig, stack_key
-from headstore.heads.evaluate import embed_rows
+from headstore.heads.evaluate import embedder
 from headstore.heads.features import Normalizer
 from headstore.heads.kinds import Task, kind_of
 from headstore.heads.model import StackedMLP
@@ -74,6 +74,9 @@ class StackTraining:
         cfg0 = self.cfg = configs[0]
         self.task, self.configs, self.select_split, self.selection = task, configs, select_split, selection
         self.data = prepare_data(task, features, cfg0, blocks=head_cfg.mix, norm=None if init is None else init[1])
+        if head_cfg.sides == "query" and self.data.pairs.form == "classes":
+            raise ValueError(f"{task.name}: a query-side head (--sides query) trains on (query, document) pairs; "
+                             "labelled texts have no such sides (use --sides both)")
         self.H, self.P, self.B = len(configs), len(self.data), min(cfg0.batch_size, len(self.data))
         self.model = (StackedMLP(self.H, head_cfg, seeds=[c.seed for c in configs]) if init is None
                       else copy.deepcopy(init[0]))
@@ -105,7 +108,7 @@ class StackTraining:
         """Every head's worst out-of-domain dev loss (None without --select-ood)."""
         if not self.selection:
             return None
-        embed = lambda rows: embed_rows(self.model, self.data.X, rows)  # noqa: E731
+        embed = embedder(self.model, self.data.X)
         return self.selection.losses(embed, self.cfg.eval_energy)[0].tolist()
 
     def epoch(self, epoch: int, bar) -> None:
@@ -167,7 +170,7 @@ class StackTraining:
         dev = dev_scores(self.select_task, self.select_split, stack, self.data.X, self.cfg)
         if not self.selection:
             return dev, None, {}
-        loss, per_set = self.selection.losses(lambda rows: embed_rows(stack, self.data.X, rows), self.cfg.eval_energy)
+        loss, per_set = self.selection.losses(embedder(stack, self.data.X), self.cfg.eval_energy)
         return dev, loss.tolist(), per_set
 
 

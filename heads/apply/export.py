@@ -201,8 +201,9 @@ def export_sentence_transformers(head: Head, out: Path, model: str | None = None
         raise ValueError(f"{head.source} was trained on layer {layer} ({head.array}); a sentence-transformers "
                          "Transformer module gives the last layer only; export refused")
     body = ensemble_modules(head) if hasattr(head, "members") else [*normalizer_modules(head), *head_modules(head)]
-    modules = [transformer, *sentence_modules(SentenceSpec.from_parts(parts), model_dir,
-                                              transformer.get_embedding_dimension()), *body]
+    front = [transformer, *sentence_modules(SentenceSpec.from_parts(parts), model_dir,
+                                            transformer.get_embedding_dimension())]
+    modules = [query_document_router(front, body, document_modules(head))] if head.query_side else [*front, *body]
     prompts = {role: p for role, p in (parts.get("prompts") or {}).items() if p}  # encode(q, prompt_name="query")
     st = SentenceTransformer(modules=modules, device="cpu", similarity_fn_name=SIMILARITY[head.energy_name],
                              prompts=prompts)
@@ -215,12 +216,38 @@ def export_sentence_transformers(head: Head, out: Path, model: str | None = None
     if parts.get("precision") == "bf16":
         notes.append("the store was encoded under bf16 autocast; the exported model runs in float32")
     summary = {"format": "sentence-transformers", "out": str(out), "head": head.source, "encoder": name,
-               "modules": [type(m).__name__ for m in modules], "similarity_fn_name": SIMILARITY[head.energy_name],
+               "modules": [type(m).__name__ for m in modules],
+               **({"routes": {"query": [type(m).__name__ for m in front + body],
+                              "document": [type(m).__name__ for m in front + document_modules(head)]},
+                   "encode": "a query-side head: encode_query(texts) / encode_document(texts) (encode(texts) "
+                             "alone names no route and is refused by sentence-transformers)"}
+                  if head.query_side else {}), "similarity_fn_name": SIMILARITY[head.energy_name],
                "prompts": prompts,
                "embedding_dim": head.out_dim, "store_fingerprint": head.store_fingerprint, "notes": notes,
                "load": f"SentenceTransformer({str(out)!r})"}
     atomic_write_json(out / "headstore_export.json", {**summary, "head_config": head.config}, sort_keys=True)
     return summary
+
+
+def document_modules(head: Head) -> list:
+    """What a query-side head does to documents: its normaliser only (an ensemble of query-side heads: the
+    normalised features once per member, / K, as its energy needs); a head of both sides: the whole body."""
+    members = getattr(head, "members", [head])
+    if not all(m.query_side for m in members):
+        raise ValueError(f"{head.source}: an ensemble mixing query-side heads and heads of both sides has no stock "
+                         "sentence-transformers form; export refused (use --format safetensors)")
+    if len(members) == 1:
+        return normalizer_modules(head)
+    K, D = len(members), members[0].in_dim
+    return [*normalizer_modules(members[0]), _dense(torch.eye(D).repeat(K, 1) / K, torch.zeros(K * D), "identity")]
+
+
+def query_document_router(front: list, query_body: list, document_body: list):
+    """A query-side head as one stock Router: queries take the encoder, pooling and the head; documents the same
+    encoder and pooling (the same module objects) and the normaliser only."""
+    from sentence_transformers.sentence_transformer.modules import Router  # here: an optional extra
+
+    return Router.for_query_document(query_modules=[*front, *query_body], document_modules=[*front, *document_body])
 
 
 def sentence_modules(spec: SentenceSpec, model_dir: str, dim: int) -> list:

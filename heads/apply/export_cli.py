@@ -85,8 +85,11 @@ def index_command(store, head, data, data_format, out, hnsw, ef_construction, **
 @click.option("--k", type=int, default=10, show_default=True, help="Results per query.")
 @click.option("--model", type=PATH, default=None, help="Encoder override (default: the head's store's encoder).")
 @click.option("--ef-search", type=int, default=64, show_default=True, help="HNSW query beam (ignored for flat).")
+@click.option("--head", type=PATH, default=None,
+              help="Search with another query-side head (--sides query) whose documents lie where the index's do "
+                   "(same store, array, normaliser, energy): one corpus index serves every such head.")
 @click.option("--out", type=PATH, default=None, help="Also write every result to this JSON file.")
-def search_command(index_dir, queries, queries_file, k, model, ef_search, out):
+def search_command(index_dir, queries, queries_file, k, model, ef_search, head, out):
     """Encode queries with the head's encoder and head, and list the k lowest-energy items of the index."""
     from headstore.heads.apply.search import SearchIndex, results_table
 
@@ -95,7 +98,7 @@ def search_command(index_dir, queries, queries_file, k, model, ef_search, out):
         texts += read_text(queries_file)["text"].to_list()
     if not texts:
         raise click.UsageError("give --query TEXT (repeatable) or --queries FILE")
-    index = SearchIndex(index_dir, ef_search=ef_search)
+    index = SearchIndex(index_dir, ef_search=ef_search, head=head)
     results = index.search(texts, k, model)
     for note in index.notes:
         click.echo(f"note: {note}", err=True)

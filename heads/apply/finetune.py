@@ -136,15 +136,15 @@ def _pick_device(name: str) -> torch.device:
 
 
 def _embed_texts(model, tokenizer, texts: list[str], max_length: int, pooler: Pooler, layer: int, norm, head,
-                 device: torch.device, use_bf16: bool) -> torch.Tensor:
-    """texts -> head outputs (1, B, d): the shared encode-and-pool step (the store's sentence embedding, its
-    Normalize as the store is read) -> Normalizer -> head."""
+                 device: torch.device, use_bf16: bool, role: str = "query") -> torch.Tensor:
+    """texts in `role` -> head outputs (1, B, d): the shared encode-and-pool step (the store's sentence embedding,
+    its Normalize as the store is read) -> Normalizer -> head (a query-side head: queries only)."""
     enc = tokenizer(texts, padding=True, truncation=True, max_length=max_length, return_tensors="pt")
     pooled = pooled_forward(model, enc["input_ids"].to(device), enc["attention_mask"].to(device), pooler,
                             (layer,), "bf16" if use_bf16 else "fp32")[0]  # (B, D) float32
     if pooler.spec.normalize and layer == -1:
         pooled = torch.nn.functional.normalize(pooled, dim=-1)
-    return head(norm(pooled))  # (1, B, d)
+    return head.encode(norm(pooled), role)  # (1, B, d)
 
 
 def _norm_to(norm, device):
@@ -177,9 +177,9 @@ def finetune(head_dir: str, out_dir: str, cfg: FinetuneConfig, store_path: str |
     text_of = src.store.texts.sort("row")["text"].to_list()
     use_bf16 = cfg.bf16 and device.type == "cuda"
     pooler = Pooler.of(SentenceSpec.from_parts(src.parts), model_dir)
-    embed = lambda rows: _embed_texts(model, tokenizer, [text_of[r] for r in rows.tolist()],  # noqa: E731
-                                      int(src.parts["max_length"]), pooler, src.layer, norm, head,
-                                      device, use_bf16)
+    embed = lambda rows, role="query": _embed_texts(model, tokenizer, [text_of[r] for r in rows.tolist()],  # noqa: E731
+                                                    int(src.parts["max_length"]), pooler, src.layer, norm, head,
+                                                    device, use_bf16, role)
     history, unfrozen_at, steps = _train(src, cfg, blocks, head, opt, embed, negatives, progress)
     return _write_outputs(Path(out_dir), model, tokenizer, Path(model_dir), head, norm, head_dir, head_config,
                           src.parts, cfg, history, unfrozen_at, time.perf_counter() - t0, len(blocks), steps,
@@ -269,12 +269,13 @@ def _train(src: _Source, cfg: FinetuneConfig, blocks, head, opt, embed, negative
             unfrozen_at[step] = k
         idx = batches[step] if batches is not None else order[step * B:(step + 1) * B]
         a_rows, p_rows = anchor[idx], positive[idx]
-        za = embed(a_rows)  # (1, b, d)
-        zp = za if torch.equal(a_rows, p_rows) else embed(p_rows)  # labelled texts: anchor = positive
+        za = embed(a_rows, "query")  # (1, b, d)
+        same_rows = torch.equal(a_rows, p_rows) and head.cfg.sides == "both"  # labelled texts: anchor = positive
+        zp = za if same_rows else embed(p_rows, "document")
         zn = None
         if negatives is not None:
             n_idx = negatives[idx]  # (b, K)
-            zn = embed(n_idx.flatten()).unflatten(1, n_idx.shape)  # (1, b, K, d)
+            zn = embed(n_idx.flatten(), "document").unflatten(1, n_idx.shape)  # (1, b, K, d)
         labels = labels_all[idx].unsqueeze(0).to(device) if labels_all is not None else None  # (1, b[, L])
         same = same_mask(a_rows, p_rows, relevant, n_rows).to(device)  # (b, b)
         loss = loss_fn(za.float(), zp.float(), None if zn is None else zn.float(), labels,

@@ -148,10 +148,12 @@ class Pipeline:
         return out
 
     def encode(self, texts: Sequence[str], batch_size: int = 32, progress: bool = False,
-               role: str = "document") -> np.ndarray:
-        """Head outputs of `texts` encoded in `role` ("query" or "document", the default: the role of symmetric
-        data; a store without prompts encodes both alike): (n, d) float32 numpy."""
-        return self.head.embed(self.features(texts, batch_size, progress, role))
+               role: str | None = None) -> np.ndarray:
+        """Head outputs of `texts` encoded in `role`: "query" or "document" (unset: the document prompt, the role
+        of symmetric data, and a head of both sides; a store without prompts encodes both alike). A query-side
+        head (--sides query) needs the role: documents keep their normalised features. (n, d) float32 numpy."""
+        features = self.features(texts, batch_size, progress, role or "document")
+        return self.head.embed(features, role)
 
     def score(self, queries: Sequence[str], docs: Sequence[str], batch_size: int = 32) -> np.ndarray:
         """Energy of every query (query role) against every doc (document role), (Q, N); low = relevant."""

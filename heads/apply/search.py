@@ -6,8 +6,13 @@ Index directory IDX:
   vectors (energy = 1 - inner product). `IndexFlat` (exact) by default; `--hnsw M` builds an
   `IndexHNSWFlat` with M links per node (approximate, for large corpora);
 - `items.parquet`: per vector position: `id` (BEIR doc id, else the text_id), `text_id`, `text`, `row`;
-- `index.json`: metric, energy, HNSW settings, counts, the store and dataset it came from;
+- `index.json`: metric, energy, HNSW settings, counts, the store and dataset it came from, and the
+  `document_space` its vectors lie in (`document_space`);
 - `head/`: the head (`Head.save`), so `cli search` needs nothing but IDX and the encoder.
+
+A query-side head (`--sides query`) leaves documents at their normalised stored features, so its index holds
+no head output at all: `cli search --head OTHER` searches it with any other query-side head whose documents
+lie in the same space (same store, array, normaliser and energy); one corpus index serves every such head.
 
 Corpus: a BEIR folder's corpus (documents as `title + " " + text`, as they were featurized), or every
 text of another dataset. Features are read from the store (only the corpus rows); the encoder is not
@@ -15,6 +20,7 @@ run. A query is encoded by a `Pipeline` (the head's own encoder, checked against
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 from pathlib import Path
@@ -67,6 +73,22 @@ def _to_energy(distances: np.ndarray, energy: str) -> np.ndarray:
     return distances
 
 
+def document_space(head: Head) -> str:
+    """A hash of what a head does to documents: for a query-side head, the store, array, energy and normaliser
+    (its documents' vectors are their normalised features); for a head of both sides, also its weights."""
+    h = hashlib.sha256()
+    members = getattr(head, "members", [head])
+    h.update(json.dumps([head.store_fingerprint, head.array, head.energy_name, len(members)]).encode())
+    for m in members:
+        h.update(m.normalizer.kind.encode())
+        for t in (m.normalizer.center, m.normalizer.scale):
+            h.update(t.detach().cpu().float().contiguous().numpy().tobytes())
+        if not m.query_side:
+            for name, p in sorted(m.model.state_dict().items()):
+                h.update(name.encode() + p.detach().cpu().float().contiguous().numpy().tobytes())
+    return h.hexdigest()[:16]
+
+
 def corpus_items(data_path: str, data_format: str | None = None) -> pl.DataFrame:
     """`id`, `text` of every item to index: a BEIR corpus's documents, else the dataset's unique texts of the
     document role (a query-document pairs table: its positives and negatives, not its query anchors)."""
@@ -109,7 +131,7 @@ def build_index(store_path: str, head_ref: str, data_path: str, out_dir: str, hn
     bar = progress_bar(total=len(rows), unit="text", desc="index", disable=not progress)
     for start in range(0, len(rows), EMBED_CHUNK):
         chunk = rows[start:start + EMBED_CHUNK]
-        index.add(_prepare(head.embed(read_features(store, head.array, rows=chunk)), energy))
+        index.add(_prepare(head.embed(read_features(store, head.array, rows=chunk), "document"), energy))
         bar.update(len(chunk))
     bar.close()
     out.mkdir(parents=True, exist_ok=True)
@@ -119,7 +141,8 @@ def build_index(store_path: str, head_ref: str, data_path: str, out_dir: str, hn
     info = {"kind": "hnsw" if hnsw else "flat", "hnsw_m": hnsw, "ef_construction": ef_construction if hnsw else None,
             "metric": {"l1": "METRIC_L1", "l2": "METRIC_L2", "cosine": "METRIC_INNER_PRODUCT"}[energy],
             "energy": energy, "n": int(index.ntotal), "dim": head.out_dim, "head": head.source,
-            "store": str(store_path), "store_fingerprint": store.fingerprint, "data": str(data_path)}
+            "store": str(store_path), "store_fingerprint": store.fingerprint, "data": str(data_path),
+            "sides": "query" if head.query_side else "both", "document_space": document_space(head)}
     atomic_write_json(out / INFO_FILE, info, sort_keys=True)
     return info
 
@@ -143,7 +166,7 @@ def _read_index(faiss, path: Path):
 class SearchIndex:
     """An index directory opened for search: `search_vectors` (head outputs) or `search` (texts)."""
 
-    def __init__(self, index_dir: str | Path, ef_search: int = EF_SEARCH):
+    def __init__(self, index_dir: str | Path, ef_search: int = EF_SEARCH, head: str | Head | None = None):
         d = Path(index_dir)
         missing = [n for n in (INDEX_FILE, ITEMS_FILE, INFO_FILE, HEAD_DIR) if not (d / n).exists()]
         if missing:
@@ -158,8 +181,22 @@ class SearchIndex:
         if self.info["kind"] == "hnsw":
             self.index.hnsw.efSearch = ef_search
         self.head = Head.load(d / HEAD_DIR)
+        if head is not None:
+            self.head = self._other_head(head if isinstance(head, Head) else Head.load(head))
         self._pipeline = None
         self.notes: list[str] = []  # what a search capped or cut, for the caller to say
+
+    def _other_head(self, head: Head) -> Head:
+        """`head` if its documents lie where the index's do (`document_space`), else ValueError saying why."""
+        own = self.info.get("document_space") or document_space(self.head)  # indexes made before it was recorded
+        if head.energy_name != self.info["energy"] or document_space(head) != own:
+            why = ("both must be query-side heads (--sides query) on the same store, array, normaliser and energy"
+                   if head.query_side and self.head.query_side else
+                   "only query-side heads (--sides query) share an index: a head of both sides moves its documents")
+            raise ValueError(f"{head.source}: its documents are not where {self.dir}'s vectors are ({self.head.source}, "
+                             f"{self.info['energy']} energy); {why}. Index the corpus with this head "
+                             "(`cli index --head ...`)")
+        return head
 
     def search_vectors(self, vectors: np.ndarray, k: int = 10) -> tuple[np.ndarray, np.ndarray]:
         """(positions (Q, k) int64, energies (Q, k)) of the k lowest-energy items per head output."""

@@ -14,7 +14,7 @@ import torch
 
 from headstore.data.files import atomic_write_json
 from headstore.heads.artefacts import ensemble_groups, load_grid_head
-from headstore.heads.evaluate import PREFIX, embed_rows, evaluate_split, primary_metric
+from headstore.heads.evaluate import PREFIX, embedder, evaluate_split, primary_metric
 from headstore.heads.experiments.report import _ci
 from headstore.heads.head import EnsembleHead, Head
 from headstore.heads.kinds import Task
@@ -42,7 +42,7 @@ def score_ensembles(out, frame: pl.DataFrame, task: Task, features: dict[str, to
                 hid = g.filter(pl.col("seed") == seed)["head_id"][0]
                 members.append(Head(*load_grid_head(out, id=hid), source=f"{out}#id={hid}"))
             ens = EnsembleHead(members)
-            embed = (lambda m: lambda r: embed_rows(m, X, r))(ens.model)
+            embed = embedder(ens.model, X)
             rec = {"k": k, "seed": seed, "head_ids": [m.config["grid"]["head_id"] for m in members]}
             for split in ("dev", "test"):
                 if split in task.eval_sets:

@@ -29,7 +29,7 @@ from headstore.featurize.store import FeatureStore
 from headstore.heads.anchor import anchor_rows_of
 from headstore.heads.artefacts import resume_rows, save_stack, write_results
 from headstore.heads.config import HeadConfig, TrainConfig, stack_key
-from headstore.heads.evaluate import embed_rows, evaluate_split
+from headstore.heads.evaluate import embedder, evaluate_split
 from headstore.heads.experiments.ensembles import score_ensembles, write_ensembles
 from headstore.heads.experiments.grid_spec import GRID_VERSION, UNSET_SINCE_ID, head_id, read_grid, split_settings
 from headstore.heads.experiments.report import write_report
@@ -193,7 +193,7 @@ def plan_summary(groups: dict, skipped: list[dict], n_done: int, task: Task) -> 
 def flat_settings(head: HeadConfig, train: TrainConfig, array: str) -> dict:
     """A row's settings; those added since grid rows were first recorded (the levers of issue 20) only
     where set, so the rows (and golden outputs) of grids that do not use them keep their columns."""
-    h = {k: v for k, v in asdict(head).items() if k != "in_dim"}
+    h = {k: v for k, v in asdict(head).items() if k != "in_dim" and UNSET_SINCE_ID.get(k, object()) != v}
     t = {k: v for k, v in train.to_dict().items() if UNSET_SINCE_ID.get(k, object()) != v}
     return {**h, **t, "array": array}
 
@@ -246,11 +246,11 @@ class StackRunner:
         X = self.features(array)[:, :self.store.dim]  # the first array (the last layer)
         out = {}
         for name, t in self.ood.items():
-            res, _ = evaluate_split(t, transfer_split(t), lambda r: embed_rows(None, X, r), ("cosine", "l1"))
+            res, _ = evaluate_split(t, transfer_split(t), embedder(None, X), ("cosine", "l1"))
             out[f"ood_{name}"] = {"metrics": res[0]}
         for split in ("dev", "test"):
             if split in self.task.eval_sets:
-                res, items = evaluate_split(self.task, split, lambda r: embed_rows(None, X, r), ("cosine", "l1"))
+                res, items = evaluate_split(self.task, split, embedder(None, X), ("cosine", "l1"))
                 out[split] = {"metrics": res[0], "items": {k: [float(x) for x in v] for k, v in items[0].items()}}
         return out
 
@@ -271,7 +271,7 @@ class StackRunner:
             return {}
         if key not in self._base_rows:
             X = self.features(array)[:, :self.store.dim]
-            res, _ = evaluate_split(stask, "test", lambda r: embed_rows(None, X, r), ("cosine", "l1"))
+            res, _ = evaluate_split(stask, "test", embedder(None, X), ("cosine", "l1"))
             self._base_rows[key] = {f"base_{k}": v for k, v in res[0].items()}
         return self._base_rows[key]
 
@@ -307,7 +307,7 @@ class StackRunner:
     def score(self, stask: Task, model, Xn: torch.Tensor, energy: str) -> dict:
         """{column prefix: (metrics per head, items per head)} on dev, test and the transfer sets, and the
         out-of-domain selection losses under "sel"."""
-        embed = lambda r: embed_rows(model, Xn, r)  # noqa: E731
+        embed = embedder(model, Xn)
         scores = {split: evaluate_split(stask, split, embed, (energy,)) for split in ("dev", "test")
                   if split in stask.eval_sets}
         for name, t in self.ood.items():

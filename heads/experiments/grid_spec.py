@@ -34,7 +34,8 @@ GRID_KEYS = HEAD_KEYS + TRAIN_KEYS + ("array",)
 # ties and all-zero queries, positives-only pairs as retrieval, resolved defaults in the head id
 GRID_VERSION = 2
 # settings added after grid ids were first recorded, with their default (left out of the id when at it)
-UNSET_SINCE_ID = {"strength": "1", "anchor_weight": 0.0, "anchor_data": "", "exact_max": 20_000, "pool_k": 100}
+UNSET_SINCE_ID = {"strength": "1", "anchor_weight": 0.0, "anchor_data": "", "exact_max": 20_000, "pool_k": 100,
+                  "sides": "both"}
 
 
 def _check_values(path: str, where: str, key: str, values: list) -> None:
@@ -106,7 +107,7 @@ def resolved_settings(settings: dict, in_dim: int | None = None) -> dict:
     in_dim), the training settings, the loss constants under its energy (Q, tau, margin, CoSENT's
     lambda) and the module constants that shape the data (dev slice, genuine threshold, ranking depth)."""
     head, train, array = split_settings(settings)
-    head_dict = asdict(head)
+    head_dict = {k: v for k, v in asdict(head).items() if UNSET_SINCE_ID.get(k, object()) != v}
     if in_dim:
         head_dict.update(in_dim=in_dim, out_dim=HeadConfig(**{**head_dict, "in_dim": in_dim}).out_features)
     loss = train.loss_config().resolved(train.eval_energy)

@@ -67,7 +67,7 @@ def _task(cfg: SetFitCompareConfig):
 
 def _headstore_runs(cfg, store, task, shots: int, seed: int, done: set) -> list[dict]:
     from headstore.heads.config import TrainConfig
-    from headstore.heads.evaluate import embed_rows, evaluate_split
+    from headstore.heads.evaluate import embedder, evaluate_split
     from headstore.heads.features import load_features
     from headstore.heads.kinds import for_training
     from headstore.heads.model import HeadConfig
@@ -78,7 +78,7 @@ def _headstore_runs(cfg, store, task, shots: int, seed: int, done: set) -> list[
     if ("frozen probe", shots, seed) not in done:
         t0 = time.perf_counter()
         base, _ = evaluate_split(for_training(task, TrainConfig(shots=shots, seed=seed)), "test",
-                                 lambda r: embed_rows(None, X, r), ())
+                                 embedder(None, X), ())
         rows.append({"method": "frozen probe", "shots": shots, "seed": seed, "accuracy": base[0]["probe_accuracy"],
                      "macro_f1": base[0]["probe_macro_f1"], "seconds": time.perf_counter() - t0})
     for loss in cfg.losses:
@@ -91,7 +91,7 @@ def _headstore_runs(cfg, store, task, shots: int, seed: int, done: set) -> list[
         model, norm, (run,) = train_stack(stask, X, head, [train], progress=False)
         t1 = time.perf_counter()
         Xn = norm(X)
-        res, _ = evaluate_split(stask, "test", lambda r: embed_rows(model, Xn, r), (train.eval_energy,))
+        res, _ = evaluate_split(stask, "test", embedder(model, Xn), (train.eval_energy,))
         t2 = time.perf_counter()
         knn = next(k for k in res[0] if k.endswith("_knn_accuracy"))
         rows += [{"method": f"head {loss} + probe", "shots": shots, "seed": seed, "accuracy": res[0]["probe_accuracy"],

@@ -11,7 +11,7 @@ import polars as pl
 import torch
 
 from headstore.data.files import atomic_write_json
-from headstore.heads.evaluate import PREFIX, embed_rows, evaluate_split, primary_metric
+from headstore.heads.evaluate import PREFIX, embedder, evaluate_split, primary_metric
 from headstore.heads.experiments.report import _ci
 from headstore.heads.kinds import Task
 from headstore.heads.soup import load_soup
@@ -32,7 +32,7 @@ def score_soups(out, frame: pl.DataFrame, task: Task, features, transfer: dict, 
                 continue
             energy = config["train"]["energy"] if config["train"]["loss"] != "mnr" else "cosine"
             X = norm(features(config.get("array", "features")))
-            embed = lambda r: embed_rows(model, X, r)  # noqa: E731
+            embed = embedder(model, X)
             rec = {"k": k, "seed": seed, "head_ids": config["soup"]["head_ids"]}
             for split in ("dev", "test"):
                 if split in task.eval_sets:

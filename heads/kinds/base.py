@@ -27,7 +27,9 @@ DEV_SEED = 20260  # fixed so every head, seed and run sees the same dev slice
 WHOLE = "all"  # the split name of a table scored whole (no split column, evaluation only)
 PREFIX = {"l1": "manhattan", "l2": "euclidean", "cosine": "cosine"}  # metric-name prefix of each energy
 
-Embed = Callable[[np.ndarray], torch.Tensor]  # store rows (n,) -> (H, n, d) head outputs
+Embed = Callable[..., torch.Tensor]  # (store rows (n,), role "query" | "document") -> (H, n, d) head outputs;
+# a kind embeds what it ranks or compares in the roles its texts take (IR: queries and documents; a pair: its
+# first text as the query, its second as the document), which only a query-side head tells apart
 
 
 @dataclass(frozen=True)

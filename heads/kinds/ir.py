@@ -44,7 +44,7 @@ class IRKind(TaskKind):
 
     def evaluate(self, task, split, embed, energies):
         data: IRSplit = task.eval_sets[split]
-        zq, zd = embed(data.query_rows), embed(data.doc_rows)  # (H, Q, d), (H, N, d)
+        zq, zd = embed(data.query_rows, "query"), embed(data.doc_rows, "document")  # (H, Q, d), (H, N, d)
         results, items = [], []
         for h in range(zq.shape[0]):
             if not (torch.isfinite(zq[h]).all() and torch.isfinite(zd[h]).all()):
@@ -61,7 +61,7 @@ class IRKind(TaskKind):
 
     def selection_scores(self, task, split, embed, energy, precision):
         data: IRSplit = task.eval_sets[split]
-        zq, zd = embed(data.query_rows).float(), embed(data.doc_rows).float()  # (H, Q, d), (H, N, d)
+        zq, zd = embed(data.query_rows, "query").float(), embed(data.doc_rows, "document").float()  # (H, Q, d), (H, N, d)
         return selection_ndcg(data, zq, zd, energy, precision)
 
     def selection_set(self, task, split, X, cfg):
@@ -85,7 +85,7 @@ class IRKind(TaskKind):
         pick = np.sort(np.random.default_rng(0).permutation(len(data.query_ids))[:n])
         sample = IRSplit([data.query_ids[i] for i in pick], data.query_rows[pick], data.doc_ids, data.doc_rows,
                          data.qrels, data.exclude_self)
-        zq, zd = embed(sample.query_rows)[0], embed(sample.doc_rows)[0]
+        zq, zd = embed(sample.query_rows, "query")[0], embed(sample.doc_rows, "document")[0]
         top = exact_top10(sample, zq, zd, energy)  # (n, 10) document indices
         inside = set(chosen.doc_ids)
         hits = [data.doc_ids[j] in inside for j in top.flatten().tolist() if j >= 0]
@@ -108,7 +108,7 @@ class IRKind(TaskKind):
             data = task.eval_sets.get(split)
             if data is None:
                 continue
-            q, d = embed(data.query_rows)[0], embed(data.doc_rows)[0]  # (Q, d), (N, d)
+            q, d = embed(data.query_rows, "query")[0], embed(data.doc_rows, "document")[0]  # (Q, d), (N, d)
             written.append(write_trec_run(data, q, d, energy, Path(out_dir) / f"run.{split}.trec", run_name))
         return written
 

@@ -86,7 +86,7 @@ def evaluate_labels(task, split: str, embed, energies: tuple[str, ...]) -> tuple
     """Metrics per head on one split (module doc); items per head: per-text k-NN correctness under each
     energy prefix (and `probe` correctness) for bootstrap CIs."""
     data, ref = task.eval_sets[split], task.reference
-    zq, zr = embed(data.rows), embed(ref.rows)  # (H, n, d), (H, m, d)
+    zq, zr = embed(data.rows, "query"), embed(ref.rows, "document")  # (H, n, d), (H, m, d): texts against references
     C = len(task.class_names)
     results, items = [], []
     for h in range(zq.shape[0]):

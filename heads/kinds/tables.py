@@ -70,7 +70,7 @@ def evaluate_pairs(data: PairSet, embed, energies: tuple[str, ...], metrics_of: 
                    nan_metrics: Callable[[tuple[str, ...]], dict]) -> tuple[list[dict], list[dict]]:
     """Metrics of every head on a split's pairs: the energy of each pair under each energy, scored by
     `metrics_of`; per-item values are the predictions -E (for the kind's bootstrap CI)."""
-    za, zb = embed(data.anchor), embed(data.positive)  # (H, P, d)
+    za, zb = embed(data.anchor, "query"), embed(data.positive, "document")  # (H, P, d)
     results, items = [], []
     for h in range(za.shape[0]):
         if not (torch.isfinite(za[h]).all() and torch.isfinite(zb[h]).all()):

@@ -27,7 +27,7 @@ def test_pool_of_the_whole_corpus_mines_as_exact():
     corpus = np.unique(task.corpus_rows)
     anchors = task.train.anchor
     pool = frozen_topk(X, np.unique(anchors), corpus, len(corpus))  # every document
-    embed = lambda rows: model(X[torch.as_tensor(rows)]).detach()  # noqa: E731
+    embed = lambda rows, role="query": model.encode(X[torch.as_tensor(rows)], role).detach()  # noqa: E731
     for kw in ({}, {"embed": embed, "n_heads": 2, "energy": "l1"}):
         exact = mine_negatives(X, anchors, task.corpus_rows, task.relevant, 5, **kw)
         pooled = mine_negatives(X, anchors, task.corpus_rows, task.relevant, 5, pool=pool, **kw)
@@ -62,7 +62,7 @@ def test_selection_on_the_whole_corpus_as_candidates_is_exact():
     chosen, report = kind.selection_set(task, "dev", X, TrainConfig(exact_max=0, pool_k=1000))
     assert chosen.doc_ids == task.eval_sets["dev"].doc_ids and report["method"] == "candidates"
     model = _head(8)
-    embed = lambda rows: model(X[torch.as_tensor(rows)]).detach()  # noqa: E731
+    embed = lambda rows, role="query": model.encode(X[torch.as_tensor(rows)], role).detach()  # noqa: E731
     full = kind.selection_scores(task, "dev", embed, "l1", "fp32")
     cut = kind.selection_scores(task.__class__(**{**task.__dict__, "eval_sets": {"dev": chosen}}), "dev", embed,
                                 "l1", "fp32")
@@ -74,7 +74,7 @@ def test_top10_share_against_a_loop():
     kind = kind_of(task)
     chosen, _ = kind.selection_set(task, "dev", X, TrainConfig(exact_max=0, pool_k=10))
     model = _head(8, n=1)
-    embed = lambda rows: model(X[torch.as_tensor(rows)]).detach()  # noqa: E731
+    embed = lambda rows, role="query": model.encode(X[torch.as_tensor(rows)], role).detach()  # noqa: E731
     got = kind.candidate_share(task, "dev", chosen, embed, "l1", 1000)
     dev = task.eval_sets["dev"]
     inside, hits, total = set(chosen.doc_ids), 0, 0

@@ -79,7 +79,7 @@ def l1_grid(world, tmp_path_factory):
 
 def test_grid_scores_ensembles_per_seed(world, l1_grid):
     from headstore.featurize.store import FeatureStore
-    from headstore.heads.evaluate import embed_rows, evaluate_split
+    from headstore.heads.evaluate import embedder, evaluate_split
     from headstore.heads.features import load_features
     from headstore.heads.kinds import load_task
 
@@ -92,7 +92,7 @@ def test_grid_scores_ensembles_per_seed(world, l1_grid):
         members = [headstore.Head.load(f"{l1_grid}#id={h}") for h in rec["head_ids"]]
         assert {results.filter(pl.col("head_id") == h)["seed"][0] for h in rec["head_ids"]} == {rec["seed"]}
         ens = EnsembleHead(members)
-        res, _ = evaluate_split(task, "test", lambda r: embed_rows(ens.model, X, r), ("l1",))
+        res, _ = evaluate_split(task, "test", embedder(ens.model, X), ("l1",))
         assert res[0]["manhattan_ndcg@10"] == pytest.approx(rec["test_primary"])
         if rec["k"] == 1:  # an ensemble of one is that head
             row = results.filter(pl.col("head_id") == rec["head_ids"][0])

@@ -11,7 +11,7 @@ from click.testing import CliRunner
 import headstore
 from headstore.cli import main
 from headstore.featurize.store import FeatureStore
-from headstore.heads.evaluate import embed_rows, evaluate_split, primary_metric
+from headstore.heads.evaluate import embedder, evaluate_split, primary_metric
 from headstore.heads.features import load_features
 from headstore.heads.kinds import load_task
 
@@ -36,7 +36,7 @@ def test_every_grid_head_loads_and_reproduces_its_dev_metric(world, grid):
         head = headstore.Head.load(f"{out}#id={row['head_id']}")
         assert head.config["grid"]["head_id"] == row["head_id"] and head.train_config.lr == row["lr"]
         energy = head.energy_name
-        metrics, _ = evaluate_split(task, "dev", lambda r: embed_rows(head.model, head.normalizer(X), r), (energy,))
+        metrics, _ = evaluate_split(task, "dev", embedder(head.model, head.normalizer(X)), (energy,))
         assert metrics[0][primary_metric("ir", energy)] == pytest.approx(row["dev_primary"], abs=1e-6)
 
 

@@ -10,7 +10,7 @@ from sklearn.metrics import average_precision_score, ndcg_score
 from sklearn.neighbors import KNeighborsClassifier
 
 from headstore.heads.config import TrainConfig, stack_key
-from headstore.heads.evaluate import embed_rows, evaluate_split
+from headstore.heads.evaluate import embedder, evaluate_split
 from headstore.heads.kinds.label_eval import ranking_metrics
 from headstore.heads.kinds import for_training
 from headstore.heads.metrics import ir_metrics_per_query
@@ -33,9 +33,9 @@ def test_planted_classes_are_learned_far_above_chance(planted, loss, hierarchy):
     path, store, X = planted
     cfg = TrainConfig(loss=loss, hierarchy=hierarchy, **FAST)
     task = for_training(load_task(str(path), store, "labels?label_sep=."), cfg)
-    base, _ = evaluate_split(task, "test", lambda r: embed_rows(None, X, r), ("l1",))
+    base, _ = evaluate_split(task, "test", embedder(None, X), ("l1",))
     model, norm, run = train_one(task, X, HeadConfig(depth=1, out_dim=8, in_dim=16, residual=False), cfg, progress=False)
-    res, items = evaluate_split(task, "test", lambda r: embed_rows(model, norm(X), r), ("l1",))
+    res, items = evaluate_split(task, "test", embedder(model, norm(X)), ("l1",))
     chance = 1 / 6
     assert base[0]["manhattan_knn_accuracy"] < 0.6  # the loud dims hide the classes from frozen k-NN
     assert res[0]["manhattan_knn_accuracy"] > 0.85 > 4 * chance, res
@@ -116,5 +116,5 @@ def test_unseen_test_labels_are_reported_and_count_as_errors(tmp_path):
     pl.DataFrame({"text": texts, "label": labels, "split": split}).write_parquet(path)
     task = load_task(str(path), MemoryStore(texts))
     assert task.report["unseen_labels"] == {"test": {"n_texts": 2, "labels": {"z": 2}}}
-    res, _ = evaluate_split(task, "test", lambda r: embed_rows(None, torch.randn(12, 4), r), ("l1",))
+    res, _ = evaluate_split(task, "test", embedder(None, torch.randn(12, 4)), ("l1",))
     assert res[0]["probe_accuracy"] == 0.0 and res[0]["manhattan_knn_accuracy"] == 0.0

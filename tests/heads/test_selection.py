@@ -67,7 +67,7 @@ def test_guard_returns_the_starting_point_when_training_only_hurts(guard):
     import torch
 
     from headstore.heads.config import TrainConfig
-    from headstore.heads.evaluate import embed_rows, evaluate_split
+    from headstore.heads.evaluate import embedder, evaluate_split
     from headstore.heads.config import HeadConfig
     from headstore.heads.train import train_stack
 
@@ -84,7 +84,7 @@ def test_guard_returns_the_starting_point_when_training_only_hurts(guard):
                       patience=5, guard=guard)
     head_cfg = HeadConfig(depth=1, in_dim=16)
     model, norm, (run,) = train_stack(task, X, head_cfg, [cfg], progress=False)
-    start, _ = evaluate_split(task, "dev", lambda r: embed_rows(None, norm(X), r), ("l1",))
+    start, _ = evaluate_split(task, "dev", embedder(None, norm(X)), ("l1",))
     assert run.start_dev == pytest.approx(start[0]["manhattan_ndcg@10"])
     trained = max(h["dev_manhattan_ndcg@10"] for h in run.history)
     assert trained < run.start_dev  # training only hurt

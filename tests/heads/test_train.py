@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from headstore.heads.config import TrainConfig
-from headstore.heads.evaluate import embed_rows, evaluate_split
+from headstore.heads.evaluate import embedder, evaluate_split
 from headstore.heads.config import HeadConfig
 from headstore.heads.model import StackedMLP
 from headstore.heads.optim import lr_factor
@@ -16,11 +16,11 @@ from .synthetic import planted_ir_task, planted_sts_task
 
 def test_head_learns_planted_ir_relation():
     task, X = planted_ir_task()
-    base, _ = evaluate_split(task, "test", lambda r: embed_rows(None, X, r), ("cosine", "l1"))
+    base, _ = evaluate_split(task, "test", embedder(None, X), ("cosine", "l1"))
     head_cfg = HeadConfig(depth=1, out_dim=16, in_dim=16, residual=False)
     cfg = TrainConfig(normalize="none", impostors="all", mined_k=0, loss="l1-energy", epochs=15, batch_size=32, lr=1e-2, patience=15, q=8.0)
     model, norm, run = train_one(task, X, head_cfg, cfg, progress=False)
-    res, _ = evaluate_split(task, "test", lambda r: embed_rows(model, norm(X), r), ("l1",))
+    res, _ = evaluate_split(task, "test", embedder(model, norm(X)), ("l1",))
     chance = 1 / 80  # 80 test queries, one relevant doc among 400
     assert base[0]["cosine_ndcg@10"] < 0.1
     assert res[0]["manhattan_ndcg@10"] > 0.9, res[0]
@@ -32,12 +32,12 @@ def test_head_learns_planted_ir_relation():
                                          ("cosent", "weight")])
 def test_head_learns_planted_sts_relation(loss, graded):
     task, X = planted_sts_task()
-    base, _ = evaluate_split(task, "test", lambda r: embed_rows(None, X, r), ("cosine",))
+    base, _ = evaluate_split(task, "test", embedder(None, X), ("cosine",))
     head_cfg = HeadConfig(depth=1, out_dim=8, in_dim=16, residual=False)
     cfg = TrainConfig(normalize="none", impostors="all", mined_k=0, loss=loss, epochs=40, batch_size=32, lr=1e-2,
                       patience=40, q=4.0, graded=graded)
     model, norm, _ = train_one(task, X, head_cfg, cfg, progress=False)
-    res, _ = evaluate_split(task, "test", lambda r: embed_rows(model, norm(X), r), ("l1",))
+    res, _ = evaluate_split(task, "test", embedder(model, norm(X)), ("l1",))
     assert res[0]["spearman_manhattan"] > base[0]["spearman_cosine"] + 0.25, (res, base)
 
 
@@ -68,8 +68,8 @@ def test_stacked_training_equals_separate_heads(monkeypatch):
 def test_identity_initialised_head_reproduces_baseline_exactly(head_cfg):
     task, X = planted_ir_task()
     model = StackedMLP(1, head_cfg, seeds=[0])
-    base, _ = evaluate_split(task, "test", lambda r: embed_rows(None, X, r), ("l1", "cosine"))
-    head, _ = evaluate_split(task, "test", lambda r: embed_rows(model, X, r), ("l1", "cosine"))
+    base, _ = evaluate_split(task, "test", embedder(None, X), ("l1", "cosine"))
+    head, _ = evaluate_split(task, "test", embedder(model, X), ("l1", "cosine"))
     assert head[0] == base[0]
 
 
@@ -202,7 +202,7 @@ def test_selection_scores_equal_the_exact_evaluation():
     base = TrainConfig(normalize="none", impostors="all", mined_k=0, loss="l1-energy", epochs=2, batch_size=16, q=8.0)
     model, norm, _ = train_stack(task, X, head_cfg, [dataclasses.replace(base, seed=s) for s in range(3)],
                                  progress=False)
-    embed = lambda r: embed_rows(model, norm(X), r)  # noqa: E731
+    embed = embedder(model, norm(X))  # noqa: E731
     assert len(task.eval_sets["test"].doc_rows) > SELECT_CANDIDATES
     exact, _ = evaluate_split(task, "test", embed, ("l1",))
     fast = selection_scores(task, "test", embed, "l1")
