@@ -171,3 +171,16 @@ def test_a_grid_sweeps_sides_and_heads_of_both_sides_keep_their_ids(world, tmp_p
     assert len(swept) == 2 and both["head_id"].to_list() == plain["head_id"].to_list()
     query = headstore.Head.load(f"{tmp_path / 'swept'}#id={swept.filter(pl.col('sides') == 'query')['head_id'][0]}")
     assert query.query_side
+
+
+def test_labelled_texts_have_no_sides_to_train_a_query_side_head_on(tmp_path):
+    from headstore.heads.kinds import for_training, load_task
+
+    from .label_world import planted_labels
+
+    (tmp_path / "labels").mkdir()
+    path, store, X = planted_labels(tmp_path / "labels", n=120)
+    cfg = TrainConfig(loss="supcon-kl", epochs=1, batch_size=16)
+    task = for_training(load_task(str(path), store, "labels?label_sep=."), cfg)
+    with pytest.raises(ValueError, match="labelled texts have no such sides"):
+        train_one(task, X, HeadConfig(in_dim=16, depth=1, sides="query"), cfg, progress=False)
