@@ -219,8 +219,8 @@ def export_sentence_transformers(head: Head, out: Path, model: str | None = None
                "modules": [type(m).__name__ for m in modules],
                **({"routes": {"query": [type(m).__name__ for m in front + body],
                               "document": [type(m).__name__ for m in front + document_modules(head)]},
-                   "encode": "a query-side head: encode_query(texts) / encode_document(texts) (encode(texts) "
-                             "alone names no route and is refused by sentence-transformers)"}
+                   "encode": "a query-side head: encode_query(texts) / encode_document(texts); encode(texts) "
+                             "takes the document route (the Router's default)"}
                   if head.query_side else {}), "similarity_fn_name": SIMILARITY[head.energy_name],
                "prompts": prompts,
                "embedding_dim": head.out_dim, "store_fingerprint": head.store_fingerprint, "notes": notes,

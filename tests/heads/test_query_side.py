@@ -107,6 +107,7 @@ def test_export_routes_queries_through_the_head_and_documents_around_it(world, t
     q, d = pipe.encode(texts, role="query"), pipe.encode(texts, role="document")
     np.testing.assert_allclose(st.encode_query(texts, convert_to_numpy=True), q, rtol=0, atol=1e-5)
     np.testing.assert_allclose(st.encode_document(texts, convert_to_numpy=True), d, rtol=0, atol=1e-5)
+    np.testing.assert_allclose(st.encode(texts, convert_to_numpy=True), d, rtol=0, atol=1e-5)  # the default route
     features = pipe.features(texts, role="document")
     assert np.array_equal(d, head.normalizer(torch.as_tensor(features)).numpy())  # documents: no head at all
     assert not np.allclose(q, d, atol=1e-4)
