@@ -149,6 +149,30 @@ def shard_rows_of(arr: zarr.Array) -> int:
     return int((arr.shards or arr.chunks)[0])
 
 
+READ_SPAN = 1 << 16  # rows decoded at a time: a read holds its output and one span (25 MB of float16 at D = 384)
+
+
+def read_rows(arr, rows: np.ndarray, n: int, normalize: bool) -> np.ndarray:
+    """(len(rows), D) float32 of sorted unique `rows` of a Zarr array: runs of consecutive chunks holding them,
+    at most READ_SPAN rows each, decoded one at a time (only chunks holding a wanted row are read; zarr's
+    orthogonal selection over many rows took 1.7 GB and 3.7 s for 100k rows of 384). `normalize`: L2 rows (the
+    model's final Normalize, featurize.sentence), span by span."""
+    out = np.empty((len(rows), arr.shape[1]), dtype=np.float32)
+    if not len(rows):
+        return out
+    chunk = int(arr.chunks[0])
+    cids = rows // chunk
+    run = np.concatenate([[0], np.cumsum(np.diff(cids) > 1)])  # runs of consecutive chunks
+    first = cids[np.searchsorted(run, run)]  # the first chunk of each row's run
+    key = run * (n // chunk + 2) + (cids - first) // max(1, READ_SPAN // chunk)
+    starts = np.flatnonzero(np.concatenate([[True], np.diff(key) != 0]))
+    for a, b in zip(starts, np.append(starts[1:], len(rows))):
+        r0, r1 = int(cids[a]) * chunk, min(n, (int(cids[b - 1]) + 1) * chunk)
+        block = np.asarray(arr[r0:r1])[rows[a:b] - r0].astype(np.float32)
+        out[a:b] = unit_rows(block) if normalize else block
+    return out
+
+
 class FeatureStore:
     """Read access to a store. Open with `FeatureStore.open(path)`; never writes."""
 
@@ -284,17 +308,13 @@ class FeatureStore:
                 raise StoreError(f"{file}: shard file missing (rows {shard * step}.."
                                  f"{min(n, (shard + 1) * step) - 1} of {array}); the store is "
                                  f"corrupted (run `cli store verify {self.path}`)")
+        unique = wanted if rows is None else np.unique(wanted)
         try:
-            if rows is None:
-                out = np.asarray(arr[:n], dtype=np.float32)
-            else:
-                unique, inverse = np.unique(wanted, return_inverse=True)
-                block = arr.get_orthogonal_selection((unique, slice(None)))
-                out = np.asarray(block, dtype=np.float32)[inverse]
+            out = read_rows(arr, unique, n, bool(self.manifest["arrays"][array].get("normalize")))
         except Exception as err:
             raise StoreError(self._which_shard_failed(arr, array_path, wanted, err)) from None
-        if self.manifest["arrays"][array].get("normalize"):  # the model's final Normalize (featurize.sentence)
-            out = unit_rows(out)
+        if len(unique) != len(wanted) or not np.array_equal(unique, wanted):
+            out = out[np.searchsorted(unique, wanted)]  # the order (and repeats) asked for
         finite = np.isfinite(out).all(axis=1)
         if not finite.all():
             bad_rows = wanted[~finite]

@@ -19,24 +19,45 @@ TEST_SPLIT = "test"
 
 
 def embed_rows(model: torch.nn.Module | None, features: torch.Tensor, rows: np.ndarray,
-               role: str = "query") -> torch.Tensor:
+               role: str = "query", norm=None) -> torch.Tensor:
     """Head outputs of store rows holding texts in `role`, (H, n, d); `model=None` is the frozen baseline,
-    (1, n, D). A query-side head gives documents their features unchanged (heads.model.StackedMLP.encode)."""
+    (1, n, D). A query-side head gives documents their features unchanged (heads.model.StackedMLP.encode).
+    norm: a Normalizer applied to the rows read (row by row: the numbers of norm(features)[rows], without a
+    normalised copy of every feature)."""
     idx = torch.as_tensor(np.asarray(rows), dtype=torch.long)
+    if norm is not None:
+        features = _Normalized(features, norm)
     if model is None:
         return features[idx].unsqueeze(0)
     was_training = model.training
     model.eval()
     with torch.no_grad():
-        out = torch.cat([model.encode(features[idx[s:s + EMBED_BATCH]], role)
-                         for s in range(0, len(idx), EMBED_BATCH)], dim=1)
+        if role == "document" and getattr(model, "cfg", None) is not None and model.cfg.sides == "query":
+            out = model.encode(features[idx], role)  # the rows themselves, one copy shared by every head
+        else:  # filled batch by batch: the outputs once, never a list of parts and their concatenation
+            first = model.encode(features[idx[:EMBED_BATCH]], role)  # (H, b, d)
+            out = first.new_empty((first.shape[0], len(idx), first.shape[2]))
+            out[:, :first.shape[1]] = first
+            for s in range(EMBED_BATCH, len(idx), EMBED_BATCH):
+                out[:, s:s + EMBED_BATCH] = model.encode(features[idx[s:s + EMBED_BATCH]], role)
     model.train(was_training)
     return out
 
 
-def embedder(model: torch.nn.Module | None, features: torch.Tensor) -> Embed:
-    """The `Embed` of a stack over `features`: (store rows, role) -> (H, n, d) (`embed_rows`)."""
-    return lambda rows, role="query": embed_rows(model, features, rows, role)
+def embedder(model: torch.nn.Module | None, features: torch.Tensor, norm=None) -> Embed:
+    """The `Embed` of a stack over `features` (normalised row by row by `norm` when given): (store rows, role)
+    -> (H, n, d) (`embed_rows`)."""
+    return lambda rows, role="query": embed_rows(model, features, rows, role, norm)
+
+
+class _Normalized:
+    """features[idx] -> norm(features[idx]): the rows a head reads, normalised as they are read."""
+
+    def __init__(self, features: torch.Tensor, norm):
+        self.features, self.norm = features, norm
+
+    def __getitem__(self, idx) -> torch.Tensor:
+        return self.norm(self.features[idx])
 
 
 def evaluate_split(task: Task, split: str, embed: Embed, energies: tuple[str, ...]) -> tuple[list[dict], list[dict]]:
@@ -63,12 +84,11 @@ def evaluate_head(task: Task, features: torch.Tensor, model, norm, energy: str, 
     out: dict = {"primary": kind.primary_metric(energy), "baseline_primary": kind.primary_metric("cosine"),
                  "ci": {}, "n_scored": {}}
     energies = (energy,) if energy == "cosine" else (energy, "cosine")
-    X = norm(features) if norm is not None else features
     for split in splits:
         if split not in task.eval_sets:
             continue
         base, base_items = evaluate_split(task, split, embedder(None, base_features), ("cosine", "l1"))
-        head, head_items = evaluate_split(task, split, embedder(model, X), energies)
+        head, head_items = evaluate_split(task, split, embedder(model, features, norm), energies)
         block = {"baseline": base[0], "head": head[0]}
         out.setdefault("warnings", []).extend(kind.warnings(task, split))  # metrics.json and the terminal table
         out["n_scored"][split] = kind.n_items(task.eval_sets[split])  # queries, pairs or texts

@@ -144,8 +144,7 @@ def scale_report(task: Task, run, model, norm, features: torch.Tensor, cfg: Trai
     epoch; with candidates, the share of the exact top-10 inside them on SHARE_SAMPLE dev queries)."""
     out = {"negatives": run.negatives} if run.negatives else {}
     if run.dev_candidates:
-        X = norm(features) if norm is not None else features
-        share = kind_of(task).candidate_share(task, "dev", run.select_set, embedder(model, X),
+        share = kind_of(task).candidate_share(task, "dev", run.select_set, embedder(model, features, norm),
                                               cfg.eval_energy, SHARE_SAMPLE)
         out["dev_candidates"] = {**run.dev_candidates, **share}
     return out
@@ -281,5 +280,4 @@ def eval_head(store_path: str, head_dir: str, data_path: str, out_dir: str, data
 
 def write_runs(task: Task, features: torch.Tensor, model, norm, energy: str, splits: tuple[str, ...], out_dir) -> list:
     """The task kind's run files of the head on `splits` (IR: `run.<split>.trec`, for trec_eval)."""
-    X = norm(features) if norm is not None else features
-    return kind_of(task).write_runs(task, embedder(model, X), energy, splits, out_dir, task.name)
+    return kind_of(task).write_runs(task, embedder(model, features, norm), energy, splits, out_dir, task.name)

@@ -15,8 +15,9 @@ import torch
 
 from headstore.data.text_id import doc_text, text_id
 from headstore.heads.kinds.base import PREFIX, PairSet, Task, TaskKind, carve_dev, store_rows
-from headstore.heads.kinds.ranking import (IRSplit, candidate_split, evaluate_ir, exact_top10, selection_ndcg,
-                                           write_trec_run)
+from headstore.heads.kinds.ranking import (IR_TOPK, IRSplit, RunningTopK, candidate_split, doc_blocks, exact_top10,
+                                           ir_metrics_of, ranked_lists, selection_ndcg, write_trec_run)
+from headstore.heads.metrics import trec_tie_order
 
 EVALUATION = "retrieval: each query ranks the whole corpus (IR metrics, nDCG@10)"
 
@@ -43,17 +44,30 @@ class IRKind(TaskKind):
         return f"{PREFIX[energy]}_ndcg@10"
 
     def evaluate(self, task, split, embed, energies):
+        """Every head's metrics under each energy: queries embedded once, the corpus block by block
+        (ranking.DOC_BLOCK documents at a time, every head and energy ranked on each block), so no (N, d)
+        matrix of document outputs is ever held."""
         data: IRSplit = task.eval_sets[split]
-        zq, zd = embed(data.query_rows, "query"), embed(data.doc_rows, "document")  # (H, Q, d), (H, N, d)
+        zq = embed(data.query_rows, "query")  # (H, Q, d)
+        tie = trec_tie_order(data.doc_ids)
+        k = IR_TOPK + int(data.exclude_self)
+        finite = torch.isfinite(zq).flatten(1).all(1)  # (H,)
+        tops = [{e: RunningTopK(zq[h], e, k, tie) for e in energies} for h in range(zq.shape[0])]
+        for start, zd in doc_blocks(lambda a, b: embed(data.doc_rows[a:b], "document"), len(data.doc_ids)):
+            finite &= torch.isfinite(zd).flatten(1).all(1)
+            for h, per_energy in enumerate(tops):
+                if finite[h]:
+                    for top in per_energy.values():
+                        top.add(zd[h], start)
         results, items = [], []
-        for h in range(zq.shape[0]):
-            if not (torch.isfinite(zq[h]).all() and torch.isfinite(zd[h]).all()):
+        for h, per_energy in enumerate(tops):
+            if not finite[h]:
                 results.append(self.nan_metrics(energies))
                 items.append({PREFIX[e]: np.full(len(data.query_ids), np.nan) for e in energies})
                 continue
             m, it = {}, {}
-            for energy in energies:
-                mh, it[PREFIX[energy]] = evaluate_ir(data, zq[h], zd[h], energy)
+            for energy, top in per_energy.items():
+                mh, it[PREFIX[energy]] = ir_metrics_of(data, ranked_lists(data, top), energy)
                 m.update(mh)
             results.append(m)
             items.append(it)
@@ -85,8 +99,8 @@ class IRKind(TaskKind):
         pick = np.sort(np.random.default_rng(0).permutation(len(data.query_ids))[:n])
         sample = IRSplit([data.query_ids[i] for i in pick], data.query_rows[pick], data.doc_ids, data.doc_rows,
                          data.qrels, data.exclude_self)
-        zq, zd = embed(sample.query_rows, "query")[0], embed(sample.doc_rows, "document")[0]
-        top = exact_top10(sample, zq, zd, energy)  # (n, 10) document indices
+        zq = embed(sample.query_rows, "query")[0]
+        top = exact_top10(sample, zq, lambda a, b: embed(sample.doc_rows[a:b], "document")[0], energy)  # (n, 10)
         inside = set(chosen.doc_ids)
         hits = [data.doc_ids[j] in inside for j in top.flatten().tolist() if j >= 0]
         return {"top10_share": float(np.mean(hits)) if hits else float("nan"), "sample_queries": len(pick)}
@@ -108,7 +122,8 @@ class IRKind(TaskKind):
             data = task.eval_sets.get(split)
             if data is None:
                 continue
-            q, d = embed(data.query_rows, "query")[0], embed(data.doc_rows, "document")[0]  # (Q, d), (N, d)
+            q = embed(data.query_rows, "query")[0]  # (Q, d); the corpus block by block:
+            d = lambda a, b, rows=data.doc_rows: embed(rows[a:b], "document")[0]  # noqa: E731
             written.append(write_trec_run(data, q, d, energy, Path(out_dir) / f"run.{split}.trec", run_name))
         return written
 

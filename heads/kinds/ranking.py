@@ -29,6 +29,8 @@ IR_TOPK = 100  # one top-k pass serves every cutoff (1, 10, 100)
 RANK_CHUNK = 256  # queries per top-k pass
 RANK_BLOCK = 1 << 24  # energy entries (queries x documents) per top-k pass: 64 MB whatever the corpus size;
 # fewer queries per pass on a large corpus (the ranking of a query does not depend on the others in its pass)
+DOC_BLOCK = 1 << 15  # documents embedded and ranked at a time (50 MB of outputs at d = 384): a corpus is never
+# held as one (N, d) matrix of head outputs; each query's top k is merged across blocks by the ranking rule
 # epoch selection on an IR split with L1 energy: each query's exact L1 energies are computed for its
 # SELECT_CANDIDATES nearest documents by L2 (one batched matmul for all heads) instead of all documents
 # (torch.cdist p=1 has no matmul form and dominated SciFact grids); the exact L1 top 10 was inside the
@@ -65,14 +67,56 @@ def _ids(split: IRSplit, ranked: dict[str, list[int]]) -> dict[str, list[str]]:
     return {q: [split.doc_ids[j] for j in row] for q, row in ranked.items()}
 
 
-def rank_split(split: IRSplit, q: torch.Tensor, d: torch.Tensor, energy: str, k: int = IR_TOPK,
-               with_energies: bool = False):
-    """One head's ranking of a split: q (Q, dim), d (N, dim) -> {query id: [doc index]} (top k, the rule
-    above), and with `with_energies` also {query id: [energy]} of those documents."""
-    spare = int(split.exclude_self)  # one spare: a query's own text is dropped from its list
-    idx, val = topk_ranking(lambda s, e: pairwise_energy(energy, q[s:e], d), k=k + spare, n_queries=q.shape[0],
-                            chunk_size=max(1, min(RANK_CHUNK, RANK_BLOCK // max(1, d.shape[0]))),
-                            tie_order=trec_tie_order(split.doc_ids), return_energies=True)
+class RunningTopK:
+    """Each query's k lowest-energy documents of a corpus seen block by block, in the ranking rule's order
+    (energy, then trec_eval's tie order): the lists of one pass over the whole corpus (L1 energies are the same
+    numbers; a cosine matmul over a block may round the last bit otherwise; a corpus within DOC_BLOCK is one
+    block, as before)."""
+
+    def __init__(self, q: torch.Tensor, energy: str, k: int, tie: np.ndarray):
+        self.q, self.energy, self.k, self.tie = q, energy, k, tie
+        self.idx: torch.Tensor | None = None  # (Q, <= k) corpus indices
+        self.val: torch.Tensor | None = None  # (Q, <= k) their energies
+
+    def add(self, block: torch.Tensor, start: int) -> None:
+        """Rank documents start .. start + len(block) (block: their outputs (B, dim))."""
+        idx, val = topk_ranking(lambda a, b: pairwise_energy(self.energy, self.q[a:b], block), k=self.k,
+                                n_queries=self.q.shape[0], tie_order=self.tie[start:start + len(block)],
+                                chunk_size=max(1, min(RANK_CHUNK, RANK_BLOCK // max(1, len(block)))),
+                                return_energies=True)
+        idx = idx + start
+        if self.idx is None:
+            self.idx, self.val = idx, val
+            return
+        idx, val = torch.cat([self.idx, idx], 1), torch.cat([self.val, val], 1)  # (Q, <= 2k)
+        order = np.lexsort((self.tie[idx.numpy()], val.numpy()), axis=-1)[:, :self.k]  # energy, then ties
+        self.idx = torch.gather(idx, 1, torch.as_tensor(order))
+        self.val = torch.gather(val, 1, torch.as_tensor(order))
+
+
+def doc_blocks(d, n_docs: int):
+    """(start, outputs (B, dim)) of every block of DOC_BLOCK documents: d is a (N, dim) tensor or a function
+    (start, stop) -> outputs of those documents (embedded block by block)."""
+    for start in range(0, n_docs, DOC_BLOCK):
+        stop = min(n_docs, start + DOC_BLOCK)
+        yield start, (d[start:stop] if isinstance(d, torch.Tensor) else d(start, stop))
+
+
+def rank_split(split: IRSplit, q: torch.Tensor, d, energy: str, k: int = IR_TOPK, with_energies: bool = False):
+    """One head's ranking of a split: q (Q, dim), d (N, dim) or a function (start, stop) -> (stop - start, dim)
+    of document outputs -> {query id: [doc index]} (top k, the rule above), and with `with_energies` also
+    {query id: [energy]} of those documents."""
+    top = RunningTopK(q, energy, k + int(split.exclude_self), trec_tie_order(split.doc_ids))  # one spare: a
+    for start, block in doc_blocks(d, len(split.doc_ids)):  # query's own text is dropped from its list
+        top.add(block, start)
+    return ranked_lists(split, top, k, with_energies)
+
+
+def ranked_lists(split: IRSplit, top: RunningTopK, k: int = IR_TOPK, with_energies: bool = False):
+    """{query id: [doc index]} of a finished RunningTopK (and {query id: [energy]} with `with_energies`)."""
+    idx, val = top.idx, top.val
+    if idx is None:  # no document
+        idx, val = torch.zeros(len(split.query_ids), 0, dtype=torch.long), torch.zeros(len(split.query_ids), 0)
     ranked = ranked_ids(split, idx, k)
     if not with_energies:
         return ranked
@@ -83,9 +127,13 @@ def rank_split(split: IRSplit, q: torch.Tensor, d: torch.Tensor, energy: str, k:
     return ranked, energies
 
 
-def evaluate_ir(split: IRSplit, q: torch.Tensor, d: torch.Tensor, energy: str) -> tuple[dict, np.ndarray]:
+def evaluate_ir(split: IRSplit, q: torch.Tensor, d, energy: str) -> tuple[dict, np.ndarray]:
     """One head's IR metrics on a split (nDCG, MRR, recall at 1/10/100, MAP@100) and its per-query nDCG@10."""
-    ranked = rank_split(split, q, d, energy)
+    return ir_metrics_of(split, rank_split(split, q, d, energy), energy)
+
+
+def ir_metrics_of(split: IRSplit, ranked: dict[str, list[int]], energy: str) -> tuple[dict, np.ndarray]:
+    """The IR metrics of a ranking (rank_split's lists) under `energy`'s prefix, and the per-query nDCG@10."""
     _, per_query = ir_metrics_per_query(_ids(split, ranked), split.qrels, (1, 10, 100))
     p = PREFIX[energy]
     return {f"{p}_{m}": float(v.mean()) for m, v in per_query.items()}, per_query["ndcg@10"]
@@ -137,9 +185,10 @@ def selection_ndcg(split: IRSplit, zq: torch.Tensor, zd: torch.Tensor, energy: s
     return scores
 
 
-def trec_lines(split: IRSplit, q: torch.Tensor, d: torch.Tensor, energy: str, run_name: str,
+def trec_lines(split: IRSplit, q: torch.Tensor, d, energy: str, run_name: str,
                k: int = IR_TOPK) -> list[str]:
-    """Run lines for one split: q (Q, dim) and d (N, dim) one head's outputs of its queries and corpus."""
+    """Run lines for one split: q (Q, dim) and d (N, dim) one head's outputs of its queries and corpus (d: or a
+    function (start, stop) -> outputs of those documents, rank_split)."""
     ranked, energies = rank_split(split, q, d, energy, k, with_energies=True)
     lines = []
     for qid in split.query_ids:
@@ -148,7 +197,7 @@ def trec_lines(split: IRSplit, q: torch.Tensor, d: torch.Tensor, energy: str, ru
     return lines
 
 
-def write_trec_run(split: IRSplit, q: torch.Tensor, d: torch.Tensor, energy: str, path: Path, run_name: str) -> Path:
+def write_trec_run(split: IRSplit, q: torch.Tensor, d, energy: str, path: Path, run_name: str) -> Path:
     atomic_write_text(path, "\n".join(trec_lines(split, q, d, energy, run_name.replace(" ", "_"))) + "\n")
     return path
 
@@ -164,7 +213,7 @@ def candidate_split(split: IRSplit, X: torch.Tensor, pool_k: int, seed: int = 0)
                    split.qrels, split.exclude_self), keep
 
 
-def exact_top10(split: IRSplit, zq: torch.Tensor, zd: torch.Tensor, energy: str) -> torch.Tensor:
+def exact_top10(split: IRSplit, zq: torch.Tensor, zd, energy: str) -> torch.Tensor:
     """(Q, 10) document indices of one head's exact top 10 over the whole corpus (the ranking rule above)."""
     ranked = rank_split(split, zq, zd, energy, k=10)
     return torch.as_tensor([ranked[q] + [-1] * (10 - len(ranked[q])) for q in split.query_ids], dtype=torch.long)

@@ -3,6 +3,7 @@ the candidates are the whole corpus, the top-10 share against a loop, chunked te
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import torch
 
 from headstore.heads.candidates import frozen_topk
@@ -97,3 +98,33 @@ def test_chunked_test_ranking_equals_unchunked(monkeypatch):
     monkeypatch.setattr(ranking, "RANK_BLOCK", 150 * 3)  # 3 queries per pass
     chunked = ranking.evaluate_ir(split, q, d, "l1")
     assert whole[0] == chunked[0] and np.array_equal(whole[1], chunked[1])
+
+
+@pytest.mark.parametrize("energy", ["l1", "cosine"])
+def test_corpus_ranked_block_by_block_equals_one_pass_ties_included(monkeypatch, energy):
+    from headstore.heads.kinds import kind_of
+    from headstore.heads.evaluate import embedder
+
+    task, X = planted_ir_task(n_docs=150, dim=8)
+    split = task.eval_sets["test"]
+    X = X.clone()
+    X[torch.as_tensor(split.doc_rows[100:140])] = X[torch.as_tensor(split.doc_rows[:40])]  # 40 exact ties across blocks
+    q, d = X[torch.as_tensor(split.query_rows)], X[torch.as_tensor(split.doc_rows)]
+    whole = ranking.rank_split(split, q, d, energy, with_energies=True)
+    whole_metrics = kind_of(task).evaluate(task, "test", embedder(None, X), (energy,))
+    monkeypatch.setattr(ranking, "DOC_BLOCK", 16)  # 10 blocks: ties fall in different blocks
+    blocked = ranking.rank_split(split, q, d, energy, with_energies=True)
+    assert blocked[0] == whole[0]
+    if energy == "l1":  # cdist: each energy on its own, whatever the block
+        assert blocked[1] == whole[1]
+    else:  # a matmul over fewer documents may round the last bit otherwise
+        for qid in whole[1]:
+            np.testing.assert_allclose(blocked[1][qid], whole[1][qid], rtol=0, atol=1e-6)
+    # the same documents, ranked as a loop over sorted (energy, trec tie order) pairs would rank them
+    tie = ranking.trec_tie_order(split.doc_ids)
+    E = ranking.pairwise_energy(energy, q, d)
+    for i, qid in enumerate(split.query_ids[:10]):
+        want = sorted(range(len(split.doc_ids)), key=lambda j: (float(E[i, j]), tie[j]))[:100]
+        assert blocked[0][qid] == want
+    got = kind_of(task).evaluate(task, "test", embedder(None, X), (energy,))
+    assert got[0] == whole_metrics[0] and all(np.array_equal(got[1][0][p], whole_metrics[1][0][p]) for p in got[1][0])
