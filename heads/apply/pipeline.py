@@ -30,7 +30,8 @@ from headstore.featurize.encode import CODE_VERSION, Batch, collate, encode_batc
 from headstore.featurize.model import load_encoder, model_identity
 from headstore.featurize.pooling import Pooler
 from headstore.featurize.sentence import SentenceSpec
-from headstore.featurize.store import array_names, fingerprint_of, unit_rows
+from headstore.featurize.rows import unit_rows
+from headstore.featurize.store import array_names, fingerprint_of
 from headstore.heads.energy import pairwise_energy
 from headstore.heads.features import array_list
 from headstore.heads.head import Head
