@@ -56,16 +56,24 @@ class TrainingData:
         return len(self.anchor)
 
 
+NORM_CHUNK = 1 << 16  # rows normalised at a time when the features are normalised in place
+
+
 def prepare_data(task: Task, features: torch.Tensor, cfg: TrainConfig, blocks: int = 1,
-                 norm: Optional[Normalizer] = None) -> TrainingData:
+                 norm: Optional[Normalizer] = None, in_place: bool = False) -> TrainingData:
     """Training set of cfg's loss (the task kind's), the normaliser fitted on its texts, the normalised
     features. blocks: stored arrays side by side in `features` (a mixing head), each L2-normalised on its own.
-    norm: a normaliser to keep instead (heads that go on training keep the one they were trained with)."""
+    norm: a normaliser to keep instead (heads that go on training keep the one they were trained with).
+    in_place: normalise `features` itself, block by block (the same numbers, row by row; no second copy of the
+    features: the caller no longer needs the raw ones, heads.run scores the frozen baseline first)."""
     pairs = kind_of(task).train_set(task, cfg.loss)
     fit_rows = np.unique(np.concatenate([pairs.anchor, pairs.positive]))
     if norm is None:
         norm = Normalizer.fit(cfg.normalize, features[torch.as_tensor(fit_rows)], blocks=blocks)
-    X = norm(features)  # (N, D)
+    if in_place:
+        for s in range(0, len(features), NORM_CHUNK):
+            features[s:s + NORM_CHUNK] = norm(features[s:s + NORM_CHUNK])
+    X = features if in_place else norm(features)  # (N, D)
     base = len(X) + 1
     relevant = torch.as_tensor(sorted(a * base + p for a, p in task.relevant), dtype=torch.long)
     use_given = pairs.negative is not None and LOSSES[cfg.loss].negatives
@@ -95,8 +103,8 @@ class NegativeSource:
         n_docs = len(np.unique(task.corpus_rows)) if self.mining else 0
         if self.mining and n_docs > cfg.exact_max:  # a large corpus: a candidate pool, searched once
             self.pool = self._pool(n_docs)
-            self.report = {"method": "candidates", "pool_k": int(self.pool.shape[1]), "index": "faiss IVF-Flat, "
-                           "inner product on L2-normalised features (cosine), built once", "corpus": n_docs,
+            self.report = {"method": "candidates", "pool_k": int(self.pool.shape[1]), "search": "each training "
+                           "query's exact frozen top pool_k by cosine (blocked matmul), searched once", "corpus": n_docs,
                            "exact_max": cfg.exact_max}
         elif self.mining:
             self.report["corpus"] = n_docs

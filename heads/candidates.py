@@ -1,10 +1,12 @@
-"""Candidates at corpus scale: each query's frozen top-k documents from an approximate index, built once.
+"""Candidates at corpus scale: each query's frozen top-k documents, searched once.
 
 Above `exact_max` corpus documents (TrainConfig, Negatives section), mining and per-epoch dev ranking stop
-scanning the whole corpus every epoch. Instead one FAISS IVF-Flat index (inner product on L2-normalised
-features = cosine, the frozen space's similarity) is built once over the corpus, searched once for every
-training query (a mining pool of `pool_k` documents) and every dev query (dev candidates), and then freed;
-each epoch re-scores only those candidates in each head's own space (heads.mining, heads.kinds.ir).
+scanning the whole corpus every epoch. Instead every training query (a mining pool of `pool_k` documents) and
+every dev query (dev candidates) is searched once in the frozen space (cosine on the features: an exact top-k
+by blocked matmul, DOC_BLOCK documents at a time, so neither an index nor a normalised copy of the corpus is
+held); each epoch re-scores only those candidates in each head's own space (heads.mining, heads.kinds.ir).
+An exact search costs fewer operations than training an IVF index over the same corpus (k-means over 4 sqrt(N)
+lists) and has no recall to report.
 
 `pool_k >= corpus size` gives every document to every query: candidate mining and selection then equal
 the exact search (tests check it). The exact path is kept below `exact_max`, so small corpora (SciFact)
@@ -12,7 +14,6 @@ keep their numbers.
 """
 from __future__ import annotations
 
-import math
 from typing import Callable, Optional
 
 import numpy as np
@@ -21,53 +22,37 @@ import torch
 from headstore.heads.energy import pairwise_energy
 from headstore.heads.metrics import topk_ranking
 
-NPROBE = 128  # IVF lists searched per query (of 4 sqrt(N): 3% of the corpus at 1M). On the synthetic 10k set
-# of bench/scale_heads.py the pool of 100 held 99.0% of the exact cosine top-8 with 128, 79.0% with 32
-TRAIN_PER_LIST = 40  # k-means training rows per IVF list (FAISS warns below 39)
-ADD_CHUNK = 65536  # corpus rows normalised and added at a time (bounds the extra memory)
-SEARCH_CHUNK = 1024  # queries per search call
+DOC_BLOCK = 1 << 15  # corpus rows normalised and scored at a time (bounds the extra memory)
+QUERY_CHUNK = 512  # queries per matmul against a block: (512, 32768) similarities, 64 MB
 POOL_CHUNK = 128  # anchors per block when re-scoring pools
 
 
-def _unit(x: torch.Tensor) -> np.ndarray:
-    x = x.float()
-    return np.ascontiguousarray(torch.nn.functional.normalize(x, dim=-1).numpy(), dtype=np.float32)
+def _unit(x: torch.Tensor) -> torch.Tensor:
+    return torch.nn.functional.normalize(x.float(), dim=-1)
 
 
 def frozen_topk(X: torch.Tensor, queries: np.ndarray, corpus: np.ndarray, k: int, seed: int = 0) -> np.ndarray:
-    """(Q, min(k, M)) int64 indices into `corpus` of each query's nearest documents by cosine over the rows
+    """(Q, min(k, M)) int64 indices into `corpus` of each query's k nearest documents by cosine over the rows
     of X (queries, corpus: positions in X), each row sorted ascending (the corpus order, so ties among the
-    re-scored candidates fall as in the exact search). k >= M returns every document for every query."""
+    re-scored candidates fall as in the exact search). k >= M returns every document for every query.
+    `seed` is kept for callers (the search is exact: nothing is drawn)."""
     M = len(corpus)
     if k >= M:
         return np.tile(np.arange(M, dtype=np.int64), (len(queries), 1))
-    try:
-        import faiss
-    except ImportError:
-        raise ValueError(f"a corpus of {M} documents is above exact_max: candidates need FAISS (pip install "
-                         "'headstore[faiss]'), or raise --exact-max to search exactly") from None
-    dim = X.shape[1]
-    nlist = max(1, min(int(4 * math.sqrt(M)), M // TRAIN_PER_LIST))
-    quantizer = faiss.IndexFlatIP(dim)
-    index = faiss.IndexIVFFlat(quantizer, dim, nlist, faiss.METRIC_INNER_PRODUCT)
-    rng = np.random.default_rng(seed)
-    sample = np.sort(rng.choice(M, size=min(M, nlist * TRAIN_PER_LIST), replace=False))
-    index.train(_unit(X[torch.as_tensor(corpus[sample])]))
-    for s in range(0, M, ADD_CHUNK):
-        index.add(_unit(X[torch.as_tensor(corpus[s:s + ADD_CHUNK])]))
-    index.nprobe = min(NPROBE, nlist)
-    out = np.empty((len(queries), k), dtype=np.int64)
-    for s in range(0, len(queries), SEARCH_CHUNK):
-        _, idx = index.search(_unit(X[torch.as_tensor(queries[s:s + SEARCH_CHUNK])]), k)
-        out[s:s + SEARCH_CHUNK] = idx
-    del index, quantizer
-    missing = out < 0  # a query whose probed lists hold fewer than k documents: pad with other documents
-    if missing.any():
-        for r in np.flatnonzero(missing.any(1)):
-            have = out[r][out[r] >= 0]
-            fill = np.setdiff1d(np.arange(M), have)[: k - len(have)]
-            out[r] = np.concatenate([have, fill])
-    return np.sort(out, axis=1)
+    q = _unit(X[torch.as_tensor(queries)])  # (Q, D)
+    best_sim = torch.full((len(queries), 0), -float("inf"))
+    best_idx = torch.zeros((len(queries), 0), dtype=torch.long)
+    for s in range(0, M, DOC_BLOCK):
+        d = _unit(X[torch.as_tensor(corpus[s:s + DOC_BLOCK])])  # (B, D)
+        sims, idx = [], []
+        for c in range(0, len(q), QUERY_CHUNK):
+            top = torch.topk(q[c:c + QUERY_CHUNK] @ d.T, min(k, len(d)), dim=1)  # (c, <= k)
+            sims.append(top.values)
+            idx.append(top.indices + s)
+        sim, ix = torch.cat([best_sim, torch.cat(sims)], 1), torch.cat([best_idx, torch.cat(idx)], 1)
+        keep = torch.topk(sim, min(k, sim.shape[1]), dim=1).indices
+        best_sim, best_idx = torch.gather(sim, 1, keep), torch.gather(ix, 1, keep)
+    return np.sort(best_idx.numpy(), axis=1)
 
 
 def pool_topk(energy_of: Callable[[np.ndarray, np.ndarray], torch.Tensor], pool: np.ndarray, k: int,

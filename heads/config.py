@@ -164,7 +164,7 @@ class NegativesConfig:
         "Re-mine hard negatives each epoch in the head's own space."))  # SciFact dev: +0.004 mean
     exact_max: int = field(default=20_000, metadata=_opt(
         "Largest corpus (documents) searched exactly for mining and dev ranking; above it, candidates: each "
-        "query's frozen top --pool-k from a FAISS index built once, re-scored in head space each epoch."))
+        "query's frozen top --pool-k (an exact cosine search, done once), re-scored in head space each epoch."))
     # 20,000: SciFact (5k) and corpora of its size keep the exact search and their numbers; above ~20k an
     # exact re-mine + dev ranking per epoch costs more than the epoch's training steps (bench/scale_heads.py)
     pool_k: int = field(default=100, metadata=_opt(

@@ -73,26 +73,41 @@ def selection_scores(task: Task, split: str, embed: Embed, energy: str, precisio
     return kind_of(task).selection_scores(task, split, embed, energy, precision)
 
 
-def evaluate_head(task: Task, features: torch.Tensor, model, norm, energy: str, splits: tuple[str, ...],
-                  dim: int | None = None) -> dict:
-    """metrics.json content for the splits present: baseline and head, with CIs of the primary metric.
+def evaluate_baseline(task: Task, features: torch.Tensor, splits: tuple[str, ...], dim: int | None = None) -> dict:
+    """The frozen baseline of every split present: {split: (metrics under cosine and L1, per-item values)}.
 
     dim: the store's feature dim when `features` holds several arrays side by side (a mixing head): the
     frozen baseline is the first array (the last layer) alone."""
-    kind = kind_of(task)
     base_features = features if dim is None else features[:, :dim]
+    out = {}
+    for split in splits:
+        if split in task.eval_sets:
+            base, base_items = evaluate_split(task, split, embedder(None, base_features), ("cosine", "l1"))
+            out[split] = (base[0], base_items[0])
+    return out
+
+
+def evaluate_head(task: Task, features: torch.Tensor, model, norm, energy: str, splits: tuple[str, ...],
+                  dim: int | None = None, baseline: dict | None = None) -> dict:
+    """metrics.json content for the splits present: baseline and head, with CIs of the primary metric.
+
+    dim: as `evaluate_baseline`'s. baseline: `evaluate_baseline`'s result when it was scored already (train-head
+    scores it before training normalises the features in place; `features` and norm=None are the head's inputs)."""
+    kind = kind_of(task)
+    if baseline is None:
+        baseline = evaluate_baseline(task, features, splits, dim)
     out: dict = {"primary": kind.primary_metric(energy), "baseline_primary": kind.primary_metric("cosine"),
                  "ci": {}, "n_scored": {}}
     energies = (energy,) if energy == "cosine" else (energy, "cosine")
     for split in splits:
         if split not in task.eval_sets:
             continue
-        base, base_items = evaluate_split(task, split, embedder(None, base_features), ("cosine", "l1"))
+        base, base_items = baseline[split]
         head, head_items = evaluate_split(task, split, embedder(model, features, norm), energies)
-        block = {"baseline": base[0], "head": head[0]}
+        block = {"baseline": base, "head": head[0]}
         out.setdefault("warnings", []).extend(kind.warnings(task, split))  # metrics.json and the terminal table
         out["n_scored"][split] = kind.n_items(task.eval_sets[split])  # queries, pairs or texts
-        ci = {"baseline": kind.ci(task, split, base_items[0]["cosine"]),
+        ci = {"baseline": kind.ci(task, split, base_items["cosine"]),
               "head": kind.ci(task, split, head_items[0][PREFIX[energy]])}
         if split == TEST_SPLIT:
             out.update(block)

@@ -29,7 +29,7 @@ from headstore.heads.anchor import anchor_rows_of
 from headstore.heads.artefacts import write_head_dir
 from headstore.heads.config import KIND_DEPENDENT, STRENGTH_AUTO, HeadConfig, TrainConfig
 from headstore.heads.curve import plot_curve
-from headstore.heads.evaluate import TEST_SPLIT, embedder, evaluate_head
+from headstore.heads.evaluate import TEST_SPLIT, embedder, evaluate_baseline, evaluate_head
 from headstore.heads.features import Normalizer, array_list
 from headstore.heads.head import Head
 from headstore.heads.kinds import WHOLE, Task, kind_of, load_task, task_rows, without_overlap
@@ -102,7 +102,10 @@ def train_head(store_path: str, data_path: str, out_dir: str, head_cfg: HeadConf
     selection = load_selection(store, select_ood, task, features[:, :store.dim], ood_delta, remap=tf.remap)
     head_cfg = head_shape(head_cfg, features, array)
     anchor = None if anchor is None else tf.positions(anchor)
-    model, norm, run = train_one(task, features, head_cfg, cfg, progress, selection, anchor)
+    splits = ("dev", TEST_SPLIT)
+    baseline = evaluate_baseline(task, features, splits, dim=store.dim)  # before the features are normalised
+    model, norm, run = train_one(task, features, head_cfg, cfg, progress, selection, anchor, in_place=True)
+    # `features` now hold the head's inputs (normalised in place: one copy of the task's features in memory)
     out = prepare_output_dir(out_dir, "head", overwrite, inputs=inputs)
     config = {"head": asdict(head_cfg), "train": cfg.to_dict(), "data": str(data_path), "format": data_format,
               "task": task.name, "kind": task.kind, "dev": task.dev_note or "the dataset's dev split",
@@ -112,7 +115,7 @@ def train_head(store_path: str, data_path: str, out_dir: str, head_cfg: HeadConf
               "best_epoch": run.best_epoch, "train_seconds": run.seconds, "defaults": defaults_note,
               **({"selection": selection.describe()} if selection else {})}
     write_head_dir(out, model, norm, config)
-    metrics = evaluate_head(task, features, model, norm, cfg.eval_energy, ("dev", TEST_SPLIT), dim=store.dim)
+    metrics = evaluate_head(task, features, model, None, cfg.eval_energy, splits, dim=store.dim, baseline=baseline)
     metrics.update(_data_notes(task))
     metrics["guard"] = guard_report(task, metrics, run, cfg)
     if selection:
@@ -122,13 +125,13 @@ def train_head(store_path: str, data_path: str, out_dir: str, head_cfg: HeadConf
         metrics["split"] = "dev"
         metrics["note"] = f"{data_path} has no test split: only dev figures are reported"
     metrics["history"] = run.history
-    metrics.update(scale_report(task, run, model, norm, features, cfg))
+    metrics.update(scale_report(task, run, model, None, features, cfg))
     if cfg.strength != "1":
         metrics["strength"] = strength_report(run, cfg, selection)
     if getattr(task, "report", None):  # labelled texts: unseen labels, skipped texts, duplicates
         metrics["data_report"] = task.report
     atomic_write_json(out / "metrics.json", metrics, sort_keys=True)
-    write_runs(task, features, model, norm, cfg.eval_energy, ("dev", TEST_SPLIT), out)
+    write_runs(task, features, model, None, cfg.eval_energy, splits, out)
     plot_curve(run.history, out / "curve.png", title=f"{task.name}: {cfg.loss} ({cfg.eval_energy})")
     if run.strength_curve:
         plot_strength(run.strength_curve, run.strength, out / "strength.png", metrics["primary"],

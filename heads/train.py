@@ -43,7 +43,8 @@ def train_stack(task: Task, features: torch.Tensor, head_cfg: HeadConfig, config
                 progress: bool = True, select_split: str = "dev",
                 selection: Optional[OodSelection] = None,
                 init: Optional[tuple[StackedMLP, Normalizer]] = None,
-                anchor_rows: Optional[np.ndarray] = None) -> tuple[StackedMLP, Normalizer, list[HeadRun]]:
+                anchor_rows: Optional[np.ndarray] = None,
+                in_place: bool = False) -> tuple[StackedMLP, Normalizer, list[HeadRun]]:
     """Train len(configs) heads of one shape together; returns the best-on-dev stack (at the strength
     cfg.strength asks for, heads.strength).
 
@@ -52,9 +53,10 @@ def train_stack(task: Task, features: torch.Tensor, head_cfg: HeadConfig, config
     take part in choosing each head's epoch (heads.selection). `init`: heads (and their normaliser) to go
     on training instead of fresh ones (a shared head trained on task A, then on B:
     heads.experiments.forgetting); copied. A task without `select_split` (few-shot labelled texts) trains
-    every epoch and keeps the last. `anchor_rows`: the store rows of the anchor (heads.anchor; None = all)."""
+    every epoch and keeps the last. `anchor_rows`: the store rows of the anchor (heads.anchor; None = all).
+    `in_place`: `features` are normalised in place (batches.prepare_data) and hold the head's inputs after."""
     assert len({stack_key(c) for c in configs}) == 1, "a stack mixes settings that must be shared"
-    run = StackTraining(task, features, head_cfg, configs, select_split, selection, init, anchor_rows)
+    run = StackTraining(task, features, head_cfg, configs, select_split, selection, init, anchor_rows, in_place)
     bar = progress_bar(total=run.total, desc=f"{run.H} head(s) {configs[0].loss}", disable=not progress, leave=False)
     t0 = time.perf_counter()
     for epoch in range(configs[0].epochs):
@@ -70,10 +72,11 @@ class StackTraining:
 
     def __init__(self, task: Task, features: torch.Tensor, head_cfg: HeadConfig, configs: list[TrainConfig],
                  select_split: str, selection: Optional[OodSelection], init: Optional[tuple[StackedMLP, Normalizer]],
-                 anchor_rows: Optional[np.ndarray] = None):
+                 anchor_rows: Optional[np.ndarray] = None, in_place: bool = False):
         cfg0 = self.cfg = configs[0]
         self.task, self.configs, self.select_split, self.selection = task, configs, select_split, selection
-        self.data = prepare_data(task, features, cfg0, blocks=head_cfg.mix, norm=None if init is None else init[1])
+        self.data = prepare_data(task, features, cfg0, blocks=head_cfg.mix, norm=None if init is None else init[1],
+                                 in_place=in_place)
         if head_cfg.sides == "query" and self.data.pairs.form == "classes":
             raise ValueError(f"{task.name}: a query-side head (--sides query) trains on (query, document) pairs; "
                              "labelled texts have no such sides (use --sides both)")
@@ -176,10 +179,10 @@ class StackTraining:
 
 def train_one(task: Task, features: torch.Tensor, head_cfg: HeadConfig, cfg: TrainConfig,
               progress: bool = True, selection: Optional[OodSelection] = None,
-              anchor_rows: Optional[np.ndarray] = None) -> tuple[StackedMLP, Normalizer, HeadRun]:
-    """Train a single head; a NaN/inf loss raises TrainingDiverged naming the step."""
+              anchor_rows: Optional[np.ndarray] = None, in_place: bool = False) -> tuple[StackedMLP, Normalizer, HeadRun]:
+    """Train a single head; a NaN/inf loss raises TrainingDiverged naming the step (in_place: train_stack)."""
     model, norm, (run,) = train_stack(task, features, head_cfg, [cfg], progress, selection=selection,
-                                      anchor_rows=anchor_rows)
+                                      anchor_rows=anchor_rows, in_place=in_place)
     if run.status == "failed":
         raise TrainingDiverged(f"{task.name}: training stopped: {run.reason}; lower --lr or change the loss "
                                f"settings (q, margin, tau)")

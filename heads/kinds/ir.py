@@ -87,7 +87,7 @@ class IRKind(TaskKind):
         chosen, keep = candidate_split(data, X, cfg.pool_k, cfg.seed)
         return chosen, {"method": "candidates", "pool_k": cfg.pool_k, "n_candidates": len(keep),
                         "corpus": len(data.doc_rows), "exact_max": cfg.exact_max,
-                        "made": "every dev query's frozen top pool_k (faiss IVF-Flat, cosine) and every judged "
+                        "made": "every dev query's exact frozen top pool_k (cosine) and every judged "
                                 "document, re-scored by each head each epoch"}
 
     def candidate_share(self, task, split, chosen, embed, energy, n):
