@@ -73,17 +73,22 @@ class RunningTopK:
     numbers; a cosine matmul over a block may round the last bit otherwise; a corpus within DOC_BLOCK is one
     block, as before)."""
 
-    def __init__(self, q: torch.Tensor, energy: str, k: int, tie: np.ndarray):
+    def __init__(self, q: torch.Tensor, energy: str, k: int, tie: np.ndarray, fast_l1: bool = False):
         self.q, self.energy, self.k, self.tie = q, energy, k, tie
+        self.fast_l1 = fast_l1 and energy == "l1" and _faiss() is not None  # fast_l1_block
         self.idx: torch.Tensor | None = None  # (Q, <= k) corpus indices
         self.val: torch.Tensor | None = None  # (Q, <= k) their energies
 
     def add(self, block: torch.Tensor, start: int) -> None:
         """Rank documents start .. start + len(block) (block: their outputs (B, dim))."""
-        idx, val = topk_ranking(lambda a, b: pairwise_energy(self.energy, self.q[a:b], block), k=self.k,
-                                n_queries=self.q.shape[0], tie_order=self.tie[start:start + len(block)],
-                                chunk_size=max(1, min(RANK_CHUNK, RANK_BLOCK // max(1, len(block)))),
-                                return_energies=True)
+        tie = self.tie[start:start + len(block)]
+        if self.fast_l1 and len(block) > self.k + L1_MARGIN:
+            idx, val = fast_l1_block(self.q, block, self.k, tie)
+        else:
+            idx, val = topk_ranking(lambda a, b: pairwise_energy(self.energy, self.q[a:b], block), k=self.k,
+                                    n_queries=self.q.shape[0], tie_order=tie,
+                                    chunk_size=max(1, min(RANK_CHUNK, RANK_BLOCK // max(1, len(block)))),
+                                    return_energies=True)
         idx = idx + start
         if self.idx is None:
             self.idx, self.val = idx, val
@@ -92,6 +97,39 @@ class RunningTopK:
         order = np.lexsort((self.tie[idx.numpy()], val.numpy()), axis=-1)[:, :self.k]  # energy, then ties
         self.idx = torch.gather(idx, 1, torch.as_tensor(order))
         self.val = torch.gather(val, 1, torch.as_tensor(order))
+
+
+L1_MARGIN = 64  # FAISS candidates beyond k whose exact energies are computed (fast_l1_block)
+L1_SAFE = 1e-4  # relative gap between FAISS's and torch's L1 sums that the exactness check allows for (seen: 1e-6)
+
+
+def _faiss():
+    try:
+        import faiss  # here: an optional extra (headstore[faiss]); without it every block takes torch.cdist
+    except ImportError:
+        return None
+    return faiss
+
+
+def fast_l1_block(q: torch.Tensor, block: torch.Tensor, k: int, tie: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+    """(Q, k) indices into `block` and exact energies of each query's k lowest L1 energies, the ranking rule's
+    order: FAISS's exact flat L1 search (SIMD; 3x torch.cdist here) proposes k + L1_MARGIN candidates, torch.cdist
+    gives their energies (the numbers the one-pass ranking computes), and a query whose k-th energy is not
+    clearly below every document left out (FAISS sums in another order) is ranked over the whole block instead."""
+    faiss = _faiss()
+    index = faiss.IndexFlat(block.shape[1], faiss.METRIC_L1)
+    index.add(np.ascontiguousarray(block.numpy(), dtype=np.float32))
+    bound, cand = index.search(np.ascontiguousarray(q.numpy(), dtype=np.float32), k + L1_MARGIN)  # (Q, k + m)
+    cand = torch.as_tensor(cand)
+    exact = torch.cat([torch.cdist(q[s:s + RANK_CHUNK].unsqueeze(1), block[cand[s:s + RANK_CHUNK]], p=1.0)[:, 0]
+                       for s in range(0, len(q), RANK_CHUNK)])  # (Q, k + m)
+    order = torch.as_tensor(np.lexsort((tie[cand.numpy()], exact.numpy()), axis=-1)[:, :k])
+    idx, val = torch.gather(cand, 1, order), torch.gather(exact, 1, order)
+    unsure = val[:, -1].numpy() >= bound[:, -1] * (1 - L1_SAFE)  # a left-out document could still tie or beat it
+    for r in np.flatnonzero(unsure):
+        i, v = topk_ranking(torch.cdist(q[r:r + 1], block, p=1.0), k=k, tie_order=tie, return_energies=True)
+        idx[r], val[r] = i[0], v[0]
+    return idx, val
 
 
 def doc_blocks(d, n_docs: int):
@@ -106,7 +144,8 @@ def rank_split(split: IRSplit, q: torch.Tensor, d, energy: str, k: int = IR_TOPK
     """One head's ranking of a split: q (Q, dim), d (N, dim) or a function (start, stop) -> (stop - start, dim)
     of document outputs -> {query id: [doc index]} (top k, the rule above), and with `with_energies` also
     {query id: [energy]} of those documents."""
-    top = RunningTopK(q, energy, k + int(split.exclude_self), trec_tie_order(split.doc_ids))  # one spare: a
+    top = RunningTopK(q, energy, k + int(split.exclude_self), trec_tie_order(split.doc_ids),  # one spare: a
+                      fast_l1=len(split.doc_ids) > DOC_BLOCK)
     for start, block in doc_blocks(d, len(split.doc_ids)):  # query's own text is dropped from its list
         top.add(block, start)
     return ranked_lists(split, top, k, with_energies)

@@ -132,3 +132,22 @@ def test_corpus_ranked_block_by_block_equals_one_pass_ties_included(monkeypatch,
         assert blocked[0][qid] == want
     got = kind_of(task).evaluate(task, "test", embedder(None, X), (energy,))
     assert got[0] == whole_metrics[0] and all(np.array_equal(got[1][0][p], whole_metrics[1][0][p]) for p in got[1][0])
+
+
+@pytest.mark.parametrize("safe", [1e-4, 10.0])  # 10: every query takes the whole-block fallback
+def test_faiss_proposed_l1_ranking_equals_torch_ranking(monkeypatch, safe):
+    pytest.importorskip("faiss")
+    task, X = planted_ir_task(n_docs=400, dim=8)
+    split = task.eval_sets["test"]
+    X = X.clone()
+    X[torch.as_tensor(split.doc_rows[300:380])] = X[torch.as_tensor(split.doc_rows[:80])]  # exact ties
+    q, d = X[torch.as_tensor(split.query_rows)], X[torch.as_tensor(split.doc_rows)]
+    monkeypatch.setattr(ranking, "DOC_BLOCK", 128)
+    slow = ranking.RunningTopK(q, "l1", 30, ranking.trec_tie_order(split.doc_ids), fast_l1=False)
+    fast = ranking.RunningTopK(q, "l1", 30, ranking.trec_tie_order(split.doc_ids), fast_l1=True)
+    monkeypatch.setattr(ranking, "L1_MARGIN", 8)
+    monkeypatch.setattr(ranking, "L1_SAFE", safe)
+    for start, block in ranking.doc_blocks(d, len(split.doc_ids)):
+        slow.add(block, start)
+        fast.add(block, start)
+    assert torch.equal(fast.idx, slow.idx) and torch.equal(fast.val, slow.val)
