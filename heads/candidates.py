@@ -82,6 +82,28 @@ def pooled_negatives(za: torch.Tensor, zd_of: Callable[[np.ndarray], torch.Tenso
     return pool_topk(energy_of, pool, k, exclude)
 
 
+def pooled_negatives_stack(za: torch.Tensor, zd_of: Callable[[np.ndarray], torch.Tensor], pool: np.ndarray, k: int,
+                           exclude: list[list[int]], energy: str) -> torch.Tensor:
+    """(H, U, k) corpus indices, every head in its own space: anchors' outputs za (H, U, d); zd_of(corpus
+    indices) -> (H, n, d) documents' outputs, asked for one block of POOL_CHUNK anchors' pools at a time (memory
+    H x one block's pool documents, not H x every pooled document: 20 GB for 64 heads over 1M documents)."""
+    out = []
+    for s in range(0, len(pool), POOL_CHUNK):
+        block = pool[s:s + POOL_CHUNK]
+        docs, where = np.unique(block, return_inverse=True)
+        zd = zd_of(docs)  # (H, |docs|, d)
+        cols = torch.as_tensor(where.reshape(block.shape))
+        drop = [[j for j, d in enumerate(row) if d in ex] if ex else []
+                for row, ex in zip(block.tolist(), (set(e) for e in exclude[s:s + len(block)]))]
+        heads = []
+        for h in range(za.shape[0]):
+            E = torch.gather(pairwise_energy(energy, za[h, s:s + len(block)], zd[h]), 1, cols)  # (b, c)
+            idx = topk_ranking(E, k=k, exclude=drop, chunk_size=len(block))
+            heads.append(torch.as_tensor(block)[torch.arange(len(block))[:, None], idx])
+        out.append(torch.stack(heads))  # (H, b, k)
+    return torch.cat(out, dim=1)
+
+
 def top10_share(exact: torch.Tensor, candidates: np.ndarray) -> float:
     """The share of the exact top-10 documents (Q, 10) that are inside the candidate documents."""
     inside = torch.isin(exact, torch.as_tensor(candidates))

@@ -10,7 +10,7 @@ from typing import Callable, Optional
 import numpy as np
 import torch
 
-from headstore.heads.candidates import pooled_negatives
+from headstore.heads.candidates import pooled_negatives, pooled_negatives_stack
 from headstore.heads.energy import pairwise_energy
 from headstore.heads.metrics import topk_ranking
 
@@ -70,11 +70,13 @@ def _mine_pool(features, uniq, inverse, corpus_t, pool, exclude, k, embed, n_hea
     docs = np.unique(pool)  # corpus indices of every candidate
     at = torch.full((len(corpus_t),), -1, dtype=torch.long)
     at[torch.as_tensor(docs)] = torch.arange(len(docs))
-    if embed is None:
-        za, zd, energy_used = features[torch.as_tensor(uniq)].unsqueeze(0), None, "cosine"
-        zd = features[corpus_t[torch.as_tensor(docs)]].unsqueeze(0)
-    else:
-        za, zd, energy_used = embed(uniq, "query"), embed(corpus_t[torch.as_tensor(docs)].numpy(), "document"), energy
+    if embed is not None:  # each head's space: documents embedded per block of anchors, never (H, all pooled, d)
+        za = embed(uniq, "query")  # (H, U, d)
+        mined = pooled_negatives_stack(za, lambda d: embed(corpus_t[torch.as_tensor(d)].numpy(), "document"), pool, k,
+                                       exclude, energy)  # (H, U, k) corpus indices
+        return corpus_t[mined][:, torch.as_tensor(inverse)]  # (H, P, k) store rows
+    za, energy_used = features[torch.as_tensor(uniq)].unsqueeze(0), "cosine"
+    zd = features[corpus_t[torch.as_tensor(docs)]].unsqueeze(0)
     out = []
     for h in range(za.shape[0]):
         idx = pooled_negatives(za[h], lambda d, h=h: zd[h][at[torch.as_tensor(d)]], pool, k, exclude, energy_used)
