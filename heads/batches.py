@@ -118,7 +118,7 @@ class NegativeSource:
         for a, _ in self.task.relevant:
             per_anchor[a] = per_anchor.get(a, 0) + 1
         c = min(n_docs, max(self.cfg.pool_k, self.cfg.mined_k) + max(per_anchor.values(), default=0))
-        return frozen_topk(self.data.X, anchors, corpus, c, seed=self.cfg.seed)
+        return frozen_topk(self.data.X, anchors, corpus, c)
 
     def for_epoch(self, epoch: int, model: StackedMLP) -> Optional[torch.Tensor]:
         """(H, P, K) negatives for epoch `epoch` (0-based), or None when the loss uses none."""

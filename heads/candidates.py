@@ -22,7 +22,8 @@ import torch
 from headstore.heads.energy import pairwise_energy
 from headstore.heads.metrics import topk_ranking
 
-DOC_BLOCK = 1 << 15  # corpus rows normalised and scored at a time (bounds the extra memory)
+DOC_BLOCK = 1 << 15  # corpus rows scored at a time, here and in exact ranking (heads.kinds.ranking): 50 MB of
+# float32 rows at d = 384, whatever the corpus size
 QUERY_CHUNK = 512  # queries per matmul against a block: (512, 32768) similarities, 64 MB
 POOL_CHUNK = 128  # anchors per block when re-scoring pools
 
@@ -31,11 +32,10 @@ def _unit(x: torch.Tensor) -> torch.Tensor:
     return torch.nn.functional.normalize(x.float(), dim=-1)
 
 
-def frozen_topk(X: torch.Tensor, queries: np.ndarray, corpus: np.ndarray, k: int, seed: int = 0) -> np.ndarray:
+def frozen_topk(X: torch.Tensor, queries: np.ndarray, corpus: np.ndarray, k: int) -> np.ndarray:
     """(Q, min(k, M)) int64 indices into `corpus` of each query's k nearest documents by cosine over the rows
     of X (queries, corpus: positions in X), each row sorted ascending (the corpus order, so ties among the
-    re-scored candidates fall as in the exact search). k >= M returns every document for every query.
-    `seed` is kept for callers (the search is exact: nothing is drawn)."""
+    re-scored candidates fall as in the exact search). k >= M returns every document for every query."""
     M = len(corpus)
     if k >= M:
         return np.tile(np.arange(M, dtype=np.int64), (len(queries), 1))
@@ -55,38 +55,13 @@ def frozen_topk(X: torch.Tensor, queries: np.ndarray, corpus: np.ndarray, k: int
     return np.sort(best_idx.numpy(), axis=1)
 
 
-def pool_topk(energy_of: Callable[[np.ndarray, np.ndarray], torch.Tensor], pool: np.ndarray, k: int,
-              exclude: list[list[int]]) -> torch.Tensor:
-    """(U, k) corpus indices: each anchor's k lowest-energy documents among its pool (U, c), skipping the
-    corpus indices in `exclude[u]`. energy_of(anchor block, docs) -> (block, len(docs)) energies of the
-    block's anchors against the union of their pools."""
-    out = []
-    for s in range(0, len(pool), POOL_CHUNK):
-        block = pool[s:s + POOL_CHUNK]
-        docs, where = np.unique(block, return_inverse=True)
-        E = energy_of(np.arange(s, s + len(block)), docs)  # (b, |docs|)
-        E = torch.gather(E, 1, torch.as_tensor(where.reshape(block.shape)))  # (b, c): each anchor's pool
-        drop = [[j for j, d in enumerate(row) if d in ex] if ex else []
-                for row, ex in zip(block.tolist(), (set(e) for e in exclude[s:s + len(block)]))]
-        idx = topk_ranking(E, k=k, exclude=drop, chunk_size=len(block))
-        out.append(torch.as_tensor(block)[torch.arange(len(block))[:, None], idx])
-    return torch.cat(out)
-
-
 def pooled_negatives(za: torch.Tensor, zd_of: Callable[[np.ndarray], torch.Tensor], pool: np.ndarray, k: int,
                      exclude: list[list[int]], energy: str) -> torch.Tensor:
-    """(U, k) corpus indices of one space: anchors' outputs za (U, d); zd_of(corpus indices) -> (n, d)."""
-    def energy_of(anchors: np.ndarray, docs: np.ndarray) -> torch.Tensor:
-        return pairwise_energy(energy, za[torch.as_tensor(anchors)], zd_of(docs))
-
-    return pool_topk(energy_of, pool, k, exclude)
-
-
-def pooled_negatives_stack(za: torch.Tensor, zd_of: Callable[[np.ndarray], torch.Tensor], pool: np.ndarray, k: int,
-                           exclude: list[list[int]], energy: str) -> torch.Tensor:
-    """(H, U, k) corpus indices, every head in its own space: anchors' outputs za (H, U, d); zd_of(corpus
-    indices) -> (H, n, d) documents' outputs, asked for one block of POOL_CHUNK anchors' pools at a time (memory
-    H x one block's pool documents, not H x every pooled document: 20 GB for 64 heads over 1M documents)."""
+    """(H, U, k) corpus indices: each anchor's k lowest-energy documents among its pool (U, c), skipping the
+    corpus indices in `exclude[u]`, every head in its own space (H = 1: the frozen space). za (H, U, d) the
+    anchors' outputs; zd_of(corpus indices) -> (H, n, d) documents' outputs, asked for one block of POOL_CHUNK
+    anchors' pools at a time (memory H x one block's pool documents, not H x every pooled document: 20 GB for
+    64 heads over 1M documents)."""
     out = []
     for s in range(0, len(pool), POOL_CHUNK):
         block = pool[s:s + POOL_CHUNK]

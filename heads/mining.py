@@ -10,7 +10,7 @@ from typing import Callable, Optional
 import numpy as np
 import torch
 
-from headstore.heads.candidates import pooled_negatives, pooled_negatives_stack
+from headstore.heads.candidates import pooled_negatives
 from headstore.heads.energy import pairwise_energy
 from headstore.heads.metrics import topk_ranking
 
@@ -66,20 +66,13 @@ def mine_negatives(features: torch.Tensor, anchors: np.ndarray, corpus_rows: np.
 
 
 def _mine_pool(features, uniq, inverse, corpus_t, pool, exclude, k, embed, n_heads, energy) -> torch.Tensor:
-    """mine_negatives on each anchor's candidate pool only (the pool's documents embedded once per call)."""
-    docs = np.unique(pool)  # corpus indices of every candidate
-    at = torch.full((len(corpus_t),), -1, dtype=torch.long)
-    at[torch.as_tensor(docs)] = torch.arange(len(docs))
-    if embed is not None:  # each head's space: documents embedded per block of anchors, never (H, all pooled, d)
+    """mine_negatives on each anchor's candidate pool only: in feature space by cosine (embed None, shared by
+    all heads) or in each head's space; documents embedded one block of anchors' pools at a time."""
+    if embed is None:
+        za, energy = features[torch.as_tensor(uniq)].unsqueeze(0), "cosine"  # (1, U, D)
+        zd_of = lambda d: features[corpus_t[torch.as_tensor(d)]].unsqueeze(0)  # noqa: E731
+    else:
         za = embed(uniq, "query")  # (H, U, d)
-        mined = pooled_negatives_stack(za, lambda d: embed(corpus_t[torch.as_tensor(d)].numpy(), "document"), pool, k,
-                                       exclude, energy)  # (H, U, k) corpus indices
-        return corpus_t[mined][:, torch.as_tensor(inverse)]  # (H, P, k) store rows
-    za, energy_used = features[torch.as_tensor(uniq)].unsqueeze(0), "cosine"
-    zd = features[corpus_t[torch.as_tensor(docs)]].unsqueeze(0)
-    out = []
-    for h in range(za.shape[0]):
-        idx = pooled_negatives(za[h], lambda d, h=h: zd[h][at[torch.as_tensor(d)]], pool, k, exclude, energy_used)
-        out.append(corpus_t[idx][torch.as_tensor(inverse)])  # (P, k) store rows
-    mined = torch.stack(out)
+        zd_of = lambda d: embed(corpus_t[torch.as_tensor(d)].numpy(), "document")  # noqa: E731
+    mined = corpus_t[pooled_negatives(za, zd_of, pool, k, exclude, energy)][:, torch.as_tensor(inverse)]  # (H|1, P, k)
     return mined.expand(n_heads, -1, -1) if mined.shape[0] == 1 else mined

@@ -15,7 +15,7 @@ import torch
 
 from headstore.data.text_id import doc_text, text_id
 from headstore.heads.kinds.base import PREFIX, PairSet, Task, TaskKind, carve_dev, store_rows
-from headstore.heads.kinds.ranking import (DOC_BLOCK, IR_TOPK, IRSplit, RunningTopK, candidate_split, doc_blocks, exact_top10,
+from headstore.heads.kinds.ranking import (IR_TOPK, IRSplit, RunningTopK, candidate_split, doc_blocks, exact_top10,
                                            ir_metrics_of, ranked_lists, selection_ndcg, write_trec_run)
 from headstore.heads.metrics import trec_tie_order
 
@@ -52,8 +52,7 @@ class IRKind(TaskKind):
         tie = trec_tie_order(data.doc_ids)
         k = IR_TOPK + int(data.exclude_self)
         finite = torch.isfinite(zq).flatten(1).all(1)  # (H,)
-        fast = len(data.doc_ids) > DOC_BLOCK  # FAISS proposes L1 candidates on large corpora (ranking.fast_l1_block)
-        tops = [{e: RunningTopK(zq[h], e, k, tie, fast) for e in energies} for h in range(zq.shape[0])]
+        tops = [{e: RunningTopK(zq[h], e, k, tie) for e in energies} for h in range(zq.shape[0])]
         for start, zd in doc_blocks(lambda a, b: embed(data.doc_rows[a:b], "document"), len(data.doc_ids)):
             finite &= torch.isfinite(zd).flatten(1).all(1)
             for h, per_energy in enumerate(tops):
@@ -85,7 +84,7 @@ class IRKind(TaskKind):
         data: IRSplit = task.eval_sets[split]
         if len(data.doc_rows) <= cfg.exact_max:
             return data, {"method": "exact", "corpus": len(data.doc_rows)}
-        chosen, keep = candidate_split(data, X, cfg.pool_k, cfg.seed)
+        chosen, keep = candidate_split(data, X, cfg.pool_k)
         return chosen, {"method": "candidates", "pool_k": cfg.pool_k, "n_candidates": len(keep),
                         "corpus": len(data.doc_rows), "exact_max": cfg.exact_max,
                         "made": "every dev query's exact frozen top pool_k (cosine) and every judged "

@@ -20,7 +20,8 @@ import torch
 
 from headstore.data.files import atomic_write_text
 from headstore.heads.energy import pairwise_energy
-from headstore.heads.candidates import candidate_docs, frozen_topk
+from headstore.heads.candidates import DOC_BLOCK, candidate_docs, frozen_topk  # DOC_BLOCK: documents embedded and
+# ranked at a time, so a corpus is never one (N, d) matrix of head outputs
 from headstore.heads.kinds.base import PREFIX
 from headstore.heads.metrics import ir_metrics_per_query, topk_ranking, trec_tie_order
 from headstore.heads.model import autocast
@@ -29,8 +30,6 @@ IR_TOPK = 100  # one top-k pass serves every cutoff (1, 10, 100)
 RANK_CHUNK = 256  # queries per top-k pass
 RANK_BLOCK = 1 << 24  # energy entries (queries x documents) per top-k pass: 64 MB whatever the corpus size;
 # fewer queries per pass on a large corpus (the ranking of a query does not depend on the others in its pass)
-DOC_BLOCK = 1 << 15  # documents embedded and ranked at a time (50 MB of outputs at d = 384): a corpus is never
-# held as one (N, d) matrix of head outputs; each query's top k is merged across blocks by the ranking rule
 # epoch selection on an IR split with L1 energy: each query's exact L1 energies are computed for its
 # SELECT_CANDIDATES nearest documents by L2 (one batched matmul for all heads) instead of all documents
 # (torch.cdist p=1 has no matmul form and dominated SciFact grids); the exact L1 top 10 was inside the
@@ -73,8 +72,9 @@ class RunningTopK:
     numbers; a cosine matmul over a block may round the last bit otherwise; a corpus within DOC_BLOCK is one
     block, as before)."""
 
-    def __init__(self, q: torch.Tensor, energy: str, k: int, tie: np.ndarray, fast_l1: bool = False):
-        self.q, self.energy, self.k, self.tie = q, energy, k, tie
+    def __init__(self, q: torch.Tensor, energy: str, k: int, tie: np.ndarray, fast_l1: bool | None = None):
+        self.q, self.energy, self.k, self.tie = q, energy, k, tie  # tie: (N,) the corpus's trec tie order
+        fast_l1 = len(tie) > DOC_BLOCK if fast_l1 is None else fast_l1  # None: above one block of documents
         self.fast_l1 = fast_l1 and energy == "l1" and _faiss() is not None  # fast_l1_block
         self.idx: torch.Tensor | None = None  # (Q, <= k) corpus indices
         self.val: torch.Tensor | None = None  # (Q, <= k) their energies
@@ -144,8 +144,7 @@ def rank_split(split: IRSplit, q: torch.Tensor, d, energy: str, k: int = IR_TOPK
     """One head's ranking of a split: q (Q, dim), d (N, dim) or a function (start, stop) -> (stop - start, dim)
     of document outputs -> {query id: [doc index]} (top k, the rule above), and with `with_energies` also
     {query id: [energy]} of those documents."""
-    top = RunningTopK(q, energy, k + int(split.exclude_self), trec_tie_order(split.doc_ids),  # one spare: a
-                      fast_l1=len(split.doc_ids) > DOC_BLOCK)
+    top = RunningTopK(q, energy, k + int(split.exclude_self), trec_tie_order(split.doc_ids))  # one spare: a
     for start, block in doc_blocks(d, len(split.doc_ids)):  # query's own text is dropped from its list
         top.add(block, start)
     return ranked_lists(split, top, k, with_energies)
@@ -241,10 +240,10 @@ def write_trec_run(split: IRSplit, q: torch.Tensor, d, energy: str, path: Path, 
     return path
 
 
-def candidate_split(split: IRSplit, X: torch.Tensor, pool_k: int, seed: int = 0) -> tuple[IRSplit, np.ndarray]:
+def candidate_split(split: IRSplit, X: torch.Tensor, pool_k: int) -> tuple[IRSplit, np.ndarray]:
     """The split with its corpus cut to the candidates: every query's frozen top `pool_k` (cosine over X's
     rows, heads.candidates) and every judged document; (that split, the kept document indices, ascending)."""
-    pool = frozen_topk(X, split.query_rows, split.doc_rows, pool_k, seed=seed)
+    pool = frozen_topk(X, split.query_rows, split.doc_rows, pool_k)
     judged = {d for q in split.query_ids for d in split.qrels.get(q, {})}
     relevant = np.array([j for j, d in enumerate(split.doc_ids) if d in judged], dtype=np.int64)
     keep = candidate_docs(pool, relevant)

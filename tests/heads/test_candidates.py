@@ -144,7 +144,7 @@ def test_faiss_proposed_l1_ranking_equals_torch_ranking(monkeypatch, safe):
     q, d = X[torch.as_tensor(split.query_rows)], X[torch.as_tensor(split.doc_rows)]
     monkeypatch.setattr(ranking, "DOC_BLOCK", 128)
     slow = ranking.RunningTopK(q, "l1", 30, ranking.trec_tie_order(split.doc_ids), fast_l1=False)
-    fast = ranking.RunningTopK(q, "l1", 30, ranking.trec_tie_order(split.doc_ids), fast_l1=True)
+    fast = ranking.RunningTopK(q, "l1", 30, ranking.trec_tie_order(split.doc_ids))  # 400 documents > DOC_BLOCK
     monkeypatch.setattr(ranking, "L1_MARGIN", 8)
     monkeypatch.setattr(ranking, "L1_SAFE", safe)
     for start, block in ranking.doc_blocks(d, len(split.doc_ids)):
