@@ -16,6 +16,7 @@ import click
 from headstore.data.dataset import FORMATS
 from headstore.featurize.config import POOLING_NAMES, PRECISIONS
 from headstore.data.options import PATH, fold_label_options, format_option, label_options
+from headstore.heads.config import TEST_SCOPES
 from headstore.heads.options import configs_from_options, head_and_train_options
 
 
@@ -291,11 +292,14 @@ def eval_(store, head_dir, data, data_format, out, exclude_overlap, score_range,
 @click.option("--soup", "soups", multiple=True, type=click.IntRange(min=1),
               help="Also score soups (mean weights) of K heads sharing their start, one per seed (repeatable; "
                    "GRID#soup=K loads one).")
+@click.option("--test-scope", type=click.Choice(TEST_SCOPES), default="auto", show_default=True,
+              help="Heads ranked on test: all; selected (each stack's dev-best configuration, every seed); auto: "
+                   "all, but selected where dev was ranked on candidates (an IR corpus above --exact-max documents).")
 @score_range_option
 @overwrite_option
 @label_options
 def grid(store, data, data_format, grid_path, out, transfer, select_ood, ood_delta, dry_run, ensembles, soups,
-         score_range, overwrite, **label_settings):
+         test_scope, score_range, overwrite, **label_settings):
     """Train every combination of a grid of heads (stacked by shape); write results, leaderboard and plots.
 
     On labelled texts (--format labels) the grid may sweep shots, hierarchy and per_class; each few-shot
@@ -305,7 +309,7 @@ def grid(store, data, data_format, grid_path, out, transfer, select_ood, ood_del
     data_format = fold_label_options(data_format, label_settings)
     run_grid(store, data, grid_path, out, data_format, transfer=tuple(transfer), score_range=score_range,
              overwrite=overwrite, select_ood=tuple(select_ood), ood_delta=ood_delta, ensembles=tuple(ensembles),
-             dry_run=dry_run, soups=tuple(soups))
+             dry_run=dry_run, soups=tuple(soups), test_scope=test_scope)
 
 
 @main.command()

@@ -22,7 +22,7 @@ from headstore.heads.evaluate import embedder
 from headstore.heads.features import Normalizer
 from headstore.heads.kinds import Task, TrainSet, kind_of
 from headstore.heads.losses import LOSSES, get_loss
-from headstore.heads.mining import mine_negatives
+from headstore.heads.mining import MiningPlan, mine
 from headstore.heads.model import StackedMLP, autocast
 
 
@@ -100,7 +100,9 @@ class NegativeSource:
         self.mining = bool(cfg.mined_k and LOSSES[cfg.loss].negatives and task.corpus_rows is not None)
         self.mined: Optional[torch.Tensor] = None  # (H, P, k)
         self.pool, self.report = None, {"method": "exact"}
-        n_docs = len(np.unique(task.corpus_rows)) if self.mining else 0
+        self.plan = (MiningPlan.build(data.pairs.anchor, task.corpus_rows, task.relevant, cfg.mined_k)
+                     if self.mining else None)  # the corpus, anchors and positives, once for every epoch
+        n_docs = len(self.plan.corpus_rows) if self.mining else 0
         if self.mining and n_docs > cfg.exact_max:  # a large corpus: a candidate pool, searched once
             self.pool = self._pool(n_docs)
             self.report = {"method": "candidates", "pool_k": int(self.pool.shape[1]), "search": "each training "
@@ -112,13 +114,8 @@ class NegativeSource:
     def _pool(self, n_docs: int) -> np.ndarray:
         """(U, c) candidates of every unique anchor: its frozen top-c by cosine (c = pool_k, plus room for
         the anchor's own positives, which are never mined)."""
-        corpus = np.unique(self.task.corpus_rows)
-        anchors = np.unique(self.data.pairs.anchor)
-        per_anchor: dict[int, int] = {}
-        for a, _ in self.task.relevant:
-            per_anchor[a] = per_anchor.get(a, 0) + 1
-        c = min(n_docs, max(self.cfg.pool_k, self.cfg.mined_k) + max(per_anchor.values(), default=0))
-        return frozen_topk(self.data.X, anchors, corpus, c)
+        c = min(n_docs, max(self.cfg.pool_k, self.cfg.mined_k) + max(map(len, self.plan.exclude), default=0))
+        return frozen_topk(self.data.X, self.plan.anchors, self.plan.corpus_rows, c)
 
     def for_epoch(self, epoch: int, model: StackedMLP) -> Optional[torch.Tensor]:
         """(H, P, K) negatives for epoch `epoch` (0-based), or None when the loss uses none."""
@@ -126,8 +123,7 @@ class NegativeSource:
         given = data.given.unsqueeze(0).expand(self.n_heads, -1, -1) if data.given is not None else None
         if self.mining and (self.mined is None or cfg.remine):
             embed = embedder(model, data.X) if cfg.remine and epoch > 0 else None
-            self.mined = mine_negatives(data.X, data.pairs.anchor, self.task.corpus_rows, self.task.relevant,
-                                        cfg.mined_k, embed, self.n_heads, energy=cfg.eval_energy, pool=self.pool)
+            self.mined = mine(self.plan, data.X, embed, self.n_heads, energy=cfg.eval_energy, pool=self.pool)
         if self.mined is None:
             return given
         return self.mined if given is None else torch.cat([given, self.mined], dim=-1)

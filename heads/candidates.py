@@ -19,13 +19,14 @@ from typing import Callable, Optional
 import numpy as np
 import torch
 
-from headstore.heads.energy import pairwise_energy
+from headstore.heads.energy import candidate_energy
 from headstore.heads.metrics import topk_ranking
 
 DOC_BLOCK = 1 << 15  # corpus rows scored at a time, here and in exact ranking (heads.kinds.ranking): 50 MB of
 # float32 rows at d = 384, whatever the corpus size
 QUERY_CHUNK = 512  # queries per matmul against a block: (512, 32768) similarities, 64 MB
-POOL_CHUNK = 128  # anchors per block when re-scoring pools
+POOL_CHUNK = 128  # anchors per block when re-scoring pools (fewer with many heads: POOL_FLOATS)
+POOL_FLOATS = 1 << 25  # numbers of one block's pool outputs and energies, H x anchors x c x d: 128 MB of float32
 
 
 def _unit(x: torch.Tensor) -> torch.Tensor:
@@ -59,23 +60,22 @@ def pooled_negatives(za: torch.Tensor, zd_of: Callable[[np.ndarray], torch.Tenso
                      exclude: list[list[int]], energy: str) -> torch.Tensor:
     """(H, U, k) corpus indices: each anchor's k lowest-energy documents among its pool (U, c), skipping the
     corpus indices in `exclude[u]`, every head in its own space (H = 1: the frozen space). za (H, U, d) the
-    anchors' outputs; zd_of(corpus indices) -> (H, n, d) documents' outputs, asked for one block of POOL_CHUNK
-    anchors' pools at a time (memory H x one block's pool documents, not H x every pooled document: 20 GB for
-    64 heads over 1M documents)."""
+    anchors' outputs; zd_of(corpus indices) -> (H, n, d) documents' outputs, asked for one block of anchors'
+    pools at a time: only each anchor's own c documents are scored (candidate_energy), and a block holds
+    about POOL_FLOATS numbers whatever H (64 heads over 1M documents held H x every pooled document: 20 GB)."""
+    H, c, dim = za.shape[0], pool.shape[1], za.shape[2]
+    per_block = max(1, min(POOL_CHUNK, POOL_FLOATS // max(1, H * c * dim)))  # anchors per block
     out = []
-    for s in range(0, len(pool), POOL_CHUNK):
-        block = pool[s:s + POOL_CHUNK]
+    for s in range(0, len(pool), per_block):
+        block = pool[s:s + per_block]
         docs, where = np.unique(block, return_inverse=True)
         zd = zd_of(docs)  # (H, |docs|, d)
-        cols = torch.as_tensor(where.reshape(block.shape))
+        E = candidate_energy(energy, za[:, s:s + len(block)], zd[:, torch.as_tensor(where.reshape(block.shape))])  # (H, b, c)
         drop = [[j for j, d in enumerate(row) if d in ex] if ex else []
                 for row, ex in zip(block.tolist(), (set(e) for e in exclude[s:s + len(block)]))]
-        heads = []
-        for h in range(za.shape[0]):
-            E = torch.gather(pairwise_energy(energy, za[h, s:s + len(block)], zd[h]), 1, cols)  # (b, c)
-            idx = topk_ranking(E, k=k, exclude=drop, chunk_size=len(block))
-            heads.append(torch.as_tensor(block)[torch.arange(len(block))[:, None], idx])
-        out.append(torch.stack(heads))  # (H, b, k)
+        rows = torch.arange(len(block))[:, None]
+        out.append(torch.stack([torch.as_tensor(block)[rows, topk_ranking(E[h], k=k, exclude=drop, chunk_size=len(block))]
+                                for h in range(H)]))  # (H, b, k)
     return torch.cat(out, dim=1)
 
 

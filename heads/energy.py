@@ -1,9 +1,11 @@
 """Energies E(a, b) between head outputs: low energy = similar.
 
-Two forms of every energy:
+Three forms of every energy:
 - row-wise: `l1_energy(a, b)` pairs row i of `a` with row i of `b`, `(..., d), (..., d) -> (...)`;
 - pairwise: `pairwise_energy(name, q, d)` scores every query against every doc,
-  `(..., Q, d), (..., N, d) -> (..., Q, N)`, without materialising a `(Q, N, d)` difference tensor.
+  `(..., Q, d), (..., N, d) -> (..., Q, N)`, without materialising a `(Q, N, d)` difference tensor;
+- per-query candidates: `candidate_energy(name, q, d)` scores each query against its own c documents,
+  `(..., Q, d), (..., Q, c, d) -> (..., Q, c)`, what `pairwise_energy` gives those pairs.
 Leading axes (e.g. the head axis H) broadcast in both forms.
 """
 from __future__ import annotations
@@ -71,6 +73,18 @@ def pairwise_energy(name: str, q: torch.Tensor, d: torch.Tensor) -> torch.Tensor
     q = q.expand(*lead, *q.shape[-2:])
     d = d.expand(*lead, *d.shape[-2:])
     return torch.cdist(q, d, p=1.0 if name == "l1" else 2.0)
+
+
+def candidate_energy(name: str, q: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
+    """Energy of each query against its own candidates: (..., Q, dim), (..., Q, c, dim) -> (..., Q, c).
+
+    Costs Q x c instead of Q x N (re-scoring a pool or a shortlist). l1 gives the very numbers of
+    `pairwise_energy` (torch.cdist per query), so a ranking of candidates ties and orders as the full ranking
+    does; l2 and cosine agree within float rounding (~1e-6: another matmul shape)."""
+    check_energy(name)
+    if name == "cosine":
+        return 1.0 - (_normalise(d) @ _normalise(q).unsqueeze(-1)).squeeze(-1)
+    return torch.cdist(q.unsqueeze(-2), d, p=1.0 if name == "l1" else 2.0).squeeze(-2)
 
 
 def energy_upper_bound(name: str, x: torch.Tensor) -> float:

@@ -17,6 +17,7 @@ import time
 from dataclasses import asdict, replace
 from pathlib import Path
 
+import numpy as np
 import polars as pl
 import torch
 
@@ -27,8 +28,8 @@ from headstore.data.tables import read_utf8
 from headstore.featurize.hardware import warn_if_emulated_bf16
 from headstore.featurize.store import FeatureStore
 from headstore.heads.anchor import anchor_rows_of
-from headstore.heads.artefacts import resume_rows, save_stack, write_results
-from headstore.heads.config import HeadConfig, TrainConfig, stack_key
+from headstore.heads.artefacts import resume_rows, rule_key, save_stack, write_results
+from headstore.heads.config import TEST_SCOPES, HeadConfig, TrainConfig, stack_key
 from headstore.heads.evaluate import embedder, evaluate_split
 from headstore.heads.experiments.ensembles import score_ensembles, write_ensembles
 from headstore.heads.experiments.grid_spec import GRID_VERSION, UNSET_SINCE_ID, head_id, read_grid, split_settings
@@ -48,7 +49,7 @@ def run_grid(store_path: str, data_path: str, grid_path: str, out_dir: str, data
              progress: bool = True, transfer: tuple[str, ...] = (), score_range=None,
              overwrite: bool = False, select_ood: tuple[str, ...] = (), ood_delta: float = DEFAULT_DELTA,
              ensembles: tuple[int, ...] = (), score_split: str = "test", dry_run: bool = False,
-             soups: tuple[int, ...] = ()) -> pl.DataFrame:
+             soups: tuple[int, ...] = (), test_scope: str = "auto") -> pl.DataFrame:
     """Train every head of the grid (skipping finished ones); write results, leaderboard, summary and plots.
 
     `transfer`: out-of-domain datasets (texts in the store) every head is also scored on, never
@@ -61,7 +62,8 @@ def run_grid(store_path: str, data_path: str, grid_path: str, out_dir: str, data
     `score_split`: the split reported in the `test_*` columns; "dev" scores few-shot heads (which select on
     nothing) on the dev slice, to choose few-shot settings without looking at test.
     `soups`: sizes K of weight soups to score per seed (heads.soup, heads.experiments.soups; soups.json).
-    `dry_run`: print the plan (heads, stacks, skipped, a rough time) and return without writing anything."""
+    `dry_run`: print the plan (heads, stacks, skipped, a rough time) and return without writing anything.
+    `test_scope`: which heads are ranked on test (TEST_SCOPES); the others' test columns are empty."""
     combos = read_grid(grid_path)
     if any(c.get("precision") == "bf16" for c in combos):  # heads train on the CPU
         warn_if_emulated_bf16("bf16", "cpu", fix=f'precision = "fp32" in {grid_path}')
@@ -90,7 +92,7 @@ def run_grid(store_path: str, data_path: str, grid_path: str, out_dir: str, data
     if progress:
         print(plan_summary(groups, skipped, len(rows), task))
     rows += skipped
-    runner = StackRunner(out, task, tf, store_path, data_path, data_format, ood, selection, score_split)
+    runner = StackRunner(out, task, tf, store_path, data_path, data_format, ood, selection, score_split, test_scope)
     bar = progress_bar(total=sum(len(items) for items in groups.values()), desc="grid heads", disable=not progress)
     for (_, _, array), items in groups.items():
         rows += runner.train(items, array, progress)
@@ -225,11 +227,15 @@ class StackRunner:
     training set, for few-shot stacks), each stack saved loadably, one results row per head."""
 
     def __init__(self, out: Path, task: Task, tf: TaskFeatures, store_path: str, data_path: str,
-                 data_format: str | None, ood: dict[str, Task], selection: OodSelection, score_split: str):
+                 data_format: str | None, ood: dict[str, Task], selection: OodSelection, score_split: str,
+                 test_scope: str = "auto"):
         self.out, self.task, self.tf, self.ood, self.selection = out, task, tf, ood, selection
         self.store = tf.store
         self.context = {"data": str(data_path), "format": data_format, "store": str(store_path)}
         self.score_split = score_split
+        if test_scope not in TEST_SCOPES:
+            raise ValueError(f"test scope {test_scope!r}; valid: {sorted(TEST_SCOPES)}")
+        self.test_scope = test_scope
         self.baselines: dict[str, dict] = {}  # per array: frozen features on dev/test (and transfer sets)
         self._base_rows: dict[tuple, dict] = {}  # per (array, training set): frozen test metrics, `base_*`
 
@@ -287,7 +293,7 @@ class StackRunner:
         model, norm, runs = train_stack(stask, X, head_cfg, configs, progress=progress, selection=self.selection,
                                         anchor_rows=self.anchor_positions(configs[0]))
         t1 = time.perf_counter()
-        scores = self.score(stask, model, norm(X), configs[0].eval_energy)
+        scores, tested = self.score(stask, model, norm(X), configs[0].eval_energy, runs, configs)
         t2 = time.perf_counter()
         stack = items[0][0]
         save_stack(self.out, stack, model, norm, [it[0] for it in items], configs, array, self.stack_context(stask))
@@ -301,25 +307,60 @@ class StackRunner:
                    "eval_seconds": (t2 - t1) / len(items), "history": json.dumps(runs[h].history), **extra}
             if train.strength != "1":  # the a applied after training, and the dev curve it was chosen on
                 row.update(strength_chosen=runs[h].strength, strength_curve=json.dumps(runs[h].strength_curve))
+            row.update(dev_ranked=runs[h].dev_candidates.get("method", "exact") if runs[h].dev_candidates else "exact",
+                       test_scored=h in tested)
             rows.append(row | self.score_columns(scores, h, stask, configs[0].eval_energy) | base)
         return rows
 
-    def score(self, stask: Task, model, Xn: torch.Tensor, energy: str) -> dict:
-        """{column prefix: (metrics per head, items per head)} on dev, test and the transfer sets, and the
-        out-of-domain selection losses under "sel"."""
+    def score(self, stask: Task, model, Xn: torch.Tensor, energy: str, runs: list, configs: list) -> tuple[dict, set]:
+        """({column prefix: (metrics per head, items per head)} on dev, test and the transfer sets, and the
+        out-of-domain selection losses under "sel"; the heads scored on test). A stack whose dev was ranked on
+        candidates (a corpus above exact_max, heads.kinds.ir.selection_set) reports that dev, and with
+        test_scope "auto" ranks test exactly over the corpus for the heads of its dev-best configuration only
+        (TEST_SCOPES)."""
         embed = embedder(model, Xn)
-        scores = {split: evaluate_split(stask, split, embed, (energy,)) for split in ("dev", "test")
-                  if split in stask.eval_sets}
+        cut = runs[0].select_set is not None and runs[0].dev_candidates.get("method") == "candidates"
+        dev_task = replace(stask, eval_sets={**stask.eval_sets, "dev": runs[0].select_set}) if cut else stask
+        scores = {"dev": evaluate_split(dev_task, "dev", embed, (energy,))} if "dev" in stask.eval_sets else {}
         for name, t in self.ood.items():
             scores[f"ood_{name}"] = evaluate_split(t, transfer_split(t), embed, (energy,))
         if self.selection:
             scores["sel"] = self.selection.losses(embed, energy)
-        return scores
+        tested = set(range(model.n_heads))
+        if "test" in stask.eval_sets:
+            if self.test_scope == "selected" or (self.test_scope == "auto" and cut):
+                tested = self.best_config(scores, runs, configs, kind_of(stask).primary_metric(energy))
+            heads = sorted(tested)
+            some = embedder(model.select_heads(heads), Xn) if len(heads) < model.n_heads else embed
+            sub = evaluate_split(stask, "test", some, (energy,))
+            where = {h: i for i, h in enumerate(heads)}
+            scores["test"] = tuple([part[where[h]] if h in where else None for h in range(model.n_heads)]
+                                   for part in sub)
+        order = ["dev", "test", *(f"ood_{name}" for name in self.ood), "sel"]  # the columns' order
+        return {k: scores[k] for k in order if k in scores}, tested
+
+    def best_config(self, scores: dict, runs: list, configs: list, primary: str) -> set:
+        """The heads of this stack's best configuration (its settings but the seed) on the dev scores, by the
+        grid's ranking rule (artefacts.ranked_configs: dev mean, with --select-ood the selection rule); failed
+        heads are left out. The grid's best configuration is the best of its stack, so it is always tested."""
+        groups: dict = {}
+        for h, (run, cfg) in enumerate(zip(runs, configs)):
+            if run.status == "ok":
+                groups.setdefault(replace(cfg, seed=0), []).append(h)
+        if not groups or "dev" not in scores:
+            return set()
+        dev = [m[primary] for m in scores["dev"][0]]
+        loss = scores["sel"][0].tolist() if "sel" in scores else None
+
+        def key(heads):
+            mean_loss = None if loss is None else float(np.mean([loss[h] for h in heads]))
+            return rule_key(float(np.nanmean([dev[h] for h in heads])), mean_loss, self.selection.delta if loss else 0.0)
+        return set(max(groups.values(), key=key))
 
     def score_columns(self, scores: dict, h: int, stask: Task, energy: str) -> dict:
         row = {"primary": kind_of(stask).primary_metric(energy)}
         for split, (per_head, per_item) in scores.items():
-            if split == "sel":
+            if split == "sel" or per_head[h] is None:  # not scored (test: another configuration was selected)
                 continue
             kind = kind_of(self.ood[split[4:]] if split.startswith("ood_") else stask)
             row.update({f"{split}_{k}": v for k, v in per_head[h].items()})

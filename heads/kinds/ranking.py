@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from headstore.data.files import atomic_write_text
-from headstore.heads.energy import pairwise_energy
+from headstore.heads.energy import candidate_energy, pairwise_energy
 from headstore.heads.candidates import DOC_BLOCK, candidate_docs, frozen_topk  # DOC_BLOCK: documents embedded and
 # ranked at a time, so a corpus is never one (N, d) matrix of head outputs
 from headstore.heads.kinds.base import PREFIX
@@ -121,7 +121,7 @@ def fast_l1_block(q: torch.Tensor, block: torch.Tensor, k: int, tie: np.ndarray)
     index.add(np.ascontiguousarray(block.numpy(), dtype=np.float32))
     bound, cand = index.search(np.ascontiguousarray(q.numpy(), dtype=np.float32), k + L1_MARGIN)  # (Q, k + m)
     cand = torch.as_tensor(cand)
-    exact = torch.cat([torch.cdist(q[s:s + RANK_CHUNK].unsqueeze(1), block[cand[s:s + RANK_CHUNK]], p=1.0)[:, 0]
+    exact = torch.cat([candidate_energy("l1", q[s:s + RANK_CHUNK], block[cand[s:s + RANK_CHUNK]])
                        for s in range(0, len(q), RANK_CHUNK)])  # (Q, k + m)
     order = torch.as_tensor(np.lexsort((tie[cand.numpy()], exact.numpy()), axis=-1)[:, :k])
     idx, val = torch.gather(cand, 1, order), torch.gather(exact, 1, order)

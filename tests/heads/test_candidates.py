@@ -22,7 +22,10 @@ def _head(dim: int, n: int = 2) -> StackedMLP:
     return StackedMLP(n, HeadConfig(depth=1, hidden=16, in_dim=dim), seeds=list(range(n)))
 
 
-def test_pool_of_the_whole_corpus_mines_as_exact():
+@pytest.mark.parametrize("pool_floats", [1 << 25, 1])  # one block of anchors; one anchor per block
+def test_pool_of_the_whole_corpus_mines_as_exact(monkeypatch, pool_floats):
+    from headstore.heads import candidates
+    monkeypatch.setattr(candidates, "POOL_FLOATS", pool_floats)
     task, X = planted_ir_task(n_docs=150, dim=8)
     model = _head(8)
     corpus = np.unique(task.corpus_rows)

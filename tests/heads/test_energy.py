@@ -80,3 +80,19 @@ def test_unknown_energy_lists_options():
 def test_upper_bound_holds(name):
     x = torch.randn(20, 5)
     assert pairwise_energy(name, x, x).max().item() <= energy_upper_bound(name, x) + 1e-5
+
+
+@pytest.mark.parametrize("name", ["l1", "l2", "cosine"])
+def test_candidate_energy_is_the_pairwise_energy_of_those_pairs(name):
+    from headstore.heads.energy import candidate_energy
+
+    gen = torch.Generator().manual_seed(0)
+    q, d = torch.randn(3, 20, 16, generator=gen), torch.randn(3, 500, 16, generator=gen)  # (H, Q, dim), (H, N, dim)
+    cols = torch.randint(0, 500, (20, 7), generator=gen)  # each query's own 7 documents
+    got = candidate_energy(name, q, d[:, cols])  # (H, Q, 7)
+    want = torch.gather(pairwise_energy(name, q, d), 2, cols.expand(3, -1, -1))
+    loop = torch.tensor([[[ENERGIES[name](q[h, i], d[h, j]) for j in cols[i].tolist()] for i in range(20)]
+                         for h in range(3)])
+    if name == "l1":  # the very numbers of the full ranking: candidates tie and order as it does
+        assert torch.equal(got, want)
+    assert torch.allclose(got, want, atol=1e-5) and torch.allclose(got, loop, atol=1e-5)

@@ -110,15 +110,15 @@ def test_mined_negatives_exclude_positives_and_remine_runs():
 @pytest.mark.parametrize("remine, calls", [(False, 1), (True, 3)])
 def test_mining_runs_once_unless_remine(monkeypatch, remine, calls):
     import headstore.heads.batches as train_module
-    from headstore.heads.mining import mine_negatives
+    from headstore.heads.mining import mine
 
     seen = []
 
     def counting(*args, **kwargs):
-        seen.append(args[5] is not None)  # embed given: mined in the head's own space
-        return mine_negatives(*args, **kwargs)
+        seen.append(args[2] is not None)  # embed given: mined in the head's own space
+        return mine(*args, **kwargs)
 
-    monkeypatch.setattr(train_module, "mine_negatives", counting)
+    monkeypatch.setattr(train_module, "mine", counting)
     task, X = planted_ir_task(n_docs=120)
     cfg = TrainConfig(normalize="none", loss="l1-energy", epochs=3, batch_size=16, mined_k=3, remine=remine,
                       patience=10, q=8.0)
