@@ -93,7 +93,8 @@ class NegativeSource:
     """Negatives of every training pair for an epoch: given ones, then mined ones, (H, P, K) store rows.
 
     Mined once in feature space (cosine over the stored features, shared by all heads), or with
-    cfg.remine re-mined each epoch after the first in each head's own space with its own energy."""
+    cfg.remine re-mined each epoch after the first (every cfg.remine_every epochs) in each head's own space with
+    its own energy."""
 
     def __init__(self, task: Task, data: TrainingData, cfg: TrainConfig, n_heads: int):
         self.task, self.data, self.cfg, self.n_heads = task, data, cfg, n_heads
@@ -110,6 +111,8 @@ class NegativeSource:
                            "exact_max": cfg.exact_max}
         elif self.mining:
             self.report["corpus"] = n_docs
+        if self.mining and cfg.remine and cfg.remine_every != 1:
+            self.report["remine_every"] = cfg.remine_every
 
     def _pool(self, n_docs: int) -> np.ndarray:
         """(U, c) candidates of every unique anchor: its frozen top-c by cosine (c = pool_k, plus room for
@@ -121,7 +124,7 @@ class NegativeSource:
         """(H, P, K) negatives for epoch `epoch` (0-based), or None when the loss uses none."""
         cfg, data = self.cfg, self.data
         given = data.given.unsqueeze(0).expand(self.n_heads, -1, -1) if data.given is not None else None
-        if self.mining and (self.mined is None or cfg.remine):
+        if self.mining and (self.mined is None or (cfg.remine and epoch % cfg.remine_every == 0)):
             embed = embedder(model, data.X) if cfg.remine and epoch > 0 else None
             self.mined = mine(self.plan, data.X, embed, self.n_heads, energy=cfg.eval_energy, pool=self.pool)
         if self.mined is None:

@@ -20,7 +20,6 @@ import numpy as np
 import torch
 
 from headstore.heads.energy import candidate_energy
-from headstore.heads.metrics import topk_ranking
 
 DOC_BLOCK = 1 << 15  # corpus rows scored at a time, here and in exact ranking (heads.kinds.ranking): 50 MB of
 # float32 rows at d = 384, whatever the corpus size
@@ -71,11 +70,9 @@ def pooled_negatives(za: torch.Tensor, zd_of: Callable[[np.ndarray], torch.Tenso
         docs, where = np.unique(block, return_inverse=True)
         zd = zd_of(docs)  # (H, |docs|, d)
         E = candidate_energy(energy, za[:, s:s + len(block)], zd[:, torch.as_tensor(where.reshape(block.shape))])  # (H, b, c)
-        drop = [[j for j, d in enumerate(row) if d in ex] if ex else []
-                for row, ex in zip(block.tolist(), (set(e) for e in exclude[s:s + len(block)]))]
-        rows = torch.arange(len(block))[:, None]
-        out.append(torch.stack([torch.as_tensor(block)[rows, topk_ranking(E[h], k=k, exclude=drop, chunk_size=len(block))]
-                                for h in range(H)]))  # (H, b, k)
+        drop = torch.as_tensor(np.array([np.isin(row, ex) for row, ex in zip(block, exclude[s:s + len(block)])]))
+        idx = torch.topk(E.masked_fill(drop, float("inf")), k, dim=-1, largest=False, sorted=True).indices  # (H, b, k)
+        out.append(torch.as_tensor(block)[torch.arange(len(block))[:, None], idx])  # (H, b, k) corpus indices
     return torch.cat(out, dim=1)
 
 

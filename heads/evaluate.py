@@ -79,31 +79,29 @@ def evaluate_baseline(task: Task, features: torch.Tensor, splits: tuple[str, ...
     dim: the store's feature dim when `features` holds several arrays side by side (a mixing head): the
     frozen baseline is the first array (the last layer) alone."""
     base_features = features if dim is None else features[:, :dim]
-    out = {}
-    for split in splits:
-        if split in task.eval_sets:
-            base, base_items = evaluate_split(task, split, embedder(None, base_features), ("cosine", "l1"))
-            out[split] = (base[0], base_items[0])
-    return out
+    present = tuple(s for s in splits if s in task.eval_sets)
+    scored = kind_of(task).evaluate_splits(task, present, embedder(None, base_features), ("cosine", "l1"))
+    return {split: (base[0], base_items[0]) for split, (base, base_items) in scored.items()}
 
 
 def evaluate_head(task: Task, features: torch.Tensor, model, norm, energy: str, splits: tuple[str, ...],
-                  dim: int | None = None, baseline: dict | None = None) -> dict:
+                  dim: int | None = None, baseline: dict | None = None, rankings: dict | None = None) -> dict:
     """metrics.json content for the splits present: baseline and head, with CIs of the primary metric.
 
     dim: as `evaluate_baseline`'s. baseline: `evaluate_baseline`'s result when it was scored already (train-head
-    scores it before training normalises the features in place; `features` and norm=None are the head's inputs)."""
+    scores it before training normalises the features in place; `features` and norm=None are the head's inputs).
+    rankings: filled with the head's rankings where the kind keeps them (run files then rank nothing again)."""
     kind = kind_of(task)
     if baseline is None:
         baseline = evaluate_baseline(task, features, splits, dim)
     out: dict = {"primary": kind.primary_metric(energy), "baseline_primary": kind.primary_metric("cosine"),
                  "ci": {}, "n_scored": {}}
     energies = (energy,) if energy == "cosine" else (energy, "cosine")
-    for split in splits:
-        if split not in task.eval_sets:
-            continue
+    present = tuple(s for s in splits if s in task.eval_sets)
+    scored = kind.evaluate_splits(task, present, embedder(model, features, norm), energies, rankings)
+    for split in present:
         base, base_items = baseline[split]
-        head, head_items = evaluate_split(task, split, embedder(model, features, norm), energies)
+        head, head_items = scored[split]
         block = {"baseline": base, "head": head[0]}
         out.setdefault("warnings", []).extend(kind.warnings(task, split))  # metrics.json and the terminal table
         out["n_scored"][split] = kind.n_items(task.eval_sets[split])  # queries, pairs or texts

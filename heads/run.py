@@ -115,7 +115,9 @@ def train_head(store_path: str, data_path: str, out_dir: str, head_cfg: HeadConf
               "best_epoch": run.best_epoch, "train_seconds": run.seconds, "defaults": defaults_note,
               **({"selection": selection.describe()} if selection else {})}
     write_head_dir(out, model, norm, config)
-    metrics = evaluate_head(task, features, model, None, cfg.eval_energy, splits, dim=store.dim, baseline=baseline)
+    rankings: dict = {}  # the head's rankings of dev and test, kept for the run files and the candidate share
+    metrics = evaluate_head(task, features, model, None, cfg.eval_energy, splits, dim=store.dim, baseline=baseline,
+                            rankings=rankings)
     metrics.update(_data_notes(task))
     metrics["guard"] = guard_report(task, metrics, run, cfg)
     if selection:
@@ -125,13 +127,13 @@ def train_head(store_path: str, data_path: str, out_dir: str, head_cfg: HeadConf
         metrics["split"] = "dev"
         metrics["note"] = f"{data_path} has no test split: only dev figures are reported"
     metrics["history"] = run.history
-    metrics.update(scale_report(task, run, model, None, features, cfg))
+    metrics.update(scale_report(task, run, rankings))
     if cfg.strength != "1":
         metrics["strength"] = strength_report(run, cfg, selection)
     if getattr(task, "report", None):  # labelled texts: unseen labels, skipped texts, duplicates
         metrics["data_report"] = task.report
     atomic_write_json(out / "metrics.json", metrics, sort_keys=True)
-    write_runs(task, features, model, None, cfg.eval_energy, splits, out)
+    write_runs(task, features, model, None, cfg.eval_energy, splits, out, rankings)
     plot_curve(run.history, out / "curve.png", title=f"{task.name}: {cfg.loss} ({cfg.eval_energy})")
     if run.strength_curve:
         plot_strength(run.strength_curve, run.strength, out / "strength.png", metrics["primary"],
@@ -139,16 +141,13 @@ def train_head(store_path: str, data_path: str, out_dir: str, head_cfg: HeadConf
     return metrics
 
 
-SHARE_SAMPLE = 50  # dev queries whose exact top-10 is checked against the candidates (one whole-corpus ranking each)
-
-
-def scale_report(task: Task, run, model, norm, features: torch.Tensor, cfg: TrainConfig) -> dict:
+def scale_report(task: Task, run, rankings: dict) -> dict:
     """metrics.json "negatives" (how hard negatives were mined) and "dev_candidates" (how dev was ranked each
-    epoch; with candidates, the share of the exact top-10 inside them on SHARE_SAMPLE dev queries)."""
+    epoch; with candidates, the share of the head's exact top-10 inside them, on every dev query, from the
+    rankings evaluate_head kept)."""
     out = {"negatives": run.negatives} if run.negatives else {}
     if run.dev_candidates:
-        share = kind_of(task).candidate_share(task, "dev", run.select_set, embedder(model, features, norm),
-                                              cfg.eval_energy, SHARE_SAMPLE)
+        share = kind_of(task).candidate_share(task, "dev", run.select_set, rankings)
         out["dev_candidates"] = {**run.dev_candidates, **share}
     return out
 
@@ -266,7 +265,8 @@ def eval_head(store_path: str, head_dir: str, data_path: str, out_dir: str, data
     task = kind_of(task).for_eval(task, train_cfg)  # labelled texts: the labelled set k-NN / probe use
     energy = train_cfg.eval_energy
     split = eval_split(task)
-    metrics = evaluate_head(task, features, model, norm, energy, (split,), dim=store.dim)
+    rankings: dict = {}
+    metrics = evaluate_head(task, features, model, norm, energy, (split,), dim=store.dim, rankings=rankings)
     if split != TEST_SPLIT:  # report the split there is under the usual keys
         only = metrics.pop(split)
         metrics.update({"baseline": only["baseline"], "head": only["head"], "ci": only["ci"]})
@@ -277,10 +277,13 @@ def eval_head(store_path: str, head_dir: str, data_path: str, out_dir: str, data
         metrics["overlap_dropped"] = {"with": str(exclude_overlap), **dropped}
     out = prepare_output_dir(out_dir, "eval", overwrite, inputs=inputs)
     atomic_write_json(out / "metrics.json", metrics, sort_keys=True)
-    write_runs(task, features, model, norm, energy, (split,), out)
+    write_runs(task, features, model, norm, energy, (split,), out, rankings)
     return metrics
 
 
-def write_runs(task: Task, features: torch.Tensor, model, norm, energy: str, splits: tuple[str, ...], out_dir) -> list:
-    """The task kind's run files of the head on `splits` (IR: `run.<split>.trec`, for trec_eval)."""
-    return kind_of(task).write_runs(task, embedder(model, features, norm), energy, splits, out_dir, task.name)
+def write_runs(task: Task, features: torch.Tensor, model, norm, energy: str, splits: tuple[str, ...], out_dir,
+               rankings: dict | None = None) -> list:
+    """The task kind's run files of the head on `splits` (IR: `run.<split>.trec`, for trec_eval), from the
+    rankings evaluate_head kept where given."""
+    return kind_of(task).write_runs(task, embedder(model, features, norm), energy, splits, out_dir, task.name,
+                                    rankings)

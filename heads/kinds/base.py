@@ -12,7 +12,7 @@ other than train is scored whole, as split `all`.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, Optional
 
 import numpy as np
 import torch
@@ -177,6 +177,12 @@ class TaskKind:
         """(metrics per head, per-item values per head keyed by energy prefix) on one split."""
         raise NotImplementedError
 
+    def evaluate_splits(self, task: Task, splits: tuple[str, ...], embed: Embed, energies: tuple[str, ...],
+                        rankings: Optional[dict] = None) -> dict[str, tuple[list[dict], list[dict]]]:
+        """{split: evaluate()} of several splits; a kind whose splits rank the same items (IR: one corpus) ranks
+        them in one pass and may keep in `rankings` what its run files and candidate share need."""
+        return {split: self.evaluate(task, split, embed, energies) for split in splits}
+
     def selection_scores(self, task: Task, split: str, embed: Embed, energy: str, precision: str) -> list[float]:
         """The primary metric of every head on `split`, once per epoch (what training selects on)."""
         results, _ = self.evaluate(task, split, embed, (energy,))
@@ -199,9 +205,9 @@ class TaskKind:
         corpus above cfg.exact_max: candidates, heads.kinds.ir)."""
         return task.eval_sets[split], {"method": "exact"}
 
-    def candidate_share(self, task: Task, split: str, chosen, embed: Embed, energy: str, n: int) -> dict:
+    def candidate_share(self, task: Task, split: str, chosen, rankings: dict) -> dict:
         """How well a selection set made of candidates stands for the whole split (IR: the share of the exact
-        top-10 inside the candidates); nothing to say here."""
+        top-10 inside the candidates, from the rankings `evaluate_splits` kept); nothing to say here."""
         return {}
 
     def as_reported(self, data):
@@ -212,8 +218,10 @@ class TaskKind:
         """Columns a grid adds to each row of a stack trained on `task` (labelled texts: how many)."""
         return {}
 
-    def write_runs(self, task: Task, embed: Embed, energy: str, splits, out_dir, run_name: str) -> list:
-        """Run files of the head's rankings (IR: TREC runs); none for other kinds."""
+    def write_runs(self, task: Task, embed: Embed, energy: str, splits, out_dir, run_name: str,
+                   rankings: Optional[dict] = None) -> list:
+        """Run files of the head's rankings (IR: TREC runs, from `rankings` kept by evaluate_splits where
+        given); none for other kinds."""
         return []
 
     # --- data ------------------------------------------------------------------------------------

@@ -15,8 +15,8 @@ import torch
 
 from headstore.data.text_id import doc_text, text_id
 from headstore.heads.kinds.base import PREFIX, PairSet, Task, TaskKind, carve_dev, store_rows
-from headstore.heads.kinds.ranking import (IR_TOPK, IRSplit, RunningTopK, candidate_split, doc_blocks, exact_top10,
-                                           ir_metrics_of, ranked_lists, selection_ndcg, write_trec_run)
+from headstore.heads.kinds.ranking import (IR_TOPK, IRSplit, RunningTopK, candidate_split, doc_blocks, ir_metrics_of,
+                                           rank_split, ranked_lists, run_lines, selection_ndcg, write_trec_run)
 from headstore.heads.metrics import trec_tie_order
 
 EVALUATION = "retrieval: each query ranks the whole corpus (IR metrics, nDCG@10)"
@@ -44,24 +44,46 @@ class IRKind(TaskKind):
         return f"{PREFIX[energy]}_ndcg@10"
 
     def evaluate(self, task, split, embed, energies):
-        """Every head's metrics under each energy: queries embedded once, the corpus block by block
-        (ranking.DOC_BLOCK documents at a time, every head and energy ranked on each block), so no (N, d)
-        matrix of document outputs is ever held."""
-        data: IRSplit = task.eval_sets[split]
-        zq = embed(data.query_rows, "query")  # (H, Q, d)
-        tie = trec_tie_order(data.doc_ids)
-        k = IR_TOPK + int(data.exclude_self)
-        finite = torch.isfinite(zq).flatten(1).all(1)  # (H,)
-        tops = [{e: RunningTopK(zq[h], e, k, tie) for e in energies} for h in range(zq.shape[0])]
-        for start, zd in doc_blocks(lambda a, b: embed(data.doc_rows[a:b], "document"), len(data.doc_ids)):
-            finite &= torch.isfinite(zd).flatten(1).all(1)
-            for h, per_energy in enumerate(tops):
-                if finite[h]:
-                    for top in per_energy.values():
-                        top.add(zd[h], start)
+        return self.evaluate_splits(task, (split,), embed, energies)[split]
+
+    def evaluate_splits(self, task, splits, embed, energies, rankings=None):
+        """Every head's metrics under each energy on each split: queries embedded once, the corpus block by block
+        (ranking.DOC_BLOCK documents at a time, every split, head and energy ranked on each block), so no (N, d)
+        matrix of document outputs is ever held and splits of one corpus (dev and test) share one pass over it.
+        `rankings`: filled with {split: [{energy: RunningTopK} per head]} (run files, candidate share)."""
+        out = {}
+        for group in _same_corpus([(s, task.eval_sets[s]) for s in splits]):
+            tops = self._rank_together(dict(group), embed, energies)
+            for split, data in group:
+                out[split] = self._metrics(data, tops[split], energies)
+            if rankings is not None:
+                rankings.update(tops)
+        return out
+
+    def _rank_together(self, sets: dict, embed, energies) -> dict:
+        """{split: [{energy: RunningTopK} per head, or None for a head whose outputs are not finite]}, the
+        splits `sets` (one corpus) ranked in one pass over it."""
+        first = next(iter(sets.values()))
+        tie = trec_tie_order(first.doc_ids)
+        zq = {s: embed(data.query_rows, "query") for s, data in sets.items()}  # (H, Q, d) each
+        finite = {s: torch.isfinite(z).flatten(1).all(1) for s, z in zq.items()}  # (H,) each
+        tops = {s: [{e: RunningTopK(zq[s][h], e, IR_TOPK + int(data.exclude_self), tie) for e in energies}
+                    for h in range(zq[s].shape[0])] for s, data in sets.items()}
+        for start, zd in doc_blocks(lambda a, b: embed(first.doc_rows[a:b], "document"), len(first.doc_ids)):
+            ok = torch.isfinite(zd).flatten(1).all(1)
+            for s in sets:
+                finite[s] &= ok
+                for h, per_energy in enumerate(tops[s]):
+                    if finite[s][h]:
+                        for top in per_energy.values():
+                            top.add(zd[h], start)
+        return {s: [t if finite[s][h] else None for h, t in enumerate(tops[s])] for s in sets}
+
+    def _metrics(self, data: IRSplit, tops: list, energies) -> tuple[list[dict], list[dict]]:
+        """(metrics per head, per-query nDCG@10 per head and energy) of finished rankings; NaN for a None head."""
         results, items = [], []
-        for h, per_energy in enumerate(tops):
-            if not finite[h]:
+        for per_energy in tops:
+            if per_energy is None:
                 results.append(self.nan_metrics(energies))
                 items.append({PREFIX[e]: np.full(len(data.query_ids), np.nan) for e in energies})
                 continue
@@ -90,20 +112,16 @@ class IRKind(TaskKind):
                         "made": "every dev query's exact frozen top pool_k (cosine) and every judged "
                                 "document, re-scored by each head each epoch"}
 
-    def candidate_share(self, task, split, chosen, embed, energy, n):
-        """The share of the exact top-10 (over the whole corpus, in the head's space) inside the candidates,
-        on the first n queries of a fixed shuffle of the split."""
+    def candidate_share(self, task, split, chosen, rankings):
+        """The share of the exact top-10 (over the whole corpus, in the head's space: the first head's ranking
+        under the first energy that evaluate_splits kept) inside the candidates, on every query of the split."""
         data: IRSplit = task.eval_sets[split]
-        if chosen is data:
+        if chosen is data or not rankings.get(split) or rankings[split][0] is None:
             return {}
-        pick = np.sort(np.random.default_rng(0).permutation(len(data.query_ids))[:n])
-        sample = IRSplit([data.query_ids[i] for i in pick], data.query_rows[pick], data.doc_ids, data.doc_rows,
-                         data.qrels, data.exclude_self)
-        zq = embed(sample.query_rows, "query")[0]
-        top = exact_top10(sample, zq, lambda a, b: embed(sample.doc_rows[a:b], "document")[0], energy)  # (n, 10)
+        top = next(iter(rankings[split][0].values()))
         inside = set(chosen.doc_ids)
-        hits = [data.doc_ids[j] in inside for j in top.flatten().tolist() if j >= 0]
-        return {"top10_share": float(np.mean(hits)) if hits else float("nan"), "sample_queries": len(pick)}
+        hits = [data.doc_ids[j] in inside for row in ranked_lists(data, top, 10).values() for j in row]
+        return {"top10_share": float(np.mean(hits)) if hits else float("nan"), "share_queries": len(data.query_ids)}
 
     def n_items(self, data: IRSplit) -> int:
         return len(data.query_ids)
@@ -116,15 +134,21 @@ class IRKind(TaskKind):
                 f"{len(data.query_ids)} queries has grade <= 0), so every IR metric is 0, as trec_eval scores "
                 "it; check the qrels' score column"]
 
-    def write_runs(self, task, embed, energy, splits, out_dir, run_name):
+    def write_runs(self, task, embed, energy, splits, out_dir, run_name, rankings=None):
         written = []
         for split in splits:
             data = task.eval_sets.get(split)
             if data is None:
                 continue
-            q = embed(data.query_rows, "query")[0]  # (Q, d); the corpus block by block:
-            d = lambda a, b, rows=data.doc_rows: embed(rows[a:b], "document")[0]  # noqa: E731
-            written.append(write_trec_run(data, q, d, energy, Path(out_dir) / f"run.{split}.trec", run_name))
+            kept = (rankings or {}).get(split)
+            if kept and kept[0] is not None and energy in kept[0]:  # ranked already (evaluate_splits)
+                ranked, energies = ranked_lists(data, kept[0][energy], with_energies=True)
+            else:
+                q = embed(data.query_rows, "query")[0]  # (Q, d); the corpus block by block:
+                d = lambda a, b, rows=data.doc_rows: embed(rows[a:b], "document")[0]  # noqa: E731
+                ranked, energies = rank_split(data, q, d, energy, with_energies=True)
+            lines = run_lines(data, ranked, energies, run_name.replace(" ", "_"))
+            written.append(write_trec_run(Path(out_dir) / f"run.{split}.trec", lines))
         return written
 
     def rows(self, data: IRSplit) -> np.ndarray:
@@ -139,6 +163,20 @@ class IRKind(TaskKind):
 
 
 KIND = IRKind()
+
+
+def _same_corpus(sets: list[tuple[str, IRSplit]]) -> list[list[tuple[str, IRSplit]]]:
+    """The splits grouped by the corpus they rank (dev and test of a BEIR folder: one group)."""
+    groups: list[list[tuple[str, IRSplit]]] = []
+    for split, data in sets:
+        for group in groups:
+            first = group[0][1]
+            if first.doc_ids == data.doc_ids and np.array_equal(first.doc_rows, data.doc_rows):
+                group.append((split, data))
+                break
+        else:
+            groups.append([(split, data)])
+    return groups
 
 
 def _qrel_dict(frame: pl.DataFrame) -> dict[str, dict[str, int]]:

@@ -227,7 +227,11 @@ def trec_lines(split: IRSplit, q: torch.Tensor, d, energy: str, run_name: str,
                k: int = IR_TOPK) -> list[str]:
     """Run lines for one split: q (Q, dim) and d (N, dim) one head's outputs of its queries and corpus (d: or a
     function (start, stop) -> outputs of those documents, rank_split)."""
-    ranked, energies = rank_split(split, q, d, energy, k, with_energies=True)
+    return run_lines(split, *rank_split(split, q, d, energy, k, with_energies=True), run_name)
+
+
+def run_lines(split: IRSplit, ranked: dict[str, list[int]], energies: dict[str, list[float]], run_name: str) -> list[str]:
+    """Run lines of a ranking (rank_split's or ranked_lists' lists and energies)."""
     lines = []
     for qid in split.query_ids:
         for rank, (j, e) in enumerate(zip(ranked[qid], energies[qid]), start=1):
@@ -235,8 +239,8 @@ def trec_lines(split: IRSplit, q: torch.Tensor, d, energy: str, run_name: str,
     return lines
 
 
-def write_trec_run(split: IRSplit, q: torch.Tensor, d, energy: str, path: Path, run_name: str) -> Path:
-    atomic_write_text(path, "\n".join(trec_lines(split, q, d, energy, run_name.replace(" ", "_"))) + "\n")
+def write_trec_run(path: Path, lines: list[str]) -> Path:
+    atomic_write_text(path, "\n".join(lines) + "\n")
     return path
 
 
@@ -249,9 +253,3 @@ def candidate_split(split: IRSplit, X: torch.Tensor, pool_k: int) -> tuple[IRSpl
     keep = candidate_docs(pool, relevant)
     return IRSplit(split.query_ids, split.query_rows, [split.doc_ids[j] for j in keep], split.doc_rows[keep],
                    split.qrels, split.exclude_self), keep
-
-
-def exact_top10(split: IRSplit, zq: torch.Tensor, zd, energy: str) -> torch.Tensor:
-    """(Q, 10) document indices of one head's exact top 10 over the whole corpus (the ranking rule above)."""
-    ranked = rank_split(split, zq, zd, energy, k=10)
-    return torch.as_tensor([ranked[q] + [-1] * (10 - len(ranked[q])) for q in split.query_ids], dtype=torch.long)

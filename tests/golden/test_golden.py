@@ -45,9 +45,10 @@ def label_rows_matched(got: list[dict], want: list[dict]) -> list[dict]:
     return out + pool
 
 
-# metrics.json keys issue 21 added on purpose (how negatives were mined, how dev was ranked each epoch): new
-# keys beside the recorded ones, no recorded number moves; dropped from `got` wherever the record lacks them
-ISSUE21_KEYS = {"negatives", "dev_candidates"}
+# metrics.json keys and grid columns issue 21 added on purpose (how negatives were mined, how dev was ranked each
+# epoch, which heads were ranked on test): new keys beside the recorded ones, no recorded number moves; dropped
+# from `got` wherever the record lacks them
+ISSUE21_KEYS = {"negatives", "dev_candidates", "dev_ranked", "test_scored"}
 
 
 def without_new_keys(got, want):

@@ -83,7 +83,9 @@ def test_top10_share_against_a_loop():
     chosen, _ = kind.selection_set(task, "dev", X, TrainConfig(exact_max=0, pool_k=10))
     model = _head(8, n=1)
     embed = lambda rows, role="query": model.encode(X[torch.as_tensor(rows)], role).detach()  # noqa: E731
-    got = kind.candidate_share(task, "dev", chosen, embed, "l1", 1000)
+    rankings = {}
+    kind.evaluate_splits(task, ("dev",), embed, ("l1", "cosine"), rankings)  # the first energy's ranking is used
+    got = kind.candidate_share(task, "dev", chosen, rankings)
     dev = task.eval_sets["dev"]
     inside, hits, total = set(chosen.doc_ids), 0, 0
     for q in dev.query_rows:  # every query (n >= the split), its 10 lowest L1 energies by a loop
@@ -92,9 +94,26 @@ def test_top10_share_against_a_loop():
         for _, j in sorted(e, key=lambda t: t[0])[:10]:
             hits += dev.doc_ids[j] in inside
             total += 1
-    assert got["sample_queries"] == len(dev.query_ids)
+    assert got["share_queries"] == len(dev.query_ids)
     assert abs(got["top10_share"] - hits / total) < 1e-12
     assert 0 < got["top10_share"] < 1
+
+
+def test_splits_of_one_corpus_ranked_in_one_pass_equal_each_alone(monkeypatch):
+    task, X = planted_ir_task(n_docs=150, dim=8)
+    kind, model = kind_of(task), _head(8, n=2)
+    embed = lambda rows, role="query": model.encode(X[torch.as_tensor(rows)], role).detach()  # noqa: E731
+    monkeypatch.setattr(ranking, "DOC_BLOCK", 40)  # 4 blocks of the corpus
+    from headstore.heads.kinds import ir
+    monkeypatch.setattr(ir, "doc_blocks", ranking.doc_blocks)
+    passes = []
+    counting = lambda rows, role="query": passes.append(role) or embed(rows, role)  # noqa: E731
+    together = kind.evaluate_splits(task, ("dev", "test"), counting, ("l1", "cosine"))
+    assert passes.count("document") == 4  # one pass over the corpus for both splits
+    for split in ("dev", "test"):
+        alone = kind.evaluate(task, split, embed, ("l1", "cosine"))
+        assert together[split][0] == alone[0]
+        assert all(np.array_equal(a[p], b[p]) for a, b in zip(together[split][1], alone[1]) for p in a)
 
 
 def test_chunked_test_ranking_equals_unchunked(monkeypatch):

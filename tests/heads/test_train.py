@@ -107,8 +107,8 @@ def test_mined_negatives_exclude_positives_and_remine_runs():
     assert run.status == "ok"
 
 
-@pytest.mark.parametrize("remine, calls", [(False, 1), (True, 3)])
-def test_mining_runs_once_unless_remine(monkeypatch, remine, calls):
+@pytest.mark.parametrize("remine, every, calls", [(False, 1, 1), (True, 1, 3), (True, 2, 2)])
+def test_mining_runs_once_unless_remine(monkeypatch, remine, every, calls):
     import headstore.heads.batches as train_module
     from headstore.heads.mining import mine
 
@@ -121,7 +121,7 @@ def test_mining_runs_once_unless_remine(monkeypatch, remine, calls):
     monkeypatch.setattr(train_module, "mine", counting)
     task, X = planted_ir_task(n_docs=120)
     cfg = TrainConfig(normalize="none", loss="l1-energy", epochs=3, batch_size=16, mined_k=3, remine=remine,
-                      patience=10, q=8.0)
+                      patience=10, q=8.0, remine_every=every)  # every 2: frozen at epoch 0, head space at 2
     _, _, (run,) = train_stack(task, X, HeadConfig(depth=1, out_dim=8, in_dim=16, residual=False), [cfg], progress=False)
     assert run.status == "ok" and len(run.history) == 3
     assert len(seen) == calls and seen == [False] + [True] * (calls - 1)
@@ -209,3 +209,8 @@ def test_selection_scores_equal_the_exact_evaluation():
     assert fast == pytest.approx([e["manhattan_ndcg@10"] for e in exact], abs=1e-9)
     for precision in ("bf16",):  # bf16 only picks candidates; the kept energies are exact
         assert selection_scores(task, "test", embed, "l1", precision) == pytest.approx(fast, abs=1e-9)
+
+
+def test_remine_every_below_one_is_refused():
+    with pytest.raises(ValueError, match="remine_every"):
+        TrainConfig(remine_every=0)
