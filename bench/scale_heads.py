@@ -16,9 +16,11 @@ bench/scale.py does). Per size:
   (train_seconds / epochs run), whole wall, peak RSS, test nDCG@10, how negatives and dev were made;
 - where the exact search can run (--exact-sizes): the candidates run forced (--exact-max 0) and the exact
   run (--exact-max 10**9), both --no-guard (so trained heads are compared, not the starting point the guard
-  may return for both), and their test nDCG@10 difference;
+  may return for both), for each of --seeds, and their mean test nDCG@10 difference;
+- at --remine-sizes: the default trained with each --remine-every schedule beside every epoch, per seed;
 - `eval` and `index` of the default head;
-- with --grid-size: a 64-head `cli grid` (4 lr x 4 weight decay x 4 seeds: one stack).
+- with --grid-size: a 64-head `cli grid` (4 lr x 4 weight decay x 4 seeds: one stack; --grid-remine-every),
+  with the epochs it ran and its dev-best configuration's dev and test (the heads `--test-scope auto` tested).
 
 The RSS goal is 1 GB + 1.2 x the task's float32 features (every document and query row, D=384). The
 machine is shared: the load average is recorded before each command.
@@ -46,6 +48,9 @@ WORDS = ("alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu nu 
 N_TRAIN, N_DEV, N_TEST = 2000, 200, 500
 DIM = 384
 DEVICE = "cpu"  # featurize's device (--device)
+SEEDS = [0]  # seeds of the candidates-vs-exact and schedule runs (--seeds)
+REMINE_EVERY: list[int] = []  # schedules compared at the exact sizes (--remine-every)
+GRID_REMINE_EVERY = 1  # the grid's schedule (--grid-remine-every)
 
 
 def build_model(folder: Path) -> str:
@@ -130,7 +135,7 @@ def train(work: Path, store: Path, data: Path, name: str, extra: list[str]) -> d
 GRID = ("[grid]\nlr = [1e-3, 2e-3, 3e-3, 5e-3]\nweight_decay = [0.0, 0.01, 0.03, 0.1]\nseed = [0, 1, 2, 3]\n")
 
 
-def one_size(work: Path, model: str, n: int, exact: bool, grid: bool) -> dict:
+def one_size(work: Path, model: str, n: int, exact: bool, grid: bool, schedules: bool) -> dict:
     data = build_beir(work / f"beir-{n}", n)
     store = work / f"store-{n}"
     row: dict = {"docs": n, "features_mb": round((n + N_TRAIN + N_DEV + N_TEST) * DIM * 4 / 2**20)}
@@ -148,16 +153,37 @@ def one_size(work: Path, model: str, n: int, exact: bool, grid: bool) -> dict:
                         str(work / f"index-{n}")], work / f"index-{n}.log")
     if exact:
         # --no-guard: the trained heads are compared (the guard may return the starting point for both)
-        row["candidates"] = train(work, store, data, f"head-{n}-cand", ["--exact-max", "0", "--no-guard"])
-        row["exact"] = train(work, store, data, f"head-{n}-exact", ["--exact-max", str(10**9), "--no-guard"])
-        row["ndcg_cand_minus_exact"] = round(row["candidates"]["test_ndcg10"] - row["exact"]["test_ndcg10"], 4)
+        runs = {how: [train(work, store, data, f"head-{n}-{how}-s{seed}", [*flags, "--no-guard", "--seed", str(seed)])
+                      for seed in SEEDS]
+                for how, flags in (("cand", ["--exact-max", "0"]), ("exact", ["--exact-max", str(10**9)]))}
+        row["candidates"], row["exact"] = runs["cand"][0], runs["exact"][0]
+        diffs = [c["test_ndcg10"] - e["test_ndcg10"] for c, e in zip(runs["cand"], runs["exact"])]
+        row["ndcg_cand_minus_exact"] = round(float(sum(diffs) / len(diffs)), 4)
+        row["cand_minus_exact_per_seed"] = [round(d, 4) for d in diffs]
+    for every in ([1, *REMINE_EVERY] if schedules else []):  # re-mining schedules, per seed
+        row[f"remine_every_{every}"] = [train(work, store, data, f"head-{n}-every{every}-s{seed}",
+                                              ["--remine-every", str(every), "--seed", str(seed)]) for seed in SEEDS]
     if grid:
-        (work / "grid64.toml").write_text(GRID)
+        spec = GRID + (f"[fixed]\nremine_every = {GRID_REMINE_EVERY}\n" if GRID_REMINE_EVERY != 1 else "")
+        (work / "grid64.toml").write_text(spec)
         row["grid64"] = cli(["grid", "--store", str(store), "--data", str(data), "--grid", str(work / "grid64.toml"),
                              "--out", str(work / f"grid-{n}"), "--overwrite"], work / f"grid-{n}.log")
+        row["grid64"].update(grid_facts(work / f"grid-{n}"), remine_every=GRID_REMINE_EVERY)
     row["rss_goal_mb"] = round(1024 + 1.2 * row["features_mb"])
     print(json.dumps(row), flush=True)
     return row
+
+
+def grid_facts(out: Path) -> dict:
+    """Epochs the stack ran, the heads ranked on test and the best configuration's dev and test (results.parquet)."""
+    import polars as pl
+
+    frame = pl.read_parquet(out / "results.parquet")
+    epochs = max(len(json.loads(h)) for h in frame["history"])
+    tested = frame.filter(pl.col("test_scored"))
+    return {"heads": frame.height, "epochs": epochs, "tested": tested.height,
+            "best_dev": round(float(tested["dev_primary"].mean()), 4), "best_test": round(float(tested["test_primary"].mean()), 4),
+            "best_lr_wd": [tested["lr"][0], tested["weight_decay"][0]] if tested.height else None}
 
 
 def table(rows: list[dict]) -> str:
@@ -183,20 +209,35 @@ def main() -> None:
     parser.add_argument("--work", default="runs/scale-heads", help="data, stores and runs (reused when present)")
     parser.add_argument("--json", default=None)
     parser.add_argument("--device", default="cpu", help="featurize on this device (heads train on the CPU)")
+    parser.add_argument("--seeds", default="0", help="seeds of the candidates-vs-exact runs (and --remine-every's)")
+    parser.add_argument("--remine-every", default="", help="at --remine-sizes, also train with these schedules "
+                        "(e.g. 2,3) beside the default's every epoch, for each seed")
+    parser.add_argument("--remine-sizes", default="", help="sizes where the --remine-every schedules are compared")
+    parser.add_argument("--grid-remine-every", type=int, default=1, help="the 64-head grid's remine_every")
     args = parser.parse_args()
-    global DEVICE
-    DEVICE = args.device
+    global DEVICE, SEEDS, REMINE_EVERY, GRID_REMINE_EVERY
+    DEVICE, GRID_REMINE_EVERY = args.device, args.grid_remine_every
+    SEEDS = [int(x) for x in args.seeds.split(",") if x]
+    REMINE_EVERY = [int(x) for x in args.remine_every.split(",") if x]
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
     model = build_model(work / "tiny-bert-384")
     exact = {int(x) for x in args.exact_sizes.split(",") if x}
+    schedule_sizes = {int(x) for x in args.remine_sizes.split(",") if x}
     rows, result = [], {"argv": sys.argv, "cpus": os.cpu_count(), "load_start": os.getloadavg()}
     for n in [int(x) for x in args.sizes.split(",")]:
-        rows.append(one_size(work, model, n, n in exact, n == args.grid_size))
+        rows.append(one_size(work, model, n, n in exact, n == args.grid_size, n in schedule_sizes))
         result["rows"] = rows
         if args.json:
             Path(args.json).write_text(json.dumps({**result, "load_end": os.getloadavg()}, indent=1))
     print(table(rows))
+    for r in rows:
+        for key in sorted(k for k in r if k.startswith("remine_every_")):
+            runs = r[key]
+            print(f"{r['docs']:,} docs, {key}: test nDCG@10 mean {sum(x['test_ndcg10'] for x in runs) / len(runs):.4f} "
+                  f"over seeds {SEEDS}; s/epoch {sum(x['s_per_epoch'] for x in runs) / len(runs):.2f}")
+        if "grid64" in r:
+            print(f"{r['docs']:,} docs, 64-head grid: {json.dumps(r['grid64'])}")
 
 
 if __name__ == "__main__":
