@@ -48,8 +48,9 @@ WORDS = ("alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu nu 
 N_TRAIN, N_DEV, N_TEST = 2000, 200, 500
 DIM = 384
 DEVICE = "cpu"  # featurize's device (--device)
-SEEDS = [0]  # seeds of the candidates-vs-exact and schedule runs (--seeds)
-REMINE_EVERY: list[int] = []  # schedules compared at the exact sizes (--remine-every)
+SEEDS = [0]  # seeds of the candidates-vs-exact runs (--seeds)
+REMINE_EVERY: list[int] = []  # schedules compared at --remine-sizes (--remine-every)
+REMINE_SEEDS = [0, 1, 2]  # their seeds (--remine-seeds)
 GRID_REMINE_EVERY = 1  # the grid's schedule (--grid-remine-every)
 
 
@@ -162,7 +163,8 @@ def one_size(work: Path, model: str, n: int, exact: bool, grid: bool, schedules:
         row["cand_minus_exact_per_seed"] = [round(d, 4) for d in diffs]
     for every in ([1, *REMINE_EVERY] if schedules else []):  # re-mining schedules, per seed
         row[f"remine_every_{every}"] = [train(work, store, data, f"head-{n}-every{every}-s{seed}",
-                                              ["--remine-every", str(every), "--seed", str(seed)]) for seed in SEEDS]
+                                              ["--remine-every", str(every), "--seed", str(seed)])
+                                        for seed in REMINE_SEEDS]
     if grid:
         spec = GRID + (f"[fixed]\nremine_every = {GRID_REMINE_EVERY}\n" if GRID_REMINE_EVERY != 1 else "")
         (work / "grid64.toml").write_text(spec)
@@ -209,16 +211,18 @@ def main() -> None:
     parser.add_argument("--work", default="runs/scale-heads", help="data, stores and runs (reused when present)")
     parser.add_argument("--json", default=None)
     parser.add_argument("--device", default="cpu", help="featurize on this device (heads train on the CPU)")
-    parser.add_argument("--seeds", default="0", help="seeds of the candidates-vs-exact runs (and --remine-every's)")
+    parser.add_argument("--seeds", default="0", help="seeds of the candidates-vs-exact runs")
     parser.add_argument("--remine-every", default="", help="at --remine-sizes, also train with these schedules "
                         "(e.g. 2,3) beside the default's every epoch, for each seed")
     parser.add_argument("--remine-sizes", default="", help="sizes where the --remine-every schedules are compared")
+    parser.add_argument("--remine-seeds", default="0,1,2", help="seeds of the --remine-every runs")
     parser.add_argument("--grid-remine-every", type=int, default=1, help="the 64-head grid's remine_every")
     args = parser.parse_args()
-    global DEVICE, SEEDS, REMINE_EVERY, GRID_REMINE_EVERY
+    global DEVICE, SEEDS, REMINE_EVERY, GRID_REMINE_EVERY, REMINE_SEEDS
     DEVICE, GRID_REMINE_EVERY = args.device, args.grid_remine_every
     SEEDS = [int(x) for x in args.seeds.split(",") if x]
     REMINE_EVERY = [int(x) for x in args.remine_every.split(",") if x]
+    REMINE_SEEDS = [int(x) for x in args.remine_seeds.split(",") if x]
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
     model = build_model(work / "tiny-bert-384")
@@ -235,7 +239,7 @@ def main() -> None:
         for key in sorted(k for k in r if k.startswith("remine_every_")):
             runs = r[key]
             print(f"{r['docs']:,} docs, {key}: test nDCG@10 mean {sum(x['test_ndcg10'] for x in runs) / len(runs):.4f} "
-                  f"over seeds {SEEDS}; s/epoch {sum(x['s_per_epoch'] for x in runs) / len(runs):.2f}")
+                  f"over seeds {REMINE_SEEDS}; s/epoch {sum(x['s_per_epoch'] for x in runs) / len(runs):.2f}")
         if "grid64" in r:
             print(f"{r['docs']:,} docs, 64-head grid: {json.dumps(r['grid64'])}")
 

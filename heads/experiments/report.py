@@ -81,7 +81,18 @@ def _fmt(v, digits=4) -> str:
 
 
 def _ci_text(r: dict) -> str:
+    if _fmt(r.get("test_ci_lo")) == "" and _fmt(r.get("test_ci_hi")) == "":
+        return NOT_TESTED
     return f"[{_fmt(r.get('test_ci_lo'))}, {_fmt(r.get('test_ci_hi'))}]"
+
+
+NOT_TESTED = "–"  # a configuration whose heads were not ranked on test (cli grid --test-scope)
+
+
+def _mean_std(r: dict) -> str:
+    if _fmt(r.get("test_mean")) == "":
+        return NOT_TESTED
+    return f"{_fmt(r.get('test_mean'))} ± {_fmt(r.get('test_std'))}"
 
 
 def _markdown(rows: list[list], headers: list[str]) -> str:
@@ -100,6 +111,11 @@ def leaderboard_markdown(agg: pl.DataFrame, varied: list[str], task: Task, basel
              "(paired across seeds). "
              "Rank K's best-dev seed loads as `headstore.Head.load(\"<this dir>#rank=K\")` and exports with "
              "`cli export --grid <this dir> --rank K`.", ""]
+    if "dev_ranked" in frame.columns and (frame["dev_ranked"] == "candidates").any():
+        lines += ["Dev ranked on candidates (each dev query's frozen top pool_k and the judged documents: the corpus "
+                  "is above exact_max); test ranked exactly over the whole corpus"
+                  + (f", for each stack's dev-best configuration only ({NOT_TESTED}: not tested; --test-scope)."
+                     if "test_scored" in frame.columns and not frame["test_scored"].fill_null(True).all() else "."), ""]
     ood = sorted(c for c in agg.columns if c.startswith("ood_"))
     sel = "sel_loss" in agg.columns and agg["sel_loss"].null_count() < agg.height
     if sel:
@@ -117,7 +133,7 @@ def leaderboard_markdown(agg: pl.DataFrame, varied: list[str], task: Task, basel
     for i, r in enumerate(agg.head(TOP).iter_rows(named=True)):
         rows.append([i + 1, "head", *[str(r[v]) for v in varied], r["seeds"], _fmt(r.get("dev_mean")),
                      *([_fmt(r.get("sel_loss"))] if sel else []),
-                     f"{_fmt(r.get('test_mean'))} ± {_fmt(r.get('test_std'))}", _ci_text(r),
+                     _mean_std(r), _ci_text(r),
                      *[_fmt(r.get(c)) for c in ood]])
     lines.append(_markdown(rows, headers))
     if ensembles:
@@ -125,7 +141,7 @@ def leaderboard_markdown(agg: pl.DataFrame, varied: list[str], task: Task, basel
                   "Ensemble K of seed s averages the seed-s heads of the K best configurations above (dev only); "
                   "`<this dir>#ensemble=K` loads the best-dev seed of each.", ""]
         erows = [[e["config"], e["seeds"], _fmt(e.get("dev_mean")), *([_fmt(e.get("sel_loss"))] if sel else []),
-                  f"{_fmt(e.get('test_mean'))} ± {_fmt(e.get('test_std'))}", _ci_text(e),
+                  _mean_std(e), _ci_text(e),
                   *[_fmt(e.get(c)) for c in ood]] for e in ensembles]
         lines.append(_markdown(erows, ["ensemble", "seeds", "dev", *(["OOD dev loss"] if sel else []),
                                        "test mean ± std", "test 95% CI", *[f"OOD {c[4:]}" for c in ood]]))
@@ -135,7 +151,7 @@ def leaderboard_markdown(agg: pl.DataFrame, varied: list[str], task: Task, basel
         for loss in sorted(agg["loss"].unique().to_list()):
             r = agg.filter(pl.col("loss") == loss).row(0, named=True)
             s = ", ".join(f"{v}={r[v]}" for v in varied if v != "loss")
-            best.append([loss, _fmt(r.get("dev_mean")), f"{_fmt(r.get('test_mean'))} ± {_fmt(r.get('test_std'))}",
+            best.append([loss, _fmt(r.get("dev_mean")), _mean_std(r),
                          _ci_text(r), *[_fmt(r.get(c)) for c in ood], s])
         lines.append(_markdown(best, ["loss", "dev", "test mean ± std", "test 95% CI",
                                       *[f"OOD {c[4:]}" for c in ood], "settings"]))

@@ -23,7 +23,8 @@ def _grid(world, tmp, scope=None):
     args = ["grid", "--store", str(world.store), "--data", str(world.beir), "--grid", str(spec), "--out", str(out)]
     r = CliRunner().invoke(main, args + (["--test-scope", scope] if scope else []))
     assert r.exit_code == 0, r.output
-    return pl.read_parquet(out / "results.parquet")
+    frame = pl.read_parquet(out / "results.parquet")
+    return frame.with_columns(pl.lit((out / "leaderboard.md").read_text()).alias("leaderboard"))
 
 
 @pytest.fixture(scope="module")
@@ -43,6 +44,9 @@ def test_only_the_dev_best_configuration_is_tested_and_its_test_equals_a_full_ru
     assert tested.select("lr", "weight_decay").unique().height == 1
     best = ranked_configs(auto)[0][0]  # the grid's one ranking (the leaderboard's rank 1)
     assert sorted(tested["head_id"]) == sorted(best["head_id"])
+    board = auto["leaderboard"][0]  # says how dev and test were ranked; untested configurations show "–"
+    assert "Dev ranked on candidates" in board and "dev-best configuration only" in board
+    assert board.count("| –") >= 2 * 3 and "dev-best configuration only" not in every["leaderboard"][0]
     assert auto["dev_primary"].n_unique() > 1  # a real choice was made
     # the same heads, the same numbers: dev (candidates) for every head, test for those tested
     auto, every = auto.sort("head_id"), every.sort("head_id")
