@@ -46,10 +46,7 @@ def parse_strength(value: str) -> Optional[float]:
 # line leaves them unset so the kind can fill them in, and config.json "defaults" says which applied
 KIND_DEPENDENT = ("depth", "lr", "epochs", "anchor_weight")
 
-# which heads of a stack `cli grid` ranks test for (--test-scope): "all"; "selected": the heads of the stack's
-# dev-best configuration (every seed), reported once as train-head reports one head; "auto" (default): all,
-# except for a stack whose dev was ranked on candidates (an IR corpus above exact_max): each test ranking is
-# then exact over the whole corpus for each head (64 heads x 1M documents: hours on a laptop), so selected
+# cli grid --test-scope: which heads of a stack are ranked on test (heads.experiments.grid_scope says why)
 TEST_SCOPES = ("auto", "all", "selected")
 
 

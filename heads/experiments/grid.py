@@ -17,7 +17,6 @@ import time
 from dataclasses import asdict, replace
 from pathlib import Path
 
-import numpy as np
 import polars as pl
 import torch
 
@@ -28,10 +27,11 @@ from headstore.data.tables import read_utf8
 from headstore.featurize.hardware import warn_if_emulated_bf16
 from headstore.featurize.store import FeatureStore
 from headstore.heads.anchor import anchor_rows_of
-from headstore.heads.artefacts import resume_rows, rule_key, save_stack, write_results
+from headstore.heads.artefacts import resume_rows, save_stack, write_results
 from headstore.heads.config import TEST_SCOPES, HeadConfig, TrainConfig, stack_key
 from headstore.heads.evaluate import embedder, evaluate_split
 from headstore.heads.experiments.ensembles import score_ensembles, write_ensembles
+from headstore.heads.experiments.grid_scope import heads_to_test, scored_heads
 from headstore.heads.experiments.grid_spec import GRID_VERSION, UNSET_SINCE_ID, head_id, read_grid, split_settings
 from headstore.heads.experiments.report import write_report
 from headstore.heads.experiments.soups import score_soups
@@ -326,36 +326,13 @@ class StackRunner:
             scores[f"ood_{name}"] = evaluate_split(t, transfer_split(t), embed, (energy,))
         if self.selection:
             scores["sel"] = self.selection.losses(embed, energy)
-        tested = set(range(model.n_heads))
+        tested: set[int] = set()
         if "test" in stask.eval_sets:
-            if self.test_scope == "selected" or (self.test_scope == "auto" and cut):
-                tested = self.best_config(scores, runs, configs, kind_of(stask).primary_metric(energy))
-            heads = sorted(tested)
-            some = embedder(model.select_heads(heads), Xn) if len(heads) < model.n_heads else embed
-            sub = evaluate_split(stask, "test", some, (energy,))
-            where = {h: i for i, h in enumerate(heads)}
-            scores["test"] = tuple([part[where[h]] if h in where else None for h in range(model.n_heads)]
-                                   for part in sub)
+            tested = heads_to_test(self.test_scope, cut, scores, runs, configs, kind_of(stask).primary_metric(energy),
+                                   self.selection.delta if self.selection else 0.0)
+            scores["test"] = scored_heads(stask, "test", model, Xn, energy, sorted(tested))
         order = ["dev", "test", *(f"ood_{name}" for name in self.ood), "sel"]  # the columns' order
         return {k: scores[k] for k in order if k in scores}, tested
-
-    def best_config(self, scores: dict, runs: list, configs: list, primary: str) -> set:
-        """The heads of this stack's best configuration (its settings but the seed) on the dev scores, by the
-        grid's ranking rule (artefacts.ranked_configs: dev mean, with --select-ood the selection rule); failed
-        heads are left out. The grid's best configuration is the best of its stack, so it is always tested."""
-        groups: dict = {}
-        for h, (run, cfg) in enumerate(zip(runs, configs)):
-            if run.status == "ok":
-                groups.setdefault(replace(cfg, seed=0), []).append(h)
-        if not groups or "dev" not in scores:
-            return set()
-        dev = [m[primary] for m in scores["dev"][0]]
-        loss = scores["sel"][0].tolist() if "sel" in scores else None
-
-        def key(heads):
-            mean_loss = None if loss is None else float(np.mean([loss[h] for h in heads]))
-            return rule_key(float(np.nanmean([dev[h] for h in heads])), mean_loss, self.selection.delta if loss else 0.0)
-        return set(max(groups.values(), key=key))
 
     def score_columns(self, scores: dict, h: int, stask: Task, energy: str) -> dict:
         row = {"primary": kind_of(stask).primary_metric(energy)}
