@@ -23,13 +23,15 @@ from headstore.heads.energy import candidate_energy
 
 DOC_BLOCK = 1 << 15  # corpus rows scored at a time, here and in exact ranking (heads.kinds.ranking): 50 MB of
 # float32 rows at d = 384, whatever the corpus size
-QUERY_CHUNK = 512  # queries per matmul against a block: (512, 32768) similarities, 64 MB
+QUERY_CHUNK = 256  # queries per matmul against a block: (256, 32768) similarities, 32 MB
 POOL_CHUNK = 128  # anchors per block when re-scoring pools (fewer with many heads: POOL_FLOATS)
 POOL_FLOATS = 1 << 25  # numbers of one block's pool outputs and energies, H x anchors x c x d: 128 MB of float32
 
 
 def _unit(x: torch.Tensor) -> torch.Tensor:
-    return torch.nn.functional.normalize(x.float(), dim=-1)
+    """Rows of a fresh copy (a gather) scaled to unit L2 norm in place: no second block in memory."""
+    x = x.float()
+    return x.div_(x.norm(dim=-1, keepdim=True).clamp_min_(1e-12))
 
 
 def frozen_topk(X: torch.Tensor, queries: np.ndarray, corpus: np.ndarray, k: int) -> np.ndarray:

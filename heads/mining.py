@@ -35,10 +35,11 @@ class MiningPlan:
         corpus_rows = np.unique(np.asarray(corpus_rows, dtype=np.int64))
         uniq, inverse = np.unique(anchors, return_inverse=True)
         positives: dict[int, set[int]] = {}
-        corpus_index = {int(r): i for i, r in enumerate(corpus_rows)}
-        for a, p in relevant:
-            if p in corpus_index:
-                positives.setdefault(a, set()).add(corpus_index[p])
+        pairs = np.array(sorted(relevant), dtype=np.int64).reshape(-1, 2)  # (R, 2) anchor, positive store rows
+        at = np.minimum(np.searchsorted(corpus_rows, pairs[:, 1]), max(len(corpus_rows) - 1, 0))
+        inside = corpus_rows[at] == pairs[:, 1] if len(corpus_rows) else np.zeros(len(pairs), dtype=bool)
+        for a, i in zip(pairs[inside, 0].tolist(), at[inside].tolist()):  # positives in the corpus, as its indices
+            positives.setdefault(a, set()).add(i)
         exclude = [sorted(positives.get(int(a), ())) for a in uniq]
         extra = max((len(e) for e in exclude), default=0)
         if min(k, len(corpus_rows) - extra) < k:

@@ -21,6 +21,7 @@ from dataclasses import asdict, fields, replace
 
 import torch
 
+from headstore.data.memory import trim_heap
 from headstore.data.files import atomic_write_json
 from headstore.data.outputs import prepare_output_dir
 from headstore.featurize.hardware import warn_if_emulated_bf16
@@ -104,7 +105,9 @@ def train_head(store_path: str, data_path: str, out_dir: str, head_cfg: HeadConf
     anchor = None if anchor is None else tf.positions(anchor)
     splits = ("dev", TEST_SPLIT)
     baseline = evaluate_baseline(task, features, splits, dim=store.dim)  # before the features are normalised
+    trim_heap()
     model, norm, run = train_one(task, features, head_cfg, cfg, progress, selection, anchor, in_place=True)
+    trim_heap()  # training's freed transients back to the OS before evaluation adds its own (peak RSS)
     # `features` now hold the head's inputs (normalised in place: one copy of the task's features in memory)
     out = prepare_output_dir(out_dir, "head", overwrite, inputs=inputs)
     config = {"head": asdict(head_cfg), "train": cfg.to_dict(), "data": str(data_path), "format": data_format,
