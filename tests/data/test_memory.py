@@ -1,0 +1,24 @@
+"""data.memory.trim_heap gives freed heap pages back to the OS (glibc), and is a no-op elsewhere."""
+import ctypes.util
+import sys
+
+import pytest
+
+from headstore.data.memory import trim_heap
+
+
+def _rss_mb() -> float:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * 4096 / 2**20
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux") or not ctypes.util.find_library("c"), reason="glibc only")
+def test_freed_heap_pages_go_back_to_the_os():
+    blocks = [bytearray(100_000) for _ in range(3000)]  # 300 MB of heap chunks (below glibc's mmap threshold)
+    pin = bytearray(100_000)  # a live chunk above them: the heap cannot shrink from its top by itself
+    del blocks
+    before = _rss_mb()
+    assert trim_heap() is True
+    after = _rss_mb()
+    assert before - after > 150, (before, after)
+    del pin
