@@ -16,7 +16,7 @@ import torch
 from headstore.data.text_id import doc_text, text_id
 from headstore.heads.kinds.base import PREFIX, PairSet, Task, TaskKind, carve_dev, store_rows
 from headstore.heads.kinds.ranking import (IR_TOPK, IRSplit, RunningTopK, candidate_split, doc_blocks, ir_metrics_of,
-                                           rank_split, ranked_lists, run_lines, selection_ndcg, write_trec_run)
+                                           ranked_lists, run_lines, selection_ndcg, trec_lines, write_trec_run)
 from headstore.heads.metrics import trec_tie_order
 
 EVALUATION = "retrieval: each query ranks the whole corpus (IR metrics, nDCG@10)"
@@ -140,14 +140,13 @@ class IRKind(TaskKind):
             data = task.eval_sets.get(split)
             if data is None:
                 continue
-            kept = (rankings or {}).get(split)
+            kept, name = (rankings or {}).get(split), run_name.replace(" ", "_")
             if kept and kept[0] is not None and energy in kept[0]:  # ranked already (evaluate_splits)
-                ranked, energies = ranked_lists(data, kept[0][energy], with_energies=True)
+                lines = run_lines(data, *ranked_lists(data, kept[0][energy], with_energies=True), name)
             else:
                 q = embed(data.query_rows, "query")[0]  # (Q, d); the corpus block by block:
                 d = lambda a, b, rows=data.doc_rows: embed(rows[a:b], "document")[0]  # noqa: E731
-                ranked, energies = rank_split(data, q, d, energy, with_energies=True)
-            lines = run_lines(data, ranked, energies, run_name.replace(" ", "_"))
+                lines = trec_lines(data, q, d, energy, name)
             written.append(write_trec_run(Path(out_dir) / f"run.{split}.trec", lines))
         return written
 
