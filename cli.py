@@ -89,6 +89,10 @@ overwrite_option = click.option(
     "--overwrite", is_flag=True,
     help="Replace what --out already holds (a head, an eval, a grid); a feature store is never replaced.")
 
+heads_device_option = click.option(
+    "--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True,
+    help="Where the task's features and the heads live while training and evaluating (auto: cuda when available).")
+
 
 @click.group(cls=HeadstoreGroup)
 @click.option("--debug", is_flag=True, help="Show the Python traceback of an error in the input.")
@@ -229,9 +233,11 @@ def compact(path, target_rows):
 @select_ood_options
 @score_range_option
 @overwrite_option
+@heads_device_option
 @head_and_train_options
 @label_options
-def train_head(store, data, data_format, out, array, select_ood, ood_delta, score_range, overwrite, **settings):
+def train_head(store, data, data_format, out, array, select_ood, ood_delta, score_range, overwrite, device,
+               **settings):
     """Train one siamese energy head on stored features: train on train, select on dev, report test once."""
     from headstore.heads.run import train_head as run_train_head
 
@@ -239,7 +245,7 @@ def train_head(store, data, data_format, out, array, select_ood, ood_delta, scor
     data_format = fold_label_options(data_format, label_settings)
     metrics = run_train_head(store, data, out, head_cfg, cfg, data_format, array, score_range=score_range,
                              overwrite=overwrite, select_ood=tuple(select_ood), ood_delta=ood_delta,
-                             kind_defaults=unset)
+                             kind_defaults=unset, device=device)
     _echo_metrics(metrics, out)
 
 
@@ -265,8 +271,9 @@ def _echo_metrics(metrics: dict, out: str) -> None:
               help="Dataset whose texts must not be scored (drop evaluation items that use them), e.g. the training set.")
 @score_range_option
 @overwrite_option
+@heads_device_option
 @label_options
-def eval_(store, head_dir, data, data_format, out, exclude_overlap, score_range, overwrite, **label_settings):
+def eval_(store, head_dir, data, data_format, out, exclude_overlap, score_range, overwrite, device, **label_settings):
     """Evaluate a trained head (and the frozen baseline beside it) on any dataset whose texts are in the store.
 
     Scores the dataset's test split; a table without a split column is scored whole."""
@@ -274,7 +281,7 @@ def eval_(store, head_dir, data, data_format, out, exclude_overlap, score_range,
 
     data_format = fold_label_options(data_format, label_settings)
     metrics = eval_head(store, head_dir, data, out, data_format, exclude_overlap, score_range=score_range,
-                        overwrite=overwrite)
+                        overwrite=overwrite, device=device)
     _echo_metrics(metrics, out)
 
 
@@ -292,6 +299,7 @@ def eval_(store, head_dir, data, data_format, out, exclude_overlap, score_range,
 @click.option("--soup", "soups", multiple=True, type=click.IntRange(min=1),
               help="Also score soups (mean weights) of K heads sharing their start, one per seed (repeatable; "
                    "GRID#soup=K loads one).")
+@heads_device_option
 @click.option("--test-scope", type=click.Choice(TEST_SCOPES), default="auto", show_default=True,
               help="Heads ranked on test: all; selected (each stack's dev-best configuration, every seed); auto: "
                    "all, but selected where dev was ranked on candidates (an IR corpus above --exact-max documents).")
@@ -299,7 +307,7 @@ def eval_(store, head_dir, data, data_format, out, exclude_overlap, score_range,
 @overwrite_option
 @label_options
 def grid(store, data, data_format, grid_path, out, transfer, select_ood, ood_delta, dry_run, ensembles, soups,
-         test_scope, score_range, overwrite, **label_settings):
+         device, test_scope, score_range, overwrite, **label_settings):
     """Train every combination of a grid of heads (stacked by shape); write results, leaderboard and plots.
 
     On labelled texts (--format labels) the grid may sweep shots, hierarchy and per_class; each few-shot
@@ -309,7 +317,7 @@ def grid(store, data, data_format, grid_path, out, transfer, select_ood, ood_del
     data_format = fold_label_options(data_format, label_settings)
     run_grid(store, data, grid_path, out, data_format, transfer=tuple(transfer), score_range=score_range,
              overwrite=overwrite, select_ood=tuple(select_ood), ood_delta=ood_delta, ensembles=tuple(ensembles),
-             dry_run=dry_run, soups=tuple(soups), test_scope=test_scope)
+             dry_run=dry_run, soups=tuple(soups), test_scope=test_scope, device=device)
 
 
 @main.command()

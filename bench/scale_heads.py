@@ -47,7 +47,9 @@ WORDS = ("alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu nu 
          "hill stone tree leaf wind rain snow sun moon star cloud").split()  # 70 words
 N_TRAIN, N_DEV, N_TEST = 2000, 200, 500
 DIM = 384
-DEVICE = "cpu"  # featurize's device (--device)
+DEVICE = "cpu"  # featurize's and the heads' device (--device)
+INDEX = True  # time `cli index` (--no-index: where FAISS is not installed)
+FLOPS = False  # count the grid's matmul FLOPs (--flops)
 SEEDS = [0]  # seeds of the candidates-vs-exact runs (--seeds)
 REMINE_EVERY: list[int] = []  # schedules compared at --remine-sizes (--remine-every)
 REMINE_SEEDS = [0, 1, 2]  # their seeds (--remine-seeds)
@@ -122,8 +124,8 @@ def cli(args: list[str], log: Path) -> dict:
 def train(work: Path, store: Path, data: Path, name: str, extra: list[str]) -> dict:
     """One train-head run: wall, RSS, seconds per epoch, test nDCG@10, how negatives and dev were made."""
     out = work / name
-    r = cli(["train-head", "--store", str(store), "--data", str(data), "--out", str(out), "--overwrite", *extra],
-            work / f"{name}.log")
+    r = cli(["train-head", "--store", str(store), "--data", str(data), "--out", str(out), "--overwrite", "--device",
+             DEVICE, *extra], work / f"{name}.log")
     m = json.loads((out / "metrics.json").read_text())
     c = json.loads((out / "config.json").read_text())
     epochs = len(m["history"])
@@ -146,12 +148,13 @@ def one_size(work: Path, model: str, n: int, exact: bool, grid: bool, schedules:
     row["default"] = train(work, store, data, f"head-{n}", [])
     head = work / f"head-{n}"
     row["eval"] = cli(["eval", "--store", str(store), "--head", str(head), "--data", str(data), "--out",
-                       str(work / f"eval-{n}"), "--overwrite"], work / f"eval-{n}.log")
+                       str(work / f"eval-{n}"), "--overwrite", "--device", DEVICE], work / f"eval-{n}.log")
     import shutil
 
     shutil.rmtree(work / f"index-{n}", ignore_errors=True)
-    row["index"] = cli(["index", "--store", str(store), "--head", str(head), "--data", str(data), "--out",
-                        str(work / f"index-{n}")], work / f"index-{n}.log")
+    if INDEX:
+        row["index"] = cli(["index", "--store", str(store), "--head", str(head), "--data", str(data), "--out",
+                            str(work / f"index-{n}")], work / f"index-{n}.log")
     if exact:
         # --no-guard: the trained heads are compared (the guard may return the starting point for both)
         runs = {how: [train(work, store, data, f"head-{n}-{how}-s{seed}", [*flags, "--no-guard", "--seed", str(seed)])
@@ -166,14 +169,72 @@ def one_size(work: Path, model: str, n: int, exact: bool, grid: bool, schedules:
                                               ["--remine-every", str(every), "--seed", str(seed)])
                                         for seed in REMINE_SEEDS]
     if grid:
-        spec = GRID + (f"[fixed]\nremine_every = {GRID_REMINE_EVERY}\n" if GRID_REMINE_EVERY != 1 else "")
-        (work / "grid64.toml").write_text(spec)
+        (work / "grid64.toml").write_text(grid_spec())
         row["grid64"] = cli(["grid", "--store", str(store), "--data", str(data), "--grid", str(work / "grid64.toml"),
-                             "--out", str(work / f"grid-{n}"), "--overwrite"], work / f"grid-{n}.log")
+                             "--out", str(work / f"grid-{n}"), "--overwrite", "--device", DEVICE], work / f"grid-{n}.log")
         row["grid64"].update(grid_facts(work / f"grid-{n}"), remine_every=GRID_REMINE_EVERY)
+        if FLOPS:
+            row["grid64"].update(grid_flops(work, store, data, row["grid64"]))
     row["rss_goal_mb"] = round(1024 + 1.2 * row["features_mb"])
     print(json.dumps(row), flush=True)
     return row
+
+
+def grid_spec(epochs: int | None = None) -> str:
+    fixed = ([f"remine_every = {GRID_REMINE_EVERY}"] if GRID_REMINE_EVERY != 1 else []) + \
+        ([f"epochs = {epochs}"] if epochs else [])
+    return GRID + ("[fixed]\n" + "\n".join(fixed) + "\n" if fixed else "")
+
+
+def counted_flops(args: list[str]) -> int:
+    """Matmul FLOPs of one CLI command run in this process, as torch's FlopCounterMode counts them (matrix
+    products: mm, bmm, addmm, ...; the L1 energies are no matmul and are not counted)."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from headstore.cli import main as cli_main
+
+    os.environ["HEADSTORE_PROGRESS"] = "off"
+    with FlopCounterMode(display=False) as counter:
+        cli_main(args, standalone_mode=False)
+    return int(counter.get_total_flops())
+
+
+def bf16_peak(device: str) -> float:
+    """FLOP/s of an n^3 bf16 matrix product on `device` (the mean of ten after three warm-ups; n = 8192 on a
+    GPU, 1024 on a CPU): the ceiling the grid is compared with."""
+    import torch
+
+    n = 8192 if device.startswith("cuda") else 1024
+    sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
+    a, b = (torch.randn(n, n, device=device, dtype=torch.bfloat16) for _ in range(2))
+    for _ in range(3):
+        a @ b
+    sync()
+    t0 = time.perf_counter()
+    for _ in range(10):
+        a @ b
+    sync()
+    return 10 * 2 * n ** 3 / (time.perf_counter() - t0)
+
+
+def grid_flops(work: Path, store: Path, data: Path, grid: dict) -> dict:
+    """The grid's matmul FLOPs and its share of the device's bf16 matmul ceiling: the same grid counted at 1
+    and 2 epochs (FlopCounterMode), so FLOPs = F1 + (epochs - 1) (F2 - F1) for the epochs the stack ran (F1: the
+    fixed work and the first epoch, whose negatives are mined in the frozen space; F2 - F1: an epoch that
+    re-mines in head space), over the grid's wall time (its whole command: reading, ranking, writing included)."""
+    counts = {}
+    for epochs in (1, 2):
+        spec = work / f"grid64-e{epochs}.toml"
+        spec.write_text(grid_spec(epochs))
+        counts[epochs] = counted_flops(["grid", "--store", str(store), "--data", str(data), "--grid", str(spec),
+                                        "--out", str(work / f"grid-flops-e{epochs}"), "--overwrite", "--device",
+                                        DEVICE])
+    total = counts[1] + (grid["epochs"] - 1) * (counts[2] - counts[1])
+    peak = bf16_peak(DEVICE)
+    achieved = total / grid["wall_s"]
+    return {"matmul_flops": total, "flops_epoch": counts[2] - counts[1], "flops_first_epoch": counts[1],
+            "achieved_tflops": round(achieved / 1e12, 3), "bf16_peak_tflops": round(peak / 1e12, 1),
+            "share_of_bf16_peak": achieved / peak}
 
 
 def grid_facts(out: Path) -> dict:
@@ -198,7 +259,8 @@ def table(rows: list[dict]) -> str:
                 f"{d['test_ndcg10']:.4f}", f"{d['negatives']}/{d['dev']}", d["top10_share"],
                 f"{r['exact']['test_ndcg10']:.4f}" if "exact" in r else "-",
                 f"{r['ndcg_cand_minus_exact']:+.4f}" if "exact" in r else "-", r["eval"]["wall_s"],
-                r["index"]["wall_s"], r["grid64"]["wall_s"] if "grid64" in r else "-", d["load"]]
+                r["index"]["wall_s"] if "index" in r else "-", r["grid64"]["wall_s"] if "grid64" in r else "-",
+                d["load"]]
         lines.append("| " + " | ".join(str(v) for v in vals) + " |")
     return "\n".join(lines)
 
@@ -210,7 +272,10 @@ def main() -> None:
     parser.add_argument("--grid-size", type=int, default=1_000_000, help="size of the 64-head grid (0: none)")
     parser.add_argument("--work", default="runs/scale-heads", help="data, stores and runs (reused when present)")
     parser.add_argument("--json", default=None)
-    parser.add_argument("--device", default="cpu", help="featurize on this device (heads train on the CPU)")
+    parser.add_argument("--device", default="cpu", help="featurize, train, evaluate and run the grid on this device")
+    parser.add_argument("--no-index", action="store_true", help="leave `cli index` out (no FAISS installed)")
+    parser.add_argument("--flops", action="store_true", help="count the grid's matmul FLOPs and its share of the "
+                        "device's bf16 matmul ceiling (a GPU)")
     parser.add_argument("--seeds", default="0", help="seeds of the candidates-vs-exact runs")
     parser.add_argument("--remine-every", default="", help="at --remine-sizes, also train with these schedules "
                         "(e.g. 2,3) beside the default's every epoch, for each seed")
@@ -218,8 +283,8 @@ def main() -> None:
     parser.add_argument("--remine-seeds", default="0,1,2", help="seeds of the --remine-every runs")
     parser.add_argument("--grid-remine-every", type=int, default=1, help="the 64-head grid's remine_every")
     args = parser.parse_args()
-    global DEVICE, SEEDS, REMINE_EVERY, GRID_REMINE_EVERY, REMINE_SEEDS
-    DEVICE, GRID_REMINE_EVERY = args.device, args.grid_remine_every
+    global DEVICE, SEEDS, REMINE_EVERY, GRID_REMINE_EVERY, REMINE_SEEDS, INDEX, FLOPS
+    DEVICE, GRID_REMINE_EVERY, INDEX, FLOPS = args.device, args.grid_remine_every, not args.no_index, args.flops
     SEEDS = [int(x) for x in args.seeds.split(",") if x]
     REMINE_EVERY = [int(x) for x in args.remine_every.split(",") if x]
     REMINE_SEEDS = [int(x) for x in args.remine_seeds.split(",") if x]

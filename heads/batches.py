@@ -74,12 +74,13 @@ def prepare_data(task: Task, features: torch.Tensor, cfg: TrainConfig, blocks: i
         for s in range(0, len(features), NORM_CHUNK):
             features[s:s + NORM_CHUNK] = norm(features[s:s + NORM_CHUNK])
     X = features if in_place else norm(features)  # (N, D)
-    base = len(X) + 1
-    relevant = torch.as_tensor(sorted(a * base + p for a, p in task.relevant), dtype=torch.long)
+    base, dev = len(X) + 1, X.device  # the pairs' tensors live where the features do (a GPU, or the CPU)
+    relevant = torch.as_tensor(sorted(a * base + p for a, p in task.relevant), dtype=torch.long, device=dev)
     use_given = pairs.negative is not None and LOSSES[cfg.loss].negatives
-    labels = None if pairs.targets is None else torch.as_tensor(pairs.targets, dtype=torch.float32)
-    return TrainingData(X, norm, pairs, torch.as_tensor(pairs.anchor), torch.as_tensor(pairs.positive), labels,
-                        torch.as_tensor(pairs.negative) if use_given else None, relevant, base)
+    labels = None if pairs.targets is None else torch.as_tensor(pairs.targets, dtype=torch.float32, device=dev)
+    return TrainingData(X, norm, pairs, torch.as_tensor(pairs.anchor, device=dev),
+                        torch.as_tensor(pairs.positive, device=dev), labels,
+                        torch.as_tensor(pairs.negative, device=dev) if use_given else None, relevant, base)
 
 
 def epoch_batches(gens: list[torch.Generator], n_pairs: int, batch_size: int) -> list[torch.Tensor]:
@@ -126,7 +127,8 @@ class NegativeSource:
         given = data.given.unsqueeze(0).expand(self.n_heads, -1, -1) if data.given is not None else None
         if self.mining and (self.mined is None or (cfg.remine and epoch % cfg.remine_every == 0)):
             embed = embedder(model, data.X) if cfg.remine and epoch > 0 else None
-            self.mined = mine(self.plan, data.X, embed, self.n_heads, energy=cfg.eval_energy, pool=self.pool)
+            self.mined = mine(self.plan, data.X, embed, self.n_heads, energy=cfg.eval_energy,
+                              pool=self.pool).to(data.X.device)
         if self.mined is None:
             return given
         return self.mined if given is None else torch.cat([given, self.mined], dim=-1)

@@ -42,8 +42,8 @@ def frozen_topk(X: torch.Tensor, queries: np.ndarray, corpus: np.ndarray, k: int
     if k >= M:
         return np.tile(np.arange(M, dtype=np.int64), (len(queries), 1))
     q = _unit(X[torch.as_tensor(queries)])  # (Q, D)
-    best_sim = torch.full((len(queries), 0), -float("inf"))
-    best_idx = torch.zeros((len(queries), 0), dtype=torch.long)
+    best_sim = torch.full((len(queries), 0), -float("inf"), device=q.device)
+    best_idx = torch.zeros((len(queries), 0), dtype=torch.long, device=q.device)
     for s in range(0, M, DOC_BLOCK):
         d = _unit(X[torch.as_tensor(corpus[s:s + DOC_BLOCK])])  # (B, D)
         sims, idx = [], []
@@ -54,7 +54,7 @@ def frozen_topk(X: torch.Tensor, queries: np.ndarray, corpus: np.ndarray, k: int
         sim, ix = torch.cat([best_sim, torch.cat(sims)], 1), torch.cat([best_idx, torch.cat(idx)], 1)
         keep = torch.topk(sim, min(k, sim.shape[1]), dim=1).indices
         best_sim, best_idx = torch.gather(sim, 1, keep), torch.gather(ix, 1, keep)
-    return np.sort(best_idx.numpy(), axis=1)
+    return np.sort(best_idx.cpu().numpy(), axis=1)
 
 
 def pooled_negatives(za: torch.Tensor, zd_of: Callable[[np.ndarray], torch.Tensor], pool: np.ndarray, k: int,
@@ -72,8 +72,9 @@ def pooled_negatives(za: torch.Tensor, zd_of: Callable[[np.ndarray], torch.Tenso
         docs, where = np.unique(block, return_inverse=True)
         zd = zd_of(docs)  # (H, |docs|, d)
         E = candidate_energy(energy, za[:, s:s + len(block)], zd[:, torch.as_tensor(where.reshape(block.shape))])  # (H, b, c)
-        drop = torch.as_tensor(np.array([np.isin(row, ex) for row, ex in zip(block, exclude[s:s + len(block)])]))
-        idx = torch.topk(E.masked_fill(drop, float("inf")), k, dim=-1, largest=False, sorted=True).indices  # (H, b, k)
+        drop = torch.as_tensor(np.array([np.isin(row, ex) for row, ex in zip(block, exclude[s:s + len(block)])]),
+                               device=E.device)
+        idx = torch.topk(E.masked_fill(drop, float("inf")), k, dim=-1, largest=False, sorted=True).indices.cpu()  # (H, b, k)
         out.append(torch.as_tensor(block)[torch.arange(len(block))[:, None], idx])  # (H, b, k) corpus indices
     return torch.cat(out, dim=1)
 

@@ -53,13 +53,17 @@ class Normalizer:
     def fit(cls, kind: str, x: torch.Tensor, blocks: int = 1) -> "Normalizer":
         """x (n, D): the features of the training texts (D = blocks * the array dim)."""
         D = x.shape[1]
-        center = torch.zeros(D)
-        scale = torch.ones(D)
+        center = torch.zeros(D, device=x.device)
+        scale = torch.ones(D, device=x.device)
         if kind in ("center", "center-l2", "standardize"):
             center = x.mean(0)
         if kind == "standardize":
             scale = x.std(0).clamp_min(1e-6)
         return cls(kind, center, scale, blocks)
+
+    def to(self, device: str | torch.device) -> "Normalizer":
+        """The same normaliser with its centre and scale on `device` (a head evaluated on a GPU)."""
+        return Normalizer(self.kind, self.center.to(device), self.scale.to(device), self.blocks)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if self.kind == "none":

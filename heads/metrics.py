@@ -37,18 +37,19 @@ def trec_tie_order(doc_ids: Sequence[str]) -> np.ndarray:
 
 
 def _break_ties(chunk: torch.Tensor, val: torch.Tensor, idx: torch.Tensor, tie_order: np.ndarray):
-    """Re-rank rows whose top k holds equal energies (or cuts through them) by tie_order."""
+    """Re-rank rows whose top k holds equal energies (or cuts through them) by tie_order. val, idx (c, k) on
+    the CPU; chunk (c, N) where it was computed (a GPU: only the tied rows' candidates come to the CPU)."""
     kk = val.shape[1]
     if kk == 0:
         return val, idx
-    candidates = chunk <= val[:, -1:]  # (c, N): everything tied with or better than the k-th
-    tied = (candidates.sum(1) > kk) | (val[:, 1:] == val[:, :-1]).any(1)
+    candidates = chunk <= val[:, -1:].to(chunk.device)  # (c, N): everything tied with or better than the k-th
+    tied = (candidates.sum(1).cpu() > kk) | (val[:, 1:] == val[:, :-1]).any(1)
     if not bool(tied.any()):
         return val, idx
     val, idx = val.clone(), idx.clone()
     for r in torch.nonzero(tied).flatten().tolist():
-        cand = torch.nonzero(candidates[r]).flatten().numpy()
-        e = chunk[r, cand].numpy()
+        cand = torch.nonzero(candidates[r]).flatten().cpu().numpy()
+        e = chunk[r, torch.as_tensor(cand, device=chunk.device)].cpu().numpy()
         best = np.lexsort((tie_order[cand], e))[:kk]
         idx[r] = torch.as_tensor(cand[best])
         val[r] = torch.as_tensor(e[best])
@@ -88,7 +89,7 @@ def topk_ranking(energies: EnergySource, k: int = 100, *, n_queries: Optional[in
         kk = min(k, chunk.shape[1])
         val, idx = torch.topk(chunk, kk, dim=1, largest=False, sorted=True)
         if tie_order is not None:
-            val, idx = _break_ties(chunk.cpu(), val.cpu(), idx.cpu(), tie_order)
+            val, idx = _break_ties(chunk, val.cpu(), idx.cpu(), tie_order)
         all_idx.append(idx.cpu())
         all_val.append(val.cpu())
         start += chunk.shape[0]

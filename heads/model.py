@@ -115,7 +115,7 @@ class StackedMLP(nn.Module):
     def mix_weights(self) -> torch.Tensor:
         """(H, L) softmax weights of the stored arrays each head mixes (ones (H, 1) without a mix)."""
         if self.cfg.mix == 1:
-            return torch.ones(self.n_heads, 1)
+            return torch.ones(self.n_heads, 1, device=next(self.parameters(), torch.empty(0)).device)
         return torch.softmax(MIX_GAIN * self.mix_logits, dim=-1)
 
     def mixed_input(self, x: torch.Tensor) -> torch.Tensor:

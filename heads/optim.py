@@ -58,11 +58,11 @@ class StackOptimizer:
         step, self.steps_taken = self.steps_taken, self.steps_taken + 1
         if self.opt is None:
             return
-        torch.where(finite, losses, torch.zeros_like(losses)).sum().backward()
+        torch.where(finite.to(losses.device), losses, torch.zeros_like(losses)).sum().backward()
         norms = grad_norms(self.params)  # (H,)
         if not (bool(ok.all()) and bool(torch.isfinite(norms).all())):  # failed heads, NaN/inf gradients -> 0
             for p in self.params:
-                p.grad[~ok] = 0.0
+                p.grad[~ok.to(p.device)] = 0.0
                 p.grad.nan_to_num_(0.0, 0.0, 0.0)
             norms = grad_norms(self.params)
         clip = (self.grad_clip / (norms + 1e-6)).clamp(max=1.0) if self.grad_clip else None  # (H,)

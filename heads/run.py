@@ -25,6 +25,7 @@ from headstore.data.memory import trim_heap
 from headstore.data.files import atomic_write_json
 from headstore.data.outputs import prepare_output_dir
 from headstore.featurize.hardware import warn_if_emulated_bf16
+from headstore.featurize.model import pick_device
 from headstore.featurize.store import FeatureStore
 from headstore.heads.anchor import anchor_rows_of
 from headstore.heads.artefacts import write_head_dir
@@ -81,24 +82,26 @@ def _data_notes(task: Task) -> dict:
 def train_head(store_path: str, data_path: str, out_dir: str, head_cfg: HeadConfig, cfg: TrainConfig,
                data_format: str | None = None, array: str = "features", progress: bool = True,
                score_range=None, overwrite: bool = False, select_ood: tuple[str, ...] = (),
-               ood_delta: float = DEFAULT_DELTA, kind_defaults: tuple[str, ...] = ()) -> dict:
+               ood_delta: float = DEFAULT_DELTA, kind_defaults: tuple[str, ...] = (), device: str = "auto") -> dict:
     """Train one head on `data_path`'s train split, select on dev, report test once; write `out_dir`.
 
     score_range: the (LO, HI) scale of an STS table's scores (default: detected as 0-1 or 0-5).
     select_ood / ood_delta: out-of-domain dev sets in the selection rule (heads.selection).
     kind_defaults: settings the user left unset (of config.KIND_DEPENDENT): the task kind's `defaults` fill
-    them (graded STS tables, labelled texts), other data keep the dataclass defaults (the SciFact study's)."""
+    them (graded STS tables, labelled texts), other data keep the dataclass defaults (the SciFact study's).
+    device: where the task's features and the head live while training and evaluating (auto: cuda when available)."""
     inputs = (data_path, *select_ood)
+    device = pick_device(device)
     prepare_output_dir(out_dir, "head", overwrite, inputs=inputs, create=False)  # refuse before training
     store = FeatureStore.open(store_path)
     layer = _array_layer(store, array)
     task = load_task(data_path, store, data_format, score_range=score_range)
     head_cfg, cfg, defaults_note = defaults_for_kind(task, head_cfg, cfg, kind_defaults)
-    warn_if_emulated_bf16(cfg.precision, "cpu")  # heads train on the CPU: one line where bf16 is emulated
+    warn_if_emulated_bf16(cfg.precision, device)  # one line where bf16 is emulated (a CPU without it)
     task = kind_of(task).for_training(task, cfg)  # labelled texts: shots, hierarchy
     anchor = anchor_rows_of(store, cfg)  # None: the whole store (when the anchor is on)
     tf = TaskFeatures.for_task(store, task, rows_of_datasets(store, select_ood),
-                               *([anchor] if cfg.anchor_weight else []))
+                               *([anchor] if cfg.anchor_weight else []), device=device)
     task, features = tf.remap(task), tf.read(array)  # only the rows the task uses (heads.task_features)
     selection = load_selection(store, select_ood, task, features[:, :store.dim], ood_delta, remap=tf.remap)
     head_cfg = head_shape(head_cfg, features, array)
@@ -115,7 +118,7 @@ def train_head(store_path: str, data_path: str, out_dir: str, head_cfg: HeadConf
               **_data_notes(task),
               "store": str(store_path), "store_fingerprint": store.fingerprint, "array": array, "array_layer": layer,
               "store_manifest": {k: v for k, v in store.manifest.items() if k != "arrays"},
-              "best_epoch": run.best_epoch, "train_seconds": run.seconds, "defaults": defaults_note,
+              "best_epoch": run.best_epoch, "train_seconds": run.seconds, "defaults": defaults_note, "device": device,
               **({"selection": selection.describe()} if selection else {})}
     write_head_dir(out, model, norm, config)
     rankings: dict = {}  # the head's rankings of dev and test, kept for the run files and the candidate share
@@ -241,7 +244,8 @@ def eval_split(task: Task) -> str:
 
 
 def eval_head(store_path: str, head_dir: str, data_path: str, out_dir: str, data_format: str | None = None,
-              exclude_overlap: str | None = None, score_range=None, overwrite: bool = False) -> dict:
+              exclude_overlap: str | None = None, score_range=None, overwrite: bool = False,
+              device: str = "auto") -> dict:
     """Evaluate a trained head on any dataset whose texts are in the store; write metrics.json.
 
     Scores the test split, or the whole table when it has no split column (`eval_split`).
@@ -249,8 +253,10 @@ def eval_head(store_path: str, head_dir: str, data_path: str, out_dir: str, data
     evaluation pairs / queries that use one of its texts are dropped (counted in metrics.json)."""
     inputs = (data_path, head_dir, exclude_overlap)
     prepare_output_dir(out_dir, "eval", overwrite, inputs=inputs, create=False)  # refuse before the work
+    device = pick_device(device)  # where the features and the head are held (auto: cuda when available)
     store = FeatureStore.open(store_path)
     model, norm, config = load_head(head_dir)
+    model, norm = model.to(device), norm.to(device)
     array = config.get("array", "features")
     check_same_features(head_dir, config, store, array)
     task = load_task(data_path, store, data_format, score_range=score_range, for_eval=True)
@@ -262,7 +268,7 @@ def eval_head(store_path: str, head_dir: str, data_path: str, out_dir: str, data
             raise ValueError(f"--exclude-overlap {exclude_overlap}: every one of the {dropped[split]} "
                              f"{kind_of(task).items_name} of {data_path} split {split!r} uses a text of it, so "
                              "nothing is left to score (exclude another dataset, or leave --exclude-overlap out)")
-    tf = TaskFeatures.for_task(store, task)
+    tf = TaskFeatures.for_task(store, task, device=device)
     task, features = tf.remap(task), tf.read(array)  # only the rows the task uses (heads.task_features)
     train_cfg = TrainConfig.from_dict(config["train"])
     task = kind_of(task).for_eval(task, train_cfg)  # labelled texts: the labelled set k-NN / probe use
@@ -275,7 +281,7 @@ def eval_head(store_path: str, head_dir: str, data_path: str, out_dir: str, data
         metrics.update({"baseline": only["baseline"], "head": only["head"], "ci": only["ci"]})
     metrics["split"] = split
     metrics.update(_data_notes(task))
-    metrics["head_dir"], metrics["data"] = str(head_dir), str(data_path)
+    metrics["head_dir"], metrics["data"], metrics["device"] = str(head_dir), str(data_path), device
     if dropped is not None:
         metrics["overlap_dropped"] = {"with": str(exclude_overlap), **dropped}
     out = prepare_output_dir(out_dir, "eval", overwrite, inputs=inputs)

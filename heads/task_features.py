@@ -47,26 +47,27 @@ def rows_of_datasets(store, paths: Iterable[str]) -> np.ndarray:
 class TaskFeatures:
     """Sorted unique store rows -> a dense (n, D) float32 matrix per array, and the row -> position map."""
 
-    def __init__(self, store, rows: Optional[np.ndarray]):
-        self.store = store
+    def __init__(self, store, rows: Optional[np.ndarray], device: str | torch.device = "cpu"):
+        self.store, self.device = store, torch.device(device)  # where the matrix is held (heads train there)
         self.rows = None if rows is None else np.unique(np.asarray(rows, dtype=np.int64))
         self._arrays: dict[str, torch.Tensor] = {}
 
     @classmethod
-    def for_task(cls, store, task: Task, *extra: Optional[np.ndarray]) -> "TaskFeatures":
+    def for_task(cls, store, task: Task, *extra: Optional[np.ndarray], device: str | torch.device = "cpu") -> "TaskFeatures":
         """The rows of `task` and of every `extra` row array; an extra of None means every store row."""
         if any(e is None for e in extra):
-            return cls(store, None)
-        return cls(store, np.concatenate([rows_of(task), *[np.asarray(e, dtype=np.int64) for e in extra]]))
+            return cls(store, None, device)
+        return cls(store, np.concatenate([rows_of(task), *[np.asarray(e, dtype=np.int64) for e in extra]]), device)
 
     def __len__(self) -> int:
         return self.store.n_texts if self.rows is None else len(self.rows)
 
     def read(self, array: str = "features") -> torch.Tensor:
-        """(n, D) float32 features of the rows (for 'a+b' arrays side by side), read once per array."""
+        """(n, D) float32 features of the rows (for 'a+b' arrays side by side), read once per array, on the
+        device given (a GPU holds them in its memory: a 1M x 384 task, 1.5 GB)."""
         if array not in self._arrays:
             x = read_features(self.store, array) if self.rows is None else read_features(self.store, array, self.rows)
-            self._arrays[array] = torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32))
+            self._arrays[array] = torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32)).to(self.device)
         return self._arrays[array]
 
     def positions(self, rows) -> np.ndarray:

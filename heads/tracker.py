@@ -81,7 +81,7 @@ class HeadTracker:
 
     def check_losses(self, losses: torch.Tensor, where: str) -> torch.Tensor:
         """Fail every still-ok head whose loss is NaN/inf ("at epoch E, step S ..." in `where`); (H,) finite."""
-        finite = torch.isfinite(losses.detach())
+        finite = torch.isfinite(losses.detach()).cpu()  # (H,) on the CPU, with the tracker's flags
         for h in torch.nonzero(~finite & self.ok).flatten().tolist():
             self.fail(h, f"loss became {losses[h].item()} {where}")
         return finite

@@ -82,7 +82,8 @@ class StackTraining:
                              "labelled texts have no such sides (use --sides both)")
         self.H, self.P, self.B = len(configs), len(self.data), min(cfg0.batch_size, len(self.data))
         self.model = (StackedMLP(self.H, head_cfg, seeds=[c.seed for c in configs]) if init is None
-                      else copy.deepcopy(init[0]))
+                      else copy.deepcopy(init[0])).to(self.data.X.device)  # initialised on the CPU: the same
+        # numbers on every device
         if self.model.n_heads != self.H or self.model.cfg != head_cfg:
             raise ValueError(f"init holds {self.model.n_heads} head(s) of {self.model.cfg}; this stack needs "
                              f"{self.H} of {head_cfg}")
@@ -122,14 +123,15 @@ class StackTraining:
         self.model.train()
         batches = (self.sampler(self.configs, self.gens, self.B, self.steps_per_epoch).unbind(1)  # (H, b) each
                    if self.sampler is not None else epoch_batches(self.gens, self.P, self.B))
-        for s, idx in enumerate(batches):
+        for s, idx in enumerate(batches):  # idx (H, b) drawn on the CPU (each head's generator), used where X is
+            idx = idx.to(data.X.device)
             losses = batch_losses(self.model, data.X, make_batch(data, idx, negs), cfg0, self.optimizer.init,
                                   q_at(cfg0, self.step, self.total), data.pairs.form,
                                   self.anchor.sample() if self.anchor is not None else None)
             where = f"at epoch {epoch + 1}, step {s + 1} (global step {self.step + 1})"
             finite = self.tracker.check_losses(losses, where)
             self.optimizer.step(losses, finite, self.tracker.ok, self.tracker.alive)
-            epoch_loss += torch.where(finite, losses.detach(), torch.zeros_like(losses)).double()
+            epoch_loss += torch.where(finite, losses.detach().cpu(), torch.zeros(H)).double()
             self.step += 1
             bar.update(1)
         scores = (dev_scores(self.select_task, self.select_split, self.model, data.X, cfg0) if self.select

@@ -41,6 +41,8 @@ def score_ensembles(out, frame: pl.DataFrame, task: Task, features: dict[str, to
             for g in groups[:k]:
                 hid = g.filter(pl.col("seed") == seed)["head_id"][0]
                 members.append(Head(*load_grid_head(out, id=hid), source=f"{out}#id={hid}"))
+            for m in members:  # members load on the CPU; scored where X is
+                m.model, m.normalizer = m.model.to(X.device), m.normalizer.to(X.device)
             ens = EnsembleHead(members)
             embed = embedder(ens.model, X)
             rec = {"k": k, "seed": seed, "head_ids": [m.config["grid"]["head_id"] for m in members]}

@@ -25,6 +25,7 @@ from headstore.data.files import atomic_write_json, atomic_write_text
 from headstore.data.outputs import prepare_output_dir
 from headstore.data.tables import read_utf8
 from headstore.featurize.hardware import warn_if_emulated_bf16
+from headstore.featurize.model import pick_device
 from headstore.featurize.store import FeatureStore
 from headstore.heads.anchor import anchor_rows_of
 from headstore.heads.artefacts import resume_rows, save_stack, write_results
@@ -49,7 +50,7 @@ def run_grid(store_path: str, data_path: str, grid_path: str, out_dir: str, data
              progress: bool = True, transfer: tuple[str, ...] = (), score_range=None,
              overwrite: bool = False, select_ood: tuple[str, ...] = (), ood_delta: float = DEFAULT_DELTA,
              ensembles: tuple[int, ...] = (), score_split: str = "test", dry_run: bool = False,
-             soups: tuple[int, ...] = (), test_scope: str = "auto") -> pl.DataFrame:
+             soups: tuple[int, ...] = (), test_scope: str = "auto", device: str = "auto") -> pl.DataFrame:
     """Train every head of the grid (skipping finished ones); write results, leaderboard, summary and plots.
 
     `transfer`: out-of-domain datasets (texts in the store) every head is also scored on, never
@@ -63,10 +64,12 @@ def run_grid(store_path: str, data_path: str, grid_path: str, out_dir: str, data
     nothing) on the dev slice, to choose few-shot settings without looking at test.
     `soups`: sizes K of weight soups to score per seed (heads.soup, heads.experiments.soups; soups.json).
     `dry_run`: print the plan (heads, stacks, skipped, a rough time) and return without writing anything.
-    `test_scope`: which heads are ranked on test (TEST_SCOPES); the others' test columns are empty."""
+    `test_scope`: which heads are ranked on test (TEST_SCOPES); the others' test columns are empty.
+    `device`: where the features and the stacks live (auto: cuda when available)."""
     combos = read_grid(grid_path)
-    if any(c.get("precision") == "bf16" for c in combos):  # heads train on the CPU
-        warn_if_emulated_bf16("bf16", "cpu", fix=f'precision = "fp32" in {grid_path}')
+    device = pick_device(device)
+    if any(c.get("precision") == "bf16" for c in combos):  # one line where bf16 is emulated (a CPU without it)
+        warn_if_emulated_bf16("bf16", device, fix=f'precision = "fp32" in {grid_path}')
     inputs = (data_path, grid_path, *transfer, *select_ood)
     prepare_output_dir(out_dir, "grid", overwrite, resumable=True, inputs=inputs, create=False)
     store = FeatureStore.open(store_path)
@@ -74,7 +77,7 @@ def run_grid(store_path: str, data_path: str, grid_path: str, out_dir: str, data
     task = load_task(data_path, store, data_format, score_range=score_range)
     ood = _transfer_sets(task, store, transfer)
     tf = TaskFeatures.for_task(store, task, rows_of_datasets(store, select_ood),
-                               *[rows_of(t) for t in ood.values()], *_anchor_rows(combos, store))
+                               *[rows_of(t) for t in ood.values()], *_anchor_rows(combos, store), device=device)
     task, ood = tf.remap(task), tf.remap(ood)  # rows -> positions of the rows read (heads.task_features)
     selection = load_selection(store, select_ood, task, tf.read("features")[:, :store.dim], ood_delta,
                                remap=tf.remap)

@@ -31,8 +31,9 @@ def score_soups(out, frame: pl.DataFrame, task: Task, features, transfer: dict, 
                 print(f"soup of {k}, seed {seed}: {err}; skipped")
                 continue
             energy = config["train"]["energy"] if config["train"]["loss"] != "mnr" else "cosine"
-            X = norm(features(config.get("array", "features")))
-            embed = embedder(model, X)
+            raw = features(config.get("array", "features"))
+            X = norm.to(raw.device)(raw)
+            embed = embedder(model.to(raw.device), X)  # loaded on the CPU; scored where the features are
             rec = {"k": k, "seed": seed, "head_ids": config["soup"]["head_ids"]}
             for split in ("dev", "test"):
                 if split in task.eval_sets:

@@ -57,7 +57,7 @@ def knn_vote(neighbour_classes: torch.Tensor, n_classes: int) -> torch.Tensor:
 def ranking_metrics(energies: torch.Tensor, query_classes: np.ndarray, ref_classes: np.ndarray, n_classes: int,
                     full: bool) -> dict[str, np.ndarray]:
     """Per query: k-NN prediction and, with `full`, nDCG@10 and average precision (NaN without a hit)."""
-    ref = torch.as_tensor(ref_classes)
+    ref, energies = torch.as_tensor(ref_classes), energies.cpu()  # (m,), (c, m): labelled sets are small
     k = min(KNN_K, energies.shape[1])
     if not full:
         top = torch.topk(energies, k, dim=1, largest=False).indices
@@ -92,7 +92,7 @@ def evaluate_labels(task, split: str, embed, energies: tuple[str, ...]) -> tuple
     for h in range(zq.shape[0]):
         metrics, item = {}, {}
         if data.full:
-            pred = probe_predict(zr[h].double().numpy(), ref.classes, zq[h].double().numpy())
+            pred = probe_predict(zr[h].double().cpu().numpy(), ref.classes, zq[h].double().cpu().numpy())
             m, item["probe"] = _classifier_metrics("probe", pred, data, task)
             metrics.update(m)
         for energy in energies:

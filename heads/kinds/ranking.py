@@ -75,7 +75,8 @@ class RunningTopK:
     def __init__(self, q: torch.Tensor, energy: str, k: int, tie: np.ndarray, fast_l1: bool | None = None):
         self.q, self.energy, self.k, self.tie = q, energy, k, tie  # tie: (N,) the corpus's trec tie order
         fast_l1 = len(tie) > DOC_BLOCK if fast_l1 is None else fast_l1  # None: above one block of documents
-        self.fast_l1 = fast_l1 and energy == "l1" and _faiss() is not None  # fast_l1_block
+        self.fast_l1 = (fast_l1 and energy == "l1" and q.device.type == "cpu"  # fast_l1_block (on a GPU,
+                        and _faiss() is not None)  # torch.cdist is the fast search)
         self.idx: torch.Tensor | None = None  # (Q, <= k) corpus indices
         self.val: torch.Tensor | None = None  # (Q, <= k) their energies
 

@@ -79,7 +79,7 @@ def evaluate_pairs(data: PairSet, embed, energies: tuple[str, ...], metrics_of: 
             continue
         m, it = {}, {}
         for energy in energies:
-            e = ENERGIES[energy](za[h], zb[h]).double().numpy()  # (P,)
+            e = ENERGIES[energy](za[h], zb[h]).double().cpu().numpy()  # (P,)
             m.update(metrics_of(data, e, PREFIX[energy]))
             it[PREFIX[energy]] = -e
         results.append(m)
