@@ -11,11 +11,20 @@ has work off its core, and every op of a forward pass stalls for a time slice; m
 machine at load ~4, MiniLM forwards were 1.7-25x faster with PASSIVE (the smaller the batch, the
 larger the gain). It only takes effect when nothing imported torch before; the numbers computed are
 unchanged (the same threads split the same work).
+
+It also sets THP_MEM_ALLOC_ENABLE=1 (unless set): torch's CPU allocator then asks the kernel for transparent
+huge pages (madvise) for blocks of 2 MB and more. A stack of 64 heads allocates and frees gigabytes of
+50-170 MB blocks each epoch (activations, re-mining and dev-ranking blocks), each mapped fresh and faulted in
+page by page; with 2 MB pages a 64-head grid over 100k documents spent 127 s instead of 239 s in the kernel
+and trained 15% faster (3 epochs: 310 s vs 367 s), peak RSS 5.7 vs 5.5 GB, the same numbers. (Keeping freed
+blocks in the C heap instead, glibc's mallopt thresholds at 1 GB, saved more time but took 14.7 GB.) Where the kernel
+offers no transparent huge pages, the setting changes nothing.
 """
 
 import os
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
 
 __version__ = "0.2.0"
 

@@ -91,6 +91,7 @@ def run_grid(store_path: str, data_path: str, grid_path: str, out_dir: str, data
     out = prepare_output_dir(out_dir, "grid", overwrite, resumable=True, inputs=inputs)  # data read: claim it
     atomic_write_text(out / "grid.toml", read_utf8(Path(grid_path)))
     rows, old_rows = resume_rows(out, GRID_VERSION)
+    _check_resumed_scope(rows, test_scope, out)
     groups, skipped = plan_stacks(combos, task, ids, {r["head_id"] for r in rows})
     if progress:
         print(plan_summary(groups, skipped, len(rows), task))
@@ -110,6 +111,16 @@ def run_grid(store_path: str, data_path: str, grid_path: str, out_dir: str, data
         score_soups(out, frame, runner.task, runner.features, runner.ood, runner.selection, tuple(soups),
                     transfer_split)
     return frame
+
+
+def _check_resumed_scope(rows: list[dict], test_scope: str, out: Path) -> None:
+    """Resumed heads keep the test columns they were scored with: a rerun under another --test-scope would mix
+    heads ranked on test under two rules, so it is refused (rows from before the column: scored under auto)."""
+    scopes = sorted({r.get("test_scope") or "auto" for r in rows if r.get("status") == "ok"})
+    if scopes and scopes != [test_scope]:
+        raise ValueError(f"{out}: its finished heads were scored with --test-scope {', '.join(scopes)}; rerun with "
+                         f"--test-scope {scopes[0]} to resume, or with --overwrite to train and score every head "
+                         f"under --test-scope {test_scope}")
 
 
 def _anchor_rows(combos: list[dict], store: FeatureStore) -> list:
@@ -311,7 +322,7 @@ class StackRunner:
             if train.strength != "1":  # the a applied after training, and the dev curve it was chosen on
                 row.update(strength_chosen=runs[h].strength, strength_curve=json.dumps(runs[h].strength_curve))
             row.update(dev_ranked=runs[h].dev_candidates.get("method", "exact") if runs[h].dev_candidates else "exact",
-                       test_scored=h in tested)
+                       test_scored=h in tested, test_scope=self.test_scope)
             rows.append(row | self.score_columns(scores, h, stask, configs[0].eval_energy) | base)
         return rows
 

@@ -22,3 +22,18 @@ def test_freed_heap_pages_go_back_to_the_os():
     after = _rss_mb()
     assert before - after > 150, (before, after)
     del pin
+
+
+def test_import_asks_torch_for_huge_pages_unless_the_environment_says_otherwise():
+    """`import headstore` sets THP_MEM_ALLOC_ENABLE=1 (torch's CPU allocator: transparent huge pages for large
+    blocks) before torch is imported, and leaves a value the user set."""
+    import os
+    import subprocess
+
+    code = "import os, headstore; print(os.environ['THP_MEM_ALLOC_ENABLE'])"
+    env = {k: v for k, v in os.environ.items() if k != "THP_MEM_ALLOC_ENABLE"}
+    assert subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                          check=True).stdout.strip() == "1"
+    env["THP_MEM_ALLOC_ENABLE"] = "0"
+    assert subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                          check=True).stdout.strip() == "0"

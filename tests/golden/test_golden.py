@@ -47,8 +47,9 @@ def label_rows_matched(got: list[dict], want: list[dict]) -> list[dict]:
 
 # metrics.json keys and grid columns issue 21 added on purpose (how negatives were mined, how dev was ranked each
 # epoch, which heads were ranked on test): new keys beside the recorded ones, no recorded number moves; dropped
-# from `got` wherever the record lacks them; and "device" (where features and heads were held: --device)
-ISSUE21_KEYS = {"negatives", "dev_candidates", "dev_ranked", "test_scored", "device"}
+# from `got` wherever the record lacks them; "device" (where features and heads were held: --device) and
+# "test_scope" (the --test-scope a grid head was scored under)
+ISSUE21_KEYS = {"negatives", "dev_candidates", "dev_ranked", "test_scored", "device", "test_scope"}
 
 
 def without_new_keys(got, want):

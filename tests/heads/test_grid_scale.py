@@ -69,3 +69,18 @@ def test_bad_test_scope_is_refused(world, tmp_path):
     r = CliRunner().invoke(main, ["grid", "--store", str(world.store), "--data", str(world.beir), "--grid",
                                   str(spec), "--out", str(tmp_path / "o"), "--test-scope", "some"])
     assert r.exit_code != 0 and "auto" in r.output and "selected" in r.output
+
+
+def test_resuming_under_another_test_scope_is_refused(world, tmp_path):
+    """A grid's finished heads keep the test columns they were scored with: rerunning into the same --out under
+    another --test-scope would mix two rules, so it is one error line naming both; the same scope resumes."""
+    from .conftest import assert_bad_input
+
+    frame = _grid(world, tmp_path, "all")
+    assert frame["test_scope"].unique().to_list() == ["all"]
+    spec, out = tmp_path / "grid.toml", tmp_path / "out-all"
+    args = ["grid", "--store", str(world.store), "--data", str(world.beir), "--grid", str(spec), "--out", str(out)]
+    r = CliRunner().invoke(main, args + ["--test-scope", "selected"])
+    assert_bad_input(r, "--test-scope all", "--overwrite")
+    r = CliRunner().invoke(main, args + ["--test-scope", "all"])
+    assert r.exit_code == 0 and "8 already finished" in r.output, r.output
