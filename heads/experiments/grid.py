@@ -28,11 +28,11 @@ from headstore.featurize.hardware import warn_if_emulated_bf16
 from headstore.featurize.model import pick_device
 from headstore.featurize.store import FeatureStore
 from headstore.heads.anchor import anchor_rows_of
-from headstore.heads.artefacts import resume_rows, save_stack, write_results
+from headstore.heads.artefacts import RESULTS_FILE, read_results, resume_rows, save_stack, write_results
 from headstore.heads.config import TEST_SCOPES, HeadConfig, TrainConfig, stack_key
 from headstore.heads.evaluate import embedder, evaluate_split
 from headstore.heads.experiments.ensembles import score_ensembles, write_ensembles
-from headstore.heads.experiments.grid_scope import heads_to_test, scored_heads
+from headstore.heads.experiments.grid_scope import check_resumed_scope, heads_to_test, scored_heads
 from headstore.heads.experiments.grid_spec import GRID_VERSION, UNSET_SINCE_ID, head_id, read_grid, split_settings
 from headstore.heads.experiments.report import write_report
 from headstore.heads.experiments.soups import score_soups
@@ -88,10 +88,12 @@ def run_grid(store_path: str, data_path: str, grid_path: str, out_dir: str, data
         done = {r["head_id"] for r in (resume_rows(out_dir, GRID_VERSION)[0] if not overwrite else [])}
         print(plan_summary(*plan_stacks(combos, task, ids, done), len(done), task))
         return pl.DataFrame()
+    if not overwrite:  # before anything is written into --out
+        done = read_results(out_dir).to_dicts() if (Path(out_dir) / RESULTS_FILE).is_file() else []
+        check_resumed_scope(done, test_scope, out_dir, GRID_VERSION)
     out = prepare_output_dir(out_dir, "grid", overwrite, resumable=True, inputs=inputs)  # data read: claim it
     atomic_write_text(out / "grid.toml", read_utf8(Path(grid_path)))
     rows, old_rows = resume_rows(out, GRID_VERSION)
-    _check_resumed_scope(rows, test_scope, out)
     groups, skipped = plan_stacks(combos, task, ids, {r["head_id"] for r in rows})
     if progress:
         print(plan_summary(groups, skipped, len(rows), task))
@@ -111,16 +113,6 @@ def run_grid(store_path: str, data_path: str, grid_path: str, out_dir: str, data
         score_soups(out, frame, runner.task, runner.features, runner.ood, runner.selection, tuple(soups),
                     transfer_split)
     return frame
-
-
-def _check_resumed_scope(rows: list[dict], test_scope: str, out: Path) -> None:
-    """Resumed heads keep the test columns they were scored with: a rerun under another --test-scope would mix
-    heads ranked on test under two rules, so it is refused (rows from before the column: scored under auto)."""
-    scopes = sorted({r.get("test_scope") or "auto" for r in rows if r.get("status") == "ok"})
-    if scopes and scopes != [test_scope]:
-        raise ValueError(f"{out}: its finished heads were scored with --test-scope {', '.join(scopes)}; rerun with "
-                         f"--test-scope {scopes[0]} to resume, or with --overwrite to train and score every head "
-                         f"under --test-scope {test_scope}")
 
 
 def _anchor_rows(combos: list[dict], store: FeatureStore) -> list:

@@ -53,3 +53,14 @@ def scored_heads(task, split: str, model, Xn, energy: str, heads: list[int]) -> 
     where = {h: i for i, h in enumerate(heads)}
     return ([metrics[where[h]] if h in where else None for h in range(model.n_heads)],
             [items[where[h]] if h in where else None for h in range(model.n_heads)])
+
+
+def check_resumed_scope(rows: list[dict], test_scope: str, out, version: int) -> None:
+    """Resumed heads keep the test columns they were scored with: a rerun under another --test-scope would mix
+    heads ranked on test under two rules, so it is refused (rows from before the column: scored under auto)."""
+    scopes = sorted({r.get("test_scope") or "auto" for r in rows
+                     if r.get("status") == "ok" and r.get("grid_version") == version})
+    if scopes and scopes != [test_scope]:
+        raise ValueError(f"{out}: its finished heads were scored with --test-scope {', '.join(scopes)}; rerun with "
+                         f"--test-scope {scopes[0]} to resume, or with --overwrite to train and score every head "
+                         f"under --test-scope {test_scope}")
