@@ -14,7 +14,7 @@ import sys
 import click
 
 from headstore.data.dataset import FORMATS
-from headstore.featurize.config import POOLING_NAMES, PRECISIONS
+from headstore.featurize.config import DEVICES, POOLING_NAMES, PRECISIONS
 from headstore.data.options import PATH, fold_label_options, format_option, label_options
 from headstore.heads.config import TEST_SCOPES
 from headstore.heads.options import configs_from_options, head_and_train_options
@@ -90,7 +90,7 @@ overwrite_option = click.option(
     help="Replace what --out already holds (a head, an eval, a grid); a feature store is never replaced.")
 
 heads_device_option = click.option(
-    "--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True,
+    "--device", type=click.Choice(DEVICES), default="auto", show_default=True,
     help="Where the task's features and the heads live while training and evaluating (auto: cuda when available).")
 
 
@@ -129,7 +129,7 @@ def main(debug):
 @click.option("--precision", type=click.Choice(sorted(PRECISIONS)), default="auto", show_default=True,
               help="Encoder maths: auto = fp32 on CPU (exact), bf16 autocast on GPU; part of the fingerprint. "
                    "bf16 on a CPU without AMX/AVX-512-BF16 is emulated, far slower (a warning).")
-@click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto",
+@click.option("--device", type=click.Choice(DEVICES), default="auto",
               show_default=True)
 @click.option("--engine", type=click.Choice(["local", "ray"]), default="local", show_default=True,
               help="local: this process encodes; ray: a pool of Ray actors (pip install '.[ray]').")
@@ -338,7 +338,7 @@ def grid(store, data, data_format, grid_path, out, transfer, select_ood, ood_del
 @click.option("--batch-size", type=int, default=None, help="Default: the head's batch size.")
 @click.option("--max-steps", type=int, default=None, help="Cap on the steps of the epoch.")
 @click.option("--gradient-checkpointing/--no-gradient-checkpointing", default=False, show_default=True)
-@click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True)
+@click.option("--device", type=click.Choice(DEVICES), default="auto", show_default=True)
 @click.option("--seed", type=int, default=0, show_default=True)
 def finetune(head_dir, out, store, data, encoder, **settings):
     """Unfreeze the encoder under a trained head and train both end to end for one epoch."""
