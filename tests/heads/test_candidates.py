@@ -38,6 +38,38 @@ def test_pool_of_the_whole_corpus_mines_as_exact(monkeypatch, pool_floats):
         assert torch.equal(exact, pooled)
 
 
+@pytest.mark.parametrize("pool_floats", [1 << 25, 3000, 1])
+def test_pools_scored_by_document_as_by_anchor(monkeypatch, pool_floats):
+    """Overlapping pools: every pooled document embedded once (by document) gives each entry the energy scored
+    by anchor (l1 bit for bit, as the exact search; l2 and cosine within rounding), and asks for each once."""
+    from headstore.heads import candidates
+    monkeypatch.setattr(candidates, "POOL_FLOATS", pool_floats)
+    rng = np.random.default_rng(0)
+    H, U, c, dim, n = 3, 40, 12, 24, 60  # 40 pools of 12 among 60 documents: most documents in several pools
+    Z, za = torch.randn(H, n, dim), torch.randn(H, U, dim)
+    pool = np.sort(np.stack([rng.choice(n, c, replace=False) for _ in range(U)]), axis=1)
+    asked = []
+    def zd_of(docs):
+        asked.extend(docs.tolist())
+        return Z[:, torch.as_tensor(docs)]
+    for energy in ENERGIES:
+        by_anchor = candidates._energies_by_anchor(za, zd_of, pool, energy)
+        asked.clear()
+        by_doc = candidates._energies_by_document(za, zd_of, pool, energy)
+        assert sorted(asked) == sorted(set(pool.flatten().tolist()))  # each pooled document once
+        loop = torch.stack([torch.stack([ENERGIES[energy](za[h, u], Z[h, pool[u, j]]) for u in range(U)
+                                         for j in range(c)]).view(U, c) for h in range(H)])
+        torch.testing.assert_close(by_doc, loop, rtol=1e-5, atol=1e-5)
+        if energy == "l1":
+            assert torch.equal(by_doc, by_anchor)
+        else:
+            torch.testing.assert_close(by_doc, by_anchor, rtol=1e-5, atol=1e-5)
+    exclude = [[int(pool[u, 0])] for u in range(U)]  # each anchor's first candidate is its positive
+    mined = candidates.pooled_negatives(za, zd_of, pool, 3, exclude, "l1", by_document=True)
+    assert torch.equal(mined, candidates.pooled_negatives(za, zd_of, pool, 3, exclude, "l1"))
+    assert mined.shape == (H, U, 3) and not (mined == torch.as_tensor(pool[:, :1])).any()
+
+
 def test_pool_is_the_exact_frozen_top_k(monkeypatch):
     rng = np.random.default_rng(0)
     X = torch.tensor(rng.normal(size=(3000, 16)), dtype=torch.float32)
