@@ -115,20 +115,38 @@ class NegativeSource:
         if self.mining and cfg.remine and cfg.remine_every != 1:
             self.report["remine_every"] = cfg.remine_every
 
+    def _remine(self, model: StackedMLP, heads: Optional[torch.Tensor]) -> None:
+        """Re-mine the negatives of `heads` (None: all) in each one's own space."""
+        idx = list(range(self.n_heads)) if heads is None else torch.nonzero(heads).flatten().tolist()
+        if not idx:
+            return
+        some = len(idx) < self.n_heads
+        fresh = mine(self.plan, self.data.X, embedder(model.select_heads(idx) if some else model, self.data.X),
+                     len(idx), energy=self.cfg.eval_energy, pool=self.pool).to(self.data.X.device)  # (h, P, k)
+        if not some:
+            self.mined = fresh
+            return
+        self.mined = self.mined.contiguous()  # the feature-space negatives are one (P, k) expanded to H heads
+        self.mined[torch.as_tensor(idx, device=fresh.device)] = fresh
+
     def _pool(self, n_docs: int) -> np.ndarray:
         """(U, c) candidates of every unique anchor: its frozen top-c by cosine (c = pool_k, plus room for
         the anchor's own positives, which are never mined)."""
         c = min(n_docs, max(self.cfg.pool_k, self.cfg.mined_k) + max(map(len, self.plan.exclude), default=0))
         return frozen_topk(self.data.X, self.plan.anchors, self.plan.corpus_rows, c)
 
-    def for_epoch(self, epoch: int, model: StackedMLP) -> Optional[torch.Tensor]:
-        """(H, P, K) negatives for epoch `epoch` (0-based), or None when the loss uses none."""
+    def for_epoch(self, epoch: int, model: StackedMLP, heads: Optional[torch.Tensor] = None) -> Optional[torch.Tensor]:
+        """(H, P, K) negatives for epoch `epoch` (0-based), or None when the loss uses none. `heads` (H,) bool: the
+        heads re-mined in their own space (None: all); the others (stopped: their weights no longer change) keep
+        the negatives they last had."""
         cfg, data = self.cfg, self.data
         given = data.given.unsqueeze(0).expand(self.n_heads, -1, -1) if data.given is not None else None
         if self.mining and (self.mined is None or (cfg.remine and epoch % cfg.remine_every == 0)):
-            embed = embedder(model, data.X) if cfg.remine and epoch > 0 else None
-            self.mined = mine(self.plan, data.X, embed, self.n_heads, energy=cfg.eval_energy,
-                              pool=self.pool).to(data.X.device)
+            if cfg.remine and epoch > 0:
+                self._remine(model, heads)
+            else:
+                self.mined = mine(self.plan, data.X, None, self.n_heads, energy=cfg.eval_energy,
+                                  pool=self.pool).to(data.X.device)
         if self.mined is None:
             return given
         return self.mined if given is None else torch.cat([given, self.mined], dim=-1)

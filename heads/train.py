@@ -108,17 +108,37 @@ class StackTraining:
             self.tracker.start(dev_scores(self.select_task, select_split, self.model, self.data.X, cfg0), self.sel_losses(),
                                cfg0.guard)
 
-    def sel_losses(self) -> Optional[list[float]]:
-        """Every head's worst out-of-domain dev loss (None without --select-ood)."""
+    def sel_losses(self, heads: Optional[torch.Tensor] = None) -> Optional[list[float]]:
+        """Every head's worst out-of-domain dev loss (None without --select-ood); `heads` as in dev_scores."""
         if not self.selection:
             return None
-        embed = embedder(self.model, self.data.X)
-        return self.selection.losses(embed, self.cfg.eval_energy)[0].tolist()
+        return self.of_heads(heads, "ood_dev_loss",
+                             lambda m: self.selection.losses(embedder(m, self.data.X), self.cfg.eval_energy)[0].tolist())
+
+    def dev_scores(self, heads: torch.Tensor) -> list[float]:
+        """Every head's dev score: computed for `heads` (H,) bool, the heads this epoch trained; a head stopped
+        before it (its weights no longer change) keeps the score it had, not computed again."""
+        return self.of_heads(heads, f"dev_{self.metric}",
+                             lambda m: dev_scores(self.select_task, self.select_split, m, self.data.X, self.cfg))
+
+    def of_heads(self, heads: Optional[torch.Tensor], key: str, compute) -> list[float]:
+        """compute(stack) -> one value per head of the stack, asked of the heads in `heads` only (None: all); the
+        others' values are their last epoch's `key` in their history."""
+        idx = list(range(self.H)) if heads is None else torch.nonzero(heads).flatten().tolist()
+        out = [self.tracker.runs[h].history[-1][key] if h not in idx else None for h in range(self.H)]
+        if idx:
+            fresh = compute(self.model if len(idx) == self.H else self.model.select_heads(idx))
+            for h, value in zip(idx, fresh):
+                out[h] = value
+        return out
 
     def epoch(self, epoch: int, bar) -> None:
-        """One epoch of every head still training, then its dev scores and the tracker's bookkeeping."""
+        """One epoch of every head still training, then its dev scores and the tracker's bookkeeping. A stopped
+        head is still in the stack's steps (its rate is 0) but is neither re-mined nor scored again: its loss
+        is on the negatives it last had."""
         cfg0, data, H = self.cfg, self.data, self.H
-        negs = self.negatives.for_epoch(epoch, self.model)  # (H, P, K) or None
+        trained = self.tracker.alive.clone()  # (H,) the heads this epoch updates (one failing in it included)
+        negs = self.negatives.for_epoch(epoch, self.model, trained)  # (H, P, K) or None
         epoch_loss = torch.zeros(H, dtype=torch.float64)
         self.model.train()
         batches = (self.sampler(self.configs, self.gens, self.B, self.steps_per_epoch).unbind(1)  # (H, b) each
@@ -134,10 +154,9 @@ class StackTraining:
             epoch_loss += torch.where(finite, losses.detach().cpu(), torch.zeros(H)).double()
             self.step += 1
             bar.update(1)
-        scores = (dev_scores(self.select_task, self.select_split, self.model, data.X, cfg0) if self.select
-                  else [float(epoch + 1)] * H)
+        scores = self.dev_scores(trained) if self.select else [float(epoch + 1)] * H
         self.tracker.end_epoch(epoch + 1, epoch_loss / self.steps_per_epoch, scores, self.metric, self.step,
-                               self.sel_losses())
+                               self.sel_losses(trained))
         bar.set_postfix({f"best {self.metric}": f"{self.tracker.best_so_far():.4f}"})
 
     def finish(self, elapsed: float) -> tuple[StackedMLP, Normalizer, list[HeadRun]]:
