@@ -64,7 +64,10 @@ def test_verify_and_readers_name_a_zeroed_region(store):
     np.testing.assert_array_equal(FeatureStore.open(store).features([20]).shape, (1, 32))  # other shards read
 
 
-def test_verify_and_training_loader_name_nan_rows(store):
+@pytest.mark.parametrize("block", [1 << 16, 7, 1])  # one block; blocks splitting the store's rows; row by row
+def test_verify_and_training_loader_name_nan_rows(store, monkeypatch, block):
+    from headstore.featurize import store as store_module
+    monkeypatch.setattr(store_module, "FINITE_BLOCK", block)
     arr = zarr.open_array(store / "features.zarr", mode="r+")
     arr[7, 3] = np.nan
     arr[21, 0] = np.inf
