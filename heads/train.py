@@ -20,6 +20,7 @@ from typing import Optional
 import numpy as np
 import torch
 
+from headstore.data.memory import trim_heap
 from headstore.data.progress import progress_bar
 from headstore.heads.anchor import AnchorSampler
 
@@ -98,6 +99,7 @@ class StackTraining:
         self.optimizer = StackOptimizer(self.model, configs, self.total)
         self.tracker = HeadTracker(configs, self.optimizer.params, cfg0.patience, selection.delta if selection else 0.0)
         self.negatives = NegativeSource(task, self.data, cfg0, self.H)
+        trim_heap()  # the one-time candidate searches' freed blocks back to the OS before the epochs (peak RSS)
         self.gens = [torch.Generator().manual_seed(c.seed) for c in configs]
         self.metric = kind_of(task).primary_metric(cfg0.eval_energy)
         self.step = 0
