@@ -37,3 +37,24 @@ def test_import_asks_torch_for_huge_pages_unless_the_environment_says_otherwise(
     env["THP_MEM_ALLOC_ENABLE"] = "0"
     assert subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
                           check=True).stdout.strip() == "0"
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_import_makes_polars_give_freed_pages_back_unless_the_environment_says_otherwise():
+    """`import headstore` sets _RJEM_MALLOC_CONF (polars' jemalloc) so a freed polars buffer leaves the process at
+    once; a value the user set is kept (here one that keeps freed pages: the memory stays)."""
+    import os
+    import subprocess
+
+    code = ("import headstore, polars as pl\n"
+            "def rss(): return int(open('/proc/self/statm').read().split()[1]) * 4096 / 2**20\n"
+            "base = rss(); s = pl.int_range(0, 40_000_000, eager=True) * 2; big = rss(); del s\n"
+            "print(big - base, rss() - base)")  # ~300 MB of int64 buffers, then freed
+    env = {k: v for k, v in os.environ.items() if k != "_RJEM_MALLOC_CONF"}
+    grown, kept = map(float, subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                                            check=True).stdout.split())
+    assert grown > 250 and kept < 50, (grown, kept)
+    env["_RJEM_MALLOC_CONF"] = "dirty_decay_ms:60000,muzzy_decay_ms:60000"
+    grown, kept = map(float, subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                                            check=True).stdout.split())
+    assert grown > 250 and kept > 250, (grown, kept)
