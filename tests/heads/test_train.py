@@ -62,27 +62,32 @@ def test_stacked_training_equals_separate_heads(monkeypatch):
     assert not torch.allclose(fresh.weights[0], stacked.weights[0])
 
 
-@pytest.mark.parametrize("exact_max", [20_000, 0])  # re-mined over the whole corpus; over candidate pools
-def test_stopped_heads_are_neither_remined_nor_rescored(monkeypatch, exact_max):
+@pytest.mark.parametrize("exact_max,ood", [(20_000, False), (0, False), (20_000, True)])  # re-mined over the
+# whole corpus; over candidate pools; with an out-of-domain selection set (its loss is a dev score too)
+def test_stopped_heads_are_neither_remined_nor_rescored(monkeypatch, exact_max, ood):
     """Heads stopping at different epochs: each one's run up to its stop is the run it has alone (re-mined in
-    its own space while it trains), and after it its dev score is the one it stopped with."""
+    its own space while it trains), and after it its dev score (and out-of-domain loss) is the one it stopped with."""
+    from headstore.heads.selection import OodSelection
     monkeypatch.setenv("HEADSTORE_COMPILE", "0")
     task, X = planted_ir_task(n_docs=120)
     head_cfg = HeadConfig(depth=2, hidden=32, out_dim=8, in_dim=16, residual=False)
     base = TrainConfig(normalize="none", impostors="all", mined_k=4, loss="l1-energy", epochs=8, batch_size=16,
                        patience=2, q=8.0, exact_max=exact_max, pool_k=30)
     configs = [dataclasses.replace(base, lr=lr, seed=s) for s, lr in enumerate([3e-3, 1e-3, 3e-4, 1e-4, 3e-3, 1e-3])]
-    stacked, _, runs = train_stack(task, X, head_cfg, configs, progress=False)
+    selection = OodSelection({"ood": (task, "test")}, {"ood": 0.5}, delta=1.0) if ood else None  # the mechanics only
+    stacked, _, runs = train_stack(task, X, head_cfg, configs, progress=False, selection=selection)
     metric = "dev_manhattan_ndcg@10"
+    keys = [metric, "ood_dev_loss"] if ood else [metric]
     stops = []
     for h, cfg in enumerate(configs):
-        alone, _, (run,) = train_stack(task, X, head_cfg, [cfg], progress=False)
+        alone, _, (run,) = train_stack(task, X, head_cfg, [cfg], progress=False, selection=selection)
         n = len(run.history)  # alone, the loop ends when the head stops
         stops.append(n)
         assert run.best_epoch == runs[h].best_epoch and run.best_dev == runs[h].best_dev
-        assert [r[metric] for r in run.history] == [r[metric] for r in runs[h].history[:n]]
+        for key in keys:
+            assert [r[key] for r in run.history] == [r[key] for r in runs[h].history[:n]]
+            assert all(r[key] == run.history[-1][key] for r in runs[h].history[n:])
         assert [r["loss"] for r in run.history] == pytest.approx([r["loss"] for r in runs[h].history[:n]], rel=1e-4)
-        assert all(r[metric] == run.history[-1][metric] for r in runs[h].history[n:])
         for p_stack, p_alone in zip(stacked.parameters(), alone.parameters()):
             torch.testing.assert_close(p_stack[h], p_alone[0], rtol=1e-4, atol=1e-5)
     assert len(set(stops)) > 2 and min(stops) < base.epochs, stops  # the heads did stop at different epochs
