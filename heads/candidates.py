@@ -58,42 +58,26 @@ def frozen_topk(X: torch.Tensor, queries: np.ndarray, corpus: np.ndarray, k: int
 
 
 def pooled_negatives(za: torch.Tensor, zd_of: Callable[[np.ndarray], torch.Tensor], pool: np.ndarray, k: int,
-                     exclude: list[list[int]], energy: str, by_document: bool = False) -> torch.Tensor:
+                     exclude: list[list[int]], energy: str) -> torch.Tensor:
     """(H, U, k) corpus indices: each anchor's k lowest-energy documents among its pool (U, c), skipping the
     corpus indices in `exclude[u]`, every head in its own space (H = 1: the frozen space). za (H, U, d) the
-    anchors' outputs; zd_of(corpus indices) -> (H, n, d) documents' outputs. Only each anchor's own c documents
-    are scored (candidate_energy), a bounded run of them at a time whatever H (64 heads over 1M documents held
-    H x every pooled document: 20 GB).
-
-    by_document: documents whose outputs cost a forward pass (head space) are asked for once each, however many
-    pools hold them (pools overlap: 2,000 anchors' top-101 at 1M documents are 143k documents in 202k entries);
-    otherwise (stored rows, the frozen space) one block of anchors' pools at a time."""
-    scores = _energies_by_document if by_document else _energies_by_anchor
-    E = scores(za, zd_of, pool, energy)  # (H, U, c)
+    anchors' outputs; zd_of(corpus indices) -> (H, n, d) documents' outputs, asked for once per pooled document
+    however many pools hold it (pools overlap: 2,000 anchors' top-101 at 1M documents are 143k documents in 202k
+    entries; in head space each costs a forward pass). Only each anchor's own c documents are scored
+    (candidate_energy), a bounded run at a time whatever H (64 heads over 1M documents held H x every pooled
+    document: 20 GB)."""
+    E = _pool_energies(za, zd_of, pool, energy)  # (H, U, c)
     drop = torch.as_tensor(np.array([np.isin(row, ex) for row, ex in zip(pool, exclude)]).reshape(pool.shape),
                            device=E.device)  # (U, c) the anchors' positives
     idx = torch.topk(E.masked_fill_(drop, float("inf")), k, dim=-1, largest=False, sorted=True).indices.cpu()  # (H, U, k)
     return torch.as_tensor(pool)[torch.arange(len(pool))[:, None], idx]  # (H, U, k) corpus indices
 
 
-def _energies_by_anchor(za: torch.Tensor, zd_of, pool: np.ndarray, energy: str) -> torch.Tensor:
-    """(H, U, c) energies of every pool entry, one block of anchors (their pools' documents) at a time."""
-    H, c, dim = za.shape[0], pool.shape[1], za.shape[2]
-    per_block = max(1, min(POOL_CHUNK, POOL_FLOATS // max(1, H * c * dim)))  # anchors per block
-    E = za.new_empty((H, *pool.shape))
-    for s in range(0, len(pool), per_block):
-        block = pool[s:s + per_block]
-        docs, where = np.unique(block, return_inverse=True)
-        zd = zd_of(docs)  # (H, |docs|, d)
-        E[:, s:s + len(block)] = candidate_energy(energy, za[:, s:s + len(block)],
-                                                  zd[:, torch.as_tensor(where.reshape(block.shape))])  # (H, b, c)
-    return E
-
-
-def _energies_by_document(za: torch.Tensor, zd_of, pool: np.ndarray, energy: str) -> torch.Tensor:
+def _pool_energies(za: torch.Tensor, zd_of, pool: np.ndarray, energy: str) -> torch.Tensor:
     """(H, U, c) energies of every pool entry, every pooled document's outputs asked for once: runs of documents
     (about POOL_FLOATS outputs, at most POOL_CHUNK pools' worth), each scored against the anchors whose pools
-    hold it. The same per-pair energies as by anchor (l1: cdist's numbers per pair)."""
+    hold it. l1: cdist's numbers per pair, as the exact search's; l2 and cosine within float rounding (the 1M
+    frozen space's cosine energies came out bit for bit those of scoring one block of anchors' pools at a time)."""
     H, (U, c), dim = za.shape[0], pool.shape, za.shape[2]
     docs, doc_of = np.unique(pool.reshape(-1), return_inverse=True)  # (n,) pooled documents, (U * c,) entry -> doc
     entries = np.argsort(doc_of, kind="stable")  # flat entries u * c + j, grouped by document

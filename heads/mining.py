@@ -95,7 +95,6 @@ def _mine_pool(features, plan: MiningPlan, corpus_t, pool, embed, n_heads, energ
     else:
         za = embed(plan.anchors, "query")  # (H, U, d)
         zd_of = lambda d: embed(corpus_t[torch.as_tensor(d)].numpy(), "document")  # noqa: E731
-    mined = pooled_negatives(za, zd_of, pool, plan.k, plan.exclude, energy,
-                             by_document=embed is not None)  # (H|1, U, k) corpus indices
+    mined = pooled_negatives(za, zd_of, pool, plan.k, plan.exclude, energy)  # (H|1, U, k) corpus indices
     mined = corpus_t[mined][:, torch.as_tensor(plan.inverse)]  # (H|1, P, k) store rows
     return mined.expand(n_heads, -1, -1) if mined.shape[0] == 1 else mined

@@ -39,10 +39,11 @@ def test_pool_of_the_whole_corpus_mines_as_exact(monkeypatch, pool_floats):
 
 
 @pytest.mark.parametrize("pool_floats", [1 << 25, 3000, 1])
-def test_pools_scored_by_document_as_by_anchor(monkeypatch, pool_floats):
-    """Overlapping pools: every pooled document embedded once (by document) gives each entry the energy scored
-    by anchor (l1 bit for bit, as the exact search; l2 and cosine within rounding), and asks for each once."""
+def test_pool_energies_ask_each_document_once_and_equal_the_exact_search(monkeypatch, pool_floats):
+    """Overlapping pools: every pooled document's outputs asked for once give each entry the energy of the exact
+    search (pairwise_energy over all documents: l1 bit for bit, l2 and cosine within rounding) and of a loop."""
     from headstore.heads import candidates
+    from headstore.heads.energy import pairwise_energy
     monkeypatch.setattr(candidates, "POOL_FLOATS", pool_floats)
     rng = np.random.default_rng(0)
     H, U, c, dim, n = 3, 40, 12, 24, 60  # 40 pools of 12 among 60 documents: most documents in several pools
@@ -52,21 +53,25 @@ def test_pools_scored_by_document_as_by_anchor(monkeypatch, pool_floats):
     def zd_of(docs):
         asked.extend(docs.tolist())
         return Z[:, torch.as_tensor(docs)]
+    rows = torch.arange(U)[:, None]
     for energy in ENERGIES:
-        by_anchor = candidates._energies_by_anchor(za, zd_of, pool, energy)
         asked.clear()
-        by_doc = candidates._energies_by_document(za, zd_of, pool, energy)
+        E = candidates._pool_energies(za, zd_of, pool, energy)
         assert sorted(asked) == sorted(set(pool.flatten().tolist()))  # each pooled document once
         loop = torch.stack([torch.stack([ENERGIES[energy](za[h, u], Z[h, pool[u, j]]) for u in range(U)
                                          for j in range(c)]).view(U, c) for h in range(H)])
-        torch.testing.assert_close(by_doc, loop, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(E, loop, rtol=1e-5, atol=1e-5)
+        exact = pairwise_energy(energy, za, Z)[:, rows, torch.as_tensor(pool)]  # (H, U, c) from the (H, U, n) search
         if energy == "l1":
-            assert torch.equal(by_doc, by_anchor)
+            assert torch.equal(E, exact)
         else:
-            torch.testing.assert_close(by_doc, by_anchor, rtol=1e-5, atol=1e-5)
+            torch.testing.assert_close(E, exact, rtol=1e-5, atol=1e-5)
     exclude = [[int(pool[u, 0])] for u in range(U)]  # each anchor's first candidate is its positive
-    mined = candidates.pooled_negatives(za, zd_of, pool, 3, exclude, "l1", by_document=True)
-    assert torch.equal(mined, candidates.pooled_negatives(za, zd_of, pool, 3, exclude, "l1"))
+    mined = candidates.pooled_negatives(za, zd_of, pool, 3, exclude, "l1")
+    exact = pairwise_energy("l1", za, Z)[:, rows, torch.as_tensor(pool)]
+    exact[:, :, 0] = float("inf")
+    want = torch.as_tensor(pool)[rows, torch.topk(exact, 3, dim=-1, largest=False).indices]
+    assert torch.equal(mined, want)
     assert mined.shape == (H, U, 3) and not (mined == torch.as_tensor(pool[:, :1])).any()
 
 
