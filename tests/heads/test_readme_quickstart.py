@@ -1,44 +1,67 @@
-"""The README's quick start, run as written on a tiny random BERT and a tiny BEIR folder named scifact.
+"""The README's quickstart, run as written on a tiny random BERT and the user's own pairs file.
 
-Its bash block is read from README.md (between the quickstart markers), `minilm` and `$D` are pointed
-at the tiny model and datasets, and each `cli` line runs through click; then its Python block runs."""
+The test writes `my-pairs.csv` as the README shows it (its sample rows, then tiny pairs of the tiny model's
+words), reads the bash block from README.md (between the quickstart markers), points `--model minilm` at the
+tiny model and runs each `cli` line through click in a fresh folder; then it runs the Python block and checks
+the exported model against headstore's own pipeline."""
+import json
+import random
 import re
 import shlex
 from pathlib import Path
 
 import numpy as np
+import polars as pl
 from click.testing import CliRunner
 
 from headstore.cli import main
 
-from .finetune_world import tiny_beir, tiny_bert
+from .finetune_world import sentence, tiny_bert
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 
 
-def quickstart_blocks() -> tuple[list[str], str]:
+def quickstart() -> tuple[str, list[str], str]:
+    """The README's sample pairs file, the quickstart's bash lines and its Python block."""
     text = README.read_text()
     section = text[text.index("<!-- quickstart:begin"):text.index("<!-- quickstart:end -->")]
+    sample = re.search(r"```text\n(.*?)```", text[:text.index("<!-- quickstart:begin")], re.S).group(1)
     bash = re.search(r"```bash\n(.*?)```", section, re.S).group(1)
     python = re.search(r"```python\n(.*?)```", section, re.S).group(1)
-    return [line for line in bash.splitlines() if line.strip()], python
+    return sample, [line for line in bash.splitlines() if line.strip()], python
 
 
-def test_readme_quickstart_runs_on_a_tiny_model(tmp_path, monkeypatch, capsys):
+def write_pairs(path: Path, sample: str, n: int = 60) -> None:
+    """The README's sample rows (without its "..." line) and n tiny pairs sharing a first word."""
+    rows = [line for line in sample.splitlines() if line.strip() and line.strip() != "..."]
+    assert rows[0] == "anchor,positive"
+    rng = random.Random(0)
+    anchors = [sentence(rng, 4) + f" {i}" for i in range(n)]
+    positives = [a.split()[0] + " " + sentence(rng, 6) + f" {i}" for i, a in enumerate(anchors)]
+    path.write_text("\n".join(rows) + "\n")
+    with path.open("a") as f:
+        pl.DataFrame({"anchor": anchors, "positive": positives}).write_csv(f, include_header=False)
+
+
+def test_readme_quickstart_runs_on_the_users_pairs(tmp_path, monkeypatch):
     model = tiny_bert(tmp_path / "tiny-model", layers=2)
-    data = tmp_path / "datasets"
-    tiny_beir(data / "scifact", n_docs=40, n_train=20, n_test=8)
     monkeypatch.chdir(tmp_path)
-    lines, python = quickstart_blocks()
-    assert lines[0].startswith("D=") and all(line.startswith("cli ") for line in lines[1:])
+    sample, lines, python = quickstart()
+    pairs_file = re.search(r"--data (\S+)", lines[0]).group(1)
+    write_pairs(tmp_path / pairs_file, sample)
+    assert all(line.startswith("cli ") for line in lines)
     outputs = []
-    for line in lines[1:]:
-        line = line.replace("$D", str(data)).replace("--model minilm", f"--model {model}")
+    for line in lines:
+        line = line.replace("--model minilm", f"--model {model}")
         r = CliRunner().invoke(main, shlex.split(line)[1:])
         assert r.exit_code == 0, f"{line}\n{r.output}"
         outputs.append(r.output)
+    head_dir = tmp_path / re.search(r"--out (\S+)", lines[1]).group(1)
+    metrics = json.loads((head_dir / "metrics.json").read_text())
+    assert metrics["split"] == "dev" and metrics["dev_made"].startswith("dev = ")  # no split column: dev carved
+    assert metrics["evaluation"].startswith("retrieval (positive pairs only)")
+    assert "baseline" in outputs[1]  # train-head printed the frozen baseline beside the head
     assert "rank" in outputs[-1] and "energy" in outputs[-1]  # search printed its table
-    python = python.replace('"runs/', f'"{tmp_path}/runs/')
     namespace: dict = {}
     exec(compile(python, "README.md quickstart", "exec"), namespace)
     model_st, pipe = namespace["model"], namespace["pipe"]
