@@ -12,7 +12,7 @@ whole store: the numbers do not change, only the memory (peak RSS ~ a fixed over
 from __future__ import annotations
 
 import dataclasses
-from typing import Iterable, Optional
+from typing import Iterable, Iterator, Optional
 
 import numpy as np
 import torch
@@ -25,16 +25,32 @@ from headstore.heads.kinds import Task, load_task, task_rows
 ROW_FIELDS = frozenset({"anchor", "positive", "negative", "query_rows", "doc_rows", "rows", "corpus_rows"})
 
 
+def row_arrays(obj) -> Iterator[np.ndarray]:
+    """Every array of store rows in `obj` (a task, an evaluation set, a dict of them), found the way `remap`
+    finds the rows it rewrites: the fields named in ROW_FIELDS and the `relevant` pairs, at any depth."""
+    if isinstance(obj, dict):
+        for v in obj.values():
+            yield from row_arrays(v)
+        return
+    if not dataclasses.is_dataclass(obj):
+        return
+    for f in dataclasses.fields(obj):
+        value = getattr(obj, f.name)
+        if value is None:
+            continue
+        if f.name in ROW_FIELDS and isinstance(value, np.ndarray):
+            yield value.ravel()
+        elif f.name == "relevant" and isinstance(value, set):
+            yield np.fromiter((r for pair in value for r in pair), dtype=np.int64, count=2 * len(value))
+        elif dataclasses.is_dataclass(value) or isinstance(value, dict):
+            yield from row_arrays(value)
+
+
 def rows_of(task: Task) -> np.ndarray:
-    """Every store row a task uses: its training and evaluation sets, its corpus (mining) and, for labelled
-    texts, the pool and labelled reference set (sorted, unique)."""
-    parts = [np.fromiter(task_rows(task), dtype=np.int64)]
-    if task.corpus_rows is not None:
-        parts.append(np.asarray(task.corpus_rows, dtype=np.int64))
-    for name in ("pool", "reference"):  # labelled texts (heads.kinds.labels.LabelTask)
-        extra = getattr(task, name, None)
-        if extra is not None:
-            parts.append(np.asarray(extra.rows, dtype=np.int64))
+    """Every store row a task uses (sorted, unique): its training and evaluation sets with their given
+    negatives, its corpus (mining), its known relevant pairs and, for labelled texts, the pool and labelled
+    reference set. Collected by the walk `remap` makes, so every row `remap` rewrites is among them."""
+    parts = [np.fromiter(task_rows(task), dtype=np.int64), *(np.asarray(a, dtype=np.int64) for a in row_arrays(task))]
     return np.unique(np.concatenate(parts))
 
 
@@ -76,8 +92,10 @@ class TaskFeatures:
         if self.rows is None:
             return rows
         pos = np.searchsorted(self.rows, rows)
-        assert (pos < len(self.rows)).all() and (self.rows[np.minimum(pos, len(self.rows) - 1)] == rows).all(), \
-            "a task row outside the rows read"
+        found = (pos < len(self.rows)) & (self.rows[np.minimum(pos, len(self.rows) - 1)] == rows)
+        if not found.all():  # a check, not an assert: under `python -O` a row would silently become another
+            raise LookupError(f"store rows {np.unique(rows[~found])[:5].tolist()} are not among the {len(self.rows)} "
+                              "rows read for the task (a task field holding rows that rows_of does not collect)")
         return pos
 
     def remap(self, obj):
