@@ -1,0 +1,36 @@
+"""The README is the front door: short, its set-up and test commands the ones CI runs, its links alive.
+
+`.ci/run` must run exactly the README's set-up and test commands; the README links only to pages of the
+docs site that exist and that mkdocs.yml's nav lists (a page left out of the nav would not be found)."""
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+README = (ROOT / "README.md").read_text()
+
+
+def bash_block_after(heading: str) -> list[str]:
+    section = README[README.index(heading):]
+    return [line for line in re.search(r"```bash\n(.*?)```", section, re.S).group(1).splitlines() if line.strip()]
+
+
+def test_readme_is_at_most_250_lines():
+    assert len(README.splitlines()) <= 250
+
+
+def test_ci_runs_the_readmes_set_up_and_test_commands():
+    ci = [line.strip() for line in (ROOT / ".ci" / "run").read_text().splitlines()]
+    (set_up,) = bash_block_after("## Set-up")
+    (tests,) = bash_block_after("## Tests")
+    assert set_up in ci and tests in ci
+    assert ci.index(set_up) < ci.index(tests)
+    assert any(line.startswith("NO_MKDOCS_2_WARNING=1 mkdocs build --strict") for line in ci)
+
+
+def test_readme_links_to_docs_pages_in_the_site_nav():
+    nav = set(re.findall(r":\s*(\S+\.md)\s*$", (ROOT / "mkdocs.yml").read_text(), re.M))
+    links = re.findall(r"\]\((docs/[^)#]+)(?:#[^)]*)?\)", README)
+    assert links, "the README links to the docs"
+    for link in links:
+        assert (ROOT / link).is_file(), link
+        assert link.removeprefix("docs/") in nav, f"{link} is not in mkdocs.yml's nav"
