@@ -37,6 +37,7 @@ from headstore.featurize.sentence import SentenceSpec
 from headstore.featurize.store import FeatureStore, fingerprint_of
 from headstore.featurize.tuning.checkpoint import copy_sidecars
 from headstore.featurize.tuning.mlm_head import HEAD_FILE
+from headstore.heads.apply.row_inputs import RowInputs
 from headstore.heads.artefacts import write_head_dir
 from headstore.heads.batches import same_mask
 from headstore.heads.config import TrainConfig
@@ -136,15 +137,26 @@ def _pick_device(name: str) -> torch.device:
 
 
 def _embed_texts(model, tokenizer, texts: list[str], max_length: int, pooler: Pooler, layer: int, norm, head,
-                 device: torch.device, use_bf16: bool, role: str = "query") -> torch.Tensor:
-    """texts in `role` -> head outputs (1, B, d): the shared encode-and-pool step (the store's sentence embedding,
-    its Normalize as the store is read) -> Normalizer -> head (a query-side head: queries only)."""
+                 device: torch.device, use_bf16: bool, role: str = "query",
+                 prompt_lengths: torch.Tensor | None = None) -> torch.Tensor:
+    """texts (each under its prompt, heads.apply.row_inputs) in `role` -> head outputs (1, B, d): the shared
+    encode-and-pool step (the store's sentence embedding, its Normalize as the store is read) -> Normalizer ->
+    head (a query-side head: queries only)."""
+    return head.encode(norm(_sentence_embeddings(model, tokenizer, texts, max_length, pooler, layer, device,
+                                                 use_bf16, prompt_lengths)), role)  # (1, B, d)
+
+
+def _sentence_embeddings(model, tokenizer, texts: list[str], max_length: int, pooler: Pooler, layer: int,
+                         device: torch.device, use_bf16: bool, prompt_lengths: torch.Tensor | None = None) -> torch.Tensor:
+    """(B, D) float32: what featurize stores for `texts` (prompt + text; `prompt_lengths` (B,) prompt tokens
+    left out of the pooling where the model's Pooling says so)."""
     enc = tokenizer(texts, padding=True, truncation=True, max_length=max_length, return_tensors="pt")
+    lengths = None if prompt_lengths is None or not prompt_lengths.any() else prompt_lengths.to(device)
     pooled = pooled_forward(model, enc["input_ids"].to(device), enc["attention_mask"].to(device), pooler,
-                            (layer,), "bf16" if use_bf16 else "fp32")[0]  # (B, D) float32
+                            (layer,), "bf16" if use_bf16 else "fp32", lengths)[0]  # (B, D) float32
     if pooler.spec.normalize and layer == -1:
         pooled = torch.nn.functional.normalize(pooled, dim=-1)
-    return head.encode(norm(pooled), role)  # (1, B, d)
+    return pooled
 
 
 def _norm_to(norm, device):
@@ -174,12 +186,14 @@ def finetune(head_dir: str, out_dir: str, cfg: FinetuneConfig, store_path: str |
     head_lr = cfg.head_lr if cfg.head_lr is not None else train_cfg.lr
     opt = build_optimizer(blocks, head, cfg, head_lr, train_cfg.weight_decay)
     negatives = _negatives(src, cfg)
-    text_of = src.store.texts.sort("row")["text"].to_list()
+    inputs = RowInputs(src.store, tokenizer)  # each row's text under the prompt featurize gave it
     use_bf16 = cfg.bf16 and device.type == "cuda"
     pooler = Pooler.of(SentenceSpec.from_parts(src.parts), model_dir)
-    embed = lambda rows, role="query": _embed_texts(model, tokenizer, [text_of[r] for r in rows.tolist()],  # noqa: E731
-                                                    int(src.parts["max_length"]), pooler, src.layer, norm, head,
-                                                    device, use_bf16, role)
+
+    def embed(rows: torch.Tensor, role: str = "query") -> torch.Tensor:  # store rows (B,) -> (1, B, d)
+        texts, prompt_lengths = inputs(rows.tolist())
+        return _embed_texts(model, tokenizer, texts, int(src.parts["max_length"]), pooler, src.layer, norm, head,
+                            device, use_bf16, role, prompt_lengths)
     history, unfrozen_at, steps = _train(src, cfg, blocks, head, opt, embed, negatives, progress)
     return _write_outputs(Path(out_dir), model, tokenizer, Path(model_dir), head, norm, head_dir, head_config,
                           src.parts, cfg, history, unfrozen_at, time.perf_counter() - t0, len(blocks), steps,

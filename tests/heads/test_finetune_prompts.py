@@ -1,0 +1,94 @@
+"""Fine-tuning a head trained on a prompted store (issue 32 item 6): the encoder is given each row's text under
+the prompt featurize gave it, pooled without the prompt where the model's Pooling says so, so at step 0 (before
+any update) it reproduces the store's rows."""
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from headstore.featurize.config import FeaturizeConfig
+from headstore.featurize.run import featurize
+from headstore.featurize.store import FeatureStore
+from headstore.heads.apply import finetune as finetune_module
+from headstore.heads.apply.finetune import FinetuneConfig, finetune
+from headstore.heads.config import HeadConfig, TrainConfig
+from headstore.heads.run import train_head
+
+from .finetune_world import tiny_beir, tiny_bert
+
+PROMPTS = {"query": "alpha beta ", "document": "omega "}  # words of the tiny vocabulary: real prompt tokens
+
+
+def _sentence_model(folder):
+    """A tiny BERT without dropout (train mode = eval mode at step 0), laid out as a sentence-transformers
+    model whose mean Pooling leaves the prompt out (include_prompt: false)."""
+    tiny_bert(folder, layers=2)
+    config = json.loads((folder / "config.json").read_text())
+    config.update(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    (folder / "config.json").write_text(json.dumps(config))
+    (folder / "modules.json").write_text(json.dumps([
+        {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+        {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"}]))
+    (folder / "1_Pooling").mkdir()
+    (folder / "1_Pooling" / "config.json").write_text(json.dumps(
+        {"word_embedding_dimension": 32, "pooling_mode": "mean", "include_prompt": False}))
+    return folder
+
+
+@pytest.fixture(scope="module")
+def prompted(tmp_path_factory):
+    root = tmp_path_factory.mktemp("ft-prompts")
+    model = _sentence_model(root / "model")
+    beir = tiny_beir(root / "beir", n_docs=40, n_train=20, n_test=8)
+    store = root / "store"
+    featurize(FeaturizeConfig(model=str(model), dtype="float32", query_prompt=PROMPTS["query"],
+                              document_prompt=PROMPTS["document"]), [str(beir)], store)
+    assert FeatureStore.open(store).prompts == PROMPTS
+    head = root / "head"
+    train_head(str(store), str(beir), str(head), HeadConfig(hidden=16), TrainConfig(epochs=1, batch_size=8, mined_k=2),
+               progress=False)
+    return root, model, store, head
+
+
+def test_step_zero_embeddings_are_the_stores_rows(prompted, monkeypatch):
+    root, model, store, head = prompted
+    seen = []  # (store rows, what the encoder made of them) of every encoder call, in order
+    row_inputs, sentence_embeddings = finetune_module.RowInputs.__call__, finetune_module._sentence_embeddings
+
+    def record_rows(self, rows):
+        seen.append([list(rows)])
+        return row_inputs(self, rows)
+
+    def record_embeddings(*args, **kwargs):
+        out = sentence_embeddings(*args, **kwargs)
+        seen[-1].append(out.detach().clone())
+        return out
+
+    monkeypatch.setattr(finetune_module.RowInputs, "__call__", record_rows)
+    monkeypatch.setattr(finetune_module, "_sentence_embeddings", record_embeddings)
+    finetune(str(head), str(root / "ft"), FinetuneConfig(device="cpu", batch_size=8, max_steps=1, mined_k=2),
+             encoder=str(model), progress=False)
+    features = FeatureStore.open(store)
+    step0 = seen[:3]  # anchors (queries), positives and mined negatives (documents) of step 0, before its update
+    assert len(step0) == 3 and all(len(rows) for rows, _ in step0)
+    for rows, made in step0:
+        np.testing.assert_allclose(made.numpy(), features.features(np.asarray(rows)), rtol=1e-5, atol=1e-5)
+
+
+def test_the_bare_texts_would_differ_from_the_rows(prompted):
+    """The check above can fail: the texts without their prompts give other embeddings than the store's."""
+    root, model, store, head = prompted
+    features = FeatureStore.open(store)
+    rows = features.texts.sort("row")["row"].to_list()[:6]
+    texts = features.texts.sort("row")["text"].to_list()[:6]
+    from headstore.featurize.pooling import Pooler
+    from headstore.featurize.sentence import SentenceSpec
+    from transformers import AutoModel, AutoTokenizer
+
+    encoder, tokenizer = AutoModel.from_pretrained(model).eval(), AutoTokenizer.from_pretrained(model)
+    pooler = Pooler.of(SentenceSpec.from_parts(features.manifest), model)
+    with torch.no_grad():
+        bare = finetune_module._sentence_embeddings(encoder, tokenizer, texts, 32, pooler, -1, torch.device("cpu"),
+                                                    False)
+    assert not np.allclose(bare.numpy(), features.features(np.asarray(rows)), atol=1e-3)
