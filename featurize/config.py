@@ -12,7 +12,14 @@ from dataclasses import dataclass
 
 DTYPES = ("float16", "float32")
 DEVICES = ("auto", "cpu", "cuda")
-PRECISIONS = ("auto", "fp32", "bf16")
+PRECISIONS = ("auto", "fp32", "bf16", "fp16", "bf16-autocast")
+PACKINGS = ("auto", "on", "off")
+# how the encoder's maths runs: (dtype its weights are held in, autocast dtype or None). The precision
+# part of the fingerprint says fp32|bf16|fp16; the optional `numerics` part names the weights-held modes,
+# which stores made before them never had (their bf16 was autocast over fp32 weights).
+NUMERICS = {"fp32": ("float32", None), "bf16-autocast": ("float32", "bfloat16"),
+            "bf16-weights": ("bfloat16", None), "fp16-weights": ("float16", None)}
+FINGERPRINTED_NUMERICS = ("bf16-weights", "fp16-weights")
 POOLING_NAMES = ("cls", "max", "mean", "model")  # model: the model's own modules (featurize.sentence); the rest override
 
 
@@ -51,6 +58,14 @@ class FeaturizeConfig:
     # CPU lacks them it is emulated and 5-300x slower, and an explicit bf16 warns (featurize.hardware).
     # Pooling is fp32 either way; precision is part of the fingerprint.
     precision: str = "auto"
+    # unpadded batches: a batch's real tokens as one sequence, attention kept within each text (varlen;
+    # featurize.packed). auto: on for cuda where the architecture supports it (no padding is computed:
+    # 1.3-3x fewer tokens on a corpus's length mix), off on CPU (measured on MiniLM fp32, docs/speed.md:
+    # the length-sorted plan leaves little padding there, and the per-text attention loop costs more).
+    packing: str = "auto"
+    # tokenizer threads over chunks of a window (the Rust tokenizer releases the GIL); 0: 4 on cuda, where the
+    # host must keep up with the card, 1 on CPU, where the cores are the encoder's.
+    tokenize_threads: int = 0
     # upper bound on texts per batch, so a corpus of very short texts does not form huge batches.
     max_batch_size: int = 1024
     # auto: cuda when available, else cpu.
@@ -74,6 +89,10 @@ class FeaturizeConfig:
             raise ValueError(f"dtype {self.dtype!r} not valid; choose one of {list(DTYPES)}")
         if self.precision not in PRECISIONS:
             raise ValueError(f"precision {self.precision!r} not valid; choose one of {list(PRECISIONS)}")
+        if self.packing not in PACKINGS:
+            raise ValueError(f"packing {self.packing!r} not valid; choose one of {list(PACKINGS)}")
+        if self.tokenize_threads < 0:
+            raise ValueError(f"tokenize_threads must be >= 0, got {self.tokenize_threads}")
         if self.batch_overhead_tokens is not None and self.batch_overhead_tokens < 0:
             raise ValueError(f"batch_overhead_tokens must be >= 0, got {self.batch_overhead_tokens}")
         if self.device not in DEVICES:
@@ -98,9 +117,31 @@ class FeaturizeConfig:
         at ~1e-2 instead of 1e-6 feature error, and precision is part of a store's fingerprint: a store
         begun with auto must take more texts with auto on any other CPU. On a CPU without native bf16 an
         explicit bf16 is emulated (5-300x slower) and warns (featurize.hardware)."""
+        if self.precision == "bf16-autocast":
+            return "bf16"
         if self.precision != "auto":
             return self.precision
         return "bf16" if device == "cuda" else "fp32"
+
+    def resolved_numerics(self, device: str) -> str:
+        """A key of NUMERICS. On cuda bf16 (and auto) hold the weights in bf16: no per-matmul re-cast of fp32
+        weights, half the weight traffic; bf16-autocast keeps the old path. On CPU bf16 stays autocast (the
+        numerics CPU bf16 stores were made with); fp16 has no CPU path worth having and is refused there."""
+        precision = self.resolved_precision(device)
+        if precision == "fp32":
+            return "fp32"
+        if precision == "fp16" and device != "cuda":
+            raise ValueError("precision fp16 needs --device cuda (on a CPU it is emulated); use fp32 or bf16")
+        if self.precision == "bf16-autocast" or device != "cuda":
+            return "bf16-autocast"
+        return f"{precision}-weights"
+
+    def wants_packing(self, device: str) -> bool:
+        """Whether to ask for unpadded batches (the architecture may still refuse: featurize.packed)."""
+        return self.packing == "on" or (self.packing == "auto" and device == "cuda")
+
+    def resolved_tokenize_threads(self, device: str) -> int:
+        return self.tokenize_threads or (4 if device == "cuda" else 1)
 
     def resolved_batch_overhead(self, device: str) -> int:
         """batch_overhead_tokens, or its default for the device and precision."""

@@ -160,6 +160,7 @@ class Encoder:
     identity: ModelIdentity
     device: str
     attn_implementation: str
+    path: Any = None  # featurize.packed.EncodePath once prepare_encoder ran: numerics, packed batches
 
     @property
     def model_id(self) -> str:

@@ -142,11 +142,19 @@ def pooled_forward(model, input_ids: torch.Tensor, attention_mask: torch.Tensor 
         out = model(input_ids=input_ids, attention_mask=attention_mask,
                     output_hidden_states=want_hidden, return_dict=True)
     hidden = [out.hidden_states[layer] for layer in layers] if want_hidden else [out.last_hidden_state]
-    last = [layer == -1 for layer in layers]  # Dense layers apply where they were trained: the last layer
     if pooler.spec.include_prompt:
         prompt_lengths = None
     if attention_mask is None and prompt_lengths is None and pooler.spec.modes == ("mean",) and not pooler.dense:
         return [h.to(torch.float32).mean(dim=1) for h in hidden]  # no padding: a plain mean, no (B, S, D) temporary
     mask = attention_mask if attention_mask is not None else torch.ones_like(input_ids)
+    return pool_states(pooler, hidden, layers, mask, prompt_lengths)
+
+
+def pool_states(pooler: Pooler, hidden: list[torch.Tensor], layers: tuple[int, ...], mask: torch.Tensor,
+                prompt_lengths: torch.Tensor | None) -> list[torch.Tensor]:
+    """Each layer's (B, S, D) states pooled under the (B, S) attention mask, less the prompts where the
+    Pooling leaves them out; Dense layers apply where they were trained: the last layer."""
+    if pooler.spec.include_prompt:
+        prompt_lengths = None
     mask = pooling_mask(mask, prompt_lengths)
-    return [pooler(h, mask, is_last) for h, is_last in zip(hidden, last)]
+    return [pooler(h, mask, layer == -1) for h, layer in zip(hidden, layers)]

@@ -27,12 +27,13 @@ import torch
 from headstore.data.progress import progress_bar, progress_write
 from headstore.data.files import atomic_write_text
 from headstore.data.text_id import ROLES
-from headstore.featurize.config import FeaturizeConfig
-from headstore.featurize.encode import (CODE_VERSION, Batch, Tokenized, encode_batch, plan_batches, prompt_length,
-                                        prefetch_batches, tokenize)
+from headstore.featurize.config import FINGERPRINTED_NUMERICS, FeaturizeConfig
+from headstore.featurize.encode import (CODE_VERSION, Batch, Tokenized, encode_batch, features_to_host, plan_batches,
+                                        prefetch_batches, prompt_length, tokenize)
 from headstore.featurize.ids import IdSet, digests, first_occurrences, keys_of_digests, keys_of_hex
 from headstore.featurize.hardware import warn_if_emulated_bf16
 from headstore.featurize.model import check_options, load_encoder, model_identity, pick_device
+from headstore.featurize.packed import prepare_encoder
 from headstore.featurize.pooling import Pooler
 from headstore.featurize.sentence import SentenceSpec, resolve_prompts, resolve_spec, sentence_dim
 from headstore.featurize.source import all_chunks, open_sources, windows
@@ -52,7 +53,18 @@ def fingerprint_parts(config: FeaturizeConfig, device: str | None = None) -> dic
             "layers": list(config.layers), "max_length": identity.max_length,
             "dtype": config.dtype, "precision": config.resolved_precision(device),
             "code_version": CODE_VERSION,
-            **({"prompts": prompts} if any(prompts.values()) else {})}  # absent: stores made before prompts
+            **({"prompts": prompts} if any(prompts.values()) else {}),  # absent: stores made before prompts
+            **numerics_part(config, device)}
+
+
+def numerics_part(config: FeaturizeConfig, device: str) -> dict:
+    """{"numerics": ...} for weights held in bf16/fp16, else {} (fp32 and bf16-autocast stores predate the
+    part and keep their fingerprint). Packing is not a part: in fp32 it moves features by ~1e-7, as a
+    different batch plan does (also not a part); in bf16 a packed and a padded batch differ by bf16's rounding
+    in different kernels, as two batch plans' shapes already do, far inside the bf16-vs-fp32 bound (1e-2),
+    while bf16-weights and bf16-autocast round different tensors (weights vs each matmul's inputs)."""
+    numerics = config.resolved_numerics(device)
+    return {"numerics": numerics} if numerics in FINGERPRINTED_NUMERICS else {}
 
 
 def featurize(config: FeaturizeConfig, data_paths: Sequence[str | Path], store_path: str | Path,
@@ -285,13 +297,26 @@ def _finish_local(plan: Plan, committer: _Committer, encoder, counts: dict, t_en
                   max_length=encoder.max_length, encode_seconds=round(t_encode, 3),
                   texts_per_s=round(counts["n_encoded"] / max(t_encode, 1e-9), 1),
                   tokens_per_s=round(counts["real_tokens"] / max(t_encode, 1e-9), 1),
+                  **_speed_parts(counts, t_encode), **encoder.path.summary(),
                   commit_seconds_total=round(committer.seconds, 3), n_commits=committer.n_commits)
+
+
+def _speed_parts(counts: dict, t_encode: float) -> dict:
+    """Tokenizer vs encoder: each one's real tokens/s (tokenising is part of encode_seconds; the encoder's
+    share is the rest), so a summary shows which one bounds the run."""
+    tokenize_s = counts.pop("tokenize_seconds", 0.0)
+    encoder_s = max(t_encode - tokenize_s, 1e-9)
+    return {"tokenize_seconds": round(tokenize_s, 3), "encoder_seconds": round(encoder_s, 3),
+            "tokenize_tokens_per_s": round(counts["real_tokens"] / max(tokenize_s, 1e-9), 1),
+            "encoder_tokens_per_s": round(counts["real_tokens"] / encoder_s, 1)}
 
 
 def _load(config: FeaturizeConfig, device: str):
     if device == "cpu":
         torch.set_num_threads(config.num_threads or os.cpu_count() or 1)
-    return load_encoder(config.model, device, config.max_length)
+    encoder = load_encoder(config.model, device, config.max_length)
+    prepare_encoder(encoder, config, device)
+    return encoder
 
 
 def encode_in_plan_order(config: FeaturizeConfig, encoder, device: str, ids: list[str], texts: list[str],
@@ -301,23 +326,28 @@ def encode_in_plan_order(config: FeaturizeConfig, encoder, device: str, ids: lis
     tokenisation, the batch). `prompts`: one prompt for every text, or one per text."""
     names = list(array_names(config.layers))
     np_dtype = np.dtype(config.dtype)
+    path = encoder.path or prepare_encoder(encoder, config, device)  # numerics, packing: once per encoder
     prompts = [prompts] * len(texts) if isinstance(prompts, str) else list(prompts)
-    tok = tokenize(encoder.tokenizer, [p + t for p, t in zip(prompts, texts)], encoder.max_length)
+    tok = tokenize(encoder.tokenizer, [p + t for p, t in zip(prompts, texts)], encoder.max_length,
+                   threads=config.resolved_tokenize_threads(device))
     prompt_lengths = torch.as_tensor([prompt_length(encoder.tokenizer, p) for p in prompts], dtype=torch.int64)
-    precision = config.resolved_precision(device)
     order, batches = plan_batches(tok.n_tokens, ids, config.batch_tokens, config.max_batch_size,
                                   batch_overhead_tokens=config.resolved_batch_overhead(device),
-                                  attention_width=6 * encoder.model.config.hidden_size)
+                                  attention_width=6 * encoder.model.config.hidden_size, packed=path.packing)
     pad_id = encoder.tokenizer.pad_token_id or 0
     pooler = Pooler.of(resolve_spec(config.pooling, encoder.identity.model_dir), encoder.identity.model_dir)
     # CPU: collate inline (the cores are busy with the forward); GPU: in a background thread
     depth = 4 if device == "cuda" else 0
-    for batch in prefetch_batches(tok, order, batches, pad_id, pin=device == "cuda", depth=depth):
-        lengths = prompt_lengths[order[batch.start: batch.start + batch.input_ids.shape[0]]]  # (B,)
-        pooled = encode_batch(encoder, batch, pooler, config.layers, precision, lengths)  # [(B, D)]
-        feats = {name: p.to(torch.float32).cpu().numpy().astype(np_dtype, copy=False)
-                 for name, p in zip(names, pooled)}
-        yield order[batch.start: batch.start + batch.input_ids.shape[0]], feats, tok, batch
+
+    def pooled_batches():
+        for batch in prefetch_batches(tok, order, batches, pad_id, pin=device == "cuda", depth=depth,
+                                      packed=path.packing):
+            lengths = prompt_lengths[order[batch.start: batch.start + batch.n_texts]]  # (B,)
+            yield batch, encode_batch(encoder, batch, pooler, config.layers, path.autocast, lengths)  # [(B, D)]
+
+    for batch, host in features_to_host(pooled_batches(), cuda=device == "cuda"):
+        feats = {name: h.astype(np_dtype, copy=False) for name, h in zip(names, host)}
+        yield order[batch.start: batch.start + batch.n_texts], feats, tok, batch
 
 
 def _encode_window(config: FeaturizeConfig, encoder, device: str, committer: _Committer, bar,
@@ -335,9 +365,10 @@ def _encode_window(config: FeaturizeConfig, encoder, device: str, committer: _Co
         done += len(idx)
         committer.put((feats, rows))
         counts["real_tokens"] += batch.n_real_tokens
-        counts["padded_tokens"] += batch.input_ids.numel()
+        counts["padded_tokens"] += batch.n_slots
         counts["n_batches"] += 1
         bar.update(batch.n_real_tokens)
         bar.set_postfix(texts=f"{counts['n_encoded'] + done:,}")
     counts["n_encoded"] += len(new_ids)
     counts["n_truncated"] += int(tok.truncated.sum())
+    counts["tokenize_seconds"] = counts.get("tokenize_seconds", 0.0) + tok.seconds

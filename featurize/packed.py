@@ -1,0 +1,325 @@
+"""Unpadded ("packed") batches and the encoder's numerics: the GPU featurize path.
+
+A packed batch is its texts' real tokens concatenated into one (1, T) sequence, with position ids that
+restart at 0 in each text and cumulative offsets `cu_seqlens` (B+1,). The encoder's attention is kept
+within each text by an attention function registered with transformers (ATTENTION_NAME) that reads the
+batch's offsets from a thread-local set around the forward (so it does not depend on which keyword
+arguments a transformers version passes down) and runs the first varlen kernel (KERNELS) that works on the
+device and dtype: torch's varlen_attn, the flash-attn package, SDPA on jagged nested tensors, or an SDPA
+per text. The hidden states are scattered back to (B, S, D) in fp32 and pooled by the same Pooler as a
+padded batch. `prepare_encoder` casts the weights (config.NUMERICS), checks the architecture, picks the
+kernel and proves packed == padded on a probe batch before any text is encoded; where anything fails the
+run keeps padded batches and says why (EncodePath.packing_reason).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import threading
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from headstore.featurize.config import NUMERICS, FeaturizeConfig
+from headstore.featurize.pooling import Pooler, pool_states
+
+ATTENTION_NAME = "headstore_varlen"
+# model types whose packed forward equals the padded one (tests/featurize/test_packed.py), and where their
+# position ids start: 0, or after the padding index (RoBERTa family: padding_idx + 1 + position)
+PACKABLE = {"bert": "zero", "electra": "zero", "distilbert": "zero", "roberta": "after_padding",
+            "xlm-roberta": "after_padding"}
+REFUSED = {"mpnet": "its attention adds a relative-position bias outside transformers' attention functions",
+           "deberta-v2": "its disentangled attention does not use transformers' attention functions",
+           "modernbert": "its sliding-window local attention and own unpadding are not handled here"}
+_ACTIVE = threading.local()  # .pack: the _Pack of the forward running in this thread, else None
+
+
+@dataclass
+class PackedLayout:
+    """Host tensors of one packed batch (built in the collate thread, pinned on a GPU)."""
+
+    lengths: torch.Tensor  # (B,) int64 tokens per text
+    position_ids: torch.Tensor  # (1, T) int64 position within its text, from 0
+    cu_seqlens: torch.Tensor  # (B+1,) int32 offset of each text in the sequence
+    scatter_index: torch.Tensor  # (T,) int64 flat index of each token in the (B, S) padded layout
+    offsets: list[int]  # cu_seqlens as ints (the per-text kernel slices by them without a device sync)
+    max_length: int  # S: the longest text
+
+
+def collate_packed(ids: list[np.ndarray], pin: bool) -> tuple[torch.Tensor, PackedLayout]:
+    """(1, T) token ids of the texts back to back, and their layout."""
+    lengths = np.fromiter((len(x) for x in ids), dtype=np.int64, count=len(ids))  # (B,)
+    cu = np.zeros(len(ids) + 1, dtype=np.int64)
+    np.cumsum(lengths, out=cu[1:])
+    positions = np.arange(cu[-1], dtype=np.int64) - np.repeat(cu[:-1], lengths)  # (T,)
+    longest = int(lengths.max())
+    scatter = np.repeat(np.arange(len(ids), dtype=np.int64) * longest, lengths) + positions  # (T,)
+    tensors = [torch.from_numpy(np.concatenate(ids).astype(np.int64)[None]), torch.from_numpy(lengths),
+               torch.from_numpy(positions[None]), torch.from_numpy(cu.astype(np.int32)), torch.from_numpy(scatter)]
+    if pin:
+        tensors = [t.pin_memory() for t in tensors]
+    input_ids, lengths_t, positions_t, cu_t, scatter_t = tensors
+    return input_ids, PackedLayout(lengths_t, positions_t, cu_t, scatter_t, cu.tolist(), longest)
+
+
+# ---- varlen attention kernels: (T, H, d) q, k, v and a _Pack -> (T, H, d) ----
+
+@dataclass
+class _Pack:
+    kernel: str
+    cu_seqlens: torch.Tensor  # (B+1,) int32 on the device
+    offsets: list[int]
+    max_length: int
+    calls: int = 0  # attention layers that ran packed (the probe checks every layer did)
+
+
+def _sdpa_loop(q, k, v, pack: _Pack, scale):
+    out = torch.empty_like(q)
+    for a, b in zip(pack.offsets[:-1], pack.offsets[1:]):
+        out[a:b] = F.scaled_dot_product_attention(q[a:b].transpose(0, 1), k[a:b].transpose(0, 1),
+                                                  v[a:b].transpose(0, 1), scale=scale).transpose(0, 1)
+    return out
+
+
+def _nested_sdpa(q, k, v, pack: _Pack, scale):
+    offsets = pack.cu_seqlens.to(torch.int64)
+    lengths = np.diff(pack.offsets)
+
+    def jagged(x):  # (T, H, d) -> (B, H, j, d)
+        return torch.nested.nested_tensor_from_jagged(x, offsets, min_seqlen=int(lengths.min()),
+                                                      max_seqlen=pack.max_length).transpose(1, 2)
+
+    return F.scaled_dot_product_attention(jagged(q), jagged(k), jagged(v), scale=scale).transpose(1, 2).values()
+
+
+def _torch_varlen(q, k, v, pack: _Pack, scale):
+    from torch.nn.attention.varlen import varlen_attn  # torch >= 2.9; its keywords changed between releases
+
+    params = inspect.signature(varlen_attn).parameters
+    kwargs = {"scale": scale} if "scale" in params else {}
+    if "scale" not in params and scale is not None:
+        q = q * (scale * q.shape[-1] ** 0.5)  # its fixed scale is 1/sqrt(d)
+    out = varlen_attn(q, k, v, pack.cu_seqlens, pack.cu_seqlens, pack.max_length, pack.max_length, **kwargs)
+    return out[0] if isinstance(out, tuple) else out
+
+
+def _flash_attn(q, k, v, pack: _Pack, scale):
+    from flash_attn import flash_attn_varlen_func
+
+    return flash_attn_varlen_func(q, k, v, pack.cu_seqlens, pack.cu_seqlens, pack.max_length, pack.max_length,
+                                  dropout_p=0.0, softmax_scale=scale, causal=False)
+
+
+# in order of preference; sdpa_loop (exact, slow) is the CPU's and the last resort
+KERNELS = {"varlen_attn": _torch_varlen, "flash_attn": _flash_attn, "nested_sdpa": _nested_sdpa,
+           "sdpa_loop": _sdpa_loop}
+CPU_KERNELS = ("sdpa_loop",)  # on the CPU: nested SDPA computes the same per-text maths, with more overhead
+
+
+def varlen_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
+    """transformers' attention-function signature; query (1, H, T, d) inside a packed forward, else SDPA."""
+    pack = getattr(_ACTIVE, "pack", None)
+    if pack is None:
+        from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
+                                      scaling=scaling, **kwargs)
+    if attention_mask is not None or query.shape[0] != 1:
+        raise RuntimeError("packed forward got an attention mask or a batch dimension")  # the probe refuses
+    q, k, v = (x[0].transpose(0, 1) for x in (query, key, value))  # (T, H, d)
+    pack.calls += 1
+    return KERNELS[pack.kernel](q, k, v, pack, scaling).unsqueeze(0), None  # (1, T, H, d)
+
+
+@contextlib.contextmanager
+def _packed(pack: _Pack):
+    _ACTIVE.pack = pack
+    try:
+        yield pack
+    finally:
+        _ACTIVE.pack = None
+
+
+def register_attention() -> None:
+    """ATTENTION_NAME in transformers' attention and mask registries (mask: SDPA's, which is None for a
+    packed (1, T) batch without a mask, and a padded batch still gets its own)."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+    AttentionInterface.register(ATTENTION_NAME, varlen_attention)
+    AttentionMaskInterface.register(ATTENTION_NAME, sdpa_mask)
+
+
+def _use_attention(model, name: str) -> None:
+    if hasattr(model, "set_attn_implementation"):
+        model.set_attn_implementation(name)
+    else:  # older transformers: the config attribute every attention module reads
+        model.config._attn_implementation = name
+
+
+@dataclass
+class EncodePath:
+    """How the encoder runs (put in the run summary)."""
+
+    numerics: str  # a key of config.NUMERICS
+    packing: bool = False
+    packing_reason: str | None = None  # why batches stay padded where packing was asked for
+    attention_kernel: str = "padded"
+    position_offset: int = 0  # added to per-text positions (padding_idx + 1 for RoBERTa-style models)
+    forward_args: frozenset = field(default_factory=frozenset)  # keyword args the model's forward takes
+
+    @property
+    def autocast(self) -> str:
+        """The precision compute_context takes: bf16 autocast, or none (fp32 maths, or weights held in half)."""
+        return "bf16" if NUMERICS[self.numerics][1] else "fp32"
+
+    def summary(self) -> dict:
+        return {"numerics": self.numerics, "packing": "on" if self.packing else "off",
+                "packing_reason": self.packing_reason, "attention_kernel": self.attention_kernel}
+
+
+def refusal(encoder) -> str | None:
+    """Why this encoder cannot take packed batches (None: it can)."""
+    model_type = getattr(encoder.model.config, "model_type", "")
+    if model_type not in PACKABLE:
+        return f"{model_type or 'this model'}: {REFUSED.get(model_type, 'not verified for packed batches')}"
+    if encoder.attn_implementation != "sdpa":
+        return f"{model_type}: loaded with {encoder.attn_implementation} attention, not sdpa"
+    return None
+
+
+def _kernel_works(name: str, device: torch.device, dtype: torch.dtype) -> bool:
+    """The kernel runs here and matches the per-text SDPA (on random q, k, v of three texts)."""
+    generator = torch.Generator().manual_seed(0)
+    lengths = [5, 12, 3]
+    q, k, v = (torch.randn(sum(lengths), 2, 16, generator=generator).to(device, dtype) for _ in range(3))
+    offsets = np.concatenate([[0], np.cumsum(lengths)]).tolist()
+    pack = _Pack(name, torch.tensor(offsets, dtype=torch.int32, device=device), offsets, max(lengths))
+    try:
+        out = KERNELS[name](q, k, v, pack, 0.25)
+    except Exception:  # not installed, not on this device or dtype, another signature
+        return False
+    reference = _sdpa_loop(q.float(), k.float(), v.float(), pack, 0.25)
+    tolerance = 1e-5 if dtype == torch.float32 else 3e-2
+    return out.shape == reference.shape and float((out.float() - reference).abs().max()) <= tolerance
+
+
+def prepare_encoder(encoder, config: FeaturizeConfig, device: str, kernels: tuple[str, ...] | None = None):
+    """Hold the weights in the numerics' dtype, and switch to packed batches where the config asks for them
+    and this encoder, device and transformers version give the padded path's features (a probe batch).
+    Sets and returns `encoder.path` (an EncodePath). `kernels`: the varlen kernels to try (tests)."""
+    numerics = config.resolved_numerics(device)
+    weights = getattr(torch, NUMERICS[numerics][0])
+    if weights != torch.float32:
+        encoder.model.to(weights)
+    forward_args = frozenset(inspect.signature(encoder.model.forward).parameters)
+    path = encoder.path = EncodePath(numerics, forward_args=forward_args)
+    if config.wants_packing(device):
+        try:
+            path.packing_reason = _switch_to_packing(encoder, path, kernels)
+        except Exception as err:  # another transformers/torch API: padded batches, and say why
+            path.packing_reason = f"packing failed to set up ({type(err).__name__}: {err})"
+        if path.packing_reason is not None:
+            _use_attention(encoder.model, encoder.attn_implementation)
+            path.packing, path.attention_kernel = False, "padded"
+    return path
+
+
+def _switch_to_packing(encoder, path: EncodePath, kernels) -> str | None:
+    reason = refusal(encoder)
+    if reason is not None:
+        return reason
+    model = encoder.model
+    device, dtype = next(model.parameters()).device, next(model.parameters()).dtype
+    candidates = kernels or (CPU_KERNELS if device.type == "cpu" else tuple(KERNELS))
+    kernel = next((name for name in candidates if _kernel_works(name, device, dtype)), None)
+    if kernel is None:
+        return f"no varlen attention kernel of {list(candidates)} runs on {device.type} in {dtype}"
+    if "position_ids" not in path.forward_args:
+        return f"{model.config.model_type}: its forward takes no position_ids"
+    register_attention()
+    _use_attention(model, ATTENTION_NAME)
+    after_padding = PACKABLE[model.config.model_type] == "after_padding"
+    path.position_offset = int(model.config.pad_token_id) + 1 if after_padding else 0
+    path.packing, path.attention_kernel = True, kernel
+    return _probe(encoder, path)
+
+
+PROBE_TEXTS = ("a", "the quick brown fox jumps over the lazy dog , again and again", "hello world")
+
+
+def _probe(encoder, path: EncodePath) -> str | None:
+    """None when a packed forward of PROBE_TEXTS equals their padded forward (fp32: 1e-4, half: 5e-2,
+    relative to the largest state) and every attention layer ran packed; else why not."""
+    from headstore.featurize.encode import collate
+    from headstore.featurize.pooling import compute_context
+
+    ids = [np.asarray(encoder.tokenizer(t)["input_ids"][: encoder.max_length], dtype=np.int64) for t in PROBE_TEXTS]
+    device = next(encoder.model.parameters()).device
+    input_ids, mask = collate(ids, encoder.tokenizer.pad_token_id or 0, pin=False)
+    with torch.inference_mode(), compute_context(device.type, path.autocast):
+        padded = encoder.model(input_ids=input_ids.to(device), attention_mask=None if mask is None else mask.to(device),
+                               return_dict=True).last_hidden_state.float()  # (B, S, D)
+        packed_ids, layout = collate_packed(ids, pin=False)
+        packed, calls = _packed_states(encoder, path, packed_ids, layout, (-1,))
+    expected = torch.cat([padded[b, : len(x)] for b, x in enumerate(ids)])  # (T, D)
+    layers = getattr(encoder.model.config, "num_hidden_layers", None) or getattr(encoder.model.config, "n_layers", 0)
+    if calls == 0 or (layers and calls != layers):
+        return f"packed forward ran {calls} of {layers} attention layers packed (this transformers version)"
+    error = float((packed[0].float() - expected).abs().max() / expected.abs().max().clamp(min=1e-6))
+    tolerance = 1e-4 if path.numerics == "fp32" else 5e-2
+    if not error <= tolerance:
+        return f"packed forward differs from the padded one by {error:.2g} of its scale (tolerance {tolerance})"
+    return None
+
+
+def _packed_states(encoder, path: EncodePath, input_ids: torch.Tensor, layout: PackedLayout,
+                   layers: tuple[int, ...], non_blocking: bool = False) -> tuple[list[torch.Tensor], int]:
+    """Hidden states of `layers` of one packed batch, each (T, D) in the model's dtype; attention calls."""
+    model = encoder.model
+    device = next(model.parameters()).device
+    input_ids = input_ids.to(device, non_blocking=non_blocking)  # (1, T)
+    args = {"position_ids": layout.position_ids.to(device, non_blocking=non_blocking) + path.position_offset}
+    if "token_type_ids" in path.forward_args:  # explicit: some versions slice a buffer of max_positions
+        args["token_type_ids"] = torch.zeros_like(input_ids)
+    want_hidden = tuple(layers) != (-1,)
+    pack = _Pack(path.attention_kernel, layout.cu_seqlens.to(device, non_blocking=non_blocking),
+                 layout.offsets, layout.max_length)
+    with _packed(pack):
+        out = model(input_ids=input_ids, attention_mask=None, output_hidden_states=want_hidden, return_dict=True,
+                    **args)
+    hidden = [out.hidden_states[layer][0] for layer in layers] if want_hidden else [out.last_hidden_state[0]]
+    return hidden, pack.calls
+
+
+def packed_forward(encoder, input_ids: torch.Tensor, layout: PackedLayout, pooler: Pooler,
+                   layers: tuple[int, ...], prompt_lengths: torch.Tensor | None) -> list[torch.Tensor]:
+    """pooling.pooled_forward for a packed batch: one float32 (B, D) tensor per layer. Plain mean pooling
+    is a segment mean; every other pooling sees the states scattered back to (B, S, D) in fp32."""
+    from headstore.featurize.pooling import compute_context
+
+    path = encoder.path
+    device_type = next(encoder.model.parameters()).device.type
+    cuda = device_type == "cuda"  # host tensors are pinned there: copies need not wait
+    with compute_context(device_type, path.autocast):
+        hidden, _ = _packed_states(encoder, path, input_ids, layout, layers, non_blocking=cuda)  # [(T, D)]
+    device = hidden[0].device
+    lengths = layout.lengths.to(device, non_blocking=cuda)  # (B,)
+    scatter = layout.scatter_index.to(device, non_blocking=cuda)  # (T,)
+    B, S = len(layout.offsets) - 1, layout.max_length
+    if pooler.spec.include_prompt:
+        prompt_lengths = None
+    if prompt_lengths is None and pooler.spec.modes == ("mean",) and not pooler.dense:
+        segment = torch.div(scatter, S, rounding_mode="floor")  # (T,) the text of each token
+        return [torch.zeros(B, h.shape[1], dtype=torch.float32, device=device).index_add_(0, segment, h.float())
+                / lengths.unsqueeze(1).float() for h in hidden]
+    mask = (torch.arange(S, device=device).unsqueeze(0) < lengths.unsqueeze(1)).to(torch.int64)  # (B, S)
+    padded = []
+    for h in hidden:
+        flat = torch.zeros(B * S, h.shape[1], dtype=torch.float32, device=device)
+        flat[scatter] = h.float()
+        padded.append(flat.view(B, S, -1))  # (B, S, D)
+    return pool_states(pooler, padded, layers, mask, prompt_lengths)
