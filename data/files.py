@@ -6,25 +6,66 @@ half of one. Every artefact (metrics.json, config.json, results.parquet, manifes
 
 from __future__ import annotations
 
+import contextlib
+import errno as errnos
 import json
 import os
+import re
 from pathlib import Path
 
 INCOMPLETE = ".incomplete"  # suffix of a file being written; never read as the real thing
 
 
+# what fsync of a folder may answer where folders cannot be synced (a no-op there); any other error (EIO:
+# the rename may not be on the disk) is raised
+FSYNC_DIR_UNSUPPORTED = (errnos.EINVAL, errnos.ENOTSUP, errnos.EBADF, errnos.EACCES, errnos.EISDIR, errnos.EPERM)
+TEMP_MARKS = (INCOMPLETE, ".partial")  # temporary names (ours, zarr's): an error names the real file instead
+
+
 def fsync_dir(path: Path) -> None:
-    """Make a rename inside ``path`` durable (no-op where directories cannot be opened)."""
+    """Make a rename inside ``path`` durable (no-op where directories cannot be opened or synced)."""
     try:
         fd = os.open(path, os.O_RDONLY)
     except OSError:
         return
     try:
         os.fsync(fd)
-    except OSError:
-        pass
+    except OSError as err:
+        if err.errno not in FSYNC_DIR_UNSUPPORTED:
+            raise OSError(err.errno, err.strerror, str(path)) from None
     finally:
         os.close(fd)
+
+
+def os_error_of(err: BaseException, path: str | Path) -> OSError | None:
+    """The OS error `err` reports, as an OSError naming the file (its own, else `path`); None when `err`
+    is no OS error. Polars and FAISS report one inside their own errors ("... (os error 28)")."""
+    if isinstance(err, OSError) and err.errno:
+        own = err.filename if err.filename and not any(m in str(err.filename) for m in TEMP_MARKS) else None
+        return OSError(err.errno, err.strerror or os.strerror(err.errno), own or str(path))
+    code = None
+    if type(err).__module__.startswith("polars"):  # "... underlying IO error: ... (os error 28)"
+        found = re.search(r"os error (\d+)\)", str(err))
+        code = int(found[1]) if found else None
+    elif isinstance(err, RuntimeError) and str(err).startswith("Error in") and "faiss" in str(err):
+        found = re.search(r"\(([^()]+)\)\s*$", str(err))  # "... write error in F: 4051 != 3200000 (No space ...)"
+        code = next((c for c in errnos.errorcode if found and os.strerror(c) == found[1]), None)
+    if code in errnos.errorcode:
+        return OSError(code, os.strerror(code), str(path))
+    return None
+
+
+@contextlib.contextmanager
+def writing(path: str | Path):
+    """Any OS error of the block (a full disk, a quota, a vanished or read-only folder) raised as an
+    OSError naming the file: the CLI shows it as one line."""
+    try:
+        yield
+    except Exception as err:
+        named = os_error_of(err, path)
+        if named is None or named is err:
+            raise
+        raise named from None
 
 
 def _tmp_of(path: Path) -> Path:
@@ -42,11 +83,12 @@ def atomic_write_bytes(path: str | Path, data: bytes) -> None:
     path = Path(path)
     tmp = _tmp_of(path)
     try:
-        with open(tmp, "wb") as f:
-            f.write(data)
-        _publish(tmp, path)
+        with writing(path):
+            with open(tmp, "wb") as f:
+                f.write(data)
+            _publish(tmp, path)
     finally:
-        tmp.unlink(missing_ok=True)
+        _remove(tmp)
 
 
 def atomic_write_text(path: str | Path, text: str) -> None:
@@ -70,9 +112,20 @@ def atomic_write_parquet(path: str | Path, frame, compression: str = "zstd", bef
     path = Path(path)
     tmp = _tmp_of(path)
     try:
-        frame.write_parquet(tmp, compression=compression)
+        with writing(path):
+            frame.write_parquet(tmp, compression=compression)
         if before_publish is not None:
             before_publish()
-        _publish(tmp, path)
+        with writing(path):
+            _publish(tmp, path)
     finally:
+        _remove(tmp)
+
+
+def _remove(tmp: Path) -> None:
+    """Remove a temporary file if it is there; a folder that vanished or turned read-only leaves it (the
+    error that stopped the write is the one to report)."""
+    try:
         tmp.unlink(missing_ok=True)
+    except OSError:
+        pass

@@ -12,6 +12,8 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
+from headstore.data.files import atomic_write_text
+
 # what each command leaves in its folder; the first file of each list marks the folder as that output
 OUTPUTS: dict[str, tuple[str, ...]] = {
     "head": ("head.safetensors", "normalizer.safetensors", "config.json", "metrics.json", "curve.png"),
@@ -25,6 +27,9 @@ DESCRIPTION = {"head": "trained head (cli train-head)", "grid": "grid (cli grid)
                "finetune": "fine-tuned encoder (cli finetune)", "compare": "comparison (cli compare)",
                "eval": "evaluation (cli eval)"}
 STORE_MARKER = "manifest.json"  # with texts.parquet: a feature store (headstore.featurize.store)
+# written (holding the command's kind) before a command's first artefact and removed after its last: a folder
+# holding it is an interrupted output (a full disk, a kill), which the same command replaces on its rerun
+PARTIAL = ".headstore-partial"
 
 
 def is_store(path: Path) -> bool:
@@ -39,6 +44,35 @@ def output_kind(path: Path) -> str | None:
     if is_store(path):
         return "store"
     return next((kind for kind, files in OUTPUTS.items() if (path / files[0]).exists()), None)
+
+
+def partial_kind(path: Path) -> str | None:
+    """The kind of the interrupted output `path` holds (see PARTIAL), None for none."""
+    try:
+        return (path / PARTIAL).read_text().strip() or None
+    except (OSError, UnicodeDecodeError):
+        return None
+
+
+def begin_output(out: Path, kind: str) -> None:
+    """Mark `out` as being written by a `kind` command (before its first artefact)."""
+    atomic_write_text(out / PARTIAL, kind)
+
+
+def end_output(out: Path) -> None:
+    """The command's last artefact is written: `out` is a whole output."""
+    (out / PARTIAL).unlink(missing_ok=True)
+
+
+def clear_partial(out: Path, kind: str) -> bool:
+    """Empty `out` when it holds an interrupted `kind` output (written into a folder that was empty); whether
+    it did. A folder that is no such output is left as it is."""
+    if not out.is_dir() or partial_kind(out) != kind:
+        return False
+    for child in out.iterdir():
+        if child.name != PARTIAL:
+            shutil.rmtree(child) if child.is_dir() and not child.is_symlink() else child.unlink()
+    return True
 
 
 def prepare_output_dir(out: str | Path, kind: str, overwrite: bool = False, resumable: bool = False,
@@ -69,6 +103,8 @@ def prepare_output_dir(out: str | Path, kind: str, overwrite: bool = False, resu
         if create:
             out.unlink()
     held = output_kind(out)
+    if held is not None and partial_kind(out) == kind:  # the same command, interrupted: replaced
+        overwrite = True
     if held is not None and (overwrite or not (resumable and held == kind)):
         if not overwrite:
             what = "another " + DESCRIPTION[held] if held == kind else "the output of a " + DESCRIPTION[held]

@@ -213,8 +213,14 @@ def prefetch_batches(tok: Tokenized, order: np.ndarray, batches: list[tuple[int,
             if isinstance(item, BaseException):
                 raise item
             yield item
-    finally:
+    finally:  # the consumer stopped (done, failed or closed): a thread blocked on a full queue must see it
         stop.set()
+        while True:  # emptied, the one producer can put at most once more before it reads `stop`
+            try:
+                out.get_nowait()
+            except queue.Empty:
+                break
+        thread.join(timeout=5)
 
 
 def prompt_length(tokenizer, prompt: str) -> int:

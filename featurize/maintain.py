@@ -31,7 +31,7 @@ import numpy as np
 import polars as pl
 import zarr
 
-from headstore.data.files import fsync_dir
+from headstore.data.files import fsync_dir, writing
 from headstore.featurize.model import model_identity
 from headstore.featurize.sentence import SentenceSpec, read_model_spec
 from headstore.featurize.store import (LEGACY_TEXTS, MANIFEST, TEXTS_DIR, TEXTS_SCHEMA, StoreError,
@@ -55,38 +55,50 @@ def migrate_store(path: str | Path, model: str | None = None) -> dict:
         summary = {"store": str(path), "format_version": 2, "migrated": False}
         if format_version(manifest) != 2 or (path / READY).exists():
             if not (path / READY).exists():
-                _stage(path, manifest)
+                with writing(path / STAGING):  # an OS error (a full disk) names the folder
+                    _stage(path, manifest)
             _swap_in(path)
             summary.update(migrated=True, n_texts=read_manifest(path)["n_texts"])
-        summary["normalize_recorded"] = _record_normalize(path, read_manifest(path), model)
+        summary["normalize_recorded"], note = _record_normalize(path, read_manifest(path), model)
+        summary["changed"] = summary["migrated"] or summary["normalize_recorded"]
+        summary["status"] = ("needs no change" if not summary["changed"] else
+                             ", ".join(w for w, done in (("migrated to format 2", summary["migrated"]),
+                                                        ("the model's Normalize recorded", summary["normalize_recorded"]))
+                                       if done))
+        if note:
+            summary["note"] = note
         return summary
     finally:
         if lock is not None:
             lock.release()
 
 
-def _record_normalize(path: Path, manifest: dict, model: str | None) -> bool:
+def _record_normalize(path: Path, manifest: dict, model: str | None) -> tuple[bool, str | None]:
     """Record a model's final Normalize (applied on read, featurize.sentence) in a store of its plain
-    mean-pooled features: only when the model the store names (its config.json `model`, else `model`) has the
-    store's weights and tokenizer and its modules are exactly mean pooling then Normalize. The stored numbers
-    stay; the manifest (and so the fingerprint) changes, atomically."""
+    mean-pooled features: only when the model the store names (`model`, else its config.json `model`, else its
+    model id) has the store's weights and tokenizer and its modules are exactly mean pooling then Normalize. The
+    stored numbers stay; the manifest (and so the fingerprint) changes, atomically. (recorded, a note): a model
+    that cannot be found (and was not given) leaves the store as it is, with a note saying how to check it."""
     if manifest.get("pooling") != "mean" or any(k in manifest for k in ("normalize", "dense", "include_prompt")):
-        return False
+        return False, None
     name = model or _featurized_with(path) or manifest.get("model_id")
     try:
         identity = model_identity(name, int(manifest["max_length"]))
     except (ValueError, FileNotFoundError) as err:
-        raise StoreError(f"{path}: cannot find the model the store was made with ({err}); give --model") from None
+        if model:
+            raise StoreError(f"{path}: --model {model}: cannot be found ({err})") from None
+        return False, (f"the model the store was made with ({name}) is not found here, so whether its features "
+                       f"lack the model's Normalize was not checked; `cli store migrate {path} --model M` checks it")
     if (identity.weights_hash, identity.tokenizer_hash) != (manifest["weights_hash"], manifest["tokenizer_hash"]):
         raise StoreError(f"{path}: {name} is not the model the store was made with (weights or tokenizer hash "
                          "differ); give --model with that model")
     spec = read_model_spec(Path(identity.model_dir))
     if spec is None or spec != SentenceSpec(("mean",), normalize=True):
-        return False  # not a mean-then-Normalize model: its mean-pooled store is already what it is
+        return False, None  # not a mean-then-Normalize model: its mean-pooled store is already what it is
     arrays = {n: {**a, "normalize": True} if a.get("layer") == -1 else a for n, a in manifest["arrays"].items()}
     parts = {**manifest, **spec.parts()}
     write_manifest(path, {**manifest, **spec.parts(), "arrays": arrays, "fingerprint": fingerprint_of(parts)})
-    return True
+    return True, None
 
 
 def _featurized_with(path: Path) -> str | None:

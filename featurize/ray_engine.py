@@ -31,6 +31,7 @@ import polars as pl
 import torch
 
 from headstore.data.progress import progress_bar
+from headstore.data.files import writing
 from headstore.featurize.config import FeaturizeConfig
 from headstore.featurize.model import load_encoder
 from headstore.featurize.run import Plan, encode_in_plan_order, new_windows
@@ -38,6 +39,9 @@ from headstore.featurize.source import all_chunks, open_sources
 from headstore.featurize.store import array_names
 from headstore.featurize.writer import StoreWriter
 
+# a killed actor (an OOM kill, a lost node) is restarted and its segment retried this many times; Ray Data's
+# default is without limit, so a segment that kills every actor it reaches would be retried forever
+ACTOR_RESTARTS = 3
 SEGMENT_TEXTS = 16384  # texts per segment: one actor call, one commit, one texts part
 STAGING = ".ray-staging"  # in the store: the new texts as segment files Ray Data reads (shared FS)
 CONNECT_TIMEOUT_S = 10.0  # a cluster's GCS port answers a TCP connect in milliseconds; 10 s allows a slow WAN
@@ -83,11 +87,16 @@ class SegmentEncoder:
 
     def _maybe_crash(self) -> None:
         """Test hook: HEADSTORE_CRASH_AT='actor_segment:k' kills this actor at its k-th call, once
-        per marker file (Ray restarts the actor and retries the segment)."""
+        per marker file (Ray restarts the actor and retries the segment); 'actor_segment_always:k' at
+        every call from the k-th on (a segment that kills every actor: the restarts run out)."""
         self.calls += 1
-        if not self.crash_at or not self.crash_marker:
+        if not self.crash_at:
             return
         point, _, count = self.crash_at.partition(":")
+        if point == "actor_segment_always" and self.calls >= int(count or 1):
+            os.kill(os.getpid(), signal.SIGKILL)
+        if not self.crash_marker:
+            return
         if point == "actor_segment" and self.calls >= int(count or 1):
             try:
                 fd = os.open(self.crash_marker, os.O_CREAT | os.O_EXCL)
@@ -236,9 +245,9 @@ def _stage_segments(plan: Plan, chunks, counts: dict, staging: Path,
             segment = len(sizes)
             ids = new_ids[start:start + segment_texts]
             sizes[segment] = len(ids)
-            pl.DataFrame({"text_id": ids, "text": new_texts[start:start + segment_texts],
-                          "prompt": [prompt] * len(ids)}).write_parquet(
-                _segment_file(staging, segment))
+            with writing(_segment_file(staging, segment)):  # a full disk: one line naming the file
+                pl.DataFrame({"text_id": ids, "text": new_texts[start:start + segment_texts],
+                              "prompt": [prompt] * len(ids)}).write_parquet(_segment_file(staging, segment))
     return sizes
 
 
@@ -256,7 +265,8 @@ def _encoded_blocks(ray, plan: Plan, staging: Path, sizes: dict[int, int], *, wo
     encoded = dataset.map_batches(
         SegmentEncoder, fn_constructor_kwargs=actor_args, batch_size=1,
         batch_format="numpy", compute=ActorPoolStrategy(size=workers),
-        num_gpus=gpus_per_worker, num_cpus=cpus_per_worker)
+        num_gpus=gpus_per_worker, num_cpus=cpus_per_worker,
+        max_restarts=ACTOR_RESTARTS, max_task_retries=ACTOR_RESTARTS)
     return encoded.iter_batches(batch_size=None, batch_format="numpy")
 
 

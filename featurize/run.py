@@ -38,7 +38,7 @@ from headstore.featurize.pooling import Pooler
 from headstore.featurize.sentence import SentenceSpec, resolve_prompts, resolve_spec, sentence_dim
 from headstore.featurize.source import all_chunks, open_sources, windows
 from headstore.featurize.store import (MANIFEST, FeatureStore, StoreError, array_names,
-                                       check_fingerprint, stored_ids)
+                                       check_fingerprint, finite_rows, stored_ids)
 from headstore.featurize.writer import StoreWriter
 
 
@@ -165,7 +165,13 @@ class Plan:
 
 
 class _Committer:
-    """Writer thread: commits finished batches as one segment at most every commit_seconds."""
+    """Writer thread: commits finished batches as one segment at most every commit_seconds.
+
+    Nothing waits on it forever: a commit that fails (a full disk, a vanished folder) stores its error
+    and ends the thread; `put` (which waits for room at most WAIT_S at a time) and `finish` then raise
+    that error, and `abort` returns as soon as the thread is gone."""
+
+    WAIT_S = 0.1  # how often a producer waiting for room in the inbox looks at the thread again
 
     def __init__(self, writer: StoreWriter, commit_seconds: float, max_pending_rows: int):
         self.writer = writer
@@ -179,15 +185,33 @@ class _Committer:
         self.thread.start()
 
     def put(self, item) -> None:
-        if self.error is not None:
-            raise self.error
-        self.inbox.put(item)
+        """Queue a finished batch (None: the end); raises the writer's error once it has failed."""
+        while True:
+            if self.error is not None:
+                raise self.error
+            if not self.thread.is_alive():
+                raise RuntimeError("the store writer thread has ended")  # a bug: nothing may follow None
+            try:
+                self.inbox.put(item, timeout=self.WAIT_S)
+                return
+            except queue.Full:
+                continue
 
     def finish(self) -> None:
-        self.inbox.put(None)
+        """Commit what is queued and end the thread; raises the writer's error."""
+        self.put(None)
         self.thread.join()
         if self.error is not None:
             raise self.error
+
+    def abort(self) -> None:
+        """After a failure elsewhere: commit what was finished (if the writer still can), end the thread;
+        never raises, never waits on a thread that has failed."""
+        try:
+            self.put(None)
+        except BaseException:
+            return  # the writer failed (its error is in self.error) or has ended
+        self.thread.join()
 
     def _run(self):
         pending_feats: list[dict[str, np.ndarray]] = []
@@ -211,10 +235,8 @@ class _Committer:
                     pending_feats, pending_rows, last = [], [], time.monotonic()
                 if item is None:
                     return
-        except BaseException as err:
+        except BaseException as err:  # the thread ends here; put/finish raise it in the producer
             self.error = err
-            while self.inbox.get() is not None:  # drain so the producer never blocks
-                pass
 
 
 def new_windows(plan: Plan, chunks: Iterable[tuple[str, list[str]]],
@@ -261,17 +283,19 @@ def run_local(plan: Plan, chunks: Iterable[list[str]]) -> dict:
                            base=next_row, new_ids=new_ids, new_texts=new_texts, prompt=prompt)
             next_row += len(new_ids)
             t_encode += time.perf_counter() - t
+        if committer is not None:
+            committer.finish()  # the last segment (raises the writer's error)
+            plan.save_config()
     except BaseException:
-        if committer is not None:  # commit what was finished, then re-raise
-            committer.put(None)
-            committer.thread.join()
+        if committer is not None:  # commit what was finished (unless the writer failed), then re-raise
+            committer.abort()
         raise
     finally:
         if bar is not None:
             bar.close()
-        if plan.writer is not None and committer is None:
+        if plan.writer is not None:  # the store's lock is released on every path (a notebook goes on)
             plan.writer.close()
-    if plan.writer is not None:
+    if committer is not None:
         _finish_local(plan, committer, encoder, counts, t_encode)
     return plan.summary(counts, t0)
 
@@ -283,13 +307,8 @@ def _token_bar():
 
 
 def _finish_local(plan: Plan, committer: _Committer, encoder, counts: dict, t_encode: float) -> None:
-    """Commit the last segment, save the config, release the store; the engine's counts."""
+    """The engine's counts (the last segment is committed, the store released)."""
     config = plan.config
-    try:
-        committer.finish()
-        plan.save_config()
-    finally:
-        plan.writer.close()
     if counts["n_truncated"]:
         progress_write(f"featurize: {counts['n_truncated']} of {counts['n_encoded']} texts were "
                    f"truncated at {encoder.max_length} tokens (column `truncated` in texts/)")
@@ -346,8 +365,26 @@ def encode_in_plan_order(config: FeaturizeConfig, encoder, device: str, ids: lis
             yield batch, encode_batch(encoder, batch, pooler, config.layers, path.autocast, lengths)  # [(B, D)]
 
     for batch, host in features_to_host(pooled_batches(), cuda=device == "cuda"):
-        feats = {name: h.astype(np_dtype, copy=False) for name, h in zip(names, host)}
+        with np.errstate(over="ignore"):  # a float16 overflow is refused just below, naming the text
+            feats = {name: h.astype(np_dtype, copy=False) for name, h in zip(names, host)}
+        check_finite(feats, host, order[batch.start: batch.start + batch.n_texts], ids, texts)
         yield order[batch.start: batch.start + batch.n_texts], feats, tok, batch
+
+
+def check_finite(feats: dict[str, np.ndarray], host: list[np.ndarray], idx: np.ndarray, ids: list[str],
+                 texts: list[str]) -> None:
+    """ValueError naming the first text of a batch whose features hold NaN/inf, before anything of the batch is
+    committed (a later read would refuse the rows): a float16 overflow (|x| > 65504) or the encoder's own."""
+    for (name, f), h in zip(feats.items(), host):  # f: (B, D) in the store dtype, h: the same in float32
+        bad = ~finite_rows(f)
+        if bad.any():
+            i = int(idx[int(np.argmax(bad))])
+            text = texts[i] if len(texts[i]) <= 60 else texts[i][:57] + "..."
+            why = ("its features exceed float16's range (|x| > 65504): featurize into a store with --dtype float32"
+                   if finite_rows(h)[int(np.argmax(bad))] else
+                   "the encoder gives NaN/inf for it (check the model's weights, or --precision fp32)")
+            raise ValueError(f"text {ids[i]} ({text!r}): {name}: {why} ({int(bad.sum())} of its batch's {len(bad)} "
+                             "texts likewise; nothing of the batch was stored)")
 
 
 def _encode_window(config: FeaturizeConfig, encoder, device: str, committer: _Committer, bar,

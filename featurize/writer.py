@@ -25,7 +25,7 @@ import zarr
 from filelock import FileLock, Timeout
 from zarr.codecs import Crc32cCodec
 
-from headstore.data.files import atomic_write_bytes, atomic_write_parquet, fsync_dir
+from headstore.data.files import atomic_write_bytes, atomic_write_parquet, fsync_dir, writing
 from headstore.featurize.store import (FINGERPRINT_PARTS, FORMAT_VERSION, LOCK, MANIFEST, OPTIONAL_PARTS, TEXTS_DIR,
                                        TEXTS_SCHEMA, StoreError, array_names, check_fingerprint,
                                        crash_point, fingerprint_of, format_version, read_manifest,
@@ -145,20 +145,35 @@ class StoreWriter:
         shutil.rmtree(self.path / ".ray-staging", ignore_errors=True)  # a killed ray driver's
 
     def append(self, features: dict[str, np.ndarray], rows: pl.DataFrame) -> None:
-        """Commit rows [n, n + B): features (name -> (B, D)) and their texts rows, atomically."""
+        """Commit rows [n, n + B): features (name -> (B, D)) and their texts rows, atomically. A commit that
+        fails (a full disk) leaves the store as its last commit (its leftovers removed where the disk
+        allows; else the next writer removes them)."""
+        try:
+            self._append(features, rows)
+        except Exception:
+            try:  # against the manifest on disk: the commit may have happened (a failed fsync after the rename)
+                self.manifest = read_manifest(self.path)
+                self._reconcile()
+            except Exception:  # noqa: BLE001 -- the error that stopped the commit is the one to report
+                pass
+            raise
+
+    def _append(self, features: dict[str, np.ndarray], rows: pl.DataFrame) -> None:
         start = self.n_texts
         stop = start + rows.height
         assert rows["row"].to_list() == list(range(start, stop)), "rows must follow the committed ones"
         for name, arr in self.arrays.items():
             block = features[name]  # (B, D)
             assert block.shape[0] == rows.height
-            if arr.shape[0] < stop:
-                arr.resize((stop, arr.shape[1]))
-            crash_point("resized")
-            arr[start:stop] = block
+            with writing(self.path / self.manifest["arrays"][name]["path"]):  # an OS error names the array
+                if arr.shape[0] < stop:
+                    arr.resize((stop, arr.shape[1]))
+                crash_point("resized")
+                arr[start:stop] = block
         crash_point("features_written")
         for name, arr in self.arrays.items():
-            fsync_rows(self.path / self.manifest["arrays"][name]["path"], arr, start, stop)
+            with writing(self.path / self.manifest["arrays"][name]["path"]):
+                fsync_rows(self.path / self.manifest["arrays"][name]["path"], arr, start, stop)
         number = int(self.manifest["next_part"])
         part = write_part(self.path / TEXTS_DIR, number, rows, start)
         self.commit_manifest(parts=[*self.manifest["parts"], part], n_texts=stop,
@@ -209,7 +224,8 @@ def _create(path: Path, parts: dict, dim: int, chunk_rows: int, shard_rows: int)
                 shutil.rmtree(child) if child.is_dir() else child.unlink()
         arrays = {}
         for name, layer in array_names(parts["layers"]).items():
-            create_array(tmp / f"{name}.zarr", dim, parts["dtype"], chunk_rows, shard_rows)
+            with writing(path / f"{name}.zarr"):  # an OS error (a full disk) names the array
+                create_array(tmp / f"{name}.zarr", dim, parts["dtype"], chunk_rows, shard_rows)
             arrays[name] = {"path": f"{name}.zarr", "layer": layer}
             if parts.get("normalize") and layer == -1:  # the model's Normalize: on the last layer, on read
                 arrays[name]["normalize"] = True

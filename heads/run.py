@@ -23,7 +23,7 @@ import torch
 
 from headstore.data.memory import trim_heap
 from headstore.data.files import atomic_write_json
-from headstore.data.outputs import prepare_output_dir
+from headstore.data.outputs import begin_output, end_output, prepare_output_dir
 from headstore.featurize.hardware import warn_if_emulated_bf16
 from headstore.featurize.model import pick_device
 from headstore.featurize.store import FeatureStore
@@ -113,6 +113,7 @@ def train_head(store_path: str, data_path: str, out_dir: str, head_cfg: HeadConf
     trim_heap()  # training's freed transients back to the OS before evaluation adds its own (peak RSS)
     # `features` now hold the head's inputs (normalised in place: one copy of the task's features in memory)
     out = prepare_output_dir(out_dir, "head", overwrite, inputs=inputs)
+    begin_output(out, "head")  # an interrupted write (a full disk) is replaced by the same command's rerun
     config = {"head": asdict(head_cfg), "train": cfg.to_dict(), "data": str(data_path), "format": data_format,
               "task": task.name, "kind": task.kind, "dev": task.dev_note or "the dataset's dev split",
               **_data_notes(task),
@@ -144,6 +145,7 @@ def train_head(store_path: str, data_path: str, out_dir: str, head_cfg: HeadConf
     if run.strength_curve:
         plot_strength(run.strength_curve, run.strength, out / "strength.png", metrics["primary"],
                       title=f"{task.name}: strength a (chosen {run.strength:g})")
+    end_output(out)
     return metrics
 
 

@@ -26,7 +26,8 @@ from typing import Callable
 
 import torch
 
-from headstore.data.files import atomic_write_json
+from headstore.data.outputs import PARTIAL, begin_output, clear_partial, end_output
+from headstore.data.files import atomic_write_json, writing
 from headstore.featurize.model import model_identity
 from headstore.featurize.sentence import SentenceSpec
 from headstore.featurize.store import array_names
@@ -208,7 +209,8 @@ def export_sentence_transformers(head: Head, out: Path, model: str | None = None
     st = SentenceTransformer(modules=modules, device="cpu", similarity_fn_name=SIMILARITY[head.energy_name],
                              prompts=prompts)
     out.mkdir(parents=True, exist_ok=True)
-    st.save(str(out), create_model_card=False)
+    with writing(out):  # a full disk: one line naming the folder
+        st.save(str(out), create_model_card=False)
     notes = []
     if parts.get("dtype") == "float16":
         notes.append("the store holds float16 features and the head was trained on them; the exported model "
@@ -273,7 +275,7 @@ def export_safetensors(head: Head, out: Path, model: str | None = None) -> dict:
         head.config = {**head.config, "encoder_dir": str(Path(model).resolve())}
     head.save(out)
     return {"format": "safetensors", "out": str(out), "head": head.source,
-            "files": sorted(p.name for p in out.iterdir()), "load": f"headstore.Head.load({str(out)!r})"}
+            "files": sorted(p.name for p in out.iterdir() if p.name != PARTIAL), "load": f"headstore.Head.load({str(out)!r})"}
 
 
 # the registry's writers (heads.apply.formats names them): writer(head, out dir, encoder override) -> summary
@@ -285,6 +287,11 @@ def export_head(ref: str, fmt: str, out: str | Path, model: str | None = None) -
     if fmt not in EXPORT_FORMATS:
         raise ValueError(f"export format {fmt!r}; valid: {sorted(EXPORT_FORMATS)}")
     out = Path(out)
-    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+    if out.exists() and not clear_partial(out, "export") and (not out.is_dir() or any(out.iterdir())):
         raise ValueError(f"{out}: exists and is not an empty directory; give a new --out")
-    return WRITERS[fmt](Head.load(ref), out, model)
+    head = Head.load(ref)
+    out.mkdir(parents=True, exist_ok=True)
+    begin_output(out, "export")  # an interrupted export (a full disk) is replaced by the same command's rerun
+    summary = WRITERS[fmt](head, out, model)
+    end_output(out)
+    return summary

@@ -31,7 +31,8 @@ import polars as pl
 
 from headstore.data.progress import progress_bar
 from headstore.data.dataset import load_dataset
-from headstore.data.files import atomic_write_json, atomic_write_parquet
+from headstore.data.outputs import begin_output, clear_partial, end_output
+from headstore.data.files import atomic_write_json, atomic_write_parquet, writing
 from headstore.data.text_id import doc_text, text_ids
 from headstore.featurize.store_api import Store
 from headstore.heads.apply.pipeline import Pipeline
@@ -107,7 +108,7 @@ def build_index(store_path: str, head_ref: str, data_path: str, out_dir: str, hn
     """Embed the corpus of `data_path` (stored features -> head) into a FAISS index at `out_dir`."""
     faiss = _faiss()
     out = Path(out_dir)
-    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+    if out.exists() and not clear_partial(out, "index") and (not out.is_dir() or any(out.iterdir())):
         raise ValueError(f"{out}: exists and is not an empty directory; give a new --out")
     if hnsw is not None and hnsw < 2:
         raise ValueError(f"--hnsw M needs M >= 2 links per node; got {hnsw}")
@@ -135,8 +136,10 @@ def build_index(store_path: str, head_ref: str, data_path: str, out_dir: str, hn
         bar.update(len(chunk))
     bar.close()
     out.mkdir(parents=True, exist_ok=True)
+    begin_output(out, "index")  # an interrupted index (a full disk) is replaced by the same command's rerun
     head.save(out / HEAD_DIR)
-    faiss.write_index(index, str(out / INDEX_FILE))  # faiss writes in place: the other files say it is whole
+    with writing(out / INDEX_FILE):  # a full disk: one line naming the file
+        faiss.write_index(index, str(out / INDEX_FILE))  # faiss writes in place: the other files say it is whole
     atomic_write_parquet(out / ITEMS_FILE, items.select("id", "text_id", "text", "row"))
     info = {"kind": "hnsw" if hnsw else "flat", "hnsw_m": hnsw, "ef_construction": ef_construction if hnsw else None,
             "metric": {"l1": "METRIC_L1", "l2": "METRIC_L2", "cosine": "METRIC_INNER_PRODUCT"}[energy],
@@ -144,6 +147,7 @@ def build_index(store_path: str, head_ref: str, data_path: str, out_dir: str, hn
             "store": str(store_path), "store_fingerprint": store.fingerprint, "data": str(data_path),
             "sides": "query" if head.query_side else "both", "document_space": document_space(head)}
     atomic_write_json(out / INFO_FILE, info, sort_keys=True)
+    end_output(out)
     return info
 
 
