@@ -34,3 +34,18 @@ def test_readme_links_to_docs_pages_in_the_site_nav():
     for link in links:
         assert (ROOT / link).is_file(), link
         assert link.removeprefix("docs/") in nav, f"{link} is not in mkdocs.yml's nav"
+
+
+def fenced(text: str, lang: str = "bash") -> list[list[str]]:
+    return [[line.split("  #")[0].strip() for line in block.splitlines() if line.strip()]
+            for block in re.findall(rf"```{lang}\n(.*?)```", text, re.S)]
+
+
+def test_docs_home_and_own_data_guide_repeat_the_readmes_commands():
+    """Commands the docs repeat from the README are the README's (which CI and the quickstart test run)."""
+    (set_up,), (tests,) = bash_block_after("## Set-up"), bash_block_after("## Tests")
+    (main_job,) = bash_block_after("## Main job")
+    home = fenced((ROOT / "docs" / "index.md").read_text())
+    assert [set_up, main_job, tests] in home
+    quickstart = README[README.index("<!-- quickstart:begin"):]
+    assert fenced(quickstart)[0] in fenced((ROOT / "docs" / "guide" / "own-data.md").read_text())
