@@ -29,6 +29,7 @@ import torch
 from headstore.data.files import atomic_write_json, atomic_write_parquet, atomic_write_text
 from headstore.heads.config import HeadConfig, TrainConfig
 from headstore.heads.features import Normalizer
+from headstore.heads.losses import scoring_energy
 from headstore.heads.model import StackedMLP, load_heads, save_heads
 
 HEAD_FILE, NORMALIZER_FILE, CONFIG_FILE = "head.safetensors", "normalizer.safetensors", "config.json"
@@ -248,9 +249,10 @@ def ranked_configs(frame: pl.DataFrame) -> tuple[list[pl.DataFrame], list[str]]:
 
 def ensemble_groups(frame: pl.DataFrame) -> list[pl.DataFrame]:
     """The configurations an ensemble of a grid draws from, best first (the leaderboard's order, dev only):
-    those trained with the l1 energy (mnr is cosine) on the same store array as the best of them."""
+    those trained with the l1 energy (a loss that ignores the energy is cosine: heads.losses.scoring_energy) on
+    the same store array as the best of them."""
     groups, _ = ranked_configs(frame)
-    l1 = [g for g in groups if g["loss"][0] != "mnr" and g["energy"][0] == ENSEMBLE_ENERGY]
+    l1 = [g for g in groups if scoring_energy(g["loss"][0], g["energy"][0]) == ENSEMBLE_ENERGY]
     return [g for g in l1 if g["array"][0] == l1[0]["array"][0]] if l1 else []
 
 

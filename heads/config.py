@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import Optional
 
 from headstore.featurize.tuning.schedule import SCHEDULES
-from headstore.heads.losses import LOSSES, LossConfig
+from headstore.heads.losses import LOSSES, LossConfig, scoring_energy
 from headstore.heads.losses.settings import DEFAULT_IMPOSTORS, GRADED_MODES, IMPOSTOR_MODES
 
 PRECISIONS = ("fp32", "bf16")  # head training maths (heads.train): fp32, or bf16 autocast for the matmuls
@@ -277,8 +277,9 @@ class TrainConfig:
 
     @property
     def eval_energy(self) -> str:
-        """The energy heads are trained and ranked with (a loss that ignores the energy is cosine: mnr)."""
-        return self.energy if LOSSES[self.loss].uses_energy else "cosine"
+        """The energy heads are trained and ranked with (a loss that ignores the energy is cosine: mnr, supcon;
+        heads.losses.scoring_energy, the one rule)."""
+        return scoring_energy(self.loss, self.energy)
 
     def loss_config(self) -> LossConfig:
         return LossConfig(q=self.q, tau=self.tau, margin=self.margin, impostors=self.impostors,

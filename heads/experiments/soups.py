@@ -14,6 +14,7 @@ from headstore.data.files import atomic_write_json
 from headstore.heads.evaluate import PREFIX, embedder, evaluate_split, primary_metric
 from headstore.heads.experiments.report import _ci
 from headstore.heads.kinds import Task
+from headstore.heads.losses import scoring_energy
 from headstore.heads.soup import load_soup
 
 
@@ -30,7 +31,7 @@ def score_soups(out, frame: pl.DataFrame, task: Task, features, transfer: dict, 
             except ValueError as err:
                 print(f"soup of {k}, seed {seed}: {err}; skipped")
                 continue
-            energy = config["train"]["energy"] if config["train"]["loss"] != "mnr" else "cosine"
+            energy = scoring_energy(config["train"]["loss"], config["train"]["energy"])  # as its heads were trained
             raw = features(config.get("array", "features"))
             X = norm.to(raw.device)(raw)
             embed = embedder(model.to(raw.device), X)  # loaded on the CPU; scored where the features are

@@ -65,6 +65,16 @@ LOSSES: dict[str, LossSpec] = {spec.name: spec for spec in (
 )}
 
 
+COSINE = "cosine"  # the energy of a loss that ignores the `energy` setting (mnr, supcon: cosine by definition)
+
+
+def scoring_energy(loss: str, energy: str) -> str:
+    """The energy heads trained with `loss` under the `energy` setting are trained, selected, ranked, souped
+    and ensembled with: the setting itself, or cosine for a loss that ignores it (`uses_energy` False). The
+    one rule (TrainConfig.eval_energy, soups, ensembles)."""
+    return energy if LOSSES[loss].uses_energy else COSINE
+
+
 def losses_that(test: Callable[[LossSpec], bool]) -> list[str]:
     """Names of the losses whose spec passes `test`, sorted (for messages listing the valid ones)."""
     return sorted(name for name, spec in LOSSES.items() if test(spec))

@@ -125,3 +125,33 @@ def test_ensemble_groups_skip_cosine_heads_and_other_arrays():
                                                         ("l1-energy", "features", 3e-3, 0.6)])]
     groups = ensemble_groups(pl.DataFrame(rows))
     assert [g["head_id"][0] for g in groups] == ["h1", "h3"]
+
+
+def test_a_loss_that_ignores_the_energy_is_souped_and_ensembled_under_cosine(world, tmp_path, monkeypatch):
+    """One energy rule (issue 32 item 7): heads of a loss that ignores the energy setting (not mnr: a registry
+    entry made here, and supcon) are trained, souped and ensembled under cosine, whatever `energy` says."""
+    from headstore.heads.artefacts import ensemble_groups
+    from headstore.heads.config import TrainConfig
+    from headstore.heads.losses import LOSSES, LossSpec, scoring_energy
+
+    monkeypatch.setitem(LOSSES, "mnr-twin", LossSpec("mnr-twin", ("positives",), negatives=True, uses_energy=False,
+                                                     pairs_fn="pairs:mnr_loss"))
+    for loss in ("mnr-twin", "supcon"):
+        assert TrainConfig(loss=loss, energy="l1").eval_energy == scoring_energy(loss, "l1") == "cosine"
+    spec = tmp_path / "grid.toml"
+    spec.write_text('[grid]\nlr = [1e-3, 1e-2]\n[fixed]\nloss = "mnr-twin"\nenergy = "l1"\nepochs = 2\n'
+                    'batch_size = 8\nhidden = 16\nmined_k = 2\n')
+    out = tmp_path / "out"
+    r = CliRunner().invoke(main, ["grid", "--store", str(world.store), "--data", str(world.beir), "--grid", str(spec),
+                                  "--out", str(out), "--soup", "1", "--ensemble", "1"])
+    assert r.exit_code == 0, r.output
+    results = pl.read_parquet(out / "results.parquet")
+    assert ensemble_groups(results) == []  # no l1 heads: nothing to ensemble under the mean L1 energy
+    soup = json.loads((out / "soups.json").read_text())["per_seed"][0]  # the soup of one: the best head
+    best = results.filter(pl.col("head_id") == soup["head_ids"][0])
+    assert soup["dev_primary"] == pytest.approx(best["dev_primary"][0], abs=1e-6)  # scored as it was trained
+    frame = pl.DataFrame([{"head_id": "s", "status": "ok", "loss": "supcon", "energy": "l1", "array": "features",
+                           "lr": 1e-3, "seed": 0, "dev_primary": 0.9},
+                          {"head_id": "e", "status": "ok", "loss": "l1-energy", "energy": "l1", "array": "features",
+                           "lr": 1e-3, "seed": 0, "dev_primary": 0.8}])
+    assert [g["head_id"][0] for g in ensemble_groups(frame)] == ["e"]  # supcon is cosine, not l1
