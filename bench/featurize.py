@@ -97,18 +97,22 @@ def settings_for(system: str, text_set: str, args, device: str, bf16_native: boo
     return out
 
 
-def run_worker(spec: dict, folder: Path, name: str, env: dict) -> list[dict]:
-    """One worker process; its results (each with its features of the reference sample, or None)."""
+def run_worker(spec: dict, folder: Path, name: str, env: dict, grace_s: float) -> list[dict]:
+    """One worker process; its results (each with its features of the reference sample, or None). Past the
+    deadline no worker starts; a worker still running grace_s after it is stopped (its finished settings kept)."""
+    if time.time() > spec["deadline"]:
+        return [{"index": i, **s, "status": "skipped", "reason": "time budget", "features": None}
+                for i, s in enumerate(spec["settings"])]
     path = folder / f"{name}.json"
     path.write_text(json.dumps(spec))
     argv = [sys.executable, str(WORKER), str(path)] + (["--st-first"] if spec["system"] != "headstore" else [])
-    timeout = max(60.0, spec["deadline"] - time.time() + 120.0)  # a setting begun in time may finish
+    timeout = max(30.0, spec["deadline"] - time.time() + grace_s)  # a setting begun in time may finish
     with open(folder / f"{name}.log", "w") as log:
         try:
             proc = subprocess.run(argv, env=env, stdout=log, stderr=subprocess.STDOUT, timeout=timeout)
-            failed = proc.returncode != 0
+            failed, reason = proc.returncode != 0, f"worker failed (exit {proc.returncode}; see its log)"
         except subprocess.TimeoutExpired:
-            failed = True
+            failed, reason = True, "time budget (worker stopped)"
     out = Path(f"{path}.out.json")
     results = json.loads(out.read_text()) if out.is_file() else []
     for r in results:
@@ -118,7 +122,7 @@ def run_worker(spec: dict, folder: Path, name: str, env: dict) -> list[dict]:
         tail = (folder / f"{name}.log").read_text()[-1500:]
         print(f"  worker {name} stopped early:\n{tail}", file=sys.stderr, flush=True)
         done = {r["index"] for r in results}
-        results += [{"index": i, **s, "status": "failed", "reason": "worker stopped (see log)", "features": None}
+        results += [{"index": i, **s, "status": "failed", "reason": reason, "features": None}
                     for i, s in enumerate(spec["settings"]) if i not in done]
     meta = Path(f"{path}.meta.json")
     if meta.is_file():
@@ -186,6 +190,8 @@ def main():
     ap.add_argument("--ref-sample", type=int, default=None, help="texts compared with the fp32 reference")
     ap.add_argument("--warmup-texts", type=int, default=None)
     ap.add_argument("--budget-s", type=float, default=None, help="begin no setting after this many seconds")
+    ap.add_argument("--grace-s", type=float, default=120.0,
+                    help="a worker still running this long after the budget is stopped (its finished settings kept)")
     ap.add_argument("--quick", action="store_true", help="a small matrix: few settings, one repeat")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
@@ -229,6 +235,11 @@ def main():
     rows, reference_seconds = [], {}
     try:
         for shape in shapes:
+            if time.time() > deadline:  # no model built, no reference: every setting is reported as skipped
+                rows += [report.make_row({**s, "status": "skipped", "reason": "time budget"}, shape, cells[n], None,
+                                         None, 1.0)
+                         for system in systems for n in cells for s in settings_for(system, n, args, device, bf16_native)]
+                continue
             model_dir = fd.make_shape(shape, minilm_dir, folder)
             refs = {}
             for name, cell in cells.items():
@@ -246,7 +257,7 @@ def main():
                                           "max_length": c["max_length"], "warmup": args.warmup_texts}
                                       for n, c in cells.items()}}
                 log(t_start, f"{shape} {system}: {len(settings)} settings")
-                for r in run_worker(spec, folder, f"{shape}-{system}", dict(ENV_AT_START)):
+                for r in run_worker(spec, folder, f"{shape}-{system}", dict(ENV_AT_START), args.grace_s):
                     feats = r.pop("features")
                     rows.append(report.make_row(r, shape, cells[r["text_set"]], refs[r["text_set"]], feats,
                                                 max(p[ceiling_precision] for p in probes)))

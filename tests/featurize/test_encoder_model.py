@@ -31,8 +31,18 @@ def test_minilm_missing_package_message(monkeypatch):
             raise ImportError(name)
         return real_import(name, *a, **kw)
 
+    monkeypatch.delenv("HEADSTORE_MINILM", raising=False)
     monkeypatch.setattr(builtins, "__import__", no_minilm)
     with pytest.raises(ValueError, match=r"pip install '\.\[minilm\]'"):
+        resolve_model("minilm")
+
+
+def test_minilm_from_environment(tiny_model, tmp_path, monkeypatch):
+    """$HEADSTORE_MINILM (a MiniLM dir carried to a machine without the package) is what `minilm` names."""
+    monkeypatch.setenv("HEADSTORE_MINILM", tiny_model)
+    assert resolve_model("minilm") == str(Path(tiny_model).resolve())
+    monkeypatch.setenv("HEADSTORE_MINILM", str(tmp_path / "absent"))
+    with pytest.raises(ValueError, match="HEADSTORE_MINILM=.*not a model directory"):
         resolve_model("minilm")
 
 
