@@ -10,6 +10,8 @@ import dataclasses
 import json
 from dataclasses import dataclass
 
+from headstore.featurize.backends import BACKENDS
+
 DTYPES = ("float16", "float32")
 DEVICES = ("auto", "cpu", "cuda")
 PRECISIONS = ("auto", "fp32", "bf16", "fp16", "bf16-autocast")
@@ -79,6 +81,13 @@ class FeaturizeConfig:
     shard_rows: int = 65536
     # CPU threads for torch; 0 = all cores.
     num_threads: int = 0
+    # where the encoder forward runs (featurize.backends.BACKENDS): torch, or on a CPU the exported graph in
+    # ONNX Runtime or OpenVINO (the `cpu-fast` extra). torch by default: the reference maths, no export step;
+    # a runtime is within 1e-5 of it in fp32 and part of the store's fingerprint.
+    backend: str = "torch"
+    # folder of the cached exports of --backend onnx|openvino (featurize.exported); None: ~/.cache/headstore/exports
+    # ($XDG_CACHE_HOME), beside the other per-machine results, not inside a store (one export serves every store).
+    export_cache: str | None = None
     # input texts read, deduplicated, tokenised and planned at a time: bounds memory (~1 KB per
     # text of a window) whatever the corpus size, while 256k texts still sort well by length. Window
     # boundaries depend on the input alone; a rerun must use the same value to resume bit-exactly.
@@ -91,6 +100,8 @@ class FeaturizeConfig:
             raise ValueError(f"precision {self.precision!r} not valid; choose one of {list(PRECISIONS)}")
         if self.packing not in PACKINGS:
             raise ValueError(f"packing {self.packing!r} not valid; choose one of {list(PACKINGS)}")
+        if self.backend not in BACKENDS:
+            raise ValueError(f"backend {self.backend!r} not valid; choose one of {sorted(BACKENDS)}")
         if self.tokenize_threads < 0:
             raise ValueError(f"tokenize_threads must be >= 0, got {self.tokenize_threads}")
         if self.batch_overhead_tokens is not None and self.batch_overhead_tokens < 0:

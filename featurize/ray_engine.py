@@ -33,6 +33,7 @@ import torch
 from headstore.data.progress import progress_bar
 from headstore.data.files import writing
 from headstore.featurize.config import FeaturizeConfig
+from headstore.featurize.backends import use_backend
 from headstore.featurize.model import load_encoder
 from headstore.featurize.run import Plan, encode_in_plan_order, new_windows
 from headstore.featurize.source import all_chunks, open_sources
@@ -59,6 +60,8 @@ class SegmentEncoder:
         if device == "cpu":
             torch.set_num_threads(max(1, num_threads))
         self.encoder = load_encoder(self.config.model, device, self.config.max_length)
+        self.encoder = use_backend(self.encoder, self.config.backend, self.config.layers,  # torch: itself
+                                   self.config.resolved_precision(device), num_threads, self.config.export_cache)
         self.names = list(array_names(self.config.layers))
         self.crash_at, self.crash_marker, self.calls = crash_at, crash_marker, 0
 

@@ -48,7 +48,8 @@ FINGERPRINT_PARTS = ("model_id", "weights_hash", "tokenizer_hash", "pooling", "l
 # parts present only where they differ from what stores had before them (so those stores keep their
 # fingerprint): the model's sentence modules (featurize.sentence), the roles' prompts, and the encoder's
 # numerics where the weights are held in half precision (config.FINGERPRINTED_NUMERICS)
-OPTIONAL_PARTS = ("include_prompt", "dense", "normalize", "prompts", "numerics")
+OPTIONAL_PARTS = ("include_prompt", "dense", "normalize", "prompts", "numerics",
+                  "backend")  # backend: a CPU runtime (featurize.backends), absent for torch
 TEXTS_SCHEMA = {"text_id": pl.String, "text": pl.String, "row": pl.Int64,
                 "n_tokens": pl.Int32, "truncated": pl.Boolean}
 PLAIN_ID = f"^[0-9a-fA-F]{{{2 * TEXT_ID_BYTES}}}$"  # a text id as stored (hex of 16 bytes)
