@@ -33,6 +33,7 @@ from headstore.featurize.encode import (CODE_VERSION, Batch, Tokenized, encode_b
 from headstore.featurize.ids import IdSet, digests, first_occurrences, keys_of_digests, keys_of_hex
 from headstore.featurize.hardware import warn_if_emulated_bf16
 from headstore.featurize.model import check_options, load_encoder, model_identity, pick_device
+from headstore.featurize.backends import backend_part, check_backend, use_backend
 from headstore.featurize.packed import prepare_encoder
 from headstore.featurize.pooling import Pooler
 from headstore.featurize.sentence import SentenceSpec, resolve_prompts, resolve_spec, sentence_dim
@@ -54,7 +55,7 @@ def fingerprint_parts(config: FeaturizeConfig, device: str | None = None) -> dic
             "dtype": config.dtype, "precision": config.resolved_precision(device),
             "code_version": CODE_VERSION,
             **({"prompts": prompts} if any(prompts.values()) else {}),  # absent: stores made before prompts
-            **numerics_part(config, device)}
+            **numerics_part(config, device), **backend_part(config.backend)}
 
 
 def numerics_part(config: FeaturizeConfig, device: str) -> dict:
@@ -107,6 +108,7 @@ class Plan:
         _, hidden = check_options(config.model, config.max_length, config.layers)
         parts = fingerprint_parts(config, device)
         dim = sentence_dim(SentenceSpec.from_parts(parts), hidden, config.layers)
+        check_backend(config.backend, device, parts["precision"], config.packing == "on")
         warn_if_emulated_bf16(parts["precision"], device)  # one line on stderr where bf16 is emulated
         if store_path.exists() and (not store_path.is_dir() or (
                 any(store_path.iterdir()) and not (store_path / MANIFEST).is_file())):
@@ -335,7 +337,8 @@ def _load(config: FeaturizeConfig, device: str):
         torch.set_num_threads(config.num_threads or os.cpu_count() or 1)
     encoder = load_encoder(config.model, device, config.max_length)
     prepare_encoder(encoder, config, device)
-    return encoder
+    return use_backend(encoder, config.backend, config.layers, config.resolved_precision(device),  # torch: itself
+                       config.num_threads, config.export_cache)
 
 
 def encode_in_plan_order(config: FeaturizeConfig, encoder, device: str, ids: list[str], texts: list[str],
