@@ -10,8 +10,10 @@ the rate and the time left.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
+from typing import Iterator
 
 from tqdm.auto import tqdm as terminal_tqdm
 from tqdm.std import tqdm
@@ -108,16 +110,30 @@ def progress_write(message: str) -> None:
     tqdm.write(message, file=sys.stderr)
 
 
-def quiet_library_bars() -> None:
-    """Outside bars mode, turn off the progress bars libraries draw themselves (transformers' "Loading
-    weights", datasets' "Saving the dataset"): in a log they are carriage-return frames."""
-    if progress_mode() == "bars":
-        return
-    for module in ("transformers.utils.logging", "datasets.utils.logging"):
-        lib = sys.modules.get(module.split(".")[0])
-        if lib is None:
-            continue  # not imported: nothing of it will draw here
-        try:
-            __import__(module, fromlist=["disable_progress_bar"]).disable_progress_bar()
-        except (ImportError, AttributeError):
-            pass
+@contextlib.contextmanager
+def quiet_library_bars() -> Iterator[None]:
+    """Outside bars mode, the progress bars libraries draw themselves (transformers' "Loading weights",
+    datasets' "Saving the dataset") turned off for the block, then turned back on if they were on: in a log
+    they are carriage-return frames, and a notebook that embeds headstore keeps its own setting."""
+    restore = [] if progress_mode() == "bars" else [lib for lib in map(_bars_of, LIBRARY_LOGGING) if lib]
+    for lib in restore:
+        lib.disable_progress_bar()
+    try:
+        yield
+    finally:
+        for lib in restore:
+            lib.enable_progress_bar()
+
+
+LIBRARY_LOGGING = ("transformers.utils.logging", "datasets.utils.logging")  # modules with *_progress_bar()
+
+
+def _bars_of(module: str):
+    """The logging module of a library already imported whose progress bars are on (None: else)."""
+    if module.split(".")[0] not in sys.modules:
+        return None  # not imported: nothing of it will draw here
+    try:
+        lib = __import__(module, fromlist=["is_progress_bar_enabled"])
+        return lib if lib.is_progress_bar_enabled() else None
+    except (ImportError, AttributeError):
+        return None

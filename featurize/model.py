@@ -7,13 +7,15 @@ records `weights_hash` / `tokenizer_hash` so a feature store can refuse features
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
+from headstore.data.process import scoped_environ, torch_threads
 from headstore.data.progress import quiet_library_bars
 
 TOKENIZER_FILES = ("tokenizer.json", "vocab.txt", "tokenizer_config.json", "special_tokens_map.json")
@@ -193,29 +195,44 @@ def load_encoder(name_or_path: str, device: str = "auto", max_length: int | None
     """Model (safetensors, no remote code, SDPA attention unless unsupported) and tokenizer."""
     from transformers import AutoModel, AutoTokenizer  # here: seconds to import; only loading needs it
 
-    quiet_library_bars()  # a log gets no "Loading weights" carriage-return frames
-
     identity = model_identity(name_or_path, max_length)
     model_dir = identity.model_dir
     device = pick_device(device)
-    kwargs = dict(use_safetensors=True, trust_remote_code=False)
-    try:
-        model = AutoModel.from_pretrained(model_dir, attn_implementation="sdpa", **kwargs)
-        attn = "sdpa"
-    except (ValueError, ImportError) as err:  # the architecture has no SDPA path
-        if "sdpa" not in str(err).lower() and "scaled_dot_product" not in str(err).lower():
-            raise
-        model = AutoModel.from_pretrained(model_dir, attn_implementation="eager", **kwargs)
-        attn = "eager"
+    with quiet_library_bars():  # a log gets no "Loading weights" carriage-return frames
+        model, attn = _from_pretrained(AutoModel, model_dir)
     model.eval().requires_grad_(False).to(device)
     tokenizer = AutoTokenizer.from_pretrained(model_dir, trust_remote_code=False)
     if max_length is None:
         default = default_max_length(Path(model_dir), tokenizer)
         default = min(default, position_limit(Path(model_dir)) or default)
         identity = ModelIdentity(**{**identity.__dict__, "max_length": default})
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "true")
     return Encoder(model=model, tokenizer=tokenizer, identity=identity, device=device,
                    attn_implementation=attn)
+
+
+def _from_pretrained(auto_model, model_dir: str) -> tuple[Any, str]:
+    """(the model with SDPA attention, "sdpa"), or with eager attention where the architecture has no SDPA path."""
+    kwargs = dict(use_safetensors=True, trust_remote_code=False)
+    try:
+        return auto_model.from_pretrained(model_dir, attn_implementation="sdpa", **kwargs), "sdpa"
+    except (ValueError, ImportError) as err:  # the architecture has no SDPA path
+        if "sdpa" not in str(err).lower() and "scaled_dot_product" not in str(err).lower():
+            raise
+        return auto_model.from_pretrained(model_dir, attn_implementation="eager", **kwargs), "eager"
+
+
+# the fast tokenizer's batches on every core, where the environment does not say (and no warning from the
+# tokenizers library when a process forks after using it)
+TOKENIZER_ENV = {"TOKENIZERS_PARALLELISM": "true"}
+
+
+@contextlib.contextmanager
+def encoding_settings(device: str, num_threads: int | None) -> Iterator[None]:
+    """A featurize run's process settings, restored after it (headstore.data.process): on a CPU, torch's
+    intra-op threads = num_threads or every core; TOKENIZER_ENV."""
+    threads = (num_threads or os.cpu_count() or 1) if device == "cpu" else None
+    with torch_threads(threads), scoped_environ(TOKENIZER_ENV):
+        yield
 
 
 # model types whose position ids start after the padding index (RoBERTa family): 2 positions fewer

@@ -12,7 +12,6 @@ up-to-date store (even a read-only one) is never written, and an empty input nev
 
 from __future__ import annotations
 
-import os
 import queue
 import threading
 import time
@@ -32,7 +31,7 @@ from headstore.featurize.encode import (CODE_VERSION, Batch, Tokenized, encode_b
                                         prefetch_batches, prompt_length, tokenize)
 from headstore.featurize.ids import IdSet, digests, first_occurrences, keys_of_digests, keys_of_hex
 from headstore.featurize.hardware import warn_if_emulated_bf16
-from headstore.featurize.model import check_options, load_encoder, model_identity, pick_device
+from headstore.featurize.model import check_options, encoding_settings, load_encoder, model_identity, pick_device
 from headstore.featurize.backends import backend_part, check_backend, use_backend
 from headstore.featurize.packed import prepare_encoder
 from headstore.featurize.pooling import Pooler
@@ -73,7 +72,8 @@ def featurize(config: FeaturizeConfig, data_paths: Sequence[str | Path], store_p
     """Encode every text of the datasets that the store does not hold yet; returns a summary."""
     plan = Plan.make(config, store_path)  # refuses bad options before anything is read or created
     sources = open_sources(data_paths, formats)
-    return run_local(plan, all_chunks(sources))
+    with encoding_settings(plan.device, config.num_threads):  # restored after the run
+        return run_local(plan, all_chunks(sources))
 
 
 def featurize_texts(config: FeaturizeConfig, texts: Sequence[str], store_path: str | Path,
@@ -84,7 +84,8 @@ def featurize_texts(config: FeaturizeConfig, texts: Sequence[str], store_path: s
     plan = Plan.make(config, store_path)
     if not len(texts):
         raise ValueError("no texts to featurize (an empty input); give at least one text")
-    return run_local(plan, [(role, list(texts))])
+    with encoding_settings(plan.device, config.num_threads):  # restored after the run
+        return run_local(plan, [(role, list(texts))])
 
 
 @dataclass
@@ -333,8 +334,6 @@ def _speed_parts(counts: dict, t_encode: float) -> dict:
 
 
 def _load(config: FeaturizeConfig, device: str):
-    if device == "cpu":
-        torch.set_num_threads(config.num_threads or os.cpu_count() or 1)
     encoder = load_encoder(config.model, device, config.max_length)
     prepare_encoder(encoder, config, device)
     return use_backend(encoder, config.backend, config.layers, config.resolved_precision(device),  # torch: itself

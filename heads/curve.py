@@ -3,10 +3,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import matplotlib
-
-matplotlib.use("Agg")  # files only; no display on the machines this runs on
-import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.figure import Figure  # no pyplot: files only, the host's backend left as it is
 
 
 def plot_curve(history: list[dict], path: Path, title: str = "") -> None:
@@ -15,7 +12,8 @@ def plot_curve(history: list[dict], path: Path, title: str = "") -> None:
         return
     epochs = [h["epoch"] for h in history]
     dev_key = next((k for k in history[0] if k.startswith("dev_")), None)  # None: few-shot heads have no dev
-    fig, ax = plt.subplots(figsize=(6, 3.5))
+    fig = Figure(figsize=(6, 3.5))
+    ax = fig.subplots()
     ax.plot(epochs, [h["loss"] for h in history], "o-", color="tab:blue", label="train loss")
     ax.set_xlabel("epoch")
     ax.set_ylabel("train loss", color="tab:blue")
@@ -26,4 +24,3 @@ def plot_curve(history: list[dict], path: Path, title: str = "") -> None:
     ax.set_title(title)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
-    plt.close(fig)

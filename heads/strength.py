@@ -87,12 +87,10 @@ def strength_curves(model: StackedMLP, score: Callable[[StackedMLP], tuple[list[
 
 def plot_strength(curve: list[dict], chosen: float, path: Path, metric: str, title: str = "") -> None:
     """In-domain dev against out-of-domain dev (each --select-ood set) over a, or dev against a alone."""
-    import matplotlib
+    from matplotlib.figure import Figure  # here: only a strength sweep plots; no pyplot (the host's backend kept)
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(6, 4))
+    fig = Figure(figsize=(6, 4))
+    ax = fig.subplots()
     sets = sorted(k[len("ood_dev_"):] for k in curve[0] if k.startswith("ood_dev_"))
     dev = [pt["dev"] for pt in curve]
     if sets:
@@ -112,4 +110,3 @@ def plot_strength(curve: list[dict], chosen: float, path: Path, metric: str, tit
     ax.set_title(title or f"strength a: chosen {chosen:g}")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
-    plt.close(fig)

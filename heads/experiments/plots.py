@@ -3,10 +3,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import matplotlib
-
-matplotlib.use("Agg")  # files only; no display on the machines this runs on
-import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.figure import Figure  # no pyplot: files only, the host's backend left as it is
 
 
 def plot_by_setting(rows: list[dict], settings: list[str], metric: str, baseline: float | None, path: Path) -> None:
@@ -16,8 +13,8 @@ def plot_by_setting(rows: list[dict], settings: list[str], metric: str, baseline
         return
     n = len(settings)
     cols = min(3, n)
-    fig, axes = plt.subplots((n + cols - 1) // cols, cols, figsize=(4.2 * cols, 3.2 * ((n + cols - 1) // cols)),
-                             squeeze=False)
+    fig = Figure(figsize=(4.2 * cols, 3.2 * ((n + cols - 1) // cols)))
+    axes = fig.subplots((n + cols - 1) // cols, cols, squeeze=False)
     for ax, s in zip(axes.flat, settings):
         values = sorted({str(r[s]) for r in rows})
         for i, v in enumerate(values):
@@ -32,14 +29,14 @@ def plot_by_setting(rows: list[dict], settings: list[str], metric: str, baseline
         ax.axis("off")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
-    plt.close(fig)
 
 
 def plot_best_curves(curves: dict[str, list[dict]], path: Path) -> None:
     """Dev metric per epoch of the best heads, one line each."""
     if not curves:
         return
-    fig, axes = plt.subplots(1, 2, figsize=(10, 3.6))
+    fig = Figure(figsize=(10, 3.6))
+    axes = fig.subplots(1, 2)
     for name, history in curves.items():
         if not history:
             continue
@@ -55,4 +52,3 @@ def plot_best_curves(curves: dict[str, list[dict]], path: Path) -> None:
     axes[1].legend(fontsize=6)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
-    plt.close(fig)

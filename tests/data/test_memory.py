@@ -24,13 +24,13 @@ def test_freed_heap_pages_go_back_to_the_os():
     del pin
 
 
-def test_import_asks_torch_for_huge_pages_unless_the_environment_says_otherwise():
-    """`import headstore` sets THP_MEM_ALLOC_ENABLE=1 (torch's CPU allocator: transparent huge pages for large
+def test_cli_asks_torch_for_huge_pages_unless_the_environment_says_otherwise():
+    """The command line (`import headstore.cli`) sets THP_MEM_ALLOC_ENABLE=1 (torch's CPU allocator: transparent huge pages for large
     blocks) before torch is imported, and leaves a value the user set."""
     import os
     import subprocess
 
-    code = "import os, headstore; print(os.environ['THP_MEM_ALLOC_ENABLE'])"
+    code = "import os, headstore.cli; print(os.environ['THP_MEM_ALLOC_ENABLE'])"
     env = {k: v for k, v in os.environ.items() if k != "THP_MEM_ALLOC_ENABLE"}
     assert subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
                           check=True).stdout.strip() == "1"
@@ -40,13 +40,13 @@ def test_import_asks_torch_for_huge_pages_unless_the_environment_says_otherwise(
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
-def test_import_makes_polars_give_freed_pages_back_unless_the_environment_says_otherwise():
-    """`import headstore` sets _RJEM_MALLOC_CONF (polars' jemalloc) so a freed polars buffer leaves the process at
+def test_cli_makes_polars_give_freed_pages_back_unless_the_environment_says_otherwise():
+    """The command line (`import headstore.cli`) sets _RJEM_MALLOC_CONF (polars' jemalloc) so a freed polars buffer leaves the process at
     once; a value the user set is kept (here one that keeps freed pages: the memory stays)."""
     import os
     import subprocess
 
-    code = ("import headstore, polars as pl\n"
+    code = ("import headstore.cli, polars as pl\n"
             "def rss(): return int(open('/proc/self/statm').read().split()[1]) * 4096 / 2**20\n"
             "base = rss(); s = pl.int_range(0, 40_000_000, eager=True) * 2; big = rss(); del s\n"
             "print(big - base, rss() - base)")  # ~300 MB of int64 buffers, then freed

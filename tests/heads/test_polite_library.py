@@ -1,0 +1,73 @@
+"""A library that leaves its host process as it found it: the public API (featurize, train a head, Store.open,
+Head.load, Pipeline.encode) changes no environment variable, no torch thread count, no matplotlib backend and
+no library's progress-bar switch; the command line makes its own process-wide settings where it starts."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+TESTS = Path(__file__).resolve().parents[1]
+
+# run in a fresh process (nothing imported yet), as a notebook would: state before, the API, state after
+SCRIPT = """
+import json, os, sys
+sys.path.insert(0, {tests!r})
+import matplotlib
+matplotlib.use("svg")  # the host's choice (a notebook's inline backend, say)
+import torch
+torch.set_num_threads(1)  # the host's choice, fewer than the cores featurize would take
+import transformers.utils.logging as tlog
+import polars, torch._dynamo  # their own settings at import (_RJEM_MALLOC_CONF, TORCHINDUCTOR_CACHE_DIR): not ours
+
+def state():
+    return {{"environ": dict(os.environ), "threads": torch.get_num_threads(),
+             "backend": matplotlib.get_backend(), "transformers_bars": tlog.is_progress_bar_enabled()}}
+
+before = state()
+import headstore
+from heads.api_world import World  # featurize a tiny BEIR folder and train a head (its curve.png plotted)
+world = World(__import__("pathlib").Path({root!r}))
+store, head = headstore.Store.open(world.store), headstore.Head.load(world.head)
+pipe = headstore.Pipeline.from_head(head)
+z = pipe.encode(store.texts["text"].to_list()[:5])
+assert z.shape[0] == 5 and (world.head / "curve.png").is_file()
+print(json.dumps({{"before": before, "after": state()}}))
+"""
+
+
+def test_the_public_api_leaves_the_process_as_it_found_it(tmp_path):
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("OMP_WAIT_POLICY", "THP_MEM_ALLOC_ENABLE", "_RJEM_MALLOC_CONF", "TOKENIZERS_PARALLELISM")}
+    env["HEADSTORE_PROGRESS"] = "lines"  # the mode in which library bars are quietened (a log, a notebook)
+    code = SCRIPT.format(tests=str(TESTS), root=str(tmp_path / "world"))
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    seen = json.loads(out.stdout.strip().splitlines()[-1])
+    before, after = seen["before"], seen["after"]
+    assert before["threads"] == 1 and before["backend"] == "svg" and before["transformers_bars"] is True
+    assert after["threads"] == before["threads"]
+    assert after["backend"] == before["backend"]
+    assert after["transformers_bars"] is True
+    changed = {k for k in set(before["environ"]) | set(after["environ"])
+               if before["environ"].get(k) != after["environ"].get(k)}
+    assert changed == set(), changed
+
+
+def test_the_command_line_makes_its_settings_where_it_starts():
+    """`cli` (headstore.cli) sets OMP_WAIT_POLICY, THP_MEM_ALLOC_ENABLE and _RJEM_MALLOC_CONF before torch or
+    polars loads (their measured speed and memory wins), keeping a value the user set; `import headstore`
+    sets none."""
+    code = ("import json, os, sys, headstore; plain = {k: os.environ.get(k) for k in KEYS}; import headstore.cli; "
+            "print(json.dumps([plain, {k: os.environ.get(k) for k in KEYS}, 'torch' in sys.modules]))")
+    keys = ["OMP_WAIT_POLICY", "THP_MEM_ALLOC_ENABLE", "_RJEM_MALLOC_CONF"]
+    env = {k: v for k, v in os.environ.items() if k not in keys}
+    env["THP_MEM_ALLOC_ENABLE"] = "0"  # the user's own value
+    out = subprocess.run([sys.executable, "-c", f"KEYS = {keys!r}; {code}"], env=env, capture_output=True,
+                         text=True, check=True, timeout=120).stdout
+    plain, cli, torch_loaded = json.loads(out)
+    assert plain == {"OMP_WAIT_POLICY": None, "THP_MEM_ALLOC_ENABLE": "0", "_RJEM_MALLOC_CONF": None}
+    # polars puts its own defaults before ours at its import (jemalloc: the last setting of an option wins)
+    assert cli.pop("_RJEM_MALLOC_CONF").endswith("dirty_decay_ms:0,muzzy_decay_ms:0")
+    assert cli == {"OMP_WAIT_POLICY": "PASSIVE", "THP_MEM_ALLOC_ENABLE": "0"}
+    assert not torch_loaded  # so the settings precede torch's OpenMP runtime
