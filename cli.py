@@ -39,7 +39,7 @@ from headstore.featurize.backends import BACKENDS
 from headstore.featurize.config import DEVICES, PACKINGS, POOLING_NAMES, PRECISIONS
 from headstore.data.options import PATH, fold_label_options, format_option, label_options
 from headstore.heads.config import TEST_SCOPES
-from headstore.heads.options import configs_from_options, head_and_train_options
+from headstore.heads.options import configs_from_options, head_and_train_options, named_as_typed
 
 
 # exceptions that mean "the input (files, options, paths) is wrong", never "headstore has a bug"
@@ -407,7 +407,9 @@ def finetune(head_dir, out, store, data, encoder, **settings):
     """Unfreeze the encoder under a trained head and train both end to end for one epoch."""
     from headstore.heads.apply.finetune import FinetuneConfig, finetune as run_finetune
 
-    summary = run_finetune(head_dir, out, FinetuneConfig(**settings), store, data, encoder)
+    with named_as_typed():  # --top-k 0: the option named as typed
+        cfg = FinetuneConfig(**settings)
+    summary = run_finetune(head_dir, out, cfg, store, data, encoder)
     click.echo(json.dumps({k: v for k, v in summary.items() if k != "history"}, indent=2, default=float))
 
 

@@ -33,3 +33,16 @@ class DataError(ValueError):
         else:
             message = f"{self.path}: {problem}"
         super().__init__(message)
+
+
+class SettingError(ValueError):
+    """A setting of a config class out of its range: `setting` names the field, `problem` what is wrong with it.
+
+    The message is ``{setting} {problem}`` (``anchor_weight must be a finite number >= 0, got -1.0``): what a
+    config file or the API names. Where the value came from a command-line option, the command line names the
+    option as typed instead (heads.options.named_as_typed: ``--anchor-weight must be ...``).
+    """
+
+    def __init__(self, setting: str, problem: str):
+        self.setting, self.problem = setting, problem
+        super().__init__(f"{setting} {problem}")

@@ -182,9 +182,15 @@ def model_prompts(model_dir: str | Path) -> tuple[dict[str, str], str | None]:
 
 def resolve_prompts(model_dir: str | Path, query_prompt: str | None = None, document_prompt: str | None = None,
                     prompt_name: str | None = None) -> dict[str, str]:
-    """The prompt of each role. An explicit --query-prompt / --document-prompt wins; else --prompt-name (one of
-    the model's own prompts, for both roles); else the model's prompt named after the role (query; document,
-    passage, corpus), else its default_prompt_name's prompt, else none."""
+    """The prompt of each role: an explicit --query-prompt / --document-prompt, or --prompt-name (one of the
+    model's own prompts, for both roles: given with an explicit prompt it is refused, as neither would say
+    which wins); else the model's prompt named after the role (query; document, passage, corpus), else its
+    default_prompt_name's prompt, else none."""
+    explicit = [f"--{role}-prompt" for role, given in (("query", query_prompt), ("document", document_prompt))
+                if given is not None]
+    if prompt_name is not None and explicit:
+        raise ValueError(f"--prompt-name {prompt_name!r} and {' and '.join(explicit)} both set a prompt: --prompt-name "
+                         f"sets both roles' prompts; give either it or {' / '.join(explicit)}")
     prompts, default_name = model_prompts(model_dir)
     if prompt_name is not None and prompt_name not in prompts:
         raise ValueError(f"--prompt-name {prompt_name!r}: the model's prompts are "

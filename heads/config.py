@@ -18,6 +18,7 @@ import typing
 from dataclasses import asdict, dataclass, field, fields
 from typing import Optional
 
+from headstore.data.errors import SettingError
 from headstore.featurize.tuning.schedule import SCHEDULES
 from headstore.heads.losses import LOSSES, LossConfig, scoring_energy
 from headstore.heads.losses.settings import DEFAULT_IMPOSTORS, GRADED_MODES, IMPOSTOR_MODES
@@ -40,7 +41,7 @@ def parse_strength(value: str) -> Optional[float]:
     except (TypeError, ValueError):
         a = float("nan")
     if not 0.0 <= a <= 1.0:  # also refuses NaN
-        raise ValueError(f"strength must be 'auto' or a number in [0, 1], got {value!r}")
+        raise SettingError("strength", f"must be 'auto' or a number in [0, 1], got {value!r}")
     return a
 # settings whose default depends on the kind of data (each kind's `defaults`, heads.kinds); the command
 # line leaves them unset so the kind can fill them in, and config.json "defaults" says which applied
@@ -84,13 +85,16 @@ class HeadConfig:
             raise ValueError(f"activation={self.activation!r}; valid: {sorted(ACTIVATION_NAMES)}")
         if self.init not in INITS:
             raise ValueError(f"init={self.init!r}; valid: {list(INITS)}")
-        if self.depth < 0 or self.hidden < 1 or not 0.0 <= self.dropout < 1.0:
-            raise ValueError(f"need depth >= 0, hidden >= 1, 0 <= dropout < 1; got {self}")
+        for name, holds, what in (("depth", self.depth >= 0, ">= 0 (0 = identity)"), ("hidden", self.hidden >= 1, ">= 1"),
+                                  ("dropout", 0.0 <= self.dropout < 1.0, "in [0, 1)")):
+            if not holds:
+                raise SettingError(name, f"must be {what}, got {getattr(self, name)}")
         if self.sides not in SIDES:
             raise ValueError(f"sides={self.sides!r}; valid: {list(SIDES)}")
-        if self.mix < 1 or not 0.0 < self.mix_init < 1.0:
-            raise ValueError(f"need mix >= 1 (arrays mixed) and 0 < mix_init < 1; got mix={self.mix}, "
-                             f"mix_init={self.mix_init}")
+        if self.mix < 1:
+            raise SettingError("mix", f"must be >= 1 (arrays mixed), got {self.mix}")
+        if not 0.0 < self.mix_init < 1.0:
+            raise SettingError("mix_init", f"must be in (0, 1), got {self.mix_init}")
 
     @property
     def out_features(self) -> int:
@@ -265,15 +269,17 @@ class TrainConfig:
         ]
         for name, holds, what in bounds:
             if not holds:
-                raise ValueError(f"{name} must be {what}, got {getattr(self, name)}")
+                raise SettingError(name, f"must be {what}, got {getattr(self, name)}")
         self.loss_config()  # q, tau, margin, genuine_weight: finite and positive
         if self.q_start is not None and not (math.isfinite(self.q_start) and self.q_start > 0):
-            raise ValueError(f"q_start must be a finite number > 0 (or unset: no Q schedule), got {self.q_start}")
+            raise SettingError("q_start", f"must be a finite number > 0 (or unset: no Q schedule), got {self.q_start}")
         parse_strength(self.strength)
         if not (math.isfinite(self.anchor_weight) and self.anchor_weight >= 0):
-            raise ValueError(f"anchor_weight must be a finite number >= 0 (0 = no anchor), got {self.anchor_weight}")
-        if self.shots < 0 or self.per_class < 2:
-            raise ValueError(f"need shots >= 0 and per_class >= 2; got shots={self.shots}, per_class={self.per_class}")
+            raise SettingError("anchor_weight", f"must be a finite number >= 0 (0 = no anchor), got {self.anchor_weight}")
+        if self.shots < 0:
+            raise SettingError("shots", f"must be >= 0 (0 = all of train), got {self.shots}")
+        if self.per_class < 2:
+            raise SettingError("per_class", f"must be >= 2 (a text needs a partner of its class), got {self.per_class}")
 
     @property
     def eval_energy(self) -> str:

@@ -4,15 +4,18 @@ Every field of `HeadConfig` and of `TrainConfig`'s sections marked for the comma
 (`depth` -> `--depth`, `layer_norm` -> `--layer-norm/--no-layer-norm`), with its default, its choices and
 its help from the field's metadata (heads.config): a setting is defined once. The settings whose default
 depends on the kind of data (`KIND_DEPENDENT`) default to unset on the command line, so the task kind can
-fill them in (heads.kinds; config.json "defaults" says which applied).
+fill them in (heads.kinds; config.json "defaults" says which applied). A config check that fails on an
+option's value names the option as typed (`named_as_typed`).
 """
 from __future__ import annotations
 
 import typing
+from contextlib import contextmanager
 from dataclasses import MISSING, fields
 
 import click
 
+from headstore.data.errors import SettingError
 from headstore.heads.config import KIND_DEPENDENT, SECTIONS, HeadConfig, TrainConfig
 
 KIND_HELP = ("Default {default} for IR and pairs data; graded (STS) tables and labelled texts take their own "
@@ -25,9 +28,26 @@ def _click_type(hint):
     return {int: int, float: float, str: str, bool: bool}[args[0]]
 
 
+def option_name(setting: str) -> str:
+    """The command-line option of a config field, as typed (`anchor_weight` -> `--anchor-weight`): the one
+    mapping the generated options, `cli finetune`'s and every message about them follow."""
+    return "--" + setting.replace("_", "-")
+
+
+@contextmanager
+def named_as_typed():
+    """Config checks (a SettingError naming a field) raised while building configs from command-line options
+    become one-line errors naming the option as typed (`--anchor-weight must be ...`); a config file or the
+    API keeps the field's name."""
+    try:
+        yield
+    except SettingError as err:
+        raise ValueError(f"{option_name(err.setting)} {err.problem}") from None
+
+
 def _option(f, hint):
     meta = f.metadata
-    name = f.name.replace("_", "-")
+    name = option_name(f.name)[2:]
     help_text = meta.get("help") or None
     if f.type in ("bool", bool) or hint is bool:
         return click.option(f"--{name}/--no-{name}", default=f.default, show_default=True, help=help_text)
@@ -64,7 +84,8 @@ def configs_from_options(settings: dict) -> tuple[HeadConfig, TrainConfig, tuple
     names = {f.name for f, _ in setting_fields()}
     unset = tuple(k for k in KIND_DEPENDENT if settings.get(k) is None)
     given = {k: v for k, v in settings.items() if k in names and (v is not None or k not in KIND_DEPENDENT)}
-    head = HeadConfig(**{k: v for k, v in given.items() if k in head_keys})
-    train = TrainConfig(**{k: v for k, v in given.items() if k not in head_keys})
+    with named_as_typed():
+        head = HeadConfig(**{k: v for k, v in given.items() if k in head_keys})
+        train = TrainConfig(**{k: v for k, v in given.items() if k not in head_keys})
     rest = {k: v for k, v in settings.items() if k not in names}
     return head, train, unset, rest

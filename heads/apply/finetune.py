@@ -29,6 +29,7 @@ import numpy as np
 import torch
 from transformers import AutoModel, AutoTokenizer
 
+from headstore.data.errors import SettingError
 from headstore.data.progress import progress_bar
 from headstore.data.files import atomic_write_json
 from headstore.featurize.model import model_identity, pick_device, resolve_model
@@ -76,12 +77,17 @@ class FinetuneConfig:
     def __post_init__(self):
         if self.unfreeze not in UNFREEZE_MODES:
             raise ValueError(f"unfreeze={self.unfreeze!r}; valid: {list(UNFREEZE_MODES)}")
-        if self.top_k < 1 or self.unfreeze_interval < 1:
-            raise ValueError(f"need top_k >= 1 and unfreeze_interval >= 1; got {self.top_k}, {self.unfreeze_interval}")
-        if self.encoder_lr <= 0 or (self.head_lr is not None and self.head_lr <= 0) or not 0 < self.layer_lr_decay <= 1:
-            raise ValueError("need encoder_lr > 0, head_lr > 0 (or None) and 0 < layer_lr_decay <= 1")
-        if (self.batch_size is not None and self.batch_size < 2) or (self.max_steps is not None and self.max_steps < 1):
-            raise ValueError("need batch_size >= 2 and max_steps >= 1 when given")
+        # head_lr, batch_size, max_steps: None takes the head's own / the whole epoch
+        bounds = [("top_k", self.top_k >= 1, ">= 1"), ("unfreeze_interval", self.unfreeze_interval >= 1, ">= 1"),
+                  ("encoder_lr", math.isfinite(self.encoder_lr) and self.encoder_lr > 0, "a finite number > 0"),
+                  ("head_lr", self.head_lr is None or (math.isfinite(self.head_lr) and self.head_lr > 0),
+                   "a finite number > 0 (or unset: the head's own)"),
+                  ("layer_lr_decay", 0 < self.layer_lr_decay <= 1, "in (0, 1]"),
+                  ("batch_size", self.batch_size is None or self.batch_size >= 2, ">= 2 (or unset: the head's own)"),
+                  ("max_steps", self.max_steps is None or self.max_steps >= 1, ">= 1 (or unset: the whole epoch)")]
+        for name, holds, what in bounds:
+            if not holds:
+                raise SettingError(name, f"must be {what}, got {getattr(self, name)}")
 
 
 def encoder_blocks(model) -> list[list[tuple[str, torch.nn.Parameter]]]:

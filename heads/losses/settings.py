@@ -9,6 +9,8 @@ import math
 from dataclasses import dataclass
 from typing import Optional
 
+from headstore.data.errors import SettingError
+
 IMPOSTOR_MODES = ("all", "hardest", "semi-hard", "distance-weighted")
 GRADED_MODES = ("weight", "regress", "pearson")
 DISTANCE_BINS = 16  # histogram bins of the batch's impostor energies (distance-weighted impostors)
@@ -59,11 +61,11 @@ class LossConfig:
         for name in ("q", "tau", "margin"):
             value = getattr(self, name)
             if value is not None and not (value > 0 and math.isfinite(value)):
-                raise ValueError(f"{name} must be a finite number > 0 (or unset for the default), got {value}")
+                raise SettingError(name, f"must be a finite number > 0 (or unset for the default), got {value}")
         if not (self.scale > 0 and math.isfinite(self.scale)):
-            raise ValueError(f"scale must be a finite number > 0, got {self.scale}")
+            raise SettingError("scale", f"must be a finite number > 0, got {self.scale}")
         if not (self.genuine_weight >= 0 and math.isfinite(self.genuine_weight)):
-            raise ValueError(f"genuine_weight must be a finite number >= 0, got {self.genuine_weight}")
+            raise SettingError("genuine_weight", f"must be a finite number >= 0, got {self.genuine_weight}")
 
     def resolved(self, energy: str) -> dict[str, float | str]:
         """Every number the losses use under `energy`, defaults filled in (what a head id must hash:

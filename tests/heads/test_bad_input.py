@@ -168,10 +168,10 @@ def test_beir_validation_qrels_are_dev(data_world, tmp_path):
 # ---- options ---------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("option, value, needle", [
-    ("--lr", "nan", "lr must be a finite number > 0"), ("--lr", "inf", "lr must be a finite number > 0"),
-    ("--patience", "-1", "patience must be >= 1"), ("--warmup-ratio", "1.5", "warmup_ratio must be in [0, 1]"),
-    ("--grad-clip", "-1", "grad_clip must be a finite number >= 0"), ("--q", "nan", "q must be a finite number > 0"),
-    ("--q-start", "0", "q_start must be a finite number > 0"), ("--ood-delta", "-1", "ood delta must be"),
+    ("--lr", "nan", "--lr must be a finite number > 0"), ("--lr", "inf", "--lr must be a finite number > 0"),
+    ("--patience", "-1", "--patience must be >= 1"), ("--warmup-ratio", "1.5", "--warmup-ratio must be in [0, 1]"),
+    ("--grad-clip", "-1", "--grad-clip must be a finite number >= 0"), ("--q", "nan", "--q must be a finite number > 0"),
+    ("--q-start", "0", "--q-start must be a finite number > 0"), ("--ood-delta", "-1", "ood delta must be"),
 ])
 def test_bad_training_options(data_world, tmp_path, option, value, needle):
     assert_bad_input(train(data_world, data_world["pos"], tmp_path / "h", option, value), needle, value)
