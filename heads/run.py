@@ -22,6 +22,7 @@ from dataclasses import asdict, fields, replace
 import torch
 
 from headstore.data.memory import trim_heap
+from headstore.data.progress import progress_write
 from headstore.data.files import atomic_write_json
 from headstore.data.outputs import begin_output, end_output, prepare_output_dir
 from headstore.featurize.hardware import warn_if_emulated_bf16
@@ -35,6 +36,7 @@ from headstore.heads.evaluate import TEST_SPLIT, embedder, evaluate_baseline, ev
 from headstore.heads.features import Normalizer, array_list
 from headstore.heads.head import Head
 from headstore.heads.kinds import WHOLE, Task, kind_of, load_task, task_rows, without_overlap
+from headstore.heads.kinds.labels import shots_note
 from headstore.heads.selection import DEFAULT_DELTA, load_selection
 from headstore.heads.strength import STRENGTHS, plot_strength
 from headstore.heads.task_features import TaskFeatures, rows_of_datasets
@@ -99,6 +101,8 @@ def train_head(store_path: str, data_path: str, out_dir: str, head_cfg: HeadConf
     head_cfg, cfg, defaults_note = defaults_for_kind(task, head_cfg, cfg, kind_defaults)
     warn_if_emulated_bf16(cfg.precision, device)  # one line where bf16 is emulated (a CPU without it)
     task = kind_of(task).for_training(task, cfg)  # labelled texts: shots, hierarchy
+    if getattr(task, "report", {}).get("shots_clipped"):  # more --shots than a class has: said on the terminal
+        progress_write(f"note: {shots_note(cfg.shots, task.report['shots_clipped'])}")
     anchor = anchor_rows_of(store, cfg)  # None: the whole store (when the anchor is on)
     tf = TaskFeatures.for_task(store, task, rows_of_datasets(store, select_ood),
                                *([anchor] if cfg.anchor_weight else []), device=device)

@@ -216,6 +216,21 @@ def few_shot_indices(classes: np.ndarray, shots: int, seed: int) -> np.ndarray:
     return np.sort(np.concatenate(picked))
 
 
+def shots_clipped(task: LabelTask, shots: int) -> dict[str, int]:
+    """{class: texts it has} of the classes with fewer than `shots` training texts (its pool: train less the
+    dev slice), which train on all of theirs: said, never silent (metrics.json data_report, the terminal)."""
+    counts = np.bincount(task.pool.classes[task.pool.classes >= 0], minlength=len(task.class_names))
+    return {task.class_names[c]: int(n) for c, n in enumerate(counts) if n < shots}
+
+
+def shots_note(shots: int, clipped: dict[str, int], listed: int = 10) -> str:
+    """One line saying which classes have fewer than `shots` texts, with their counts (the first `listed`)."""
+    named = ", ".join(f"{name} {n}" for name, n in list(clipped.items())[:listed])
+    more = f", and {len(clipped) - listed} more" if len(clipped) > listed else ""
+    return (f"--shots {shots} is more than {len(clipped)} class(es) have: each trains on all of its texts "
+            f"({named}{more})")
+
+
 # metrics a grid's seed summary reports (those present: per-level and retrieval ones join when computed)
 SUMMARY_METRICS = ("probe_accuracy", "probe_macro_f1", "manhattan_knn_accuracy", "cosine_knn_accuracy",
                    "euclidean_knn_accuracy", "manhattan_ndcg@10", "cosine_ndcg@10", "manhattan_map", "cosine_map")
@@ -278,9 +293,11 @@ class LabelsKind(TaskKind):
             return _with_training_set(task, task.pool, cfg.hierarchy, shots=0, seed=0, per_class=cfg.per_class)
         shots = task.pool.subset(few_shot_indices(task.pool.classes, cfg.shots, cfg.seed))
         eval_sets = {s: v for s, v in task.eval_sets.items() if s != "dev"}
+        clipped = shots_clipped(task, cfg.shots)
         note = (f"few-shot: {cfg.shots} texts per class drawn with seed {cfg.seed} ({len(shots)} texts); "
-                "no dev split, the last epoch is kept")
-        return _with_training_set(task, shots, cfg.hierarchy, shots=cfg.shots, seed=cfg.seed,
+                "no dev split, the last epoch is kept" + (f"; {shots_note(cfg.shots, clipped)}" if clipped else ""))
+        report = {**task.report, "shots_clipped": clipped} if clipped else task.report
+        return _with_training_set(task, shots, cfg.hierarchy, shots=cfg.shots, seed=cfg.seed, report=report,
                                   per_class=cfg.per_class, eval_sets=eval_sets, dev_note=note)
 
     def for_eval(self, task: LabelTask, cfg) -> LabelTask:

@@ -129,3 +129,23 @@ def test_forgetting_and_setfit_bad_options_are_clear_errors(world, tmp_path):
     r = run("setfit-compare", "--store", store, "--data", tmp_path / "missing.parquet", "--out", tmp_path / "s",
             "--text-column", "body")
     assert r.exit_code == 2 and "Error:" in r.output and "Traceback" not in r.output
+
+
+def test_more_shots_than_a_class_has_is_said_on_the_terminal_and_in_metrics(world):
+    """--shots above a class's training texts (issue 32 item 4): every class trains on all of its texts, and the
+    terminal and metrics.json say which classes and how many texts each has."""
+    root, store, _ = world
+    args = ["train-head", "--store", str(store), "--data", str(root / "news.parquet"), "--text-column", "body",
+            "--loss", "supcon-kl", "--epochs", "1", "--batch-size", "8", "--hidden", "16"]
+    r = CliRunner().invoke(main, [*args, "--shots", "1000", "--out", str(root / "many-shots")])
+    assert r.exit_code == 0, r.output
+    m = json.loads((root / "many-shots" / "metrics.json").read_text())
+    clipped = m["data_report"]["shots_clipped"]
+    assert sorted(clipped) == [f"top{c // 2}.sub{c}" for c in range(4)]  # every class has 10 train texts
+    assert all(0 < n <= 10 for n in clipped.values())
+    assert f"({sum(clipped.values())} texts)" in m["dev_made"]  # all of each class's texts were drawn
+    line = next(x for x in r.output.splitlines() if x.startswith("note: --shots 1000"))
+    assert all(f"{name} {n}" in line for name, n in clipped.items())
+    r = CliRunner().invoke(main, [*args, "--shots", "2", "--out", str(root / "two-shots")])
+    assert r.exit_code == 0 and "note: --shots" not in r.output, r.output
+    assert "shots_clipped" not in json.loads((root / "two-shots" / "metrics.json").read_text())["data_report"]
