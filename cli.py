@@ -35,6 +35,7 @@ for _key, _value in CLI_ENVIRONMENT.items():
 import click  # noqa: E402  (every import below may load torch or polars)
 
 from headstore.data.dataset import FORMATS
+from headstore.data.errors import SystemFailure
 from headstore.featurize.backends import BACKENDS
 from headstore.featurize.config import DEVICES, PACKINGS, POOLING_NAMES, PRECISIONS
 from headstore.data.options import PATH, fold_label_options, format_option, label_options
@@ -97,10 +98,10 @@ class HeadstoreGroup(click.Group):
             if ctx.find_root().params.get("debug"):
                 raise
             raise BadInput(user_message(err)) from None
-        except OSError as err:
+        except (OSError, SystemFailure) as err:
             if ctx.find_root().params.get("debug"):
                 raise
-            raise SystemFault(system_message(err)) from None
+            raise SystemFault(system_message(err) if isinstance(err, OSError) else str(err)) from None
         except KeyboardInterrupt:
             click.echo("\ninterrupted (what was committed is kept; run the same command again to go on)", err=True)
             raise click.exceptions.Exit(INTERRUPTED_EXIT) from None

@@ -46,3 +46,8 @@ class SettingError(ValueError):
     def __init__(self, setting: str, problem: str):
         self.setting, self.problem = setting, problem
         super().__init__(f"{setting} {problem}")
+
+
+class SystemFailure(RuntimeError):
+    """The machine failed the command (worker processes that keep dying, a service that went away): neither
+    the input's fault nor a bug. The CLI shows it as one line, as an OS error (exit code 1)."""

@@ -31,6 +31,7 @@ import polars as pl
 import torch
 
 from headstore.data.progress import progress_bar
+from headstore.data.errors import SystemFailure
 from headstore.data.files import writing
 from headstore.featurize.config import FeaturizeConfig
 from headstore.featurize.backends import use_backend
@@ -137,6 +138,10 @@ def featurize_texts_ray(config: FeaturizeConfig, texts: Sequence[str], store_pat
     return run_ray(plan, [("document", list(texts))], **options)
 
 
+class WorkersFailed(SystemFailure):
+    """The actor pool gave up on a segment (its actors died more than ACTOR_RESTARTS times)."""
+
+
 def _ray():
     try:
         import ray  # here: Ray is an optional dependency (headstore[ray])
@@ -162,8 +167,15 @@ def run_ray(plan: Plan, chunks, *, address: str | None = None, workers: int = 2,
         if sizes:
             blocks = _encoded_blocks(ray, plan, staging, sizes, workers=workers,
                                      gpus_per_worker=gpus_per_worker, cpus_per_worker=cpus_per_worker)
-            commit_seconds = _commit_segments(plan.writer, blocks, sizes, counts,
-                                              list(array_names(plan.config.layers)))
+            try:
+                commit_seconds = _commit_segments(plan.writer, blocks, sizes, counts,
+                                                  list(array_names(plan.config.layers)))
+            except ray.exceptions.RayError as err:  # an actor error (Ray's traceback is in its logs)
+                first = next((line for line in str(err).splitlines() if line.strip()), type(err).__name__)
+                raise WorkersFailed(
+                    f"--engine ray: the encoder actors failed ({type(err).__name__}: {first[:200]}; an actor is "
+                    f"restarted {ACTOR_RESTARTS} times at most); the {counts['n_segments']} segments committed are "
+                    "kept: run the same command again, or with --engine local") from None
         if plan.writer is not None:
             plan.save_config()
     finally:

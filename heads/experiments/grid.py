@@ -83,7 +83,7 @@ def run_grid(store_path: str, data_path: str, grid_path: str, out_dir: str, data
                                remap=tf.remap)
     ids = {"data": str(data_path), "fingerprint": store.fingerprint, "transfer": tuple(ood), "in_dim": store.dim,
            "score_range": task.score_range, "select_ood": tuple(selection.sets), "ood_delta": ood_delta,
-           "data_format": data_format}
+           "data_format": data_format, "store_rows": store.n_texts}
     if dry_run:
         done = {r["head_id"] for r in (resume_rows(out_dir, GRID_VERSION)[0] if not overwrite else [])}
         print(plan_summary(*plan_stacks(combos, task, ids, done), len(done), task))
