@@ -215,10 +215,11 @@ def featurize(model, data_paths, formats, store, pooling, query_prompt, document
     if batch_tokens is None:
         on_gpu = gpus_per_worker > 0 if engine == "ray" else pick_device(device) == "cuda"
         batch_tokens = 65536 if on_gpu else FeaturizeConfig.batch_tokens
-    config = FeaturizeConfig(model=model, pooling=pooling, query_prompt=query_prompt, document_prompt=document_prompt,
-                             prompt_name=prompt_name, layers=parse_layers(layers),
-                             max_length=max_length, dtype=dtype, batch_tokens=batch_tokens,
-                             precision=precision, packing=packing, device=device, backend=backend, export_cache=export_cache)
+    with named_as_typed():  # --max-length 1: the option named as typed
+        config = FeaturizeConfig(model=model, pooling=pooling, query_prompt=query_prompt, document_prompt=document_prompt,
+                                 prompt_name=prompt_name, layers=parse_layers(layers),
+                                 max_length=max_length, dtype=dtype, batch_tokens=batch_tokens, precision=precision,
+                                 packing=packing, device=device, backend=backend, export_cache=export_cache)
     if any(label_settings.values()):  # labelled texts: the options apply to every --data
         formats = [fold_label_options(f, dict(label_settings)) for f in (list(formats) or [None])]
     if engine == "ray":

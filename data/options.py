@@ -3,12 +3,33 @@ options of labelled texts, shared by every command that reads datasets (featuriz
 index, forgetting, setfit-compare)."""
 from __future__ import annotations
 
+from contextlib import contextmanager
+
 import click
 
 from headstore.data.dataset import FORMATS, PAIR_ROLES
+from headstore.data.errors import SettingError
 from headstore.data.labels import label_format
 
 LABEL_OPTION_NAMES = ("text_column", "label_column", "label_sep", "label_columns")
+
+
+def option_name(setting: str) -> str:
+    """The command-line option of a config field, as typed (`anchor_weight` -> `--anchor-weight`): the one
+    mapping from config fields to options; the generated options (heads.options), the hand-written ones of
+    featurize, adapt and finetune, and every message about them follow it."""
+    return "--" + setting.replace("_", "-")
+
+
+@contextmanager
+def named_as_typed():
+    """Config checks (a SettingError naming a field) raised while building a config from command-line options
+    become one-line errors naming the option as typed (`--anchor-weight must be ...`); a config file or the
+    API keeps the field's name."""
+    try:
+        yield
+    except SettingError as err:
+        raise ValueError(f"{option_name(err.setting)} {err.problem}") from None
 
 
 class NonEmptyPath(click.Path):

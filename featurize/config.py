@@ -10,6 +10,7 @@ import dataclasses
 import json
 from dataclasses import dataclass
 
+from headstore.data.errors import SettingError
 from headstore.featurize.backends import BACKENDS
 
 DTYPES = ("float16", "float32")
@@ -103,7 +104,7 @@ class FeaturizeConfig:
         if self.backend not in BACKENDS:
             raise ValueError(f"backend {self.backend!r} not valid; choose one of {sorted(BACKENDS)}")
         if self.tokenize_threads < 0:
-            raise ValueError(f"tokenize_threads must be >= 0, got {self.tokenize_threads}")
+            raise SettingError("tokenize_threads", f"must be >= 0, got {self.tokenize_threads}")
         if self.batch_overhead_tokens is not None and self.batch_overhead_tokens < 0:
             raise ValueError(f"batch_overhead_tokens must be >= 0, got {self.batch_overhead_tokens}")
         if self.device not in DEVICES:
@@ -113,11 +114,10 @@ class FeaturizeConfig:
         if not self.layers or len(set(self.layers)) != len(self.layers):
             raise ValueError(f"layers must be a non-empty list of distinct ints, got {self.layers}")
         if self.max_length is not None and self.max_length < 2:
-            raise ValueError(f"max_length must be >= 2 (room for [CLS] and [SEP]), got {self.max_length}")
-        if self.batch_tokens < 1 or self.max_batch_size < 1:
-            raise ValueError("batch_tokens and max_batch_size must be positive")
-        if self.window_texts < 1:
-            raise ValueError(f"window_texts must be positive, got {self.window_texts}")
+            raise SettingError("max_length", f"must be >= 2 (room for [CLS] and [SEP]), got {self.max_length}")
+        for name in ("batch_tokens", "max_batch_size", "window_texts"):
+            if getattr(self, name) < 1:
+                raise SettingError(name, f"must be >= 1, got {getattr(self, name)}")
         if self.shard_rows % self.chunk_rows:
             raise ValueError(f"shard_rows ({self.shard_rows}) must be a multiple of chunk_rows ({self.chunk_rows})")
 
@@ -201,9 +201,10 @@ class AdaptConfig:
     save_every: int = 200  # steps between checkpoints
 
     def __post_init__(self):
-        if self.max_steps is not None and self.max_steps < 1:
-            raise ValueError(f"max_steps must be >= 1, got {self.max_steps}")
-        if self.batch_size < 1 or self.save_every < 1 or self.epochs <= 0:
-            raise ValueError("batch_size and save_every must be >= 1 and epochs > 0")
+        for name, holds, what in (("max_steps", self.max_steps is None or self.max_steps >= 1, ">= 1"),
+                                  ("batch_size", self.batch_size >= 1, ">= 1"), ("save_every", self.save_every >= 1, ">= 1"),
+                                  ("epochs", self.epochs > 0, "> 0")):
+            if not holds:
+                raise SettingError(name, f"must be {what}, got {getattr(self, name)}")
         if self.device not in ("auto", "cpu", "cuda") and not self.device.startswith("cuda:"):
-            raise ValueError(f"device must be auto, cpu, cuda or cuda:N, got {self.device!r}")
+            raise SettingError("device", f"must be auto, cpu, cuda or cuda:N, got {self.device!r}")

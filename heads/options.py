@@ -10,12 +10,11 @@ option's value names the option as typed (`named_as_typed`).
 from __future__ import annotations
 
 import typing
-from contextlib import contextmanager
 from dataclasses import MISSING, fields
 
 import click
 
-from headstore.data.errors import SettingError
+from headstore.data.options import named_as_typed, option_name  # the one field -> option mapping
 from headstore.heads.config import KIND_DEPENDENT, SECTIONS, HeadConfig, TrainConfig
 
 KIND_HELP = ("Default {default} for IR and pairs data; graded (STS) tables and labelled texts take their own "
@@ -26,23 +25,6 @@ def _click_type(hint):
     """The click type of a field's type hint (Optional[X] -> X)."""
     args = [a for a in typing.get_args(hint) if a is not type(None)] or [hint]
     return {int: int, float: float, str: str, bool: bool}[args[0]]
-
-
-def option_name(setting: str) -> str:
-    """The command-line option of a config field, as typed (`anchor_weight` -> `--anchor-weight`): the one
-    mapping the generated options, `cli finetune`'s and every message about them follow."""
-    return "--" + setting.replace("_", "-")
-
-
-@contextmanager
-def named_as_typed():
-    """Config checks (a SettingError naming a field) raised while building configs from command-line options
-    become one-line errors naming the option as typed (`--anchor-weight must be ...`); a config file or the
-    API keeps the field's name."""
-    try:
-        yield
-    except SettingError as err:
-        raise ValueError(f"{option_name(err.setting)} {err.problem}") from None
 
 
 def _option(f, hint):

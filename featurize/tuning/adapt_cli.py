@@ -6,7 +6,7 @@ import logging
 
 import click
 
-from headstore.data.options import PATH, NonEmptyPath
+from headstore.data.options import PATH, NonEmptyPath, named_as_typed
 from headstore.featurize.config import AdaptConfig
 
 _DEFAULTS = AdaptConfig()
@@ -50,13 +50,14 @@ def adapt_command(data, model, out_dir, column, max_length, mlm_probability, who
     folders, .txt files, Parquet text columns). Reruns with the same options resume."""
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     # bad input (ValueError) is shown by cli.py's group: one line, exit 2
-    config = AdaptConfig(
-        model=model, max_length=max_length, mlm_probability=mlm_probability,
-        whole_word=whole_word, train_encoder=not head_only, lr=lr,
-        fresh_head_lr=fresh_head_lr, warmup_ratio=warmup_ratio,
-        weight_decay=weight_decay, batch_size=batch_size, epochs=epochs, max_steps=max_steps,
-        holdout_fraction=holdout_fraction, seed=seed, device=device, bf16=bf16,
-        save_every=save_every)
+    with named_as_typed():  # --max-steps 0: the option named as typed
+        config = AdaptConfig(
+            model=model, max_length=max_length, mlm_probability=mlm_probability,
+            whole_word=whole_word, train_encoder=not head_only, lr=lr,
+            fresh_head_lr=fresh_head_lr, warmup_ratio=warmup_ratio,
+            weight_decay=weight_decay, batch_size=batch_size, epochs=epochs, max_steps=max_steps,
+            holdout_fraction=holdout_fraction, seed=seed, device=device, bf16=bf16,
+            save_every=save_every)
     from headstore.featurize.tuning.adapt import adapt  # here: `import headstore.cli` stays free of torch
 
     summary = adapt(config, list(data), out_dir, column=column,

@@ -39,6 +39,18 @@ def test_finetune_names_the_option_as_typed(data_world, tmp_path, option, value,
     assert not (tmp_path / "ft").exists()
 
 
+@pytest.mark.parametrize("command, option, value, problem", [
+    ("featurize", "--max-length", "1", "must be >= 2"), ("featurize", "--batch-tokens", "0", "must be >= 1"),
+    ("adapt", "--max-steps", "0", "must be >= 1"), ("adapt", "--batch-size", "0", "must be >= 1"),
+    ("adapt", "--save-every", "0", "must be >= 1"), ("adapt", "--epochs", "0", "must be > 0"),
+])
+def test_featurize_and_adapt_name_the_option_as_typed(data_world, tmp_path, command, option, value, problem):
+    out = ("--store", tmp_path / "s") if command == "featurize" else ("--out", tmp_path / "s")
+    r = cli(command, "--model", data_world["model"], "--data", data_world["sts05"], *out, option, value)
+    assert_bad_input(r, f"Error: {option} {problem}", value)
+    assert not (tmp_path / "s").exists()
+
+
 def test_config_files_and_the_api_keep_the_field_name():
     """The same check read from a config file or the API names the setting as written there."""
     with pytest.raises(SettingError, match=r"^anchor_weight must be a finite number >= 0"):
