@@ -39,6 +39,7 @@ from headstore.heads.experiments.soups import score_soups
 from headstore.heads.experiments.summary import write_summary
 from headstore.heads.features import array_list
 from headstore.heads.kinds import PREFIX, WHOLE, Task, kind_of, load_task, task_rows, without_overlap
+from headstore.heads.kinds.labels import shots_clipped, shots_note
 from headstore.heads.losses import applicable
 from headstore.heads.run import head_shape
 from headstore.heads.selection import DEFAULT_DELTA, OodSelection, load_selection
@@ -195,6 +196,10 @@ def plan_summary(groups: dict, skipped: list[dict], n_done: int, task: Task) -> 
     if len(groups) > 10:
         lines.append(f"  ... and {len(groups) - 10} more stacks")
     lines += [f"  skipped: {r['reason']}" for r in skipped[:5]]
+    for shots in sorted({it[2].shots for items in groups.values() for it in items if it[2].shots}):
+        clipped = shots_clipped(task, shots)  # more shots than a class has: said, as train-head says it
+        if clipped:
+            lines.append(f"  note: {shots_note(shots, clipped)}")
     return "\n".join(lines)
 
 

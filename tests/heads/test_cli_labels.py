@@ -149,3 +149,8 @@ def test_more_shots_than_a_class_has_is_said_on_the_terminal_and_in_metrics(worl
     r = CliRunner().invoke(main, [*args, "--shots", "2", "--out", str(root / "two-shots")])
     assert r.exit_code == 0 and "note: --shots" not in r.output, r.output
     assert "shots_clipped" not in json.loads((root / "two-shots" / "metrics.json").read_text())["data_report"]
+    grid = root / "shots-grid.toml"
+    grid.write_text('[grid]\nshots = [2, 1000]\n[fixed]\nloss = "supcon-kl"\nepochs = 1\nhidden = 16\n')
+    r = CliRunner().invoke(main, ["grid", "--store", str(store), "--data", str(root / "news.parquet"), "--text-column",
+                                  "body", "--grid", str(grid), "--out", str(root / "shots-grid"), "--dry-run"])
+    assert r.exit_code == 0 and line.strip() in r.output and "note: --shots 2 " not in r.output, r.output
