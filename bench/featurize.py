@@ -228,6 +228,8 @@ def main():
     cells = prepare_text_sets(args, minilm_dir, max_len)
     log(t_start, "text sets read: " + ", ".join(f"{n} {len(c['texts']):,}" for n, c in cells.items()))
     probes = [limits.probe([ceiling_precision], device)]
+    if gpu:
+        torch.cuda.empty_cache()  # the probe's matrices: the workers' peak memory is theirs alone anyway
     log(t_start, f"matmul probe: {probes[0]}")
     folder = Path(tempfile.mkdtemp(prefix="bench-featurize-"))
     for name, cell in cells.items():

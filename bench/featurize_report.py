@@ -35,8 +35,9 @@ def make_row(result: dict, shape: str, cell: dict, ref: np.ndarray, feats: np.nd
                share_of_ceiling=round(cell["flops"] / seconds / 1e9 / ceiling_gflops, 4),
                peak_memory_mb=round(result["peak_memory_bytes"] / 2**20, 1),
                max_abs_diff_vs_fp32=max_abs_diff(feats, ref))
-    if "tokenize_tokens_per_s" in result and result.get("encode_tokens_per_s"):
-        row["tokenizer_over_encoder"] = round(result["tokenize_tokens_per_s"] / result["encode_tokens_per_s"], 2)
+    encoder = result.get("encoder_tokens_per_s") or result.get("encode_tokens_per_s")  # the encoder alone if known
+    if result.get("tokenize_tokens_per_s") and encoder:
+        row["tokenizer_over_encoder"] = round(result["tokenize_tokens_per_s"] / encoder, 2)
     return row
 
 
@@ -75,7 +76,7 @@ def print_table(rows: list[dict]) -> None:
         if r["status"] != "ok":
             print(f"{head} {r['status']}: {r.get('reason') or ''} | | | | | |")
             continue
-        tok = (f"{_num(r.get('tokenize_tokens_per_s'))} / {_num(r.get('encode_tokens_per_s'))}"
+        tok = (f"{_num(r.get('tokenize_tokens_per_s'))} / {_num(r.get('encoder_tokens_per_s') or r.get('encode_tokens_per_s'))}"
                if r.get("tokenize_tokens_per_s") else "-")
         extra = " ".join(f"{k}={r[k]}" for k in ("numerics", "attention_kernel") if r.get(k))
         print(f"{head} {_num(r['real_tokens_per_s'])} | {r['padded_per_real']} | "

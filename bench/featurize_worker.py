@@ -108,7 +108,7 @@ def run_headstore(config, texts: list[str], sample: list[str] | None, device: st
     finally:
         shutil.rmtree(folder, ignore_errors=True)
     keep = ("real_tokens", "padded_tokens", "numerics", "packing_reason", "attention_kernel", "tokenize_seconds",
-            "tokenize_tokens_per_s", "n_batches", "n_truncated")
+            "tokenize_tokens_per_s", "encoder_seconds", "encoder_tokens_per_s", "n_batches", "n_truncated")
     used = {"precision": "precision_used", "packing": "packing_used", "backend": "backend_used"}  # as run
     run = {"seconds": summary["encode_seconds"], "wall_seconds": round(wall, 3), "peak_memory_bytes": mem.peak,
            "batch_tokens": config.batch_tokens,

@@ -39,7 +39,8 @@ def main_job(out: Path) -> None:
     print(f"tests: {last_line(out / 'tests.log', ' in ')}")
     summary = read_json(out / "featurize-summary.json")
     if summary:
-        keys = ("n_encoded", "encode_seconds", "tokens_per_s", "tokenize_tokens_per_s", "numerics", "packing",
+        keys = ("n_encoded", "encode_seconds", "tokens_per_s", "tokenize_tokens_per_s", "encoder_tokens_per_s",
+                "numerics", "packing",
                 "attention_kernel", "precision", "seconds")
         print("featurize (main job, --device cuda): " + ", ".join(f"{k} {summary[k]}" for k in keys if k in summary))
     else:
@@ -55,15 +56,15 @@ def bench(path: Path) -> None:
     if not result:
         print(f"\n{path.name}: none written")
         return
-    print(f"\n{path.name}: {result['device_name']}; bf16 matmul ceiling {result['ceiling_gflop_per_s'] / 1e3:,.0f} "
-          f"TFLOP/s; {result['seconds']} s")
+    print(f"\n{path.name}: {result['device_name']}; {result['ceiling_precision']} matmul ceiling "
+          f"{result['ceiling_gflop_per_s'] / 1e3:,.1f} TFLOP/s; {result['seconds']} s")
     print("| shape | texts | system | setting | tok/s | padded/real | share | peak MB | tokenizer/encoder | max diff |")
     print("|---|---|---|---|---|---|---|---|---|---|")
     for r in result["rows"]:
         if r["status"] != "ok":
             continue
-        tok = (f"{r['tokenize_tokens_per_s']:,.0f}/{r['encode_tokens_per_s']:,.0f}"
-               if r.get("tokenize_tokens_per_s") and r.get("encode_tokens_per_s") else "-")
+        encoder = r.get("encoder_tokens_per_s") or r.get("encode_tokens_per_s")
+        tok = f"{r['tokenize_tokens_per_s']:,.0f}/{encoder:,.0f}" if r.get("tokenize_tokens_per_s") and encoder else "-"
         diff = "-" if r.get("max_abs_diff_vs_fp32") is None else f"{r['max_abs_diff_vs_fp32']:.1e}"
         print(f"| {r['shape']} | {r['text_set']} | {'hs' if r['system'] == 'headstore' else 'ST'} | {r['label']} | "
               f"{r['real_tokens_per_s']:,.0f} | {r['padded_per_real']} | {100 * r['share_of_ceiling']:.1f}% | "
