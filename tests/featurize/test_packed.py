@@ -21,8 +21,9 @@ pytest.importorskip("sentence_transformers")
 
 # one word to past the 24-token max length (truncated), in one batch: the lengths differ by 20x
 TEXTS = random_texts(12, seed=5, max_words=40) + ["one", "Cat Dog", "a b"]
-SETUPS = {"mean": ("mean", None), "cls-dense": ("cls", 16), "max+weightedmean+sqrt":
-          (("max", "weightedmean", "mean_sqrt_len_tokens"), None), "lasttoken": ("lasttoken", None)}
+# mean alone (packed: a segment mean), and every other mode concatenated then a Dense (the padded scatter)
+SETUPS = {"mean": ("mean", None),
+          "other-modes-dense": (("cls", "max", "weightedmean", "mean_sqrt_len_tokens", "lasttoken"), 16)}
 
 
 @pytest.fixture(scope="module")
@@ -129,3 +130,22 @@ def test_packing_is_not_a_fingerprint_part_and_the_summary_says_which_path_ran(t
     assert reference["n_encoded"] == 30
     a, b = store.features()[store.rows_for(text_ids(texts))], other.features()[other.rows_for(text_ids(texts))]
     assert np.abs(a - b).max() <= 1e-5
+
+
+def test_the_cuda_bf16_weights_path_runs_packed_on_the_cpu_within_bf16_bounds(tiny_model):
+    """What --device cuda does with auto precision and packing (weights held in bf16, packed batches,
+    the probe in bf16), run on this CPU's tiny model: close to the fp32 padded features, not equal."""
+    texts = random_texts(40, seed=4)
+    config = FeaturizeConfig(model=tiny_model, dtype="float32", device="cpu", batch_tokens=128)
+    encoder = load_encoder(tiny_model, "cpu", None)
+    path = prepare_encoder(encoder, config, "cuda")  # as on a GPU box (the model stays on the CPU)
+    assert path.numerics == "bf16-weights" and path.packing and path.autocast == "fp32"
+    assert next(encoder.model.parameters()).dtype.is_floating_point and str(next(encoder.model.parameters()).dtype) == "torch.bfloat16"
+    got = np.zeros((len(texts), 32), dtype=np.float32)
+    for idx, feats, _, batch in encode_in_plan_order(config, encoder, "cpu", text_ids(texts), texts):
+        assert batch.packed is not None
+        got[idx] = feats["features"]
+    reference, _ = features(tiny_model, texts, "off")
+    unit = lambda x: x / np.linalg.norm(x, axis=1, keepdims=True)  # noqa: E731
+    diff = np.abs(unit(got) - unit(reference["features"])).max()
+    assert 0 < diff < 3e-2
