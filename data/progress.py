@@ -5,8 +5,11 @@ frames).
 `progress_bar(**tqdm_kwargs)` is the one way every command shows progress. The mode is chosen per call:
 `HEADSTORE_PROGRESS=bars|lines|off` when set, else bars when standard error is a terminal, else lines.
 Lines mode is tqdm with its output replaced (`LineProgress`): updates are throttled to one line per
-`LINE_SECONDS`, plus the final one, each saying what, how far (in the bar's unit: tokens where texts vary),
-the rate and the time left.
+`LINE_SECONDS`, plus the final one (every bar ends with a line of its real count, also one that is not left
+on a terminal: a grid's stacks), each saying what, how far (in the bar's unit: tokens where texts vary),
+the rate and the time left. Nothing is written before the first unit of work is done (no "0/450" line),
+and the time left is taken from the rate after the first update (the first step of a stack carries one-off
+work, a compile or a warm-up, that once made a 2-minute stack say "ETA 1:39:41").
 """
 from __future__ import annotations
 
@@ -42,19 +45,25 @@ class LineProgress(tqdm):
         kwargs.pop("dynamic_ncols", None)
         kwargs.pop("ncols", None)
         self._last_line, self._last_write_t = None, None
+        self._first = None  # (n, elapsed) at the first update: the ETA's rate is the one after it
         super().__init__(*args, mininterval=mininterval, miniters=0, **kwargs)
 
+    def update(self, n=1):
+        if self._first is None and n and not self.disable:
+            self._first = (self.n + n, self._time() - self.start_t)
+        return super().update(n)
+
     def display(self, msg=None, pos=None):
-        if not self.disable:
+        if not self.disable and self.n:  # nothing done yet: nothing to say
             self._write(force=False)
         return True
 
     def close(self):
-        """The final line (for a bar that stays: leave), then tqdm's bookkeeping without its '\r' or '\n'."""
+        """The final line (its real count; in a log nothing is erased, so whether or not the bar is left), then
+        tqdm's bookkeeping without its '\r' or '\n'."""
         if getattr(self, "disable", True):
             return
-        if self.leave or (self.leave is None and self.pos == 0):
-            self._write(force=True)
+        self._write(force=True)
         self.disable = True
         self._decr_instances(self)
 
@@ -62,7 +71,8 @@ class LineProgress(tqdm):
         """One line, unless one was written less than `mininterval` ago (set_postfix and tqdm.write refresh
         on every call) or it would repeat the last."""
         now = self._time()
-        if not force and self._last_write_t is not None and now - self._last_write_t < self.mininterval:
+        last = self.start_t if self._last_write_t is None else self._last_write_t  # the first after an interval too
+        if not force and now - last < self.mininterval:
             return
         line = self.line()
         if line != self._last_line:
@@ -86,8 +96,9 @@ class LineProgress(tqdm):
         elapsed = d.get("elapsed") or 0.0
         rate = d["n"] / elapsed if elapsed > 0 else None
         parts = [done, f"{size(rate)} {unit}/s" if rate else None, f"elapsed {tqdm.format_interval(elapsed)}"]
-        if total and rate and d["n"] < total:
-            parts.append(f"ETA {tqdm.format_interval((total - d['n']) / rate)}")
+        if total and d["n"] < total and self._first and d["n"] > self._first[0] and elapsed > self._first[1]:
+            since_first = (d["n"] - self._first[0]) / (elapsed - self._first[1])
+            parts.append(f"ETA {tqdm.format_interval((total - d['n']) / since_first)}")
         postfix = d.get("postfix")
         if postfix:
             parts.append(str(postfix).lstrip(", "))

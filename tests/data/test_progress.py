@@ -38,10 +38,10 @@ def test_a_log_gets_one_line_per_interval_and_no_carriage_returns(monkeypatch):
     text = log.getvalue()
     assert "\r" not in text and "\x1b" not in text
     lines = text.splitlines()
-    assert len(lines) == 5  # the start, one per 10 s (at 10, 20, 30 s), the end
-    assert lines[0].startswith("featurize: 0/3,500 tok (0%)")
+    assert len(lines) == 4  # one per 10 s (at 10, 20, 30 s), the end; none before any work is done
+    assert lines[0].startswith("featurize: 1,000/3,500 tok (29%)")
     assert lines[-1].startswith("featurize: 3,500/3,500 tok (100%), 100 tok/s, elapsed 00:35")
-    assert "ETA 00:15" in lines[2]  # 2,000 of 3,500 at 100/s after 20 s
+    assert "ETA 00:15" in lines[1]  # 2,000 of 3,500 at 100/s after 20 s
 
 
 def test_a_terminal_gets_tqdm_bars_and_the_mode_can_be_forced(monkeypatch):
@@ -66,10 +66,37 @@ def test_a_terminal_gets_tqdm_bars_and_the_mode_can_be_forced(monkeypatch):
         progress_bar(total=1)
 
 
-def test_a_bar_left_behind_writes_no_final_line_and_unknown_totals_read_plainly(monkeypatch):
+def test_a_bar_not_left_still_ends_with_its_real_count_and_unknown_totals_read_plainly(monkeypatch):
+    """A grid's stack bar (leave=False) that finishes within one interval writes one line, its final count,
+    not a "0/450" line and then nothing."""
     monkeypatch.delenv(ENV, raising=False)
+    monkeypatch.setattr("tqdm.std.time", Clock())  # no time passes
     log = io.StringIO()
     bar = progress_bar(desc="train", unit="step", file=log, leave=False)
     bar.update(3)
     bar.close()
-    assert log.getvalue().splitlines() == ["train: 0 step, elapsed 00:00"]
+    assert log.getvalue().splitlines() == ["train: 3 step, elapsed 00:00"]
+    log = io.StringIO()
+    bar = progress_bar(total=450, desc="12 head(s) l1-energy", file=log, leave=False)
+    bar.update(450)
+    bar.close()
+    assert log.getvalue().splitlines() == ["12 head(s) l1-energy: 450/450 it (100%), elapsed 00:00"]
+
+
+def test_the_time_left_leaves_out_a_slow_first_step(monkeypatch):
+    """A first step that carries a compile (100 s) then 1 s a step: the time left is the steps left at 1 s,
+    not at the average rate with the compile in it (once "ETA 1:39:41" for a 2-minute stack)."""
+    monkeypatch.delenv(ENV, raising=False)
+    clock = Clock()
+    monkeypatch.setattr("tqdm.std.time", clock)
+    log = io.StringIO()
+    bar = progress_bar(total=450, desc="stack", file=log, mininterval=10)
+    clock.now += 100.0
+    bar.update(1)
+    for _ in range(20):
+        clock.now += 1.0
+        bar.update(1)
+    bar.close()
+    lines = log.getvalue().splitlines()
+    assert lines[0].startswith("stack: 1/450 it (0%)") and "ETA" not in lines[0]  # one step: no rate yet
+    assert "ETA 07:19" in lines[1], lines  # at 110 s: 11 done, 439 left at 1 step/s
