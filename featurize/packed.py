@@ -143,21 +143,34 @@ def _packed(pack: _Pack):
         _ACTIVE.pack = None
 
 
+def varlen_mask(*args, **kwargs):
+    """The mask function of ATTENTION_NAME: none inside a packed forward (whatever a transformers version
+    would build from packed position ids: a (T, T) mask is what packing avoids), else SDPA's."""
+    if getattr(_ACTIVE, "pack", None) is not None:
+        return None
+    from transformers.masking_utils import sdpa_mask
+
+    return sdpa_mask(*args, **kwargs)
+
+
 def register_attention() -> None:
-    """ATTENTION_NAME in transformers' attention and mask registries (mask: SDPA's, which is None for a
-    packed (1, T) batch without a mask, and a padded batch still gets its own)."""
+    """ATTENTION_NAME in transformers' attention and mask registries."""
     from transformers import AttentionInterface
-    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+    from transformers.masking_utils import AttentionMaskInterface
 
     AttentionInterface.register(ATTENTION_NAME, varlen_attention)
-    AttentionMaskInterface.register(ATTENTION_NAME, sdpa_mask)
+    AttentionMaskInterface.register(ATTENTION_NAME, varlen_mask)
 
 
 def _use_attention(model, name: str) -> None:
-    if hasattr(model, "set_attn_implementation"):
+    """The model's attention implementation, by transformers' setter where it takes the name, else the
+    config attribute every attention module reads."""
+    try:
         model.set_attn_implementation(name)
-    else:  # older transformers: the config attribute every attention module reads
+    except Exception:  # absent, or a version that refuses a registered name
         model.config._attn_implementation = name
+    if model.config._attn_implementation != name:
+        raise RuntimeError(f"could not set the attention implementation to {name}")
 
 
 @dataclass
@@ -223,8 +236,9 @@ def prepare_encoder(encoder, config: FeaturizeConfig, device: str, kernels: tupl
         except Exception as err:  # another transformers/torch API: padded batches, and say why
             path.packing_reason = f"packing failed to set up ({type(err).__name__}: {err})"
         if path.packing_reason is not None:
-            _use_attention(encoder.model, encoder.attn_implementation)
             path.packing, path.attention_kernel = False, "padded"
+            with contextlib.suppress(Exception):  # best effort: outside a packed forward ours is SDPA anyway
+                _use_attention(encoder.model, encoder.attn_implementation)
     return path
 
 
@@ -297,8 +311,9 @@ def _packed_states(encoder, path: EncodePath, input_ids: torch.Tensor, layout: P
 
 def packed_forward(encoder, input_ids: torch.Tensor, layout: PackedLayout, pooler: Pooler,
                    layers: tuple[int, ...], prompt_lengths: torch.Tensor | None) -> list[torch.Tensor]:
-    """pooling.pooled_forward for a packed batch: one float32 (B, D) tensor per layer. Plain mean pooling
-    is a segment mean; every other pooling sees the states scattered back to (B, S, D) in fp32."""
+    """pooling.pooled_forward for a packed batch: one float32 (B, D) tensor per layer. The states are
+    scattered back to (B, S, D) in fp32 and pooled as a padded batch is (the same maths, deterministic on a
+    GPU, where a segment sum by index_add_ is not: a resumed run must give bit-identical rows)."""
     from headstore.featurize.pooling import compute_context
 
     path = encoder.path
@@ -310,12 +325,6 @@ def packed_forward(encoder, input_ids: torch.Tensor, layout: PackedLayout, poole
     lengths = layout.lengths.to(device, non_blocking=cuda)  # (B,)
     scatter = layout.scatter_index.to(device, non_blocking=cuda)  # (T,)
     B, S = len(layout.offsets) - 1, layout.max_length
-    if pooler.spec.include_prompt:
-        prompt_lengths = None
-    if prompt_lengths is None and pooler.spec.modes == ("mean",) and not pooler.dense:
-        segment = torch.div(scatter, S, rounding_mode="floor")  # (T,) the text of each token
-        return [torch.zeros(B, h.shape[1], dtype=torch.float32, device=device).index_add_(0, segment, h.float())
-                / lengths.unsqueeze(1).float() for h in hidden]
     mask = (torch.arange(S, device=device).unsqueeze(0) < lengths.unsqueeze(1)).to(torch.int64)  # (B, S)
     padded = []
     for h in hidden:

@@ -149,3 +149,20 @@ def test_the_cuda_bf16_weights_path_runs_packed_on_the_cpu_within_bf16_bounds(ti
     unit = lambda x: x / np.linalg.norm(x, axis=1, keepdims=True)  # noqa: E731
     diff = np.abs(unit(got) - unit(reference["features"])).max()
     assert 0 < diff < 3e-2
+
+
+def test_no_working_kernel_or_no_attention_setter_still_gives_the_padded_features(hf_models, tmp_path, monkeypatch):
+    st_dir = build_st(tmp_path / "st", hf_models["bert"], "mean")
+    padded, _ = features(st_dir, TEXTS, "off")
+    fallback, path = features(st_dir, TEXTS, "on", kernels=("varlen_attn", "flash_attn"))  # CUDA-only kernels
+    assert not path.packing and "no varlen attention kernel" in path.packing_reason
+    assert_same(fallback, padded, tol=0.0)
+    from transformers import PreTrainedModel
+
+    def refuse(self, name, *args, **kwargs):
+        raise ValueError("this transformers refuses registered names")
+
+    monkeypatch.setattr(PreTrainedModel, "set_attn_implementation", refuse)
+    packed, path = features(st_dir, TEXTS, "on")  # the config attribute instead
+    assert path.packing
+    assert_same(packed, padded)
