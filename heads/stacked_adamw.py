@@ -12,6 +12,7 @@ of a stack of small heads is bound by memory traffic, not arithmetic, so this is
 on a 2-core CPU; bench/grid.py). The maths are the same; the compiled loop may round differently in the
 last bit. Compiling costs seconds once per process (cached on disk by torch), so heads.train uses it
 only for stacks with enough work (`fused_pays`); if compiling fails the eager update is used, with a warning.
+Every parameter enters the compiled loop as an (H, N) view, so one graph serves every stack of a grid.
 
 LR schedulers: torch schedulers need a scalar group["lr"], so the per-head rates live in
 group["head_lr"] and the effective rate of head h is group["lr"] * group["head_lr"][h]. Given a
@@ -57,17 +58,41 @@ def _adamw_update(p, g, m, v, grad_scale, decay, step_size, bc2_sqrt, beta1: flo
 
 _compiled_update = None  # torch.compile(_adamw_update), built on first use; False after a failed compile
 _compiled_ok = False  # the compiled update ran in this process (compiling again costs nothing)
+# graphs the compiled update may keep: (H, N) views make one graph serve every parameter shape; a few more
+# come from sizes torch specialises (a stack of one head, a float64 or CUDA stack)
+RECOMPILE_LIMIT = 32
 
 
-def _fused_update(*args) -> bool:
-    """Run the compiled update; False (nothing changed) when it cannot be compiled here."""
+def _compile(backend: str = "inductor"):
+    return torch.compile(_adamw_update, dynamic=True, fullgraph=True, backend=backend)
+
+
+def _as_rows(t: torch.Tensor, heads: int) -> torch.Tensor:
+    """A per-head factor (a scalar or (H, 1, ..., 1)) as a contiguous (H, 1) tensor."""
+    return torch.broadcast_to(t.reshape(-1, 1), (heads, 1)).contiguous()
+
+
+def _fused_update(p, g, m, v, grad_scale, decay, step_size, bc2_sqrt, beta1: float, beta2: float,
+                  eps: float) -> bool:
+    """Run the compiled update; False (nothing changed) when it cannot run here (the eager update then does).
+
+    Every tensor enters as an (H, N) view (per-head factors (H, 1)), so one compiled graph serves every
+    parameter shape of every stack: compiled on the stacked shapes, each new shape was a new graph, and a
+    grid of a dozen stacks hit dynamo's recompile limit. Duck shaping (two sizes that happen to be equal
+    taken as one symbol) is off for the same reason; the maths are unchanged (elementwise)."""
     global _compiled_update, _compiled_ok
     if _compiled_update is None:
-        _compiled_update = torch.compile(_adamw_update, dynamic=True, fullgraph=True)
-    if _compiled_update is False:
+        _compiled_update = _compile()
+    if _compiled_update is False or not all(t.is_contiguous() for t in (p, g, m, v)):
         return False
+    H = p.shape[0]
+    rows = [t.view(H, -1) for t in (p, g, m, v)]  # (H, N) views: the update writes p, m, v in place
+    factors = [_as_rows(t, H) for t in (grad_scale, decay, step_size)]  # (H, 1)
+    from torch.fx.experimental import _config as fx_config  # here: torch's compiler settings, this call only
+
     try:
-        _compiled_update(*args)
+        with torch._dynamo.config.patch(recompile_limit=RECOMPILE_LIMIT), fx_config.patch(use_duck_shape=False):
+            _compiled_update(*rows, *factors, bc2_sqrt, beta1, beta2, eps)
     except Exception as e:  # no C++ compiler, unsupported platform: compiling fails before any write
         warnings.warn(f"StackedAdamW: the fused update could not be compiled ({type(e).__name__}: {e}); "
                       "using the eager update")

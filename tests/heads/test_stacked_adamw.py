@@ -108,3 +108,39 @@ def test_fused_update_that_cannot_compile_falls_back_to_eager(monkeypatch):
     assert module._compiled_update is False
     for p, q in zip(fused.parameters(), _train({}).parameters()):
         torch.testing.assert_close(p, q)
+
+
+def test_the_compiled_update_serves_stacks_of_every_shape_without_a_fallback(monkeypatch):
+    """A grid compiles the update once for all its stacks: twelve stacks of different head counts, depths,
+    widths and layer norms (more shapes than dynamo's default limit of 8 graphs, which a grid once hit:
+    "FailOnRecompileLimitHit ...; using the eager update") train with the compiled update, no warning, and
+    end where the eager update does. Dynamo's capture and guards are the real ones; backend="eager" runs the
+    captured graph without generating C++ (what costs a compile its seconds)."""
+    import warnings
+
+    import headstore.heads.stacked_adamw as module
+
+    torch._dynamo.reset()
+    monkeypatch.setattr(module, "_compiled_update", module._compile(backend="eager"))
+    shapes = [(12, 1, False, 64), (12, 2, False, 64), (3, 2, True, 32), (1, 1, False, 16), (5, 3, True, 48),
+              (2, 1, False, 8), (7, 2, False, 24), (12, 1, True, 64), (4, 2, True, 16), (24, 1, False, 24),
+              (6, 1, False, 6), (1, 2, True, 12)]
+    for H, depth, layer_norm, hidden in shapes:
+        c = HeadConfig(in_dim=6, hidden=hidden, out_dim=6, depth=depth, layer_norm=layer_norm)
+        stacks = []
+        for fused in (True, False):
+            stack = StackedMLP(H, c, seeds=list(range(H)))
+            opt = StackedAdamW(stack.parameters(), lr=[1e-2] * H, weight_decay=0.01, fused=fused)
+            g = torch.Generator().manual_seed(H)
+            for step in range(2):
+                x = torch.randn(8, 6, generator=g)
+                opt.zero_grad()
+                stack(x).pow(2).sum().backward()
+                with warnings.catch_warnings():
+                    warnings.simplefilter("error")
+                    opt.step(grad_scale=torch.full((H,), 0.5) if step else None)
+            stacks.append(stack)
+        assert module._compiled_update is not False, (H, depth, layer_norm, hidden)
+        for p, q in zip(*(s.parameters() for s in stacks)):
+            torch.testing.assert_close(p, q, rtol=1e-6, atol=1e-7)
+    torch._dynamo.reset()
