@@ -1,0 +1,63 @@
+"""The Ray engine under faults (one local Ray for the module; Ray is slow to start, so two cases): a write
+error in the driver's commit ends the run with the OS error and the same command resumes; a segment that
+kills every actor it reaches ends the run once the bounded restarts are spent (Ray Data alone retries it
+forever)."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from fault_world import bounded, random_texts
+from fault_inject import Fault, injected
+
+from headstore.data.text_id import text_ids
+from headstore.featurize.config import FeaturizeConfig
+from headstore.featurize.run import featurize_texts
+from headstore.featurize.store import FeatureStore
+from headstore.featurize.verify import verify_store
+from headstore.featurize.writer import acquire_lock
+
+ray = pytest.importorskip("ray")
+TEXTS = random_texts(60, seed=13, max_words=12)
+
+
+@pytest.fixture(scope="module")
+def local_ray():
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    yield
+    ray.shutdown()
+
+
+def small(model) -> FeaturizeConfig:
+    return FeaturizeConfig(model=str(model), dtype="float32", batch_tokens=128, commit_seconds=0, device="cpu")
+
+
+def test_a_write_error_in_the_driver_commit_ends_the_ray_run_and_it_resumes(world, tmp_path, local_ray):
+    from headstore.featurize.ray_engine import featurize_texts_ray
+
+    store = tmp_path / "s"
+    # parquet writes: the 3 staged segments, then one texts part per commit: the 5th is the second commit's
+    with injected(Fault("parquet", "ENOSPC", 5)), pytest.raises(OSError, match="No space left on device"):
+        bounded(lambda: featurize_texts_ray(small(world["model"]), TEXTS, store, workers=1, segment_texts=20))
+    acquire_lock(store).release()  # the lock is free
+    assert verify_store(store) == [] and FeatureStore.open(store).n_texts == 20  # the first segment only
+    summary = bounded(lambda: featurize_texts_ray(small(world["model"]), TEXTS, store, workers=1, segment_texts=20))
+    assert summary["n_already_stored"] == 20 and summary["n_encoded"] == 40
+    featurize_texts(small(world["model"]), TEXTS, tmp_path / "local")
+    ray_store, local = FeatureStore.open(store), FeatureStore.open(tmp_path / "local")
+    assert sorted(ray_store.texts["text_id"]) == sorted(text_ids(TEXTS))  # every text once
+    ids = text_ids(TEXTS)
+    diff = np.abs(ray_store.features(ray_store.rows_for(ids)) - local.features(local.rows_for(ids)))
+    assert diff.max() <= 1e-6
+
+
+def test_a_segment_that_kills_every_actor_ends_the_run(world, tmp_path, local_ray, monkeypatch):
+    import headstore.featurize.ray_engine as ray_engine
+
+    monkeypatch.setattr(ray_engine, "ACTOR_RESTARTS", 1)  # 3 in use; 1 keeps the test short
+    monkeypatch.setenv("HEADSTORE_CRASH_AT", "actor_segment_always:1")
+    store = tmp_path / "s"
+    with pytest.raises(ray_engine.WorkersFailed, match="actor"):
+        bounded(lambda: ray_engine.featurize_texts_ray(small(world["model"]), TEXTS, store, workers=1,
+                                                       segment_texts=30))
+    assert FeatureStore.open(store).n_texts == 0 and verify_store(store) == []
+    acquire_lock(store).release()
