@@ -275,4 +275,4 @@ def features_to_host(items: Iterator[tuple[Batch, list[torch.Tensor]]], cuda: bo
 def _arrived(pending) -> tuple[Batch, list[np.ndarray]]:
     batch, host, event = pending
     event.synchronize()
-    return batch, [h.numpy() for h in host]
+    return batch, [h.numpy().copy() for h in host]  # the pinned buffers go back to torch's cache at once
