@@ -283,6 +283,8 @@ def main():
               f"tokenizer alone {c['tokenizer_alone_tokens_per_s']:,} tok/s")
     report.print_table(rows)
     report.print_speedups(ratios)
+    measured_goals = report.goals(rows, ratios, device)
+    report.print_goals(measured_goals)
     if args.json:
         result = {"device": device, "device_name": name, "machine": machine, "args": vars(args),
                   "ceiling_precision": ceiling_precision, "ceiling_gflop_per_s": ceiling, "matmul_probes": probes,
@@ -290,7 +292,7 @@ def main():
                                 | {"n_texts": len(c["texts"])} for n, c in cells.items()},
                   "reference_seconds": reference_seconds, "load_average": os.getloadavg(),
                   "seconds": round(time.time() - t_start, 1), "rows": limits.with_machine(rows, machine),
-                  "speedups": ratios}
+                  "speedups": ratios, "goals": measured_goals}
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(result, indent=2, default=float))
 

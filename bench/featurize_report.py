@@ -91,3 +91,46 @@ def print_speedups(ratios: list[dict]) -> None:
         print(f"| {s['shape']} | {s['text_set']} | {s['scope']} | {s['headstore']} | {_num(s['headstore_tokens_per_s'])} | "
               f"{100 * s['headstore_share_of_ceiling']:.1f}% | {s['st']} | {_num(s['st_tokens_per_s'])} | "
               f"{s['ratio']:.2f}x |")
+
+
+def _ratio(ratios: list[dict], shape: str, scope: str) -> dict | None:
+    return next((s for s in ratios if s["shape"] == shape and s["text_set"] == "main" and s["scope"] == scope), None)
+
+
+def goals(rows: list[dict], ratios: list[dict], device: str) -> list[dict]:
+    """Issue 30's goals as measured in this run: (goal, value, met); a goal whose rows did not run is left out."""
+    out = []
+
+    def add(goal: str, value, met: bool) -> None:
+        out.append({"goal": goal, "value": value, "met": bool(met)})
+
+    hs = [r for r in rows if r["system"] == "headstore" and r["status"] == "ok"]
+    if device == "cuda":
+        if (s := _ratio(ratios, "bert-base", "all")) is not None:
+            add("BERT-base, main texts: headstore >= 45% of the bf16 matmul ceiling", s["headstore_share_of_ceiling"],
+                s["headstore_share_of_ceiling"] >= 0.45)
+            add("BERT-base, main texts: >= 1.5x sentence-transformers' best", s["ratio"], s["ratio"] >= 1.5)
+        if (s := _ratio(ratios, "minilm", "all")) is not None:
+            add("MiniLM, main texts: >= 1.5x sentence-transformers' best", s["ratio"], s["ratio"] >= 1.5)
+            best = max((r for r in hs if r["shape"] == "minilm" and r["text_set"] == "main"),
+                       key=lambda r: r["real_tokens_per_s"])
+            if best.get("tokenizer_over_encoder") is not None:
+                add("MiniLM, main texts: tokenizer >= 2x the encoder (best headstore run)",
+                    best["tokenizer_over_encoder"], best["tokenizer_over_encoder"] >= 2)
+        for precision, bound in (("bf16", 1e-2), ("fp32", 1e-6)):
+            diffs = [r["max_abs_diff_vs_fp32"] for r in hs if r["precision"] == precision
+                     and r.get("max_abs_diff_vs_fp32") is not None]
+            if diffs:
+                add(f"headstore {precision} features within {bound:g} of the fp32 reference (max over runs)",
+                    max(diffs), max(diffs) <= bound)
+    else:
+        for scope in ("fp32", "all"):
+            if (s := _ratio(ratios, "minilm", scope)) is not None:
+                add(f"CPU, MiniLM, main texts ({scope} settings): >= 1.2x the best sentence-transformers backend",
+                    s["ratio"], s["ratio"] >= 1.2)
+    return out
+
+
+def print_goals(measured: list[dict]) -> None:
+    for g in measured:
+        print(f"- {'MET' if g['met'] else 'NOT MET'}: {g['goal']}: {g['value']:.3g}")

@@ -79,6 +79,8 @@ def bench(path: Path) -> None:
         print(f"- {s['shape']} {s['text_set']} {s['scope']}: headstore {s['headstore']} {s['headstore_tokens_per_s']:,.0f} "
               f"tok/s ({100 * s['headstore_share_of_ceiling']:.1f}% of ceiling) vs ST {s['st']} "
               f"{s['st_tokens_per_s']:,.0f} tok/s = {s['ratio']:.2f}x")
+    for g in result.get("goals", []):
+        print(f"- {'MET' if g['met'] else 'NOT MET'}: {g['goal']}: {g['value']:.3g}")
 
 
 def main(out: Path) -> None:
