@@ -97,7 +97,7 @@ def settings_for(system: str, text_set: str, args, device: str, bf16_native: boo
     return out
 
 
-def run_worker(spec: dict, folder: Path, name: str, env: dict, grace_s: float) -> list[dict]:
+def run_worker(spec: dict, folder: Path, name: str, env: dict, grace_s: float, python: str) -> list[dict]:
     """One worker process; its results (each with its features of the reference sample, or None). Past the
     deadline no worker starts; a worker still running grace_s after it is stopped (its finished settings kept)."""
     if time.time() > spec["deadline"]:
@@ -105,7 +105,7 @@ def run_worker(spec: dict, folder: Path, name: str, env: dict, grace_s: float) -
                 for i, s in enumerate(spec["settings"])]
     path = folder / f"{name}.json"
     path.write_text(json.dumps(spec))
-    argv = [sys.executable, str(WORKER), str(path)] + (["--st-first"] if spec["system"] != "headstore" else [])
+    argv = [python, str(WORKER), str(path)] + (["--st-first"] if spec["system"] != "headstore" else [])
     timeout = max(30.0, spec["deadline"] - time.time() + grace_s)  # a setting begun in time may finish
     with open(folder / f"{name}.log", "w") as log:
         try:
@@ -185,6 +185,9 @@ def main():
     ap.add_argument("--st-fp32-batch-sizes", default=None, help="fp32 is never ST's best on a GPU: fewer sizes")
     ap.add_argument("--st-attn", default="sdpa,flash_attention_2", help="GPU: attn_implementation values")
     ap.add_argument("--st-backends", default="torch,onnx,openvino", help="CPU: sentence-transformers backends")
+    ap.add_argument("--st-python", default=sys.executable,
+                    help="interpreter of the sentence-transformers workers: a venv where its onnx/openvino "
+                         "backends install (optimum needs transformers < 5.6; the worker needs no headstore)")
     ap.add_argument("--cpu-bf16", action="store_true", help="run bf16 on a CPU without native bf16 too")
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--ref-sample", type=int, default=None, help="texts compared with the fp32 reference")
@@ -259,7 +262,8 @@ def main():
                                           "max_length": c["max_length"], "warmup": args.warmup_texts}
                                       for n, c in cells.items()}}
                 log(t_start, f"{shape} {system}: {len(settings)} settings")
-                for r in run_worker(spec, folder, f"{shape}-{system}", dict(ENV_AT_START), args.grace_s):
+                python = args.st_python if system == "sentence-transformers" else sys.executable
+                for r in run_worker(spec, folder, f"{shape}-{system}", dict(ENV_AT_START), args.grace_s, python):
                     feats = r.pop("features")
                     rows.append(report.make_row(r, shape, cells[r["text_set"]], refs[r["text_set"]], feats,
                                                 max(p[ceiling_precision] for p in probes)))

@@ -127,6 +127,8 @@ def load_st(model_dir: str, device: str, setting: dict, max_length: int):
         return "the flash-attn package is not installed"
     try:
         model_kwargs = {"attn_implementation": attn} if attn and backend == "torch" else {}
+        if backend == "openvino":  # its default is bf16 where the CPU has it: the precision is said explicitly
+            model_kwargs["ov_config"] = {"INFERENCE_PRECISION_HINT": {"fp32": "f32"}.get(setting["precision"], "bf16")}
         st = SentenceTransformer(model_dir, device=device, backend=backend, model_kwargs=model_kwargs)
     except Exception as err:  # an absent optional runtime (optimum, onnxruntime, openvino) or kernel
         return f"{type(err).__name__}: {str(err).splitlines()[0][:160] if str(err) else ''}"
