@@ -31,6 +31,7 @@ from headstore.heads.model import load_heads
 from headstore.heads.selection import DEFAULT_DELTA, load_selection
 from headstore.heads.soup import load_soup
 from headstore.heads.strength import STRENGTHS, choose, with_strength
+from robust_picture import picture  # bench/: the picture, redrawn alone from the JSON too
 
 # dataset -> (data, out-of-domain test sets, out-of-domain dev sets: docs/l1-energy.md round 2's choice)
 STUDY = {
@@ -199,34 +200,6 @@ def markdown(name: str, frozen: dict, rows: list[dict], ood: list[str]) -> str:
                  "/".join(f"{a:g}" for a in r.get("strengths", [])) or "1"]
         lines.append("| " + " | ".join(cells) + " |")
     return f"### {name}\n\n" + "\n".join(lines) + "\n"
-
-
-def picture(results: dict, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    panels = [(n, o) for n, r in results.items() for o in r["ood"]]
-    fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 4.5))
-    for ax, (name, o) in zip(np.atleast_1d(axes), panels):
-        r = results[name]
-        fz = r["frozen"]
-        for energy, curve in r["curve"].items():
-            ax.plot([p[o] - fz[o] for p in curve], [p["test"] - fz["test"] for p in curve], "-",
-                    label=f"strength curve ({energy})", alpha=0.7)
-        for row in r["rows"]:
-            ax.scatter(row[o] - fz[o], row["test"] - fz["test"], s=14)
-            ax.annotate(row["lever"], (row[o] - fz[o], row["test"] - fz["test"]), fontsize=5)
-        ax.axvline(-0.01, color="grey", lw=0.6, ls="--")
-        ax.axhline(0, color="black", lw=0.5)
-        ax.axvline(0, color="black", lw=0.5)
-        ax.set_xlabel(f"{o}: change vs frozen cosine (test)")
-        ax.set_ylabel(f"{name}: test change vs frozen cosine")
-        ax.legend(fontsize=6)
-    fig.tight_layout()
-    fig.savefig(path, dpi=130)
-    plt.close(fig)
 
 
 def main() -> None:
