@@ -76,16 +76,18 @@ def ints(text: str) -> list[int]:
 
 
 def settings_for(system: str, text_set: str, args, device: str, bf16_native: bool) -> list[dict]:
-    """The settings one worker runs for one text set, in the order they run."""
+    """The settings one worker runs for one text set, in the order they run. bf16 on a CPU without native bf16
+    (no AMX / AVX-512-BF16) is emulated, minutes per run and never the best: such settings carry "skip" (reported,
+    not run) unless --cpu-bf16."""
+    emulated = device == "cpu" and not (bf16_native or args.cpu_bf16)
+    mark = {"skip": "bf16 is emulated on this CPU (no AMX / AVX-512-BF16); --cpu-bf16 runs it"}
     if system == "headstore":
-        out = [{"system": system, "text_set": text_set, **s} for s in parse_settings(args.hs)]
-        return [s for s in out if device == "cuda" or s["precision"] != "bf16" or bf16_native or args.cpu_bf16]
+        return [{"system": system, "text_set": text_set, **s, **(mark if emulated and s["precision"] == "bf16" else {})}
+                for s in parse_settings(args.hs)]
     out = []
     backends = args.st_backends.split(",") if device == "cpu" else ["torch"]
     attns = args.st_attn.split(",") if device == "cuda" else [None]
     for precision in args.st_precisions.split(","):
-        if device == "cpu" and precision == "bf16" and not (bf16_native or args.cpu_bf16):
-            continue  # emulated bf16 (no AMX / AVX-512-BF16): minutes per run, never the best
         sizes = ints(args.st_fp32_batch_sizes if precision == "fp32" else args.st_batch_sizes)
         for backend in backends:
             if backend == "onnx" and precision != "fp32":
@@ -93,7 +95,8 @@ def settings_for(system: str, text_set: str, args, device: str, bf16_native: boo
             for attn in attns:
                 for batch in sizes:
                     out.append({"system": system, "text_set": text_set, "precision": precision,
-                                "backend": backend, "attn": attn, "batch": batch})
+                                "backend": backend, "attn": attn, "batch": batch,
+                                **(mark if emulated and precision == "bf16" else {})})
     return out
 
 
@@ -241,8 +244,8 @@ def main():
     try:
         for shape in shapes:
             if time.time() > deadline:  # no model built, no reference: every setting is reported as skipped
-                rows += [report.make_row({**s, "status": "skipped", "reason": "time budget"}, shape, cells[n], None,
-                                         None, 1.0)
+                rows += [report.make_row({**s, "status": "skipped", "reason": s.get("skip", "time budget")}, shape,
+                                         cells[n], None, None, 1.0)
                          for system in systems for n in cells for s in settings_for(system, n, args, device, bf16_native)]
                 continue
             model_dir = fd.make_shape(shape, minilm_dir, folder)
@@ -256,6 +259,12 @@ def main():
             log(t_start, f"{shape}: fp32 references done")
             for system in systems:
                 settings = [s for name in cells for s in settings_for(system, name, args, device, bf16_native)]
+                rows += [report.make_row({**{k: v for k, v in s.items() if k != "skip"}, "status": "skipped",
+                                          "reason": s["skip"]}, shape, cells[s["text_set"]], None, None, 1.0)
+                         for s in settings if "skip" in s]
+                settings = [s for s in settings if "skip" not in s]
+                if not settings:
+                    continue
                 spec = {"system": system, "model_dir": model_dir, "device": device, "repeats": args.repeats,
                         "deadline": deadline if deadline != float("inf") else 1e18, "settings": settings,
                         "text_sets": {n: {"texts": str(folder / f"texts-{n}.json"), "sample": c["sample"],
