@@ -47,6 +47,7 @@ import featurize_data as fd  # noqa: E402
 import featurize_report as report  # noqa: E402
 
 WORKER = Path(__file__).resolve().parent / "featurize_worker.py"
+SYSTEMS = ("headstore", "sentence-transformers")
 DEFAULTS = {  # per device: (headstore settings, ST precisions, ST batch sizes, ST fp32 batch sizes)
     "cuda": ("bf16,bf16:packing=off,fp16,bf16-autocast,fp32", "bf16,fp16,fp32", "32,64,128,256,512", "128"),
     "cpu": ("fp32,fp32:backend=onnx,fp32:backend=openvino,bf16,bf16:backend=openvino", "fp32,bf16",
@@ -173,7 +174,7 @@ def prepare_text_sets(args, minilm_dir: str, max_len: int) -> dict:
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available)")
     ap.add_argument("--model", default="minilm", help="the minilm shape: 'minilm' or a model dir")
     ap.add_argument("--shapes", default="minilm,bert-base,bert-large", help=f"of {sorted(fd.SHAPES)}")
@@ -226,6 +227,9 @@ def main():
     for shape in shapes:
         if shape not in fd.SHAPES:
             raise ValueError(f"--shapes: {shape!r} not valid; choose from {sorted(fd.SHAPES)}")
+    for system in systems:
+        if system not in SYSTEMS:
+            raise ValueError(f"--systems: {system!r} not valid; choose from {list(SYSTEMS)}")
     bf16_native = native_bf16()
     ceiling_precision = "bf16" if gpu else "fp32"
 
@@ -311,4 +315,7 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except ValueError as err:  # a bad option: one line, no traceback
+        sys.exit(f"Error: {err}")
