@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import math
 import os
+import time
 import warnings
 from typing import Iterable, Optional, Sequence, Union
 
@@ -58,6 +59,7 @@ def _adamw_update(p, g, m, v, grad_scale, decay, step_size, bc2_sqrt, beta1: flo
 
 _compiled_update = None  # torch.compile(_adamw_update), built on first use; False after a failed compile
 _compiled_ok = False  # the compiled update ran in this process (compiling again costs nothing)
+compile_seconds = 0.0  # time this process spent in calls that compiled a graph (a grid's time estimate leaves it out)
 # graphs the compiled update may keep: (H, N) views make one graph serve every parameter shape; a few more
 # come from sizes torch specialises (a stack of one head, a float64 or CUDA stack)
 RECOMPILE_LIMIT = 32
@@ -80,7 +82,7 @@ def _fused_update(p, g, m, v, grad_scale, decay, step_size, bc2_sqrt, beta1: flo
     parameter shape of every stack: compiled on the stacked shapes, each new shape was a new graph, and a
     grid of a dozen stacks hit dynamo's recompile limit. Duck shaping (two sizes that happen to be equal
     taken as one symbol) is off for the same reason; the maths are unchanged (elementwise)."""
-    global _compiled_update, _compiled_ok
+    global _compiled_update, _compiled_ok, compile_seconds
     if _compiled_update is None:
         _compiled_update = _compile()
     if _compiled_update is False or not all(t.is_contiguous() for t in (p, g, m, v)):
@@ -90,6 +92,7 @@ def _fused_update(p, g, m, v, grad_scale, decay, step_size, bc2_sqrt, beta1: flo
     factors = [_as_rows(t, H) for t in (grad_scale, decay, step_size)]  # (H, 1)
     from torch.fx.experimental import _config as fx_config  # here: torch's compiler settings, this call only
 
+    graphs, t0 = _graphs(), time.perf_counter()
     try:
         with torch._dynamo.config.patch(recompile_limit=RECOMPILE_LIMIT), fx_config.patch(use_duck_shape=False):
             _compiled_update(*rows, *factors, bc2_sqrt, beta1, beta2, eps)
@@ -98,8 +101,17 @@ def _fused_update(p, g, m, v, grad_scale, decay, step_size, bc2_sqrt, beta1: flo
                       "using the eager update")
         _compiled_update = False
         return False
+    if _graphs() != graphs:
+        compile_seconds += time.perf_counter() - t0
     _compiled_ok = True
     return True
+
+
+def _graphs() -> int:
+    """Graphs dynamo compiled in this process so far."""
+    from torch._dynamo.utils import counters  # here: torch's compiler bookkeeping
+
+    return counters["stats"]["unique_graphs"]
 
 
 def _per_head(value: PerHead, name: str) -> torch.Tensor:

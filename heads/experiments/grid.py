@@ -6,7 +6,11 @@ and `seed` are ordinary keys (a few-shot stack trains on the texts its seed draw
 `for_training`), and each row carries the frozen baseline of the texts it trained on (`base_*`).
 
 Combinations that cannot apply to the dataset (a loss the data cannot train, `--hierarchy` on flat labels)
-are recorded with status `skipped` and the reason, never silently dropped. Results are written after every
+are recorded with status `skipped` and the reason, never silently dropped. A configuration whose loss reduces
+to the same objective as an earlier one's on this data (heads.losses.objective: under `--graded pearson` on
+graded pairs, l1-energy and contrastive both train 1 + corr(E, s)), all else alike, would train the very same
+heads: it is trained once, the plan says so, and its rows have status `same-objective` and `same_as`, the
+head id of its trained twin (the leaderboard lists the objective once, under the first loss). Results are written after every
 stack, so a rerun of the same grid into the same output skips finished heads and a changed grid trains only
 what is new; every head is saved loadably (`GRID#rank=K`, `GRID#id=HEAD_ID`, heads.artefacts).
 """
@@ -20,7 +24,7 @@ from pathlib import Path
 import polars as pl
 import torch
 
-from headstore.data.progress import progress_bar
+from headstore.data.progress import progress_bar, progress_write
 from headstore.data.files import atomic_write_json, atomic_write_text
 from headstore.data.outputs import prepare_output_dir
 from headstore.data.tables import read_utf8
@@ -32,6 +36,7 @@ from headstore.heads.artefacts import RESULTS_FILE, read_results, resume_rows, s
 from headstore.heads.config import TEST_SCOPES, HeadConfig, TrainConfig, stack_key
 from headstore.heads.evaluate import embedder, evaluate_split
 from headstore.heads.experiments.ensembles import score_ensembles, write_ensembles
+from headstore.heads.experiments.grid_estimate import pace_line, plan_seconds
 from headstore.heads.experiments.grid_scope import check_resumed_scope, heads_to_test, scored_heads
 from headstore.heads.experiments.grid_spec import GRID_VERSION, UNSET_SINCE_ID, head_id, read_grid, split_settings
 from headstore.heads.experiments.report import write_report
@@ -40,10 +45,11 @@ from headstore.heads.experiments.summary import write_summary
 from headstore.heads.features import array_list
 from headstore.heads.kinds import PREFIX, WHOLE, Task, kind_of, load_task, task_rows, without_overlap
 from headstore.heads.kinds.labels import shots_clipped, shots_note
-from headstore.heads.losses import applicable
+from headstore.heads.losses import LOSSES, applicable, objective
 from headstore.heads.run import head_shape
 from headstore.heads.selection import DEFAULT_DELTA, OodSelection, load_selection
 from headstore.heads.task_features import TaskFeatures, rows_of, rows_of_datasets
+from headstore.heads import stacked_adamw
 from headstore.heads.train import train_stack
 
 
@@ -87,7 +93,8 @@ def run_grid(store_path: str, data_path: str, grid_path: str, out_dir: str, data
            "data_format": data_format, "store_rows": store.n_texts}
     if dry_run:
         done = {r["head_id"] for r in (resume_rows(out_dir, GRID_VERSION)[0] if not overwrite else [])}
-        print(plan_summary(*plan_stacks(combos, task, ids, done), len(done), task))
+        n_done = len(done)  # before plan_stacks adds the planned heads to it
+        print(plan_summary(*plan_stacks(combos, task, ids, done), n_done, task, store.dim))
         return pl.DataFrame()
     if not overwrite:  # before anything is written into --out
         done = read_results(out_dir).to_dicts() if (Path(out_dir) / RESULTS_FILE).is_file() else []
@@ -97,14 +104,19 @@ def run_grid(store_path: str, data_path: str, grid_path: str, out_dir: str, data
     rows, old_rows = resume_rows(out, GRID_VERSION)
     groups, skipped = plan_stacks(combos, task, ids, {r["head_id"] for r in rows})
     if progress:
-        print(plan_summary(groups, skipped, len(rows), task))
+        print(plan_summary(groups, skipped, len(rows), task, store.dim))
     rows += skipped
     runner = StackRunner(out, task, tf, store_path, data_path, data_format, ood, selection, score_split, test_scope)
     bar = progress_bar(total=sum(len(items) for items in groups.values()), desc="grid heads", disable=not progress)
-    for (_, _, array), items in groups.items():
+    modelled = plan_seconds(groups, task, store.dim)
+    for i, ((_, _, array), items) in enumerate(groups.items()):
+        t0, compiling = time.perf_counter(), stacked_adamw.compile_seconds
         rows += runner.train(items, array, progress)
         write_results(out, old_rows + rows)
         bar.update(len(items))
+        if i == 0 and len(groups) > 1 and progress:  # the estimate again, at the pace this machine measured
+            compiled = stacked_adamw.compile_seconds - compiling  # once per process: not the pace of the rest
+            progress_write(pace_line(time.perf_counter() - t0 - compiled, modelled, compiled))
     bar.close()
     if rows or old_rows:
         write_results(out, old_rows + rows)
@@ -158,6 +170,7 @@ def plan_stacks(combos: list[dict], task: Task, ids: dict, done: set[str]) -> tu
     rows of the combinations skipped with their reason)."""
     groups: dict[tuple, list] = {}
     skipped = []
+    trained_as: dict[tuple, tuple[str, str]] = {}  # (objective, other settings) -> (head id, loss) trained
     for s in combos:
         hid = head_id(s, **ids)
         if hid in done:
@@ -169,33 +182,63 @@ def plan_stacks(combos: list[dict], task: Task, ids: dict, done: set[str]) -> tu
             skipped.append({"head_id": hid, "grid_version": GRID_VERSION, **flat_settings(head, train, array),
                             "status": "skipped", "reason": reason})
             continue
+        twin = objective_key(task, head, train, array)
+        if twin in trained_as:
+            skipped.append(same_objective_row(hid, head, train, array, twin[0], *trained_as[twin], task))
+            continue
+        if twin is not None:
+            trained_as[twin] = (hid, train.loss)
         key = (json.dumps(asdict(head), sort_keys=True), stack_key(train), array)
         groups.setdefault(key, []).append((hid, head, train, array))
     return groups, skipped
 
 
-# a rough cost per head and training pair-epoch on a 2-core CPU (SciFact/STS-B grids, docs/speed.md): only
-# to tell a user before a long run how long it may take, never used for anything else
-SECONDS_PER_PAIR_EPOCH = 2e-4
+def same_objective_row(hid: str, head: HeadConfig, train: TrainConfig, array: str, objective_name: str,
+                       twin_id: str, twin_loss: str, task: Task) -> dict:
+    """The results row of a configuration not trained because `twin_id` (loss `twin_loss`) trains the same heads."""
+    form = kind_of(task).train_form(task)
+    return {"head_id": hid, "grid_version": GRID_VERSION, **flat_settings(head, train, array),
+            "status": "same-objective", "same_as": twin_id,
+            "reason": f"{train.loss} trains what {twin_loss} trains on {form} pairs under --graded {train.graded} "
+                      f"({objective_name}): trained once, as {twin_loss} (same_as: its head id)"}
 
 
-def plan_summary(groups: dict, skipped: list[dict], n_done: int, task: Task) -> str:
-    """One paragraph on what a grid will do: heads and stacks to train, skipped and finished ones, a rough time."""
+def objective_key(task: Task, head: HeadConfig, train: TrainConfig, array: str) -> tuple | None:
+    """(the shared objective, every other setting) of a configuration whose loss reduces on this task's data to
+    an objective other losses reduce to too (heads.losses.objective); None when it trains its loss's own."""
+    kind = kind_of(task)
+    form = kind.train_form(task)
+    if objective(train.loss, form, train.graded, negatives=False) == train.loss:
+        return None  # reduces to nothing shared on this form, whatever the negatives
+    negatives = (kind.train_set(task, train.loss).negative is not None  # given, or mined from an IR corpus
+                 or bool(train.mined_k and LOSSES[train.loss].negatives and task.corpus_rows is not None))
+    name = objective(train.loss, form, train.graded, negatives)
+    if name == train.loss:
+        return None
+    rest = {k: v for k, v in train.to_dict().items() if k != "loss"}
+    return name, json.dumps(asdict(head), sort_keys=True), json.dumps(rest, sort_keys=True, default=str), array
+
+
+def plan_summary(groups: dict, skipped: list[dict], n_done: int, task: Task, store_dim: int) -> str:
+    """One paragraph on what a grid will do: heads and stacks to train, skipped and finished ones, configurations
+    trained once for two losses (the same objective), a rough time (heads.experiments.grid_estimate)."""
     n_heads = sum(len(items) for items in groups.values())
-    pairs = len(kind_of(task).train_rows(task))  # rows the training set uses: a proxy of its size
-    epochs = sum(it[2].epochs for items in groups.values() for it in items)
-    rough = SECONDS_PER_PAIR_EPOCH * pairs * epochs
-    lines = [f"grid plan: {n_heads} head(s) to train in {len(groups)} stack(s); {len(skipped)} skipped "
+    same = [r for r in skipped if r["status"] == "same-objective"]
+    lines = [f"grid plan: {n_heads} head(s) to train in {len(groups)} stack(s); {len(skipped) - len(same)} skipped "
              f"(cannot apply); {n_done} already finished (resumed)"]
+    if same:
+        lines.append(f"  trained once: {len(same)} configuration(s) train the very same heads as another loss's "
+                     f"({same[0]['reason']}); recorded as same-objective")
     if n_heads:
-        lines.append(f"  rough time on a 2-core CPU: {rough / 60:.1f} min ({pairs} training rows x {epochs} "
-                     "head-epochs at most; early stopping shortens it)")
+        rough = sum(plan_seconds(groups, task, store_dim))
+        lines.append(f"  rough time on a 2-core CPU: {rough / 60:.1f} min (every epoch run; early stopping shortens "
+                     "it; measured again after the first stack)")
     for (_, _, array), items in list(groups.items())[:10]:
         first = items[0][2]
         lines.append(f"  stack of {len(items)}: loss {first.loss}, array {array}, epochs {first.epochs}")
     if len(groups) > 10:
         lines.append(f"  ... and {len(groups) - 10} more stacks")
-    lines += [f"  skipped: {r['reason']}" for r in skipped[:5]]
+    lines += [f"  skipped: {r['reason']}" for r in skipped if r["status"] != "same-objective"][:5]
     for shots in sorted({it[2].shots for items in groups.values() for it in items if it[2].shots}):
         clipped = shots_clipped(task, shots)  # more shots than a class has: said, as train-head says it
         if clipped:

@@ -8,7 +8,10 @@ Each entry declares the *forms of training data* it accepts, one of which every 
 (heads.kinds): `positives` (relevant pairs only: IR qrels, positives-only tables), `binary` (pairs
 labelled 0/1), `graded` (pairs with a score in [0, 1]: STS) and `classes` (labelled texts: label codes).
 `applicable(loss, form)` is the one check of whether a loss can train on a kind of data, used by
-train-head, grid and finetune alike. A loss that takes positive pairs only trains on labelled or graded
+train-head, grid and finetune alike. `objective(loss, form, graded, negatives)` names what a loss trains on a
+data form: two losses that reduce to the same objective there (`LossSpec.reduces_to`: under `--graded
+pearson` on graded or 0/1 pairs without negatives, l1-energy and contrastive both train 1 + corr(E, s)) train
+identical heads, so a grid trains such heads once. A loss that takes positive pairs only trains on labelled or graded
 data through its genuine pairs (label >= GENUINE_THRESHOLD).
 
 Functions are named as "module:function" and imported on first use, so this registry (and the command
@@ -37,6 +40,9 @@ class LossSpec:
     uses_energy: bool  # False: ignores the `energy` argument (cosine by definition: mnr, supcon)
     pairs_fn: str = ""  # "module:function" of heads.losses for the pair forms
     classes_fn: str = ""  # ... for labelled texts (label codes)
+    # (form, graded mode, objective): on data of `form` under `--graded` mode, with no negatives given or mined
+    # (their impostor terms are the losses' own), the loss is that objective and nothing else of it counts
+    reduces_to: tuple[tuple[str, str, str], ...] = ()
 
     def function(self, form: str = "positives") -> Callable:
         """The loss function for data of `form` (a pair form or `classes`)."""
@@ -51,13 +57,17 @@ class LossSpec:
         return self.function("classes" if not self.pairs_fn else "positives")(*args, **kwargs)
 
 
+# heads.losses.pairs: labelled pairs under graded="pearson" enter l1-energy and contrastive as pearson_term alone
+PEARSON = "1 + corr(E, s) over the batch"
+PEARSON_FORMS = (("graded", "pearson", PEARSON), ("binary", "pearson", PEARSON))
+
 LOSSES: dict[str, LossSpec] = {spec.name: spec for spec in (
     LossSpec("l1-energy", ("positives", "binary", "graded", "classes"), negatives=True, uses_energy=True,
-             pairs_fn="pairs:l1_energy_loss", classes_fn="classes:label_energy_loss"),
+             pairs_fn="pairs:l1_energy_loss", classes_fn="classes:label_energy_loss", reduces_to=PEARSON_FORMS),
     LossSpec("l1-ce", ("positives",), negatives=True, uses_energy=True, pairs_fn="pairs:l1_ce_loss"),
     LossSpec("mnr", ("positives",), negatives=True, uses_energy=False, pairs_fn="pairs:mnr_loss"),
     LossSpec("contrastive", ("positives", "binary", "graded"), negatives=True, uses_energy=True,
-             pairs_fn="pairs:contrastive_loss"),
+             pairs_fn="pairs:contrastive_loss", reduces_to=PEARSON_FORMS),
     LossSpec("cosent", ("binary", "graded"), negatives=False, uses_energy=True, pairs_fn="pairs:cosent_loss"),
     LossSpec("triplet", ("positives",), negatives=True, uses_energy=True, pairs_fn="pairs:triplet_loss"),
     LossSpec("supcon-kl", ("classes",), negatives=False, uses_energy=True, classes_fn="classes:supcon_kl_loss"),
@@ -102,6 +112,17 @@ def applicable(loss: str, form: str, task: str = "the data", kind: str = "") -> 
     if spec.accepts == ("classes",):
         return f"loss {loss} needs labelled texts (--format labels); {task} is a {kind!r} dataset"
     return f"loss {loss} needs graded or labelled pairs; {task} has positives only"
+
+
+def objective(loss: str, form: str, graded: str, negatives: bool) -> str:
+    """What `loss` trains on data of `form` under `--graded` mode `graded`: the objective it reduces to there
+    (LossSpec.reduces_to) when no negatives enter the batches (`negatives`: given or mined ones do), else the
+    loss's own name. Losses with the same objective (and every other setting alike) train the same heads."""
+    if not negatives:
+        for spec_form, spec_graded, name in LOSSES[loss].reduces_to:
+            if (spec_form, spec_graded) == (form, graded):
+                return name
+    return loss
 
 
 CLASS_LOSSES_HINT = "supcon-kl, supcon, l1-energy"  # the class losses, the research note's first
