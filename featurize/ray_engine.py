@@ -41,9 +41,12 @@ from headstore.featurize.source import all_chunks, open_sources
 from headstore.featurize.store import array_names
 from headstore.featurize.writer import StoreWriter
 
-# a killed actor (an OOM kill, a lost node) is restarted and its segment retried this many times; Ray Data's
-# default is without limit, so a segment that kills every actor it reaches would be retried forever
+# a segment is retried on a new actor this many times after the actor encoding it died (an OOM kill, a lost
+# node); Ray Data alone restarts actors and retries without limit (its only knob, ray_remote_args, is deprecated),
+# so a segment that kills every actor it reaches would be retried forever: SegmentEncoder counts the attempts
 ACTOR_RESTARTS = 3
+ATTEMPTS_SUFFIX = ".attempts"  # beside a staged segment: how many actors began encoding it
+SEGMENT_DIED = "actors died on a segment"
 SEGMENT_TEXTS = 16384  # texts per segment: one actor call, one commit, one texts part
 STAGING = ".ray-staging"  # in the store: the new texts as segment files Ray Data reads (shared FS)
 CONNECT_TIMEOUT_S = 10.0  # a cluster's GCS port answers a TCP connect in milliseconds; 10 s allows a slow WAN
@@ -55,7 +58,7 @@ class SegmentEncoder:
     """Ray actor: loads the encoder once, then encodes one segment per call (batch_size=1)."""
 
     def __init__(self, config: dict, device: str, num_threads: int, crash_at: str | None = None,
-                 crash_marker: str | None = None):
+                 crash_marker: str | None = None, max_attempts: int = ACTOR_RESTARTS + 1):
         self.config = FeaturizeConfig(**{**config, "layers": tuple(config["layers"])})
         self.device = device
         if device == "cpu":
@@ -65,9 +68,11 @@ class SegmentEncoder:
                                    self.config.resolved_precision(device), num_threads, self.config.export_cache)
         self.names = list(array_names(self.config.layers))
         self.crash_at, self.crash_marker, self.calls = crash_at, crash_marker, 0
+        self.max_attempts = max_attempts
 
     def __call__(self, batch: dict) -> dict:
         """One staged segment (batch_size=1: its number and file) -> its rows, encoded, in plan order."""
+        self._count_attempt(Path(str(batch["path"][0])), int(batch["segment"][0]))
         self._maybe_crash()
         frame = pl.read_parquet(str(batch["path"][0]))
         ids, texts, prompts = frame["text_id"].to_list(), frame["text"].to_list(), frame["prompt"].to_list()
@@ -88,6 +93,16 @@ class SegmentEncoder:
                   "truncated": np.concatenate(out["truncated"])}
         result.update({name: np.concatenate(out[name]) for name in self.names})  # (B, D)
         return result
+
+    def _count_attempt(self, path: Path, segment: int) -> None:
+        """Record that an actor begins encoding this segment (a file beside it, on the store's filesystem);
+        past max_attempts the actors before died on it: an error ends the run instead of another retry."""
+        counter = path.with_name(path.name + ATTEMPTS_SUFFIX)
+        attempt = (int(counter.read_text() or 0) if counter.is_file() else 0) + 1
+        counter.write_text(str(attempt))
+        if attempt > self.max_attempts:
+            raise RuntimeError(f"{SEGMENT_DIED}: segment {segment} ({path.name}) killed the {attempt - 1} actors "
+                               "that began encoding it")
 
     def _maybe_crash(self) -> None:
         """Test hook: HEADSTORE_CRASH_AT='actor_segment:k' kills this actor at its k-th call, once
@@ -171,11 +186,12 @@ def run_ray(plan: Plan, chunks, *, address: str | None = None, workers: int = 2,
                 commit_seconds = _commit_segments(plan.writer, blocks, sizes, counts,
                                                   list(array_names(plan.config.layers)))
             except ray.exceptions.RayError as err:  # an actor error (Ray's traceback is in its logs)
-                first = next((line for line in str(err).splitlines() if line.strip()), type(err).__name__)
+                lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+                why = next((line for line in lines if SEGMENT_DIED in line), lines[0] if lines else type(err).__name__)
                 raise WorkersFailed(
-                    f"--engine ray: the encoder actors failed ({type(err).__name__}: {first[:200]}; an actor is "
-                    f"restarted {ACTOR_RESTARTS} times at most); the {counts['n_segments']} segments committed are "
-                    "kept: run the same command again, or with --engine local") from None
+                    f"--engine ray: the encoder actors failed ({why[:300]}; a segment is retried "
+                    f"{ACTOR_RESTARTS} times at most); the {counts['n_segments']} segments committed are kept: "
+                    "run the same command again, or with --engine local") from None
         if plan.writer is not None:
             plan.save_config()
     finally:
@@ -274,14 +290,13 @@ def _encoded_blocks(ray, plan: Plan, staging: Path, sizes: dict[int, int], *, wo
     actor_args = {"config": {**asdict(plan.config), "layers": list(plan.config.layers)},
                   "device": plan.device, "num_threads": int(max(1, cpus_per_worker)),
                   "crash_at": os.environ.get("HEADSTORE_CRASH_AT"),
-                  "crash_marker": os.environ.get("HEADSTORE_CRASH_MARKER")}
+                  "crash_marker": os.environ.get("HEADSTORE_CRASH_MARKER"), "max_attempts": ACTOR_RESTARTS + 1}
     items = [{"segment": k, "path": str(_segment_file(staging, k))} for k in sorted(sizes)]
     dataset = ray.data.from_items(items, override_num_blocks=len(items))
     encoded = dataset.map_batches(
         SegmentEncoder, fn_constructor_kwargs=actor_args, batch_size=1,
         batch_format="numpy", compute=ActorPoolStrategy(size=workers),
-        num_gpus=gpus_per_worker, num_cpus=cpus_per_worker,
-        max_restarts=ACTOR_RESTARTS, max_task_retries=ACTOR_RESTARTS)
+        num_gpus=gpus_per_worker, num_cpus=cpus_per_worker)
     return encoded.iter_batches(batch_size=None, batch_format="numpy")
 
 
