@@ -246,8 +246,8 @@ def _load_encoder(cfg: FinetuneConfig, encoder: str, parts: dict, store_path: st
     torch.manual_seed(cfg.seed)
     model = AutoModel.from_pretrained(model_dir, use_safetensors=True, trust_remote_code=False).to(device)
     tokenizer = AutoTokenizer.from_pretrained(model_dir, trust_remote_code=False)
-    if cfg.gradient_checkpointing:
-        model.gradient_checkpointing_enable()
+    if cfg.gradient_checkpointing:  # transformers 5 renamed it (the old name warns: removed in v6)
+        (getattr(model, "activation_checkpointing_enable", None) or model.gradient_checkpointing_enable)()
     model.train()
     return model, tokenizer, model_dir
 
