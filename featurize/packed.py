@@ -273,13 +273,15 @@ PROBE_TEXTS = ("a", "the quick brown fox jumps over the lazy dog , again and aga
 def _probe(encoder, path: EncodePath) -> str | None:
     """None when a packed forward of PROBE_TEXTS equals their padded forward in fp32 (within 1e-4 of the
     largest state) and every attention layer ran packed; else why not."""
-    from headstore.featurize.encode import collate
-
     ids = [np.asarray(encoder.tokenizer(t)["input_ids"][: encoder.max_length], dtype=np.int64) for t in PROBE_TEXTS]
     device = next(encoder.model.parameters()).device
-    input_ids, mask = collate(ids, encoder.tokenizer.pad_token_id or 0, pin=False)
+    longest = max(len(x) for x in ids)
+    input_ids = torch.full((len(ids), longest), encoder.tokenizer.pad_token_id or 0, dtype=torch.int64)  # (B, S)
+    mask = torch.zeros((len(ids), longest), dtype=torch.int64)
+    for b, x in enumerate(ids):
+        input_ids[b, : len(x)], mask[b, : len(x)] = torch.from_numpy(x), 1
     with torch.inference_mode():
-        padded = encoder.model(input_ids=input_ids.to(device), attention_mask=None if mask is None else mask.to(device),
+        padded = encoder.model(input_ids=input_ids.to(device), attention_mask=mask.to(device),
                                return_dict=True).last_hidden_state.float()  # (B, S, D)
         packed_ids, layout = collate_packed(ids, pin=False)
         packed, calls = _packed_states(encoder, path, packed_ids, layout, (-1,))
