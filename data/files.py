@@ -95,6 +95,15 @@ def atomic_write_text(path: str | Path, text: str) -> None:
     atomic_write_bytes(path, text.encode("utf-8"))
 
 
+def atomic_write_figure(fig, path: str | Path, **savefig) -> None:
+    """A matplotlib figure (its format from the file's suffix), written whole or not at all."""
+    import io
+
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format=Path(path).suffix.lstrip(".") or "png", **savefig)
+    atomic_write_bytes(path, buffer.getvalue())
+
+
 def atomic_write_json(path: str | Path, obj, indent: int = 2, sort_keys: bool = False) -> None:
     """JSON with floats as floats (numpy scalars included) and anything else as its str."""
     def default(x):

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from headstore.data.files import atomic_write_figure
 from matplotlib.figure import Figure  # no pyplot: files only, the host's backend left as it is
 
 
@@ -23,4 +24,4 @@ def plot_curve(history: list[dict], path: Path, title: str = "") -> None:
         ax2.set_ylabel(dev_key, color="tab:orange")
     ax.set_title(title)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    atomic_write_figure(fig, path, dpi=110)  # whole or not at all; an OS error names it

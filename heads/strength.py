@@ -21,6 +21,7 @@ from typing import Callable, Optional, Sequence
 
 import torch
 
+from headstore.data.files import atomic_write_figure
 from headstore.heads.config import parse_strength  # noqa: F401 (the setting's parser, with the rule)
 from headstore.heads.model import StackedMLP, start_of
 from headstore.heads.selection import rule_key
@@ -109,4 +110,4 @@ def plot_strength(curve: list[dict], chosen: float, path: Path, metric: str, tit
     ax.set_ylabel(f"in-domain dev {metric}")
     ax.set_title(title or f"strength a: chosen {chosen:g}")
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    atomic_write_figure(fig, path, dpi=110)  # whole or not at all; an OS error names it

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from headstore.data.files import atomic_write_figure
 from matplotlib.figure import Figure  # no pyplot: files only, the host's backend left as it is
 
 
@@ -28,7 +29,7 @@ def plot_by_setting(rows: list[dict], settings: list[str], metric: str, baseline
     for ax in list(axes.flat)[n:]:
         ax.axis("off")
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    atomic_write_figure(fig, path, dpi=110)  # whole or not at all; an OS error names it
 
 
 def plot_best_curves(curves: dict[str, list[dict]], path: Path) -> None:
@@ -51,4 +52,4 @@ def plot_best_curves(curves: dict[str, list[dict]], path: Path) -> None:
         ax.set_xlabel("epoch")
     axes[1].legend(fontsize=6)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    atomic_write_figure(fig, path, dpi=110)  # whole or not at all; an OS error names it
