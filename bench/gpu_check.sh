@@ -7,7 +7,7 @@
 #
 # Time box: GPU_CHECK_SECONDS (default 405 s) for the whole check; every stage runs under `timeout` with at
 # most its own cap and at most what is left, so one hung stage cannot eat the others' time. Order (most
-# wanted first): tests (cap 60 s), featurize the main job with --device cuda (60 s), verify + compare with
+# wanted first): tests (cap 60 s), bench/gpu_featurize_smoke.py (40 s), featurize the main job with --device cuda (60 s), verify + compare with
 # the CPU reference (30 s), the benchmark on the main job's texts (220 s), the main job's heads on the card
 # (end_to_end.sh, its featurize a no-op: 70 s), the benchmark on SciFact at 512 tokens (what is left).
 # Needs: bench/gpu_env.sh (PYTHONPATH, PATH with `cli`, HEADSTORE_DATA, HEADSTORE_MINILM) where headstore is
@@ -54,8 +54,10 @@ stage() {
 # 1. the GPU tests: every test file with a gpu mark
 mapfile -t GPU_TESTS < <(grep -rl "mark.gpu" tests/ --include='test_*.py' | sort)
 if (( ${#GPU_TESTS[@]} )); then
-    stage tests 60 python3 -m pytest -q -p no:cacheprovider -m gpu "${GPU_TESTS[@]}" --junitxml="$OUT/gpu-tests.xml"
+    stage tests 60 python3 -m pytest -q -s -p no:cacheprovider -m gpu "${GPU_TESTS[@]}" --junitxml="$OUT/gpu-tests.xml"
 fi
+# the GPU path's own smoke check: MiniLM on 2,000 texts, {fp32, bf16} x packing {off, on}, kernels and diffs
+stage gpu-smoke 40 python3 bench/gpu_featurize_smoke.py --device $DEVICE --data "$D" --json "$OUT/gpu-smoke.json"
 
 # 2. the main job's featurize on the card (end_to_end.sh's own command; device auto = cuda here)
 E2E=$OUT/e2e
