@@ -37,6 +37,14 @@ def stages(out: Path) -> None:
 def main_job(out: Path) -> None:
     print(f"\ncard: {last_line(out / 'env.log', ',')}")
     print(f"tests: {last_line(out / 'tests.log', ' in ')}")
+    smoke = read_json(out / "gpu-smoke.json")
+    for r in (smoke or {}).get("rows", []):
+        print(f"gpu smoke: {r.get('precision')} packing={r.get('packing')} {r.get('attention_kernel')}: "
+              f"{r.get('real_tokens_per_s', 0):,.0f} tok/s, padded/real {r.get('padded_per_real')}, tokenizer "
+              f"{r.get('tokenize_tokens_per_s', 0):,.0f} / encoder {r.get('encoder_tokens_per_s', 0):,.0f} tok/s, "
+              f"max diff vs first {r.get('max_abs_diff_vs_first', float('nan')):.1e}")
+    if smoke is None:
+        print(f"gpu smoke: {last_line(out / 'gpu-smoke.log')}")
     summary = read_json(out / "featurize-summary.json")
     if summary:
         keys = ("n_encoded", "encode_seconds", "tokens_per_s", "tokenize_tokens_per_s", "encoder_tokens_per_s",
