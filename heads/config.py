@@ -85,16 +85,14 @@ class HeadConfig:
             raise ValueError(f"activation={self.activation!r}; valid: {sorted(ACTIVATION_NAMES)}")
         if self.init not in INITS:
             raise ValueError(f"init={self.init!r}; valid: {list(INITS)}")
-        for name, holds, what in (("depth", self.depth >= 0, ">= 0 (0 = identity)"), ("hidden", self.hidden >= 1, ">= 1"),
-                                  ("dropout", 0.0 <= self.dropout < 1.0, "in [0, 1)")):
+        bounds = [("depth", self.depth >= 0, ">= 0 (0 = identity)"), ("hidden", self.hidden >= 1, ">= 1"),
+                  ("dropout", 0.0 <= self.dropout < 1.0, "in [0, 1)"), ("mix", self.mix >= 1, ">= 1 (arrays mixed)"),
+                  ("mix_init", 0.0 < self.mix_init < 1.0, "in (0, 1)")]
+        for name, holds, what in bounds:
             if not holds:
                 raise SettingError(name, f"must be {what}, got {getattr(self, name)}")
         if self.sides not in SIDES:
             raise ValueError(f"sides={self.sides!r}; valid: {list(SIDES)}")
-        if self.mix < 1:
-            raise SettingError("mix", f"must be >= 1 (arrays mixed), got {self.mix}")
-        if not 0.0 < self.mix_init < 1.0:
-            raise SettingError("mix_init", f"must be in (0, 1), got {self.mix_init}")
 
     @property
     def out_features(self) -> int:
@@ -266,20 +264,18 @@ class TrainConfig:
             ("remine_every", self.remine_every >= 1, ">= 1 (1 = every epoch)"),
             ("exact_max", self.exact_max >= 0, ">= 0 (corpus documents searched exactly)"),
             ("pool_k", self.pool_k >= 10, ">= 10 (candidates per query; nDCG@10 needs 10)"),
+            ("q_start", self.q_start is None or (math.isfinite(self.q_start) and self.q_start > 0),
+             "a finite number > 0 (or unset: no Q schedule)"),
+            ("anchor_weight", math.isfinite(self.anchor_weight) and self.anchor_weight >= 0,
+             "a finite number >= 0 (0 = no anchor)"),
+            ("shots", self.shots >= 0, ">= 0 (0 = all of train)"),
+            ("per_class", self.per_class >= 2, ">= 2 (a text needs a partner of its class)"),
         ]
         for name, holds, what in bounds:
             if not holds:
                 raise SettingError(name, f"must be {what}, got {getattr(self, name)}")
         self.loss_config()  # q, tau, margin, genuine_weight: finite and positive
-        if self.q_start is not None and not (math.isfinite(self.q_start) and self.q_start > 0):
-            raise SettingError("q_start", f"must be a finite number > 0 (or unset: no Q schedule), got {self.q_start}")
         parse_strength(self.strength)
-        if not (math.isfinite(self.anchor_weight) and self.anchor_weight >= 0):
-            raise SettingError("anchor_weight", f"must be a finite number >= 0 (0 = no anchor), got {self.anchor_weight}")
-        if self.shots < 0:
-            raise SettingError("shots", f"must be >= 0 (0 = all of train), got {self.shots}")
-        if self.per_class < 2:
-            raise SettingError("per_class", f"must be >= 2 (a text needs a partner of its class), got {self.per_class}")
 
     @property
     def eval_energy(self) -> str:

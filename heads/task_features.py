@@ -50,7 +50,8 @@ def rows_of(task: Task) -> np.ndarray:
     """Every store row a task uses (sorted, unique): its training and evaluation sets with their given
     negatives, its corpus (mining), its known relevant pairs and, for labelled texts, the pool and labelled
     reference set. Collected by the walk `remap` makes, so every row `remap` rewrites is among them."""
-    parts = [np.fromiter(task_rows(task), dtype=np.int64), *(np.asarray(a, dtype=np.int64) for a in row_arrays(task))]
+    parts = [np.fromiter(task_rows(task), dtype=np.int64)]
+    parts += [np.asarray(a, dtype=np.int64) for a in row_arrays(task)]
     return np.unique(np.concatenate(parts))
 
 

@@ -33,12 +33,12 @@ from headstore.data.errors import SettingError
 from headstore.data.progress import progress_bar
 from headstore.data.files import atomic_write_json
 from headstore.featurize.model import model_identity, pick_device, resolve_model
-from headstore.featurize.pooling import Pooler, pooled_forward
+from headstore.featurize.pooling import Pooler
 from headstore.featurize.sentence import SentenceSpec
 from headstore.featurize.store import FeatureStore, fingerprint_of
 from headstore.featurize.tuning.checkpoint import copy_sidecars
 from headstore.featurize.tuning.mlm_head import HEAD_FILE
-from headstore.heads.apply.row_inputs import RowInputs
+from headstore.heads.apply.row_inputs import RowInputs, sentence_embeddings
 from headstore.heads.artefacts import write_head_dir
 from headstore.heads.batches import same_mask
 from headstore.heads.config import TrainConfig
@@ -148,21 +148,8 @@ def _embed_texts(model, tokenizer, texts: list[str], max_length: int, pooler: Po
     """texts (each under its prompt, heads.apply.row_inputs) in `role` -> head outputs (1, B, d): the shared
     encode-and-pool step (the store's sentence embedding, its Normalize as the store is read) -> Normalizer ->
     head (a query-side head: queries only)."""
-    return head.encode(norm(_sentence_embeddings(model, tokenizer, texts, max_length, pooler, layer, device,
-                                                 use_bf16, prompt_lengths)), role)  # (1, B, d)
-
-
-def _sentence_embeddings(model, tokenizer, texts: list[str], max_length: int, pooler: Pooler, layer: int,
-                         device: torch.device, use_bf16: bool, prompt_lengths: torch.Tensor | None = None) -> torch.Tensor:
-    """(B, D) float32: what featurize stores for `texts` (prompt + text; `prompt_lengths` (B,) prompt tokens
-    left out of the pooling where the model's Pooling says so)."""
-    enc = tokenizer(texts, padding=True, truncation=True, max_length=max_length, return_tensors="pt")
-    lengths = None if prompt_lengths is None or not prompt_lengths.any() else prompt_lengths.to(device)
-    pooled = pooled_forward(model, enc["input_ids"].to(device), enc["attention_mask"].to(device), pooler,
-                            (layer,), "bf16" if use_bf16 else "fp32", lengths)[0]  # (B, D) float32
-    if pooler.spec.normalize and layer == -1:
-        pooled = torch.nn.functional.normalize(pooled, dim=-1)
-    return pooled
+    return head.encode(norm(sentence_embeddings(model, tokenizer, texts, max_length, pooler, layer, device,
+                                                use_bf16, prompt_lengths)), role)  # (1, B, d)
 
 
 def _norm_to(norm, device):

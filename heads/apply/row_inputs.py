@@ -5,7 +5,8 @@ encoded as prompt + text, and a model whose Pooling leaves the prompt out (`incl
 without the prompt's tokens (featurize.run.encode_in_plan_order). Fine-tuning re-encodes store rows with the
 encoder it trains, so it must give the encoder the same inputs: the row's prompt is found from the row id
 itself (`row_id(text, prompt)`, data.text_id), one of the store's role prompts (its manifest's `prompts`),
-and its length counted as featurize counts it (featurize.encode.prompt_length).
+and its length counted as featurize counts it (featurize.encode.prompt_length). `sentence_embeddings` is
+what featurize stores for such inputs, through the encoder being trained (gradients flow).
 """
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import torch
 
 from headstore.data.text_id import row_id
 from headstore.featurize.encode import prompt_length
+from headstore.featurize.pooling import Pooler, pooled_forward
 from headstore.featurize.store import StoreError
 
 
@@ -43,3 +45,17 @@ class RowInputs:
         prompts = [self.prompt_of(int(r)) for r in rows]
         texts = [p + self.texts[int(r)] for p, r in zip(prompts, rows)]
         return texts, torch.as_tensor([self.lengths[p] for p in prompts], dtype=torch.int64)  # (B,)
+
+
+def sentence_embeddings(model, tokenizer, texts: list[str], max_length: int, pooler: Pooler, layer: int,
+                        device: torch.device, use_bf16: bool,
+                        prompt_lengths: torch.Tensor | None = None) -> torch.Tensor:
+    """(B, D) float32: what featurize stores for `texts` (prompt + text; `prompt_lengths` (B,) prompt tokens
+    left out of the pooling where the model's Pooling says so)."""
+    enc = tokenizer(texts, padding=True, truncation=True, max_length=max_length, return_tensors="pt")
+    lengths = None if prompt_lengths is None or not prompt_lengths.any() else prompt_lengths.to(device)
+    pooled = pooled_forward(model, enc["input_ids"].to(device), enc["attention_mask"].to(device), pooler,
+                            (layer,), "bf16" if use_bf16 else "fp32", lengths)[0]  # (B, D) float32
+    if pooler.spec.normalize and layer == -1:
+        pooled = torch.nn.functional.normalize(pooled, dim=-1)
+    return pooled

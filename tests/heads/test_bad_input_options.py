@@ -31,7 +31,8 @@ def test_train_head_names_the_option_as_typed(data_world, tmp_path, option, valu
 @pytest.mark.parametrize("option, value, problem", [
     ("--top-k", "0", "must be >= 1"), ("--unfreeze-interval", "0", "must be >= 1"),
     ("--encoder-lr", "0", "must be a finite number > 0"), ("--head-lr", "-1", "must be a finite number > 0"),
-    ("--layer-lr-decay", "0", "must be in (0, 1]"), ("--batch-size", "1", "must be >= 2"), ("--max-steps", "0", "must be >= 1"),
+    ("--layer-lr-decay", "0", "must be in (0, 1]"), ("--batch-size", "1", "must be >= 2"),
+    ("--max-steps", "0", "must be >= 1"),
 ])
 def test_finetune_names_the_option_as_typed(data_world, tmp_path, option, value, problem):
     r = cli("finetune", "--head", data_world["head"], "--out", tmp_path / "ft", option, value)

@@ -54,7 +54,7 @@ def prompted(tmp_path_factory):
 def test_step_zero_embeddings_are_the_stores_rows(prompted, monkeypatch):
     root, model, store, head = prompted
     seen = []  # (store rows, what the encoder made of them) of every encoder call, in order
-    row_inputs, sentence_embeddings = finetune_module.RowInputs.__call__, finetune_module._sentence_embeddings
+    row_inputs, sentence_embeddings = finetune_module.RowInputs.__call__, finetune_module.sentence_embeddings
 
     def record_rows(self, rows):
         seen.append([list(rows)])
@@ -66,7 +66,7 @@ def test_step_zero_embeddings_are_the_stores_rows(prompted, monkeypatch):
         return out
 
     monkeypatch.setattr(finetune_module.RowInputs, "__call__", record_rows)
-    monkeypatch.setattr(finetune_module, "_sentence_embeddings", record_embeddings)
+    monkeypatch.setattr(finetune_module, "sentence_embeddings", record_embeddings)
     finetune(str(head), str(root / "ft"), FinetuneConfig(device="cpu", batch_size=8, max_steps=1, mined_k=2),
              encoder=str(model), progress=False)
     features = FeatureStore.open(store)
@@ -89,6 +89,6 @@ def test_the_bare_texts_would_differ_from_the_rows(prompted):
     encoder, tokenizer = AutoModel.from_pretrained(model).eval(), AutoTokenizer.from_pretrained(model)
     pooler = Pooler.of(SentenceSpec.from_parts(features.manifest), model)
     with torch.no_grad():
-        bare = finetune_module._sentence_embeddings(encoder, tokenizer, texts, 32, pooler, -1, torch.device("cpu"),
+        bare = finetune_module.sentence_embeddings(encoder, tokenizer, texts, 32, pooler, -1, torch.device("cpu"),
                                                     False)
     assert not np.allclose(bare.numpy(), features.features(np.asarray(rows)), atol=1e-3)
