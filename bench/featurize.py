@@ -184,6 +184,8 @@ def main():
     ap.add_argument("--data", default=os.environ.get(
         "HEADSTORE_DATA", str(Path(__file__).resolve().parents[1].parent / "shared" / "datasets")))
     ap.add_argument("--hs", default=None, help="headstore settings: precision[:packing=on|off][:backend=X][:batch=N],...")
+    ap.add_argument("--precisions", default=None,
+                    help="shorthand (the earlier benchmark's flag): --hs and --st-precisions both these, torch only")
     ap.add_argument("--st-precisions", default=None)
     ap.add_argument("--st-batch-sizes", default=None)
     ap.add_argument("--st-fp32-batch-sizes", default=None, help="fp32 is never ST's best on a GPU: fewer sizes")
@@ -213,6 +215,8 @@ def main():
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     gpu = device == "cuda"
     defaults = (QUICK if args.quick else DEFAULTS)[device]
+    if args.precisions:
+        args.hs, args.st_precisions, args.st_backends = args.hs or args.precisions, args.precisions, "torch"
     args.hs = args.hs or defaults[0]
     args.st_precisions = args.st_precisions or defaults[1]
     args.st_batch_sizes = args.st_batch_sizes or defaults[2]
