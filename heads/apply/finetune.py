@@ -21,6 +21,7 @@ Output `out_dir`:
 from __future__ import annotations
 
 import math
+import shlex
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -309,6 +310,14 @@ def _step(loss, step: int, steps: int, opt, trainable, cfg: FinetuneConfig, sche
     opt.step()
 
 
+def _featurize_options(parts: dict) -> str:
+    """The featurize options that give a new store this one's dtype and prompts (its fingerprint holds them)."""
+    prompts = parts.get("prompts") or {}
+    options = [f"--dtype {parts['dtype']}"] if parts.get("dtype") else []
+    options += [f"--{role}-prompt {shlex.quote(prompts.get(role, ''))}" for role in ("query", "document") if prompts]
+    return "".join(" " + o for o in options)
+
+
 def _write_outputs(out: Path, model, tokenizer, model_dir: Path, head, norm, head_dir, head_config, parts,
                    cfg: FinetuneConfig, history, unfrozen_at, seconds, n_blocks, steps, n_pairs) -> dict:
     enc_dir, new_head = out / "encoder", out / "head"
@@ -330,7 +339,8 @@ def _write_outputs(out: Path, model, tokenizer, model_dir: Path, head, norm, hea
                "n_blocks": n_blocks, "unfrozen_at_step": {str(k): v for k, v in unfrozen_at.items()},
                "first_loss": history[0]["loss"], "last_loss_mean10": float(np.mean([h["loss"] for h in history[-10:]])),
                "seconds": round(seconds, 1), "fingerprint": fingerprint, "history": history,
-               "next": [f"cli featurize --model {enc_dir} --data {head_config['data']} --store STORE2",
+               "next": [f"cli featurize --model {enc_dir} --data {head_config['data']}{_featurize_options(parts)} "
+                        "--store STORE2",
                         f"cli eval --store STORE2 --head {new_head} --data {head_config['data']} --out EVAL"]}
     config = {**head_config, "store": None, "store_fingerprint": fingerprint, "encoder_dir": str(enc_dir),
               "store_manifest": {**head_config.get("store_manifest", {}), **new_parts, "fingerprint": fingerprint},

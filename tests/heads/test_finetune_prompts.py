@@ -2,6 +2,7 @@
 the prompt featurize gave it, pooled without the prompt where the model's Pooling says so, so at step 0 (before
 any update) it reproduces the store's rows."""
 import json
+import shlex
 
 import numpy as np
 import pytest
@@ -15,6 +16,7 @@ from headstore.heads.apply.finetune import FinetuneConfig, finetune
 from headstore.heads.config import HeadConfig, TrainConfig
 from headstore.heads.run import train_head
 
+from .conftest import cli
 from .finetune_world import tiny_beir, tiny_bert
 
 PROMPTS = {"query": "alpha beta ", "document": "omega "}  # words of the tiny vocabulary: real prompt tokens
@@ -67,13 +69,21 @@ def test_step_zero_embeddings_are_the_stores_rows(prompted, monkeypatch):
 
     monkeypatch.setattr(finetune_module.RowInputs, "__call__", record_rows)
     monkeypatch.setattr(finetune_module, "sentence_embeddings", record_embeddings)
-    finetune(str(head), str(root / "ft"), FinetuneConfig(device="cpu", batch_size=8, max_steps=1, mined_k=2),
-             encoder=str(model), progress=False)
+    summary = finetune(str(head), str(root / "ft"), FinetuneConfig(device="cpu", batch_size=8, max_steps=1, mined_k=2),
+                       encoder=str(model), progress=False)
     features = FeatureStore.open(store)
     step0 = seen[:3]  # anchors (queries), positives and mined negatives (documents) of step 0, before its update
     assert len(step0) == 3 and all(len(rows) for rows, _ in step0)
     for rows, made in step0:
         np.testing.assert_allclose(made.numpy(), features.features(np.asarray(rows)), rtol=1e-5, atol=1e-5)
+    # the command finetune.json gives to featurize with the new encoder makes the store the new head accepts
+    args = shlex.split(summary["next"][0])[1:]
+    assert args[args.index("--query-prompt") + 1] == PROMPTS["query"]
+    args[args.index("STORE2")] = str(root / "store2")
+    r = cli(*args)  # the store's dtype and prompts are in it
+    assert r.exit_code == 0, r.output
+    new_head = json.loads((root / "ft" / "head" / "config.json").read_text())
+    assert FeatureStore.open(root / "store2").fingerprint == new_head["store_fingerprint"]
 
 
 def test_the_bare_texts_would_differ_from_the_rows(prompted):
