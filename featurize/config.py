@@ -64,7 +64,7 @@ class FeaturizeConfig:
     # unpadded batches: a batch's real tokens as one sequence, attention kept within each text (varlen;
     # featurize.packed). auto: on for cuda where the architecture supports it (no padding computed, one
     # varlen kernel per layer), off on CPU: there the length-sorted plan pads only 1-3% and the per-text
-    # attention loop cost more than that (MiniLM fp32, 80 texts: 62 vs 162-170 real tokens/s; docs/speed.md).
+    # attention loop cost more than that (MiniLM fp32, 80 texts: 62-82 vs 162-192 real tokens/s; docs/speed.md).
     packing: str = "auto"
     # tokenizer threads over chunks of a window (the Rust tokenizer releases the GIL); 0: 4 on cuda, where the
     # host must keep up with the card, 1 on CPU, where the cores are the encoder's.
