@@ -117,11 +117,11 @@ class Pooler:
 
 
 def compute_context(device_type: str, precision: str):
-    """Autocast to bfloat16 for precision "bf16" (matmuls in bf16, reductions kept in fp32), else
-    plain float32."""
-    assert precision in ("fp32", "bf16"), precision
-    if precision == "bf16":
-        return torch.autocast(device_type, dtype=torch.bfloat16)
+    """Autocast to bfloat16 for precision "bf16" (matmuls in bf16, reductions kept in fp32), to float16 for
+    "fp16" (a Pipeline over a store whose encoder held fp16 weights), else plain float32."""
+    assert precision in ("fp32", "bf16", "fp16"), precision
+    if precision != "fp32":
+        return torch.autocast(device_type, dtype=torch.bfloat16 if precision == "bf16" else torch.float16)
     return contextlib.nullcontext()
 
 
