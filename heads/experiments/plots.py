@@ -50,6 +50,7 @@ def plot_best_curves(curves: dict[str, list[dict]], path: Path) -> None:
     axes[0].set_ylabel("train loss")
     for ax in axes:
         ax.set_xlabel("epoch")
-    axes[1].legend(fontsize=6)
+    if axes[1].get_legend_handles_labels()[0]:  # few-shot heads have no dev curve to name
+        axes[1].legend(fontsize=6)
     fig.tight_layout()
     atomic_write_figure(fig, path, dpi=110)  # whole or not at all; an OS error names it
