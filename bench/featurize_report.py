@@ -71,10 +71,19 @@ def print_table(rows: list[dict]) -> None:
     print("\n| shape | texts | system | setting | real tok/s | padded/real | share of ceiling | peak MB | "
           "tokenizer / encoder tok/s | max abs diff vs fp32 |")
     print("|---|---|---|---|---|---|---|---|---|---|")
+    not_run: dict[tuple, list[str]] = {}  # settings not run, one line per (cell, system, reason)
+    for r in rows:
+        if r["status"] != "ok":
+            key = (r["shape"], r["text_set"], r["system"], f"{r['status']}: {r.get('reason') or ''}")
+            not_run.setdefault(key, []).append(r["label"])
     for r in rows:
         head = f"| {r['shape']} | {r['text_set']} | {'hs' if r['system'] == 'headstore' else 'ST'} | {r['label']} |"
         if r["status"] != "ok":
-            print(f"{head} {r['status']}: {r.get('reason') or ''} | | | | | |")
+            key = (r["shape"], r["text_set"], r["system"], f"{r['status']}: {r.get('reason') or ''}")
+            if key in not_run:
+                labels = not_run.pop(key)
+                print(f"| {key[0]} | {key[1]} | {'hs' if key[2] == 'headstore' else 'ST'} | {'; '.join(labels)} | "
+                      f"{key[3][:160]} | | | | | |")
             continue
         tok = (f"{_num(r.get('tokenize_tokens_per_s'))} / {_num(r.get('encoder_tokens_per_s') or r.get('encode_tokens_per_s'))}"
                if r.get("tokenize_tokens_per_s") else "-")
