@@ -45,9 +45,12 @@ def tokenize(tokenizer, texts: list[str], max_length: int, chunk: int = 4096, th
         backend.no_padding()
         backend.enable_truncation(max_length)
 
+        # without character offsets (tokenizers >= 0.21): the same ids and overflow, ~5% less work
+        encode_batch = getattr(backend, "encode_batch_fast", backend.encode_batch)
+
         def encode(start: int) -> list[tuple[np.ndarray, bool]]:
             return [(np.asarray(enc.ids, dtype=np.int32), bool(enc.overflowing))
-                    for enc in backend.encode_batch(texts[start:start + chunk], add_special_tokens=True)]
+                    for enc in encode_batch(texts[start:start + chunk], add_special_tokens=True)]
 
         starts = range(0, len(texts), chunk)
         with ThreadPoolExecutor(max(1, threads)) as pool:
