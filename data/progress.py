@@ -49,7 +49,7 @@ class LineProgress(tqdm):
         super().__init__(*args, mininterval=mininterval, miniters=0, **kwargs)
 
     def update(self, n=1):
-        if self._first is None and n and not self.disable:
+        if self._first is None and n and not self.disable and hasattr(self, "start_t"):
             self._first = (self.n + n, self._time() - self.start_t)
         return super().update(n)
 
@@ -71,7 +71,8 @@ class LineProgress(tqdm):
         """One line, unless one was written less than `mininterval` ago (set_postfix and tqdm.write refresh
         on every call) or it would repeat the last."""
         now = self._time()
-        last = self.start_t if self._last_write_t is None else self._last_write_t  # the first after an interval too
+        last = getattr(self, "start_t", now) if self._last_write_t is None else self._last_write_t  # the first
+        # line after an interval too (start_t is missing when tqdm's __init__ failed: the bar is then closed)
         if not force and now - last < self.mininterval:
             return
         line = self.line()
