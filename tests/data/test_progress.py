@@ -100,3 +100,15 @@ def test_the_time_left_leaves_out_a_slow_first_step(monkeypatch):
     lines = log.getvalue().splitlines()
     assert lines[0].startswith("stack: 1/450 it (0%)") and "ETA" not in lines[0]  # one step: no rate yet
     assert "ETA 07:19" in lines[1], lines  # at 110 s: 11 done, 439 left at 1 step/s
+
+
+def test_a_bar_resumed_part_way_draws_without_error(monkeypatch):
+    """A bar starting at initial > 0 (a resumed `adapt`) is drawn by tqdm before its clock is set: no error,
+    and its final line counts from where it resumed."""
+    monkeypatch.delenv(ENV, raising=False)
+    monkeypatch.setattr("tqdm.std.time", Clock())
+    log = io.StringIO()
+    bar = progress_bar(total=10, initial=3, desc="adapt", unit="step", file=log)
+    bar.update(2)
+    bar.close()
+    assert log.getvalue().splitlines() == ["adapt: 5/10 step (50%), elapsed 00:00"]
