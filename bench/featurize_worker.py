@@ -22,6 +22,10 @@ if "--st-first" in sys.argv:
     # sentence-transformers as it comes: torch (and its OpenMP runtime) loads before `import headstore`
     # sets OMP_WAIT_POLICY=PASSIVE, so the runtime keeps its own default as in a user's process
     import torch  # noqa: F401
+else:
+    # every other worker runs as `cli featurize` does: the CLI's process settings (OMP_WAIT_POLICY=PASSIVE, ...)
+    # are made when headstore.cli is imported, before torch loads (the library itself sets nothing)
+    import headstore.cli  # noqa: F401
 
 import dataclasses  # noqa: E402
 import importlib.util  # noqa: E402
