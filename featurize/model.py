@@ -195,11 +195,15 @@ def load_encoder(name_or_path: str, device: str = "auto", max_length: int | None
     """Model (safetensors, no remote code, SDPA attention unless unsupported) and tokenizer."""
     from transformers import AutoModel, AutoTokenizer  # here: seconds to import; only loading needs it
 
+    from headstore.featurize.adapters import attach_saved, has_adapters  # here: it imports torch
+
     identity = model_identity(name_or_path, max_length)
     model_dir = identity.model_dir
     device = pick_device(device)
     with quiet_library_bars():  # a log gets no "Loading weights" carriage-return frames
         model, attn = _from_pretrained(AutoModel, model_dir)
+    if has_adapters(model_dir):  # an encoder folder of `cli finetune --setup adapters`
+        attach_saved(model, model_dir)
     model.eval().requires_grad_(False).to(device)
     tokenizer = AutoTokenizer.from_pretrained(model_dir, trust_remote_code=False)
     if max_length is None:
