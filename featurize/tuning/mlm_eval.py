@@ -36,11 +36,14 @@ HEAD_NOTES = {
 
 
 def _load(model_path: str | Path, head_seed: int, device: str):
+    from headstore.featurize.adapters import attach_saved, has_adapters
     from headstore.featurize.model import resolve_model
     from transformers import AutoTokenizer
 
     model_dir = Path(resolve_model(str(model_path)))
     model, head_status = load_mlm_model(model_dir, seed=head_seed)
+    if has_adapters(model_dir):  # an encoder of `cli finetune --setup adapters`: scored with its adapters
+        attach_saved(model, model_dir)
     tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
     return model.to(device).eval(), tokenizer, head_status
 
