@@ -14,7 +14,7 @@ __version__ = "0.2.0"
 # environment, set at its import, precedes torch's): headstore.Store, headstore.Head, headstore.Pipeline.
 _API = {
     "Store": "headstore.featurize.store_api",
-    "Head": "headstore.heads.head",
+    "Head": "headstore.heads.artefacts.head",
     "Pipeline": "headstore.heads.apply.pipeline",
 }
 __all__ = [*_API, "__version__"]

@@ -39,8 +39,8 @@ from headstore.data.errors import SystemFailure
 from headstore.featurize.backends import BACKENDS
 from headstore.featurize.config import DEVICES, PACKINGS, POOLING_NAMES, PRECISIONS
 from headstore.data.options import PATH, fold_label_options, format_option, label_options
-from headstore.heads.config import TEST_SCOPES
-from headstore.heads.options import configs_from_options, head_and_train_options, named_as_typed
+from headstore.heads.settings.config import TEST_SCOPES
+from headstore.heads.settings.options import configs_from_options, head_and_train_options, named_as_typed
 
 
 # exceptions that mean "the input (files, options, paths) is wrong", never "headstore has a bug"
@@ -304,7 +304,7 @@ def compact(path, target_rows):
 def train_head(store, data, data_format, out, array, select_ood, ood_delta, score_range, overwrite, device,
                **settings):
     """Train one siamese energy head on stored features: train on train, select on dev, report test once."""
-    from headstore.heads.run import train_head as run_train_head
+    from headstore.heads.training.run import train_head as run_train_head
 
     head_cfg, cfg, unset, label_settings = configs_from_options(settings)  # unset: left to the data's kind
     data_format = fold_label_options(data_format, label_settings)
@@ -316,7 +316,7 @@ def train_head(store, data, data_format, out, array, select_ood, ood_delta, scor
 
 def _echo_metrics(metrics: dict, out: str) -> None:
     """A short table on the terminal (baseline vs head per split); the full JSON is in OUT's files."""
-    from headstore.heads.summary import metrics_table
+    from headstore.heads.artefacts.summary import metrics_table
 
     click.echo(metrics_table(metrics))
     click.echo(f"full metrics: {out}/metrics.json")
@@ -342,7 +342,7 @@ def eval_(store, head_dir, data, data_format, out, exclude_overlap, score_range,
     """Evaluate a trained head (and the frozen baseline beside it) on any dataset whose texts are in the store.
 
     Scores the dataset's test split; a table without a split column is scored whole."""
-    from headstore.heads.run import eval_head
+    from headstore.heads.training.run import eval_head
 
     data_format = fold_label_options(data_format, label_settings)
     metrics = eval_head(store, head_dir, data, out, data_format, exclude_overlap, score_range=score_range,

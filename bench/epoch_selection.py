@@ -1,5 +1,5 @@
 """Benchmark: epoch selection on an IR dev split, exact L1 over every document vs L1 re-scored on the
-SELECT_CANDIDATES nearest documents by L2 (heads.evaluate.selection_scores), for a stack of heads.
+SELECT_CANDIDATES nearest documents by L2 (heads.evaluation.evaluate.selection_scores), for a stack of heads.
 
 Trains a stack of heads on SciFact (the default l1-energy settings, one seed per head), then, for the dev
 and test splits: the time of each way, the largest difference in nDCG@10 between them, and the share of
@@ -21,14 +21,14 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from headstore.featurize.store import FeatureStore  # noqa: E402
-from headstore.heads.config import TrainConfig  # noqa: E402
-from headstore.heads.energy import pairwise_energy  # noqa: E402
-from headstore.heads.evaluate import embedder, evaluate_split, selection_scores  # noqa: E402
+from headstore.heads.settings.config import TrainConfig  # noqa: E402
+from headstore.heads.scoring.energy import pairwise_energy  # noqa: E402
+from headstore.heads.evaluation.evaluate import embedder, evaluate_split, selection_scores  # noqa: E402
 from headstore.heads.kinds.ranking import SELECT_CANDIDATES, l1_on_candidates  # noqa: E402
-from headstore.heads.features import load_features  # noqa: E402
-from headstore.heads.config import HeadConfig  # noqa: E402
+from headstore.heads.network.features import load_features  # noqa: E402
+from headstore.heads.settings.config import HeadConfig  # noqa: E402
 from headstore.heads.kinds import load_task  # noqa: E402
-from headstore.heads.train import train_stack  # noqa: E402
+from headstore.heads.training.train import train_stack  # noqa: E402
 from headstore.heads.experiments.datasets_root import datasets_root  # noqa: E402
 
 DATA = datasets_root()

@@ -3,10 +3,10 @@
 In one run, on stored MiniLM features (SciFact train pairs with 8 mined negatives, STS-B train):
 1. the matmul limit: a large fp32 and bf16 matmul (bench/limits.py), probed before and after the work;
 2. a 64-head grid (2-layer 384->512->256 heads, l1-energy, 4 lr x 4 weight decay x 4 seeds, 5 epochs)
-   trained stacked (`heads.train.train_stack`, what `cli grid` runs) in each --precisions: wall time, the
+   trained stacked (`heads.training.train.train_stack`, what `cli grid` runs) in each --precisions: wall time, the
    head matmuls it did (training forward + backward, and the per-epoch dev embeddings), their rate and
    its share of the same precision's limit;
-3. the same heads one after another with train-head (`heads.run.train_head`, what `cli train-head` runs
+3. the same heads one after another with train-head (`heads.training.run.train_head`, what `cli train-head` runs
    less the interpreter start), fp32: --sequential-heads of them timed, extrapolated to 64 (marked *);
 4. the peer's way: the same head trained as a sentence-transformers user would without a feature store,
    `SentenceTransformerTrainer` on the frozen MiniLM (offline copy) with the head as trainable Dense
@@ -43,14 +43,14 @@ import torch  # noqa: E402
 
 import limits  # noqa: E402
 from headstore.featurize.store import FeatureStore  # noqa: E402
-from headstore.heads.config import TrainConfig  # noqa: E402
-from headstore.heads.features import load_features  # noqa: E402
-from headstore.heads.config import HeadConfig  # noqa: E402
-from headstore.heads.run import train_head  # noqa: E402
+from headstore.heads.settings.config import TrainConfig  # noqa: E402
+from headstore.heads.network.features import load_features  # noqa: E402
+from headstore.heads.settings.config import HeadConfig  # noqa: E402
+from headstore.heads.training.run import train_head  # noqa: E402
 from headstore.heads.kinds import load_task  # noqa
 from headstore.heads.kinds.ranking import IRSplit  # noqa: E402
-from headstore.heads import batches as T  # noqa: E402
-from headstore.heads.train import train_stack  # noqa: E402
+from headstore.heads.training import batches as T  # noqa: E402
+from headstore.heads.training.train import train_stack  # noqa: E402
 from headstore.heads.experiments.datasets_root import datasets_root  # noqa: E402
 
 DATA = datasets_root()
@@ -119,7 +119,7 @@ class PeerHeadLoss(torch.nn.Module):
         self.model, self.cfg = model, cfg
 
     def forward(self, sentence_features, labels=None):
-        from headstore.heads.losses import get_loss
+        from headstore.heads.scoring.losses import get_loss
 
         z = [self.model(f)["sentence_embedding"].float() for f in sentence_features]
         zn = torch.stack(z[2:], dim=1)[None] if len(z) > 2 else None  # (1, b, K, d)

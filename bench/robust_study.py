@@ -2,9 +2,9 @@
 
 Reads the grids `examples/robust_study.sh` trains (the round-2 default head, the anchor, the soups, each under the
 L1 and the cosine energy, 3 seeds) and, for every head, scores the strength curve a = 0, 0.1, ..., 1
-(heads.strength) on the in-domain dev and test splits, the out-of-domain dev sets (`--select-ood`: never test)
+(heads.training.strength) on the in-domain dev and test splits, the out-of-domain dev sets (`--select-ood`: never test)
 and the out-of-domain test sets (reported, never selected on). The strength lever is a chosen per head on dev
-by heads.selection's rule (the same as `--strength auto`). Writes per dataset a markdown table (lever x
+by heads.training.selection's rule (the same as `--strength auto`). Writes per dataset a markdown table (lever x
 in-domain test, each out-of-domain test; 3-seed means with the 95% CI of the in-domain mean) and JSON, and one
 picture of the in-domain vs out-of-domain trade-off (the default head's strength curve and each lever as a point).
 
@@ -21,16 +21,16 @@ import polars as pl
 import torch
 
 from headstore.featurize.store import FeatureStore
-from headstore.heads.artefacts import load_safetensors, read_results, stack_paths
-from headstore.heads.evaluate import PREFIX, embedder, evaluate_split
+from headstore.heads.artefacts.files import load_safetensors, read_results, stack_paths
+from headstore.heads.evaluation.evaluate import PREFIX, embedder, evaluate_split
 from headstore.heads.experiments.datasets_root import datasets_root
 from headstore.heads.experiments.report import _ci
-from headstore.heads.features import Normalizer, load_features
+from headstore.heads.network.features import Normalizer, load_features
 from headstore.heads.kinds import load_task, primary_metric, task_rows, without_overlap
-from headstore.heads.model import load_heads
-from headstore.heads.selection import DEFAULT_DELTA, load_selection
-from headstore.heads.soup import load_soup
-from headstore.heads.strength import STRENGTHS, choose, with_strength
+from headstore.heads.network.model import load_heads
+from headstore.heads.training.selection import DEFAULT_DELTA, load_selection
+from headstore.heads.artefacts.soup import load_soup
+from headstore.heads.training.strength import STRENGTHS, choose, with_strength
 from robust_picture import picture  # bench/: the picture, redrawn alone from the JSON too
 
 # dataset -> (data, out-of-domain test sets, out-of-domain dev sets: docs/l1-energy.md round 2's choice)
@@ -158,7 +158,7 @@ def levers(scorer: Scorer, runs: Path, name: str) -> tuple[list[dict], dict]:
 
 
 def soups(scorer: Scorer, grid: Path) -> list[dict]:
-    """Soup of 3 per seed (heads.soup), for each energy's heads of the soup grid."""
+    """Soup of 3 per seed (heads.artefacts.soup), for each energy's heads of the soup grid."""
     if not (grid / "results.parquet").is_file():
         return []
     rows = read_results(grid).filter(pl.col("status") == "ok")

@@ -40,7 +40,7 @@ class SettingError(ValueError):
 
     The message is ``{setting} {problem}`` (``anchor_weight must be a finite number >= 0, got -1.0``): what a
     config file or the API names. Where the value came from a command-line option, the command line names the
-    option as typed instead (heads.options.named_as_typed: ``--anchor-weight must be ...``).
+    option as typed instead (heads.settings.options.named_as_typed: ``--anchor-weight must be ...``).
     """
 
     def __init__(self, setting: str, problem: str):

@@ -16,7 +16,7 @@ LABEL_OPTION_NAMES = ("text_column", "label_column", "label_sep", "label_columns
 
 def option_name(setting: str) -> str:
     """The command-line option of a config field, as typed (`anchor_weight` -> `--anchor-weight`): the one
-    mapping from config fields to options; the generated options (heads.options), the hand-written ones of
+    mapping from config fields to options; the generated options (heads.settings.options), the hand-written ones of
     featurize, adapt and finetune, and every message about them follow it."""
     return "--" + setting.replace("_", "-")
 

@@ -4,7 +4,7 @@
 update `step` (0-based), the lambda of transformers' `get_cosine_schedule_with_warmup`,
 `get_linear_schedule_with_warmup` or `get_constant_schedule_with_warmup` (taken from the LambdaLR those
 public functions return; no private transformers helper). It is a plain function: it can
-drive a `torch.optim.lr_scheduler.LambdaLR`, scale every head's own rate in StackedAdamW (heads.train), or
+drive a `torch.optim.lr_scheduler.LambdaLR`, scale every head's own rate in StackedAdamW (heads.training.train), or
 set param-group rates by hand where training resumes mid-run (adapt, finetune).
 
 One difference from transformers' convention, kept from the schedules headstore always used: warm-up

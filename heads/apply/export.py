@@ -32,7 +32,7 @@ from headstore.featurize.model import model_identity
 from headstore.featurize.sentence import SentenceSpec
 from headstore.featurize.store import array_names
 from headstore.heads.apply.pipeline import check_encoder, encoder_source
-from headstore.heads.head import Head
+from headstore.heads.artefacts.head import Head
 from headstore.heads.apply.formats import EXPORT_FORMATS
 
 SIMILARITY = {"l1": "manhattan", "l2": "euclidean", "cosine": "cosine"}
@@ -148,7 +148,7 @@ def member_layers(head: Head) -> list[tuple]:
 
 
 def ensemble_modules(head) -> list:
-    """An ensemble (heads.head.EnsembleHead) as stock modules: the shared normaliser, then its members side by side as
+    """An ensemble (heads.artefacts.head.EnsembleHead) as stock modules: the shared normaliser, then its members side by side as
     block matrices (first layer stacked, later layers block-diagonal), the last scaled by 1/K."""
     members = head.members
     first = members[0].normalizer

@@ -4,7 +4,7 @@ Starts from a `cli train-head --out` directory: the head, its Normalizer and its
 settings, dataset, the store it was trained on). The encoder named in that store's manifest is loaded,
 the train pairs' texts are tokenised on the fly (`store.texts` maps row -> text), pooled as the store
 pooled them, passed through the saved Normalizer and the head, and trained with the head's own loss
-(`heads.losses`, the same in-batch `same` mask and label handling as `heads.train`).
+(`heads.scoring.losses`, the same in-batch `same` mask and label handling as `heads.training.train`).
 
 Which encoder blocks train (`unfreeze`): "all"; "top-k" (the top `top_k` transformer layers; the
 embeddings count as the block below layer 0); "gradual" (the top block from step 0, one more block
@@ -40,15 +40,15 @@ from headstore.featurize.store import FeatureStore, fingerprint_of
 from headstore.featurize.tuning.checkpoint import copy_sidecars
 from headstore.featurize.tuning.mlm_head import HEAD_FILE
 from headstore.heads.apply.row_inputs import RowInputs, sentence_embeddings
-from headstore.heads.artefacts import write_head_dir
-from headstore.heads.batches import same_mask
-from headstore.heads.config import TrainConfig
-from headstore.heads.features import load_features
+from headstore.heads.artefacts.files import write_head_dir
+from headstore.heads.training.batches import same_mask
+from headstore.heads.settings.config import TrainConfig
+from headstore.heads.network.features import load_features
 from headstore.heads.kinds import kind_of, load_task
-from headstore.heads.losses import LOSSES, get_loss
-from headstore.heads.mining import mine_negatives
-from headstore.heads.optim import lr_factor
-from headstore.heads.run import load_head
+from headstore.heads.scoring.losses import LOSSES, get_loss
+from headstore.heads.evaluation.mining import mine_negatives
+from headstore.heads.training.optim import lr_factor
+from headstore.heads.training.run import load_head
 
 UNFREEZE_MODES = ("all", "top-k", "gradual")
 

@@ -32,9 +32,9 @@ from headstore.featurize.pooling import Pooler
 from headstore.featurize.sentence import SentenceSpec
 from headstore.featurize.rows import unit_rows
 from headstore.featurize.store import array_names, fingerprint_of
-from headstore.heads.energy import pairwise_energy
-from headstore.heads.features import array_list
-from headstore.heads.head import Head
+from headstore.heads.scoring.energy import pairwise_energy
+from headstore.heads.network.features import array_list
+from headstore.heads.artefacts.head import Head
 
 ENCODER_PARTS = ("weights_hash", "tokenizer_hash", "code_version")  # what an encoder must match
 

@@ -36,8 +36,8 @@ from headstore.data.files import atomic_write_json, atomic_write_parquet, writin
 from headstore.data.text_id import doc_text, text_ids
 from headstore.featurize.store_api import Store
 from headstore.heads.apply.pipeline import Pipeline
-from headstore.heads.features import read_features
-from headstore.heads.head import Head
+from headstore.heads.network.features import read_features
+from headstore.heads.artefacts.head import Head
 
 INDEX_FILE, ITEMS_FILE, INFO_FILE, HEAD_DIR = "index.faiss", "items.parquet", "index.json", "head"
 EMBED_CHUNK = 65536  # corpus rows read and embedded at a time: bounds memory for large corpora

@@ -25,17 +25,17 @@ from pathlib import Path
 from headstore.data.files import atomic_write_json
 from headstore.featurize.config import AdaptConfig
 from headstore.featurize.config import FeaturizeConfig
-from headstore.heads.config import setting_hints, TrainConfig
+from headstore.heads.settings.config import setting_hints, TrainConfig
 from headstore.heads.apply.finetune import FinetuneConfig
 from headstore.heads.experiments.datasets_root import default_mlm_text, missing_mlm_text_note
-from headstore.heads.model import HeadConfig
+from headstore.heads.network.model import HeadConfig
 
 
 @dataclass(frozen=True)
 class CompareConfig:
     in_domain: str  # dataset the heads train on; its test split is the in-domain figure
     out_of_domain: tuple[str, ...] = ()  # datasets evaluated with the in-domain heads (test split; a table
-    # without a split column is scored whole, see heads.run.eval_split)
+    # without a split column is scored whole, see heads.training.run.eval_split)
     model: str = "minilm"  # the base encoder
     base_store: str | None = None  # reuse a store of the base encoder's features (else OUT/store-base-*)
     featurize: FeaturizeConfig = FeaturizeConfig()  # its `model` is replaced per encoder
@@ -160,7 +160,7 @@ def _featurize(steps: Steps, name: str, cfg: CompareConfig, model: str, parent_k
 
 
 def _train_head(steps: Steps, name: str, cfg: CompareConfig, store: Path, store_key: dict) -> tuple[Path, dict]:
-    from headstore.heads.run import train_head
+    from headstore.heads.training.run import train_head
 
     settings = {"store": store_key, "head": asdict(cfg.head), "train": cfg.train.to_dict(), "data": cfg.in_domain}
     folder, _ = steps.run(name, settings, lambda d: _first_metric(

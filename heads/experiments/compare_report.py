@@ -17,7 +17,7 @@ from pathlib import Path
 from tabulate import tabulate
 
 from headstore.data.files import atomic_write_text
-from headstore.heads.run import eval_head
+from headstore.heads.training.run import eval_head
 
 GENERAL_MIN_CHARS = 50  # wikitext lines shorter than this are headings / fragments
 

@@ -1,6 +1,6 @@
 """`cli grid --ensemble K`: score ensembles of a grid's best configurations, one per seed.
 
-Ensemble K of seed s is the mean L1 energy (heads.head.EnsembleHead) of the seed-s heads of the K best l1
+Ensemble K of seed s is the mean L1 energy (heads.artefacts.head.EnsembleHead) of the seed-s heads of the K best l1
 configurations of the leaderboard (same ranking as `GRID#rank=K`, dev only; configurations on another
 store array than the best one's are left out, since an ensemble's heads share their input). Each is scored
 like a head (dev, test, transfer and selection sets), and the K row reports mean ± std over seeds and the
@@ -13,10 +13,10 @@ import polars as pl
 import torch
 
 from headstore.data.files import atomic_write_json
-from headstore.heads.artefacts import ensemble_groups, load_grid_head
-from headstore.heads.evaluate import PREFIX, embedder, evaluate_split, primary_metric
+from headstore.heads.artefacts.files import ensemble_groups, load_grid_head
+from headstore.heads.evaluation.evaluate import PREFIX, embedder, evaluate_split, primary_metric
 from headstore.heads.experiments.report import _ci
-from headstore.heads.head import EnsembleHead, Head
+from headstore.heads.artefacts.head import EnsembleHead, Head
 from headstore.heads.kinds import Task
 
 

@@ -37,17 +37,17 @@ from headstore.featurize.tuning.adapt import adapt
 from headstore.heads.apply.finetune import FinetuneConfig, finetune
 from headstore.featurize.tuning.mlm_eval import mlm_loss
 from headstore.featurize.tuning.packing import load_texts, split_holdout
-from headstore.heads.artefacts import write_head_dir
-from headstore.heads.config import HeadConfig, TrainConfig
+from headstore.heads.artefacts.files import write_head_dir
+from headstore.heads.settings.config import HeadConfig, TrainConfig
 from headstore.heads.experiments.compare import Steps
 from headstore.heads.experiments.compare_report import GENERAL_MIN_CHARS, with_head
 from headstore.heads.experiments.datasets_root import default_mlm_text, missing_mlm_text_note
-from headstore.heads.features import load_features
+from headstore.heads.network.features import load_features
 from headstore.heads.kinds import for_training, load_task
 from headstore.heads.kinds.labels import few_shot_indices
-from headstore.heads.evaluate import evaluate_head
-from headstore.heads.run import load_head, train_head
-from headstore.heads.train import train_stack
+from headstore.heads.evaluation.evaluate import evaluate_head
+from headstore.heads.training.run import load_head, train_head
+from headstore.heads.training.train import train_stack
 
 
 # the head settings the forgetting tables were measured with (docs/labels.md), pinned so that later changes

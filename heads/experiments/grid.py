@@ -7,12 +7,12 @@ and `seed` are ordinary keys (a few-shot stack trains on the texts its seed draw
 
 Combinations that cannot apply to the dataset (a loss the data cannot train, `--hierarchy` on flat labels)
 are recorded with status `skipped` and the reason, never silently dropped. A configuration whose loss reduces
-to the same objective as an earlier one's on this data (heads.losses.objective: under `--graded pearson` on
+to the same objective as an earlier one's on this data (heads.scoring.losses.objective: under `--graded pearson` on
 graded pairs, l1-energy and contrastive both train 1 + corr(E, s)), all else alike, would train the very same
 heads: it is trained once, the plan says so, and its rows have status `same-objective` and `same_as`, the
 head id of its trained twin (the leaderboard lists the objective once, under the first loss). Results are written after every
 stack, so a rerun of the same grid into the same output skips finished heads and a changed grid trains only
-what is new; every head is saved loadably (`GRID#rank=K`, `GRID#id=HEAD_ID`, heads.artefacts).
+what is new; every head is saved loadably (`GRID#rank=K`, `GRID#id=HEAD_ID`, heads.artefacts.files).
 """
 from __future__ import annotations
 
@@ -31,10 +31,10 @@ from headstore.data.tables import read_utf8
 from headstore.featurize.hardware import warn_if_emulated_bf16
 from headstore.featurize.model import pick_device
 from headstore.featurize.store import FeatureStore
-from headstore.heads.anchor import anchor_rows_of
-from headstore.heads.artefacts import RESULTS_FILE, read_results, resume_rows, save_stack, write_results
-from headstore.heads.config import TEST_SCOPES, HeadConfig, TrainConfig, stack_key
-from headstore.heads.evaluate import embedder, evaluate_split
+from headstore.heads.training.anchor import anchor_rows_of
+from headstore.heads.artefacts.files import RESULTS_FILE, read_results, resume_rows, save_stack, write_results
+from headstore.heads.settings.config import TEST_SCOPES, HeadConfig, TrainConfig, stack_key
+from headstore.heads.evaluation.evaluate import embedder, evaluate_split
 from headstore.heads.experiments.ensembles import score_ensembles, write_ensembles
 from headstore.heads.experiments.grid_estimate import pace_line, plan_seconds
 from headstore.heads.experiments.grid_scope import check_resumed_scope, heads_to_test, scored_heads
@@ -42,15 +42,15 @@ from headstore.heads.experiments.grid_spec import GRID_VERSION, UNSET_SINCE_ID, 
 from headstore.heads.experiments.report import write_report
 from headstore.heads.experiments.soups import score_soups
 from headstore.heads.experiments.summary import write_summary
-from headstore.heads.features import array_list
+from headstore.heads.network.features import array_list
 from headstore.heads.kinds import PREFIX, WHOLE, Task, kind_of, load_task, task_rows, without_overlap
 from headstore.heads.kinds.labels import shots_clipped, shots_note
-from headstore.heads.losses import LOSSES, applicable, objective
-from headstore.heads.run import head_shape
-from headstore.heads.selection import DEFAULT_DELTA, OodSelection, load_selection
-from headstore.heads.task_features import TaskFeatures, rows_of, rows_of_datasets
-from headstore.heads import stacked_adamw
-from headstore.heads.train import train_stack
+from headstore.heads.scoring.losses import LOSSES, applicable, objective
+from headstore.heads.training.run import head_shape
+from headstore.heads.training.selection import DEFAULT_DELTA, OodSelection, load_selection
+from headstore.heads.artefacts.task_features import TaskFeatures, rows_of, rows_of_datasets
+from headstore.heads.training import stacked_adamw
+from headstore.heads.training.train import train_stack
 
 
 def run_grid(store_path: str, data_path: str, grid_path: str, out_dir: str, data_format: str | None = None,
@@ -65,11 +65,11 @@ def run_grid(store_path: str, data_path: str, grid_path: str, out_dir: str, data
     a transfer table without a split column is scored whole.
     `score_range`: the scale of an STS table's scores (default: detected).
     `select_ood`: out-of-domain datasets whose dev (else train) split takes part in selection, epochs and
-    configurations alike (heads.selection; `ood_delta` its tolerance); columns `sel_<name>_primary`, `sel_loss`.
+    configurations alike (heads.training.selection; `ood_delta` its tolerance); columns `sel_<name>_primary`, `sel_loss`.
     `ensembles`: sizes K of ensembles of the best configurations to score per seed (heads.experiments.ensembles).
     `score_split`: the split reported in the `test_*` columns; "dev" scores few-shot heads (which select on
     nothing) on the dev slice, to choose few-shot settings without looking at test.
-    `soups`: sizes K of weight soups to score per seed (heads.soup, heads.experiments.soups; soups.json).
+    `soups`: sizes K of weight soups to score per seed (heads.artefacts.soup, heads.experiments.soups; soups.json).
     `dry_run`: print the plan (heads, stacks, skipped, a rough time) and return without writing anything.
     `test_scope`: which heads are ranked on test (TEST_SCOPES); the others' test columns are empty.
     `device`: where the features and the stacks live (auto: cuda when available)."""
@@ -85,7 +85,7 @@ def run_grid(store_path: str, data_path: str, grid_path: str, out_dir: str, data
     ood = _transfer_sets(task, store, transfer)
     tf = TaskFeatures.for_task(store, task, rows_of_datasets(store, select_ood),
                                *[rows_of(t) for t in ood.values()], *_anchor_rows(combos, store), device=device)
-    task, ood = tf.remap(task), tf.remap(ood)  # rows -> positions of the rows read (heads.task_features)
+    task, ood = tf.remap(task), tf.remap(ood)  # rows -> positions of the rows read (heads.artefacts.task_features)
     selection = load_selection(store, select_ood, task, tf.read("features")[:, :store.dim], ood_delta,
                                remap=tf.remap)
     ids = {"data": str(data_path), "fingerprint": store.fingerprint, "transfer": tuple(ood), "in_dim": store.dim,
@@ -205,7 +205,7 @@ def same_objective_row(hid: str, head: HeadConfig, train: TrainConfig, array: st
 
 def objective_key(task: Task, head: HeadConfig, train: TrainConfig, array: str) -> tuple | None:
     """(the shared objective, every other setting) of a configuration whose loss reduces on this task's data to
-    an objective other losses reduce to too (heads.losses.objective); None when it trains its loss's own."""
+    an objective other losses reduce to too (heads.scoring.losses.objective); None when it trains its loss's own."""
     kind = kind_of(task)
     form = kind.train_form(task)
     if objective(train.loss, form, train.graded, negatives=False) == train.loss:
@@ -297,7 +297,7 @@ class StackRunner:
         return self.tf.read(array)  # the rows the grid's tasks use, read once per array
 
     def anchor_positions(self, cfg: TrainConfig):
-        """The anchor's rows (heads.anchor) as positions of the features read (None: every row)."""
+        """The anchor's rows (heads.training.anchor) as positions of the features read (None: every row)."""
         rows = anchor_rows_of(self.store, cfg)
         return None if rows is None else self.tf.positions(rows)
 

@@ -16,8 +16,8 @@ from __future__ import annotations
 import math
 from dataclasses import replace
 
-from headstore.heads.config import HeadConfig
-from headstore.heads.features import array_list
+from headstore.heads.settings.config import HeadConfig
+from headstore.heads.network.features import array_list
 from headstore.heads.kinds import Task, kind_of
 
 # seconds on a quiet 2-core CPU (module doc); fitted on the STS-B grid's stacks, depth 1 and 2 (their ratios

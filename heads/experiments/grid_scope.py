@@ -13,8 +13,8 @@ from dataclasses import replace
 
 import numpy as np
 
-from headstore.heads.artefacts import rule_key
-from headstore.heads.evaluate import embedder, evaluate_split
+from headstore.heads.artefacts.files import rule_key
+from headstore.heads.evaluation.evaluate import embedder, evaluate_split
 
 
 def heads_to_test(scope: str, dev_on_candidates: bool, scores: dict, runs: list, configs: list, primary: str,

@@ -21,11 +21,11 @@ from pathlib import Path
 from sklearn.model_selection import ParameterGrid
 
 from headstore.data.tables import read_utf8
-from headstore.heads.config import HeadConfig, TrainConfig, check_types
+from headstore.heads.settings.config import HeadConfig, TrainConfig, check_types
 from headstore.heads.kinds.base import DEV_FRACTION, DEV_SEED
 from headstore.heads.kinds.ranking import IR_TOPK
-from headstore.heads.losses import GENUINE_THRESHOLD
-from headstore.heads.selection import DEFAULT_DELTA
+from headstore.heads.scoring.losses import GENUINE_THRESHOLD
+from headstore.heads.training.selection import DEFAULT_DELTA
 
 HEAD_KEYS = tuple(f.name for f in fields(HeadConfig) if f.name not in ("in_dim", "mix"))  # both set from the array
 TRAIN_KEYS = TrainConfig.keys()

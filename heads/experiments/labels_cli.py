@@ -35,7 +35,7 @@ def forgetting_command(store, out, task_a, task_b, data, train_per_class, test_p
     """Train task A then task B; measure what A loses for per-task heads, a shared head and a fine-tuned encoder."""
     from headstore.featurize.config import FeaturizeConfig
     from headstore.heads.apply.finetune import FinetuneConfig
-    from headstore.heads.config import TrainConfig
+    from headstore.heads.settings.config import TrainConfig
     from headstore.heads.experiments.forgetting import (FORGETTING_TRAIN, ForgettingConfig, run_forgetting,
                                                          split_classes)
 

@@ -1,4 +1,4 @@
-"""PNG plots of a grid: the primary metric by setting, the best heads' curves (a head's own: heads.curve)."""
+"""PNG plots of a grid: the primary metric by setting, the best heads' curves (a head's own: heads.artefacts.curve)."""
 from __future__ import annotations
 
 from pathlib import Path

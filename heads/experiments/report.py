@@ -11,8 +11,8 @@ import polars as pl
 from tabulate import tabulate
 
 from headstore.data.files import atomic_write_text
-from headstore.heads.artefacts import ranked_configs
-from headstore.heads.metrics import bootstrap_ci
+from headstore.heads.artefacts.files import ranked_configs
+from headstore.heads.scoring.metrics import bootstrap_ci
 from headstore.heads.experiments.plots import plot_best_curves, plot_by_setting
 from headstore.heads.kinds import KINDS, Task, kind_of
 

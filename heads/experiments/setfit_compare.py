@@ -66,12 +66,12 @@ def _task(cfg: SetFitCompareConfig):
 
 
 def _headstore_runs(cfg, store, task, shots: int, seed: int, done: set) -> list[dict]:
-    from headstore.heads.config import TrainConfig
-    from headstore.heads.evaluate import embedder, evaluate_split
-    from headstore.heads.features import load_features
+    from headstore.heads.settings.config import TrainConfig
+    from headstore.heads.evaluation.evaluate import embedder, evaluate_split
+    from headstore.heads.network.features import load_features
     from headstore.heads.kinds import for_training
-    from headstore.heads.model import HeadConfig
-    from headstore.heads.train import train_stack
+    from headstore.heads.network.model import HeadConfig
+    from headstore.heads.training.train import train_stack
 
     X = load_features(store)
     rows = []

@@ -1,8 +1,8 @@
-"""`cli grid --soup K`: score the soup of K heads (heads.soup) per seed, like a configuration.
+"""`cli grid --soup K`: score the soup of K heads (heads.artefacts.soup) per seed, like a configuration.
 
 Soup K of seed s: that seed's best-dev head and the K - 1 best-dev heads sharing its start, weights
 averaged into one head; scored on dev, test, the transfer and the selection sets; the K row reports mean
-± std over seeds and the CI of that mean (soups.json; `GRID#soup=K` loads the grid's own, heads.soup).
+± std over seeds and the CI of that mean (soups.json; `GRID#soup=K` loads the grid's own, heads.artefacts.soup).
 """
 from __future__ import annotations
 
@@ -11,11 +11,11 @@ import polars as pl
 import torch
 
 from headstore.data.files import atomic_write_json
-from headstore.heads.evaluate import PREFIX, embedder, evaluate_split, primary_metric
+from headstore.heads.evaluation.evaluate import PREFIX, embedder, evaluate_split, primary_metric
 from headstore.heads.experiments.report import _ci
 from headstore.heads.kinds import Task
-from headstore.heads.losses import scoring_energy
-from headstore.heads.soup import load_soup
+from headstore.heads.scoring.losses import scoring_energy
+from headstore.heads.artefacts.soup import load_soup
 
 
 def score_soups(out, frame: pl.DataFrame, task: Task, features, transfer: dict, selection,

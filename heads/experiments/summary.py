@@ -11,7 +11,7 @@ import polars as pl
 from scipy import stats
 
 from headstore.data.files import atomic_write_json, atomic_write_text
-from headstore.heads.artefacts import RESULT_PREFIXES, VARIED_EXCLUDE
+from headstore.heads.artefacts.files import RESULT_PREFIXES, VARIED_EXCLUDE
 from headstore.heads.kinds import Task, kind_of
 
 NOT_SETTINGS = VARIED_EXCLUDE | {"seed"}  # result columns that are not settings, and the seed (what is summarised over)

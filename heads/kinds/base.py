@@ -19,8 +19,8 @@ import torch
 from scipy.sparse import coo_matrix
 from scipy.sparse.csgraph import connected_components
 
-from headstore.heads.losses import GENUINE_THRESHOLD, LOSSES, applicable
-from headstore.heads.metrics import bootstrap_ci
+from headstore.heads.scoring.losses import GENUINE_THRESHOLD, LOSSES, applicable
+from headstore.heads.scoring.metrics import bootstrap_ci
 
 DEV_FRACTION = 0.1  # a tenth of train queries/pairs: enough for a stable dev metric on SciFact (~80 queries)
 DEV_SEED = 20260  # fixed so every head, seed and run sees the same dev slice
@@ -58,7 +58,7 @@ class TrainSet:
     positive: np.ndarray  # (P,) int64
     targets: np.ndarray | None
     negative: np.ndarray | None  # (P, K) int64 given negatives
-    form: str  # heads.losses.FORMS: positives | binary | graded | classes
+    form: str  # heads.scoring.losses.FORMS: positives | binary | graded | classes
 
     def __len__(self) -> int:
         return len(self.anchor)
@@ -152,8 +152,8 @@ class TaskKind:
     the evaluation; the defaults here are those of kinds that train on pairs with no special sampler."""
 
     name = ""
-    form = "positives"  # the data form its training set has for the losses (heads.losses.FORMS)
-    defaults: dict = {}  # train-head's defaults for the settings left unset (heads.config.KIND_DEPENDENT)
+    form = "positives"  # the data form its training set has for the losses (heads.scoring.losses.FORMS)
+    defaults: dict = {}  # train-head's defaults for the settings left unset (heads.settings.config.KIND_DEPENDENT)
     data_words = ""  # how config.json "defaults" names data of this kind ("graded", "labelled")
     defaults_why = "the defaults (the SciFact study's choice)"  # where `defaults` come from, for config.json
     suggestion = ""  # what to try when a head loses to the frozen features on dev
@@ -241,7 +241,7 @@ class TaskKind:
         return np.concatenate([task.train.anchor, task.train.positive])
 
     def train_form(self, task: Task) -> str:
-        """The form of the task's training data for the losses (heads.losses.FORMS)."""
+        """The form of the task's training data for the losses (heads.scoring.losses.FORMS)."""
         return self.form if task.train is not None and task.train.labels is not None else "positives"
 
     def train_set(self, task: Task, loss: str) -> TrainSet:

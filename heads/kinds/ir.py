@@ -17,12 +17,12 @@ from headstore.data.text_id import doc_text, text_id
 from headstore.heads.kinds.base import PREFIX, PairSet, Task, TaskKind, carve_dev, store_rows
 from headstore.heads.kinds.ranking import (IR_TOPK, IRSplit, RunningTopK, candidate_split, doc_blocks, ir_metrics_of,
                                            ranked_lists, run_lines, selection_ndcg, trec_lines, write_trec_run)
-from headstore.heads.metrics import trec_tie_order
+from headstore.heads.scoring.metrics import trec_tie_order
 
 EVALUATION = "retrieval: each query ranks the whole corpus (IR metrics, nDCG@10)"
 
 
-# the anchor on the unlabeled store (heads.anchor) train-head uses for IR data unless --anchor-weight is given:
+# the anchor on the unlabeled store (heads.training.anchor) train-head uses for IR data unless --anchor-weight is given:
 # the SciFact study's frontier point (docs/robust.md, 3 seeds: +0.12 nDCG@10 over frozen cosine in domain,
 # Cranfield -0.008 and CACM -0.013 against -0.019 and -0.049 for the round-2 default; lambda 1 keeps +0.14 in
 # domain at -0.010 / -0.022, lambda 3 meets both out-of-domain goals at +0.10 in domain)

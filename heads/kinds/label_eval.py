@@ -27,9 +27,9 @@ from sklearn.metrics import f1_score
 from sklearn.pipeline import make_pipeline
 from sklearn.preprocessing import Normalizer
 
-from headstore.heads.energy import pairwise_energy
+from headstore.heads.scoring.energy import pairwise_energy
 from headstore.heads.kinds.base import PREFIX
-from headstore.heads.metrics import ndcg_and_ap
+from headstore.heads.scoring.metrics import ndcg_and_ap
 
 KNN_K = 10  # neighbours voting in k-NN accuracy (the k)
 PROBE_MAX_ITER = 1000  # lbfgs iterations: the default 100 stops short on 10k x 384 features

@@ -14,7 +14,7 @@ from sklearn.metrics import average_precision_score
 from headstore.heads.kinds.ir import KIND as IR_KIND, retrieval_split
 from headstore.heads.kinds.base import PREFIX, Task, TaskKind
 from headstore.heads.kinds.tables import COLUMNS, evaluate_pairs, pair_set, split_frames, table_splits
-from headstore.heads.metrics import bootstrap_ci, pair_metrics
+from headstore.heads.scoring.metrics import bootstrap_ci, pair_metrics
 
 RETRIEVAL = ("retrieval (positive pairs only): each anchor ranks all positives of its split "
              "(IR metrics, nDCG@10)")

@@ -19,12 +19,12 @@ import numpy as np
 import torch
 
 from headstore.data.files import atomic_write_text
-from headstore.heads.energy import candidate_energy, pairwise_energy
-from headstore.heads.candidates import DOC_BLOCK, candidate_docs, frozen_topk  # DOC_BLOCK: documents embedded and
+from headstore.heads.scoring.energy import candidate_energy, pairwise_energy
+from headstore.heads.network.candidates import DOC_BLOCK, candidate_docs, frozen_topk  # DOC_BLOCK: documents embedded and
 # ranked at a time, so a corpus is never one (N, d) matrix of head outputs
 from headstore.heads.kinds.base import PREFIX
-from headstore.heads.metrics import ir_metrics_per_query, topk_ranking, trec_tie_order
-from headstore.heads.model import autocast
+from headstore.heads.scoring.metrics import ir_metrics_per_query, topk_ranking, trec_tie_order
+from headstore.heads.network.model import autocast
 
 IR_TOPK = 100  # one top-k pass serves every cutoff (1, 10, 100)
 RANK_CHUNK = 256  # queries per top-k pass
@@ -247,7 +247,7 @@ def write_trec_run(path: Path, lines: list[str]) -> Path:
 
 def candidate_split(split: IRSplit, X: torch.Tensor, pool_k: int) -> tuple[IRSplit, np.ndarray]:
     """The split with its corpus cut to the candidates: every query's frozen top `pool_k` (cosine over X's
-    rows, heads.candidates) and every judged document; (that split, the kept document indices, ascending)."""
+    rows, heads.network.candidates) and every judged document; (that split, the kept document indices, ascending)."""
     pool = frozen_topk(X, split.query_rows, split.doc_rows, pool_k)
     judged = {d for q in split.query_ids for d in split.qrels.get(q, {})}
     relevant = np.array([j for j, d in enumerate(split.doc_ids) if d in judged], dtype=np.int64)

@@ -10,7 +10,7 @@ import numpy as np
 
 from headstore.heads.kinds.base import PREFIX, Task, TaskKind
 from headstore.heads.kinds.tables import evaluate_pairs, pair_set, split_frames, table_splits
-from headstore.heads.metrics import bootstrap_ci, sts_metrics
+from headstore.heads.scoring.metrics import bootstrap_ci, sts_metrics
 
 
 class STSKind(TaskKind):

@@ -9,7 +9,7 @@ import numpy as np
 import polars as pl
 import torch
 
-from headstore.heads.energy import ENERGIES
+from headstore.heads.scoring.energy import ENERGIES
 from headstore.heads.kinds.base import PREFIX, WHOLE, PairSet, carve_dev, store_rows
 
 COLUMNS = {"sts": ("sentence1", "sentence2"), "pairs": ("anchor", "positive")}  # dataset kind -> pair columns

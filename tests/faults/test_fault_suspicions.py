@@ -127,7 +127,7 @@ def test_a_soup_never_mixes_query_side_heads_with_heads_of_both_sides(world, tmp
     weights): a soup takes heads of its first head's sides only."""
     import polars as pl
 
-    from headstore.heads.soup import soup_ids
+    from headstore.heads.artefacts.soup import soup_ids
 
     grid = tmp_path / "grid.toml"
     grid.write_text('[grid]\nsides = ["both", "query"]\nlr = [1e-3, 3e-3]\n[fixed]\nepochs = 1\nhidden = 16\n'

@@ -18,7 +18,7 @@ from click.testing import CliRunner
 from headstore.cli import main
 from headstore.featurize.run import featurize_texts
 from headstore.featurize.store import FeatureStore, StoreError
-from headstore.heads.features import load_features
+from headstore.heads.network.features import load_features
 
 from store_helpers import config
 

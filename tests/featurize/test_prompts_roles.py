@@ -115,7 +115,7 @@ def test_pipeline_search_and_export_take_the_roles(world, tmp_path):
 
     from headstore.heads.apply.export import export_head
     from headstore.heads.apply.pipeline import Pipeline
-    from headstore.heads.head import Head
+    from headstore.heads.artefacts.head import Head
 
     featurize(FeaturizeConfig(model=str(world["st_excl"]), dtype="float32"), [world["beir"]], tmp_path / "s")
     r = CliRunner().invoke(main, ["train-head", "--store", str(tmp_path / "s"), "--data", str(world["beir"]), "--out",

@@ -9,12 +9,12 @@ import torch
 
 from headstore.featurize.config import FeaturizeConfig
 from headstore.featurize.run import featurize
-from headstore.heads.config import TrainConfig
-from headstore.heads.features import Normalizer
-from headstore.heads.head import Head
-from headstore.heads.config import HeadConfig
-from headstore.heads.model import StackedMLP
-from headstore.heads.run import train_head
+from headstore.heads.settings.config import TrainConfig
+from headstore.heads.network.features import Normalizer
+from headstore.heads.artefacts.head import Head
+from headstore.heads.settings.config import HeadConfig
+from headstore.heads.network.model import StackedMLP
+from headstore.heads.training.run import train_head
 
 from .finetune_world import tiny_beir, tiny_bert
 

@@ -1,13 +1,13 @@
-"""heads.artefacts: a head directory written by `write_head_dir` reads back as it was; a partial one is named."""
+"""heads.artefacts.files: a head directory written by `write_head_dir` reads back as it was; a partial one is named."""
 from dataclasses import asdict
 
 import pytest
 import torch
 
-from headstore.heads.artefacts import CONFIG_FILE, HEAD_FILE, NORMALIZER_FILE, read_head_dir, write_head_dir
-from headstore.heads.config import TrainConfig
-from headstore.heads.features import Normalizer
-from headstore.heads.model import HeadConfig, StackedMLP
+from headstore.heads.artefacts.files import CONFIG_FILE, HEAD_FILE, NORMALIZER_FILE, read_head_dir, write_head_dir
+from headstore.heads.settings.config import TrainConfig
+from headstore.heads.network.features import Normalizer
+from headstore.heads.network.model import HeadConfig, StackedMLP
 
 
 def _head(seed: int = 0):

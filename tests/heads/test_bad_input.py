@@ -290,7 +290,7 @@ def test_debug_shows_the_traceback_and_bugs_keep_theirs(data_world, tmp_path, mo
     def bug(*args, **kwargs):
         raise TypeError("an internal bug")
 
-    monkeypatch.setattr("headstore.heads.run.train_head", bug)
+    monkeypatch.setattr("headstore.heads.training.run.train_head", bug)
     r = train(data_world, data_world["pos"], tmp_path / "h2")
     assert r.exit_code == 1 and isinstance(r.exception, TypeError)  # not dressed up as bad input
 

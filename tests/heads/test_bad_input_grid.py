@@ -8,7 +8,7 @@ import shutil
 import pytest
 
 import headstore
-from headstore.heads.config import HeadConfig
+from headstore.heads.settings.config import HeadConfig
 
 from .conftest import assert_bad_input, cli
 

@@ -4,8 +4,8 @@ that lives in a config class names the option the user typed (`--anchor-weight`,
 import pytest
 
 from headstore.data.errors import SettingError
-from headstore.heads.config import TrainConfig
-from headstore.heads.options import option_name, setting_fields
+from headstore.heads.settings.config import TrainConfig
+from headstore.heads.settings.options import option_name, setting_fields
 
 from .conftest import FAST, assert_bad_input, cli
 

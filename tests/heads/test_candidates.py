@@ -1,4 +1,4 @@
-"""Corpus scale (heads.candidates): candidate mining and candidate selection equal the exact search when
+"""Corpus scale (heads.network.candidates): candidate mining and candidate selection equal the exact search when
 the candidates are the whole corpus, the top-10 share against a loop, chunked test ranking = unchunked."""
 from __future__ import annotations
 
@@ -6,14 +6,14 @@ import numpy as np
 import pytest
 import torch
 
-from headstore.heads.candidates import frozen_topk
-from headstore.heads.config import HeadConfig, TrainConfig
-from headstore.heads.energy import ENERGIES
+from headstore.heads.network.candidates import frozen_topk
+from headstore.heads.settings.config import HeadConfig, TrainConfig
+from headstore.heads.scoring.energy import ENERGIES
 from headstore.heads.kinds import kind_of
 from headstore.heads.kinds import ranking
-from headstore.heads.mining import mine_negatives
-from headstore.heads.model import StackedMLP
-from headstore.heads.train import train_stack
+from headstore.heads.evaluation.mining import mine_negatives
+from headstore.heads.network.model import StackedMLP
+from headstore.heads.training.train import train_stack
 
 from .synthetic import planted_ir_task
 
@@ -24,7 +24,7 @@ def _head(dim: int, n: int = 2) -> StackedMLP:
 
 @pytest.mark.parametrize("pool_floats", [1 << 25, 1])  # one block of anchors; one anchor per block
 def test_pool_of_the_whole_corpus_mines_as_exact(monkeypatch, pool_floats):
-    from headstore.heads import candidates
+    from headstore.heads.network import candidates
     monkeypatch.setattr(candidates, "POOL_FLOATS", pool_floats)
     task, X = planted_ir_task(n_docs=150, dim=8)
     model = _head(8)
@@ -42,8 +42,8 @@ def test_pool_of_the_whole_corpus_mines_as_exact(monkeypatch, pool_floats):
 def test_pool_energies_ask_each_document_once_and_equal_the_exact_search(monkeypatch, pool_floats):
     """Overlapping pools: every pooled document's outputs asked for once give each entry the energy of the exact
     search (pairwise_energy over all documents: l1 bit for bit, l2 and cosine within rounding) and of a loop."""
-    from headstore.heads import candidates
-    from headstore.heads.energy import pairwise_energy
+    from headstore.heads.network import candidates
+    from headstore.heads.scoring.energy import pairwise_energy
     monkeypatch.setattr(candidates, "POOL_FLOATS", pool_floats)
     rng = np.random.default_rng(0)
     H, U, c, dim, n = 3, 40, 12, 24, 60  # 40 pools of 12 among 60 documents: most documents in several pools
@@ -84,7 +84,7 @@ def test_pool_is_the_exact_frozen_top_k(monkeypatch):
     cos = torch.nn.functional.normalize(X[2000:2100], dim=1) @ torch.nn.functional.normalize(X[:2000], dim=1).T
     want = np.sort(torch.topk(cos, 50, dim=1).indices.numpy(), axis=1)  # one matmul over the whole corpus
     assert np.array_equal(pool, want)
-    from headstore.heads import candidates
+    from headstore.heads.network import candidates
     monkeypatch.setattr(candidates, "DOC_BLOCK", 128)  # 16 blocks merged
     monkeypatch.setattr(candidates, "QUERY_CHUNK", 7)
     assert np.array_equal(frozen_topk(X, queries, corpus, 50), want)
@@ -166,7 +166,7 @@ def test_chunked_test_ranking_equals_unchunked(monkeypatch):
 @pytest.mark.parametrize("energy", ["l1", "cosine"])
 def test_corpus_ranked_block_by_block_equals_one_pass_ties_included(monkeypatch, energy):
     from headstore.heads.kinds import kind_of
-    from headstore.heads.evaluate import embedder
+    from headstore.heads.evaluation.evaluate import embedder
 
     task, X = planted_ir_task(n_docs=150, dim=8)
     split = task.eval_sets["test"]

@@ -10,7 +10,7 @@ from click.testing import CliRunner
 
 import headstore
 from headstore.cli import main
-from headstore.heads.artefacts import ranked_configs
+from headstore.heads.artefacts.files import ranked_configs
 
 from .finetune_world import WORDS, tiny_bert
 

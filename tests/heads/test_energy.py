@@ -3,7 +3,7 @@ import math
 import pytest
 import torch
 
-from headstore.heads.energy import ENERGIES, energy_upper_bound, pairwise_energy
+from headstore.heads.scoring.energy import ENERGIES, energy_upper_bound, pairwise_energy
 
 
 def ref_energy(name, a, b):
@@ -84,7 +84,7 @@ def test_upper_bound_holds(name):
 
 @pytest.mark.parametrize("name", ["l1", "l2", "cosine"])
 def test_candidate_energy_is_the_pairwise_energy_of_those_pairs(name):
-    from headstore.heads.energy import candidate_energy
+    from headstore.heads.scoring.energy import candidate_energy
 
     gen = torch.Generator().manual_seed(0)
     q, d = torch.randn(3, 20, 16, generator=gen), torch.randn(3, 500, 16, generator=gen)  # (H, Q, dim), (H, N, dim)

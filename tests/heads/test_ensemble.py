@@ -1,4 +1,4 @@
-"""Head ensembles (heads.head.EnsembleHead): one head whose L1 energy is the mean of its members' energies, saved,
+"""Head ensembles (heads.artefacts.head.EnsembleHead): one head whose L1 energy is the mean of its members' energies, saved,
 loaded, evaluated and exported like any head; a grid's `#ensemble=K` is its K best configurations."""
 import json
 
@@ -10,8 +10,8 @@ from click.testing import CliRunner
 
 import headstore
 from headstore.cli import main
-from headstore.heads.head import EnsembleHead
-from headstore.heads.config import HeadConfig
+from headstore.heads.artefacts.head import EnsembleHead
+from headstore.heads.settings.config import HeadConfig
 
 MEMBERS = [HeadConfig(hidden=16), HeadConfig(hidden=16, depth=2), HeadConfig(hidden=16)]
 
@@ -79,8 +79,8 @@ def l1_grid(world, tmp_path_factory):
 
 def test_grid_scores_ensembles_per_seed(world, l1_grid):
     from headstore.featurize.store import FeatureStore
-    from headstore.heads.evaluate import embedder, evaluate_split
-    from headstore.heads.features import load_features
+    from headstore.heads.evaluation.evaluate import embedder, evaluate_split
+    from headstore.heads.network.features import load_features
     from headstore.heads.kinds import load_task
 
     info = json.loads((l1_grid / "ensembles.json").read_text())
@@ -116,7 +116,7 @@ def test_grid_ensemble_is_its_best_configurations(world, l1_grid, tmp_path):
 
 
 def test_ensemble_groups_skip_cosine_heads_and_other_arrays():
-    from headstore.heads.artefacts import ensemble_groups
+    from headstore.heads.artefacts.files import ensemble_groups
 
     rows = [{"head_id": f"h{i}", "status": "ok", "loss": loss, "energy": "l1", "array": array, "lr": lr, "seed": 0,
              "dev_primary": dev}
@@ -130,9 +130,9 @@ def test_ensemble_groups_skip_cosine_heads_and_other_arrays():
 def test_a_loss_that_ignores_the_energy_is_souped_and_ensembled_under_cosine(world, tmp_path, monkeypatch):
     """One energy rule (issue 32 item 7): heads of a loss that ignores the energy setting (not mnr: a registry
     entry made here, and supcon) are trained, souped and ensembled under cosine, whatever `energy` says."""
-    from headstore.heads.artefacts import ensemble_groups
-    from headstore.heads.config import TrainConfig
-    from headstore.heads.losses import LOSSES, LossSpec, scoring_energy
+    from headstore.heads.artefacts.files import ensemble_groups
+    from headstore.heads.settings.config import TrainConfig
+    from headstore.heads.scoring.losses import LOSSES, LossSpec, scoring_energy
 
     monkeypatch.setitem(LOSSES, "mnr-twin", LossSpec("mnr-twin", ("positives",), negatives=True, uses_energy=False,
                                                      pairs_fn="pairs:mnr_loss"))

@@ -10,7 +10,7 @@ from click.testing import CliRunner
 import headstore
 from headstore.cli import main
 from headstore.heads.apply.export import export_head
-from headstore.heads.config import HeadConfig
+from headstore.heads.settings.config import HeadConfig
 
 SHAPES = {  # name: (HeadConfig, normalize, training settings)
     "residual-gelu-2": (HeadConfig(hidden=16), "l2", {}),

@@ -11,11 +11,11 @@ from headstore.cli import main
 from headstore.featurize.config import FeaturizeConfig
 from headstore.featurize.run import featurize
 from headstore.featurize.store import FeatureStore
-from headstore.heads.config import TrainConfig
+from headstore.heads.settings.config import TrainConfig
 from headstore.heads.apply.finetune import FinetuneConfig, build_optimizer, encoder_blocks, finetune, n_unfrozen
-from headstore.heads.config import HeadConfig
-from headstore.heads.model import StackedMLP
-from headstore.heads.run import train_head
+from headstore.heads.settings.config import HeadConfig
+from headstore.heads.network.model import StackedMLP
+from headstore.heads.training.run import train_head
 
 from .finetune_world import tiny_beir, tiny_bert
 

@@ -13,8 +13,8 @@ from headstore.featurize.run import featurize
 from headstore.featurize.store import FeatureStore
 from headstore.heads.apply import finetune as finetune_module
 from headstore.heads.apply.finetune import FinetuneConfig, finetune
-from headstore.heads.config import HeadConfig, TrainConfig
-from headstore.heads.run import train_head
+from headstore.heads.settings.config import HeadConfig, TrainConfig
+from headstore.heads.training.run import train_head
 
 from .conftest import cli
 from .finetune_world import tiny_beir, tiny_bert

@@ -10,9 +10,9 @@ import pytest
 from headstore.featurize.config import FeaturizeConfig
 from headstore.featurize.run import featurize
 from headstore.heads.apply.finetune import FinetuneConfig
-from headstore.heads.config import TrainConfig
+from headstore.heads.settings.config import TrainConfig
 from headstore.heads.experiments.forgetting import ForgettingConfig, run_forgetting, split_classes
-from headstore.heads.config import HeadConfig
+from headstore.heads.settings.config import HeadConfig
 
 from .finetune_world import tiny_bert
 from .label_world import topic_texts

@@ -10,7 +10,7 @@ import torch
 
 from headstore.featurize.store import FeatureStore
 from headstore.heads.kinds import load_task
-from headstore.heads.task_features import TaskFeatures
+from headstore.heads.artefacts.task_features import TaskFeatures
 
 from .conftest import FAST, cli
 from .finetune_world import sentence, tiny_bert

@@ -38,9 +38,9 @@ def test_head_id_depends_on_every_setting_and_the_store():
 
 def test_head_id_hashes_resolved_defaults(monkeypatch):
     """An unset q is hashed as the Q it stands for: retuning the default retrains, spelling it out does not."""
-    import headstore.heads.losses.settings as losses
+    import headstore.heads.scoring.losses.settings as losses
 
-    from headstore.heads.losses.settings import DEFAULT_Q
+    from headstore.heads.scoring.losses.settings import DEFAULT_Q
 
     s = {"loss": "l1-energy", "lr": 1e-3}
     unset = head_id(s, "data", "fp", in_dim=32)

@@ -11,8 +11,8 @@ from click.testing import CliRunner
 import headstore
 from headstore.cli import main
 from headstore.featurize.store import FeatureStore
-from headstore.heads.evaluate import embedder, evaluate_split, primary_metric
-from headstore.heads.features import load_features
+from headstore.heads.evaluation.evaluate import embedder, evaluate_split, primary_metric
+from headstore.heads.network.features import load_features
 from headstore.heads.kinds import load_task
 
 

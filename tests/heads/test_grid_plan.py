@@ -1,4 +1,4 @@
-"""A grid's plan: losses that reduce to the same objective on a data form (heads.losses.objective, the
+"""A grid's plan: losses that reduce to the same objective on a data form (heads.scoring.losses.objective, the
 registry's `reduces_to`) are trained once and said so; the plan's time estimate and its update after the first
 stack (heads.experiments.grid_estimate)."""
 import itertools
@@ -8,8 +8,8 @@ import polars as pl
 import pytest
 import torch
 
-from headstore.heads.losses import FORMS, LOSSES, LossConfig, objective
-from headstore.heads.losses.settings import GRADED_MODES
+from headstore.heads.scoring.losses import FORMS, LOSSES, LossConfig, objective
+from headstore.heads.scoring.losses.settings import GRADED_MODES
 
 from .conftest import cli
 
@@ -78,7 +78,7 @@ def test_a_grid_trains_one_objective_once_and_says_so(data_world, tmp_path):
 def test_the_estimate_follows_the_stacks_work():
     """The modelled seconds grow with the heads' size and the steps, and the update scales the rest by the
     first stack's measured pace (its seconds over its modelled seconds)."""
-    from headstore.heads.config import HeadConfig
+    from headstore.heads.settings.config import HeadConfig
     from headstore.heads.experiments.grid_estimate import head_params, pace_line
 
     assert head_params(HeadConfig(depth=1, out_dim=4), 3) == 3 * 4 + 4

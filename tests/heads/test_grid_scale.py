@@ -10,7 +10,7 @@ import pytest
 from click.testing import CliRunner
 
 from headstore.cli import main
-from headstore.heads.artefacts import ranked_configs
+from headstore.heads.artefacts.files import ranked_configs
 
 SPEC = ('[grid]\nlr = [1e-4, 3e-2]\nweight_decay = [0.0, 0.1]\nseed = [0, 1]\n'
         '[fixed]\nepochs = 3\nbatch_size = 8\nhidden = 16\nmined_k = 2\nexact_max = 0\npool_k = 20\nguard = false\n')

@@ -5,8 +5,8 @@ import numpy as np
 import pytest
 import torch
 
-from headstore.heads.losses.classes import label_similarity, label_energy_loss, supcon_kl_loss, supcon_loss
-from headstore.heads.losses import LOSSES, LossConfig
+from headstore.heads.scoring.losses.classes import label_similarity, label_energy_loss, supcon_kl_loss, supcon_loss
+from headstore.heads.scoring.losses import LOSSES, LossConfig
 
 
 def _one_hot(classes, n):

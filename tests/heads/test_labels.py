@@ -9,14 +9,14 @@ import torch
 from sklearn.metrics import average_precision_score, ndcg_score
 from sklearn.neighbors import KNeighborsClassifier
 
-from headstore.heads.config import TrainConfig, stack_key
-from headstore.heads.evaluate import embedder, evaluate_split
+from headstore.heads.settings.config import TrainConfig, stack_key
+from headstore.heads.evaluation.evaluate import embedder, evaluate_split
 from headstore.heads.kinds.label_eval import ranking_metrics
 from headstore.heads.kinds import for_training
-from headstore.heads.metrics import ir_metrics_per_query
-from headstore.heads.config import HeadConfig
+from headstore.heads.scoring.metrics import ir_metrics_per_query
+from headstore.heads.settings.config import HeadConfig
 from headstore.heads.kinds import load_task
-from headstore.heads.train import train_one
+from headstore.heads.training.train import train_one
 
 from .label_world import MemoryStore, planted_labels
 

@@ -6,9 +6,9 @@ import pytest
 import torch
 
 import headstore
-from headstore.heads.features import Normalizer, read_features
-from headstore.heads.config import HeadConfig
-from headstore.heads.model import MIX_GAIN, StackedMLP
+from headstore.heads.network.features import Normalizer, read_features
+from headstore.heads.settings.config import HeadConfig
+from headstore.heads.network.model import MIX_GAIN, StackedMLP
 
 from .conftest import FAST, cli
 

@@ -3,8 +3,8 @@ import math
 import pytest
 import torch
 
-from headstore.heads.losses import LOSSES, LossConfig
-from headstore.heads.losses.settings import COSENT_ENERGY_RANGE
+from headstore.heads.scoring.losses import LOSSES, LossConfig
+from headstore.heads.scoring.losses.settings import COSENT_ENERGY_RANGE
 
 from .test_energy import ref_energy
 
@@ -277,7 +277,7 @@ def test_errors():
 
 def test_cosent_scale_does_not_move_with_l1_energys_q(monkeypatch):
     """CoSENT's lambda has its own constants: retuning l1-energy's default Q leaves CoSENT unchanged."""
-    import headstore.heads.losses.settings as losses
+    import headstore.heads.scoring.losses.settings as losses
 
     za, zp, _ = data(B=6, K=0, seed=9)
     labels = torch.tensor([0.1, 0.5, 0.3, 0.9, 0.0, 0.7])
@@ -289,8 +289,8 @@ def test_cosent_scale_does_not_move_with_l1_energys_q(monkeypatch):
 
 
 def test_one_impostor_default():
-    from headstore.heads.config import TrainConfig
-    from headstore.heads.losses.settings import DEFAULT_IMPOSTORS
+    from headstore.heads.settings.config import TrainConfig
+    from headstore.heads.scoring.losses.settings import DEFAULT_IMPOSTORS
 
     assert LossConfig().impostors == TrainConfig().impostors == TrainConfig().loss_config().impostors == DEFAULT_IMPOSTORS
 
@@ -328,7 +328,7 @@ def test_graded_modes_against_loops(graded, with_zn):
 
 
 def test_pearson_term_is_scale_free_and_signed():
-    from headstore.heads.losses.pairs import pearson_term
+    from headstore.heads.scoring.losses.pairs import pearson_term
 
     s = torch.tensor([0.0, 0.25, 0.5, 1.0])
     perfect = 10 - 7 * s  # energy an exact decreasing affine map of the score
@@ -355,7 +355,7 @@ def ref_distance_weighted(cands_per_anchor, bins):
 
 @pytest.mark.parametrize("with_zn", [False, True])
 def test_distance_weighted_impostors_against_loop(with_zn):
-    from headstore.heads.losses.settings import DISTANCE_BINS
+    from headstore.heads.scoring.losses.settings import DISTANCE_BINS
 
     za, zp, zn = data(B=6, K=3 if with_zn else 0, seed=23)
     same = torch.zeros(6, 6, dtype=torch.bool)

@@ -6,7 +6,7 @@ import torch
 from scipy import stats
 from sklearn.metrics import ndcg_score
 
-from headstore.heads.metrics import (bootstrap_ci, ir_metrics_per_query, ndcg_and_ap, pair_metrics, sts_metrics,
+from headstore.heads.scoring.metrics import (bootstrap_ci, ir_metrics_per_query, ndcg_and_ap, pair_metrics, sts_metrics,
                                      topk_ranking)
 
 
@@ -266,7 +266,7 @@ def test_ir_ci_over_seeds_is_the_ci_of_the_seed_averaged_queries():
 def test_resample_ranks_from_counts_equal_rankdata_of_the_resample():
     from scipy.stats import rankdata
 
-    from headstore.heads.metrics import _resample_ranks, _tie_groups
+    from headstore.heads.scoring.metrics import _resample_ranks, _tie_groups
 
     rng = np.random.default_rng(3)
     values = np.round(rng.normal(size=40), 1)  # many ties

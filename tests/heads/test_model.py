@@ -4,8 +4,8 @@ import pytest
 import torch
 import torch.nn as nn
 
-from headstore.heads.config import HeadConfig
-from headstore.heads.model import StackedMLP, load_heads, save_heads
+from headstore.heads.settings.config import HeadConfig
+from headstore.heads.network.model import StackedMLP, load_heads, save_heads
 
 
 def cfg(**kw):

@@ -10,7 +10,7 @@ import headstore
 from headstore.featurize.config import FeaturizeConfig
 from headstore.featurize.run import featurize
 from headstore.featurize.store import FeatureStore
-from headstore.heads.energy import l1_energy
+from headstore.heads.scoring.energy import l1_energy
 
 from .finetune_world import tiny_bert
 
@@ -78,9 +78,9 @@ def test_pipeline_encode_equals_the_head_on_stored_features(world, batch_size):
 def test_pipeline_on_a_float16_store_rounds_as_the_store_did(world, tmp_path):
     store16 = tmp_path / "store16"
     featurize(FeaturizeConfig(model=str(world.model), dtype="float16", batch_tokens=2048), [str(world.beir)], store16)
-    from headstore.heads.config import TrainConfig
-    from headstore.heads.config import HeadConfig
-    from headstore.heads.run import train_head
+    from headstore.heads.settings.config import TrainConfig
+    from headstore.heads.settings.config import HeadConfig
+    from headstore.heads.training.run import train_head
 
     train_head(str(store16), str(world.beir), str(tmp_path / "h16"), HeadConfig(hidden=16),
                TrainConfig(epochs=1, batch_size=8, mined_k=0), progress=False)

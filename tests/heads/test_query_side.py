@@ -11,13 +11,13 @@ from click.testing import CliRunner
 
 import headstore
 from headstore.cli import main
-from headstore.heads.batches import batch_losses, make_batch, prepare_data
-from headstore.heads.config import HeadConfig, TrainConfig
-from headstore.heads.evaluate import embed_rows
-from headstore.heads.losses import get_loss
-from headstore.heads.model import StackedMLP
-from headstore.heads.strength import with_strength
-from headstore.heads.train import train_one
+from headstore.heads.training.batches import batch_losses, make_batch, prepare_data
+from headstore.heads.settings.config import HeadConfig, TrainConfig
+from headstore.heads.evaluation.evaluate import embed_rows
+from headstore.heads.scoring.losses import get_loss
+from headstore.heads.network.model import StackedMLP
+from headstore.heads.training.strength import with_strength
+from headstore.heads.training.train import train_one
 
 from .synthetic import planted_ir_task
 

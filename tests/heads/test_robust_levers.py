@@ -1,5 +1,5 @@
-"""The levers of issue 20: strength after training (heads.strength), the anchor on the unlabeled store
-(heads.anchor), weight soups (heads.soup), and the cosine energy with each of them."""
+"""The levers of issue 20: strength after training (heads.training.strength), the anchor on the unlabeled store
+(heads.training.anchor), weight soups (heads.artefacts.soup), and the cosine energy with each of them."""
 import json
 
 import numpy as np
@@ -9,14 +9,14 @@ from click.testing import CliRunner
 
 import headstore
 from headstore.cli import main
-from headstore.heads.anchor import AnchorSampler, anchor_penalty
-from headstore.heads.batches import batch_losses, make_batch, prepare_data
-from headstore.heads.config import HeadConfig, TrainConfig
-from headstore.heads.model import StackedMLP
-from headstore.heads.soup import soup_of
-from headstore.heads.model import start_of
-from headstore.heads.strength import choose, with_strength
-from headstore.heads.train import train_one
+from headstore.heads.training.anchor import AnchorSampler, anchor_penalty
+from headstore.heads.training.batches import batch_losses, make_batch, prepare_data
+from headstore.heads.settings.config import HeadConfig, TrainConfig
+from headstore.heads.network.model import StackedMLP
+from headstore.heads.artefacts.soup import soup_of
+from headstore.heads.network.model import start_of
+from headstore.heads.training.strength import choose, with_strength
+from headstore.heads.training.train import train_one
 
 from .synthetic import planted_ir_task
 
@@ -220,7 +220,7 @@ def test_train_head_ir_default_anchors_and_a_given_weight_wins(world, tmp_path):
 
 
 def test_whole_store_anchor_is_a_fixed_bounded_sample_of_a_large_store(world, monkeypatch):
-    import headstore.heads.anchor as anchor
+    import headstore.heads.training.anchor as anchor
     from headstore.featurize.store import FeatureStore
 
     store = FeatureStore.open(world.store)

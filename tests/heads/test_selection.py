@@ -1,9 +1,9 @@
-"""Out-of-domain selection (heads.selection): the rule, the split it may use, and a grid's ranking under it."""
+"""Out-of-domain selection (heads.training.selection): the rule, the split it may use, and a grid's ranking under it."""
 import polars as pl
 import pytest
 
-from headstore.heads.artefacts import ranked_configs
-from headstore.heads.selection import rule_key, selection_split
+from headstore.heads.artefacts.files import ranked_configs
+from headstore.heads.training.selection import rule_key, selection_split
 from headstore.heads.kinds import Task
 
 
@@ -43,8 +43,8 @@ def test_grid_ranking_applies_the_rule_to_means_over_seeds():
 def test_tracker_keeps_the_rule_best_epoch_and_the_guarded_start():
     import torch
 
-    from headstore.heads.config import TrainConfig
-    from headstore.heads.tracker import HeadTracker
+    from headstore.heads.settings.config import TrainConfig
+    from headstore.heads.training.tracker import HeadTracker
 
     w = torch.nn.Parameter(torch.zeros(2, 1))
     tracker = HeadTracker([TrainConfig(), TrainConfig(seed=1)], [w], patience=5, delta=0.01)
@@ -66,10 +66,10 @@ def test_guard_returns_the_starting_point_when_training_only_hurts(guard):
     import numpy as np
     import torch
 
-    from headstore.heads.config import TrainConfig
-    from headstore.heads.evaluate import embedder, evaluate_split
-    from headstore.heads.config import HeadConfig
-    from headstore.heads.train import train_stack
+    from headstore.heads.settings.config import TrainConfig
+    from headstore.heads.evaluation.evaluate import embedder, evaluate_split
+    from headstore.heads.settings.config import HeadConfig
+    from headstore.heads.training.train import train_stack
 
     from .synthetic import planted_ir_task
 
@@ -162,9 +162,9 @@ def test_train_head_defaults_depend_on_the_kind_of_data(data_world, tmp_path):
     a value the user gives always wins."""
     import json
 
-    from headstore.heads.config import TrainConfig
+    from headstore.heads.settings.config import TrainConfig
     from headstore.heads.kinds.sts import KIND as STS_KIND
-    from headstore.heads.config import HeadConfig
+    from headstore.heads.settings.config import HeadConfig
 
     from .conftest import cli
 

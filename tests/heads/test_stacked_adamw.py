@@ -1,9 +1,9 @@
 import pytest
 import torch
 
-from headstore.heads.config import HeadConfig
-from headstore.heads.model import StackedMLP
-from headstore.heads.stacked_adamw import StackedAdamW
+from headstore.heads.settings.config import HeadConfig
+from headstore.heads.network.model import StackedMLP
+from headstore.heads.training.stacked_adamw import StackedAdamW
 
 
 def head_loss(out, target):  # (H, B, d) -> (H,) independent per head
@@ -74,7 +74,7 @@ def _train(opt_kwargs, monkeypatch=None, steps=5):
 
 
 def test_fused_update_is_the_eager_update(monkeypatch):
-    import headstore.heads.stacked_adamw as module
+    import headstore.heads.training.stacked_adamw as module
 
     # the function torch.compile fuses, run as plain torch: same maths as the eager path, grad_scale included
     monkeypatch.setattr(module, "_compiled_update", module._adamw_update)
@@ -97,7 +97,7 @@ def test_grad_scale_scales_each_heads_gradient():
 
 
 def test_fused_update_that_cannot_compile_falls_back_to_eager(monkeypatch):
-    import headstore.heads.stacked_adamw as module
+    import headstore.heads.training.stacked_adamw as module
 
     def broken(*args):
         raise RuntimeError("no compiler here")
@@ -118,7 +118,7 @@ def test_the_compiled_update_serves_stacks_of_every_shape_without_a_fallback(mon
     captured graph without generating C++ (what costs a compile its seconds)."""
     import warnings
 
-    import headstore.heads.stacked_adamw as module
+    import headstore.heads.training.stacked_adamw as module
 
     torch._dynamo.reset()
     monkeypatch.setattr(module, "_compiled_update", module._compile(backend="eager"))

@@ -1,4 +1,4 @@
-"""Memory set by the task (heads.task_features): a task reads only its own rows of a store holding many
+"""Memory set by the task (heads.artefacts.task_features): a task reads only its own rows of a store holding many
 more, and trains and evaluates to the same numbers as on the whole store's features."""
 from __future__ import annotations
 
@@ -7,11 +7,11 @@ import dataclasses
 import numpy as np
 import torch
 
-from headstore.heads.config import HeadConfig, TrainConfig
-from headstore.heads.evaluate import evaluate_head
+from headstore.heads.settings.config import HeadConfig, TrainConfig
+from headstore.heads.evaluation.evaluate import evaluate_head
 from headstore.heads.kinds import task_rows
-from headstore.heads.task_features import TaskFeatures, rows_of
-from headstore.heads.train import train_stack
+from headstore.heads.artefacts.task_features import TaskFeatures, rows_of
+from headstore.heads.training.train import train_stack
 
 from .synthetic import planted_ir_task
 

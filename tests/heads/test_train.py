@@ -4,12 +4,12 @@ import numpy as np
 import pytest
 import torch
 
-from headstore.heads.config import TrainConfig
-from headstore.heads.evaluate import embedder, evaluate_split
-from headstore.heads.config import HeadConfig
-from headstore.heads.model import StackedMLP
-from headstore.heads.optim import lr_factor
-from headstore.heads.train import TrainingDiverged, train_one, train_stack
+from headstore.heads.settings.config import TrainConfig
+from headstore.heads.evaluation.evaluate import embedder, evaluate_split
+from headstore.heads.settings.config import HeadConfig
+from headstore.heads.network.model import StackedMLP
+from headstore.heads.training.optim import lr_factor
+from headstore.heads.training.train import TrainingDiverged, train_one, train_stack
 
 from .synthetic import planted_ir_task, planted_sts_task
 
@@ -67,7 +67,7 @@ def test_stacked_training_equals_separate_heads(monkeypatch):
 def test_stopped_heads_are_neither_remined_nor_rescored(monkeypatch, exact_max, ood):
     """Heads stopping at different epochs: each one's run up to its stop is the run it has alone (re-mined in
     its own space while it trains), and after it its dev score (and out-of-domain loss) is the one it stopped with."""
-    from headstore.heads.selection import OodSelection
+    from headstore.heads.training.selection import OodSelection
     monkeypatch.setenv("HEADSTORE_COMPILE", "0")
     task, X = planted_ir_task(n_docs=120)
     head_cfg = HeadConfig(depth=2, hidden=32, out_dim=8, in_dim=16, residual=False)
@@ -126,7 +126,7 @@ def test_lr_schedule_warms_up_then_decays():
 
 
 def test_mined_negatives_exclude_positives_and_remine_runs():
-    from headstore.heads.mining import mine_negatives
+    from headstore.heads.evaluation.mining import mine_negatives
 
     task, X = planted_ir_task(n_docs=120)
     mined = mine_negatives(X, task.train.anchor, task.corpus_rows, task.relevant, 5)
@@ -140,8 +140,8 @@ def test_mined_negatives_exclude_positives_and_remine_runs():
 
 @pytest.mark.parametrize("remine, every, calls", [(False, 1, 1), (True, 1, 3), (True, 2, 2)])
 def test_mining_runs_once_unless_remine(monkeypatch, remine, every, calls):
-    import headstore.heads.batches as train_module
-    from headstore.heads.mining import mine
+    import headstore.heads.training.batches as train_module
+    from headstore.heads.evaluation.mining import mine
 
     seen = []
 
@@ -159,7 +159,7 @@ def test_mining_runs_once_unless_remine(monkeypatch, remine, every, calls):
 
 
 def test_a_duplicated_positive_is_never_mined_as_its_own_negative():
-    from headstore.heads.mining import mine_negatives
+    from headstore.heads.evaluation.mining import mine_negatives
 
     rng = np.random.default_rng(0)
     X = torch.tensor(rng.standard_normal((12, 8)), dtype=torch.float32)
@@ -201,8 +201,8 @@ def test_lr_schedule_is_transformers_schedule_with_the_warmup_counting_the_updat
 
 
 def test_q_schedule_goes_from_q_start_to_q():
-    from headstore.heads.losses.settings import DEFAULT_Q
-    from headstore.heads.batches import q_at
+    from headstore.heads.scoring.losses.settings import DEFAULT_Q
+    from headstore.heads.training.batches import q_at
 
     assert q_at(TrainConfig(), 5, 100) is None  # no schedule: the loss takes cfg's q
     cfg = TrainConfig(q_start=30.0, q=10.0)
@@ -225,7 +225,7 @@ def test_q_schedule_changes_training_and_stays_stack_equal():
 def test_selection_scores_equal_the_exact_evaluation():
     """Epoch selection scores every head in one pass, L1 on the 100 nearest documents by L2 (400 documents
     here, so the candidates are a real subset): nDCG@10 equals the exact evaluation's for every head."""
-    from headstore.heads.evaluate import selection_scores
+    from headstore.heads.evaluation.evaluate import selection_scores
     from headstore.heads.kinds.ranking import SELECT_CANDIDATES
 
     task, X = planted_ir_task(n_docs=400)

@@ -10,7 +10,7 @@ zero at the identity head and pulls a head toward it.
 
 The rows: `--anchor-data D` names a dataset whose texts are in the store (its corpus, queries, sentences),
 or, unset, every row of the store (of a store above ANCHOR_POOL rows, a fixed sample of that many). Only
-those rows' features are read beside the task's (heads.task_features), so memory stays bounded. Texts of the training pairs are left out, so the anchor never pulls on a text
+those rows' features are read beside the task's (heads.artefacts.task_features), so memory stays bounded. Texts of the training pairs are left out, so the anchor never pulls on a text
 the loss trains.
 """
 from __future__ import annotations
@@ -20,13 +20,13 @@ from typing import Optional
 import numpy as np
 import torch
 
-from headstore.heads.config import TrainConfig
-from headstore.heads.model import StackedMLP
+from headstore.heads.settings.config import TrainConfig
+from headstore.heads.network.model import StackedMLP
 
 ANCHOR_ROWS = 128  # rows per step and head: 2 batches' anchors, a fifth of a mined step's rows
 ANCHOR_SEED = 0xA7C4  # offsets each head's anchor generator from its batch-order generator
 # the whole store as the anchor: up to this many rows (a fixed seeded sample of a larger store), so the
-# features read for training stay bounded (heads.task_features reads only the rows it is given): 100k rows of
+# features read for training stay bounded (heads.artefacts.task_features reads only the rows it is given): 100k rows of
 # 384-d float32 are 154 MB, and a step draws 128 of them
 ANCHOR_POOL = 100_000
 ANCHOR_POOL_SEED = 20_2611

@@ -8,7 +8,7 @@
   results columns, head ids) and on the command line the settings stay one flat set of plain values:
   `TrainConfig(lr=1e-3, loss="mnr")`, `cfg.lr`, `cfg.to_dict()`, `TrainConfig.from_dict(d)`,
   `cfg.replace(seed=1)`.
-The command-line options of these settings are generated from the fields (heads.options), so a
+The command-line options of these settings are generated from the fields (heads.settings.options), so a
 setting's default, choices and help live here once.
 """
 from __future__ import annotations
@@ -20,16 +20,16 @@ from typing import Optional
 
 from headstore.data.errors import SettingError
 from headstore.featurize.tuning.schedule import SCHEDULES
-from headstore.heads.losses import LOSSES, LossConfig, scoring_energy
-from headstore.heads.losses.settings import DEFAULT_IMPOSTORS, GRADED_MODES, IMPOSTOR_MODES
+from headstore.heads.scoring.losses import LOSSES, LossConfig, scoring_energy
+from headstore.heads.scoring.losses.settings import DEFAULT_IMPOSTORS, GRADED_MODES, IMPOSTOR_MODES
 
-PRECISIONS = ("fp32", "bf16")  # head training maths (heads.train): fp32, or bf16 autocast for the matmuls
+PRECISIONS = ("fp32", "bf16")  # head training maths (heads.training.train): fp32, or bf16 autocast for the matmuls
 NORMALIZATIONS = ("none", "center", "l2", "center-l2", "standardize")
-ENERGY_NAMES = ("cosine", "l1", "l2")  # heads.energy.ENERGIES implements each
-ACTIVATION_NAMES = ("gelu", "identity", "relu", "tanh")  # heads.model implements each
+ENERGY_NAMES = ("cosine", "l1", "l2")  # heads.scoring.energy.ENERGIES implements each
+ACTIVATION_NAMES = ("gelu", "identity", "relu", "tanh")  # heads.network.model implements each
 INITS = ("default", "identity")
-SIDES = ("both", "query")  # which texts pass through a head: every text, or queries only (heads.model.encode)
-STRENGTH_AUTO = "auto"  # --strength auto: chosen after training on dev (heads.strength)
+SIDES = ("both", "query")  # which texts pass through a head: every text, or queries only (heads.network.model.encode)
+STRENGTH_AUTO = "auto"  # --strength auto: chosen after training on dev (heads.training.strength)
 
 
 def parse_strength(value: str) -> Optional[float]:
@@ -52,7 +52,7 @@ TEST_SCOPES = ("auto", "all", "selected")
 
 
 def _opt(help: str = "", choices=None, cli: bool = True, flag: str | None = None):
-    """Field metadata the command-line options are generated from (heads.options)."""
+    """Field metadata the command-line options are generated from (heads.settings.options)."""
     return {"help": help, "choices": choices, "cli": cli, "flag": flag}
 
 
@@ -135,11 +135,11 @@ class OptimConfig:
 
 @dataclass(frozen=True)
 class ObjectiveConfig:
-    loss: str = field(default="l1-energy", metadata=_opt(choices=tuple(sorted(LOSSES))))  # heads.losses
+    loss: str = field(default="l1-energy", metadata=_opt(choices=tuple(sorted(LOSSES))))  # heads.scoring.losses
     energy: str = field(default="l1", metadata=_opt(
         "E(a, b) between head outputs (mnr is cosine by definition).", choices=ENERGY_NAMES))  # the premise
     q: Optional[float] = field(default=None, metadata=_opt(
-        "Energy bound Q of l1-energy (default per energy)."))  # None: the per-energy default (heads.losses)
+        "Energy bound Q of l1-energy (default per energy)."))  # None: the per-energy default (heads.scoring.losses)
     tau: Optional[float] = field(default=None, metadata=_opt("Temperature of l1-ce (default per energy)."))
     margin: Optional[float] = field(default=None, metadata=_opt(
         "Margin of contrastive/triplet (default per energy)."))
@@ -190,7 +190,7 @@ class SelectionConfig:
     strength: str = field(default="1", metadata=_opt(
         "Strength a of the trained update, after training: f_a(x) = x + a g(x) for a residual head (other "
         "heads: a of the way from their starting weights). A number in [0, 1], or 'auto': chosen on dev (the "
-        "in-domain dev split and the --select-ood sets, heads.strength's rule)."))  # 1: the trained head as
+        "in-domain dev split and the --select-ood sets, heads.training.strength's rule)."))  # 1: the trained head as
     # it is (earlier heads and figures do not move); the study's choice is in docs/robust.md
 
 
@@ -280,7 +280,7 @@ class TrainConfig:
     @property
     def eval_energy(self) -> str:
         """The energy heads are trained and ranked with (a loss that ignores the energy is cosine: mnr, supcon;
-        heads.losses.scoring_energy, the one rule)."""
+        heads.scoring.losses.scoring_energy, the one rule)."""
         return scoring_energy(self.loss, self.energy)
 
     def loss_config(self) -> LossConfig:

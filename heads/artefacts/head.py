@@ -12,7 +12,7 @@ settings, dataset, array) and the fingerprint of the store whose features it was
 `Pipeline` (featurize.pipeline) uses that fingerprint to refuse an encoder that made other features.
 On disk a head is a train-head-style directory: `head.safetensors` (a one-head stack),
 `normalizer.safetensors`, `config.json`; `Head.save` writes one (`cli export --format safetensors`).
-Every file is written and read by heads.artefacts.
+Every file is written and read by heads.artefacts.files.
 
 Ensembles: the mean L1 energy of K heads, as one head (`EnsembleHead`). For L1 energies the mean over
 heads is itself an L1 energy: mean_k ||f_k(a) - f_k(b)||_1 = ||F(a) - F(b)||_1 with F(x) = [f_1(x); ...;
@@ -33,13 +33,13 @@ import numpy as np
 import torch
 
 from headstore.data.text_id import ROLES
-from headstore.heads.artefacts import (ENSEMBLE_ENERGY, ensemble_ids, is_ensemble_dir, load_grid_head,
+from headstore.heads.artefacts.files import (ENSEMBLE_ENERGY, ensemble_ids, is_ensemble_dir, load_grid_head,
                                        read_ensemble_dir, read_head_dir, write_ensemble_dir, write_head_dir)
-from headstore.heads.config import TrainConfig
-from headstore.heads.energy import pairwise_energy
-from headstore.heads.features import Normalizer
-from headstore.heads.model import HeadConfig, StackedMLP
-from headstore.heads.soup import load_soup
+from headstore.heads.settings.config import TrainConfig
+from headstore.heads.scoring.energy import pairwise_energy
+from headstore.heads.network.features import Normalizer
+from headstore.heads.network.model import HeadConfig, StackedMLP
+from headstore.heads.artefacts.soup import load_soup
 
 GRID_REF = re.compile(r"(?P<key>rank|id|ensemble|soup)=(?P<value>.+)")  # what may follow '#' in a grid reference
 EMBED_BATCH = 8192  # rows per forward pass; bounds memory, not results
@@ -72,7 +72,7 @@ class Head:
         if base and match and not Path(ref).exists():
             if match["key"] == "ensemble":
                 return EnsembleHead.from_grid(base, match["value"])
-            if match["key"] == "soup":  # the mean of the weights of K heads sharing their start (heads.soup)
+            if match["key"] == "soup":  # the mean of the weights of K heads sharing their start (heads.artefacts.soup)
                 return cls(*load_soup(base, match["value"]), ref)
             model, norm, config = load_grid_head(base, **{match["key"]: match["value"]})
             return cls(model, norm, config, ref)

@@ -1,7 +1,7 @@
 """What the pair losses share: input checks, the impostors of each anchor and which of them train.
 
 `impostor_energies` lists every impostor candidate of each anchor (in-batch mismatches not marked `same`,
-and given/mined negatives); `select_impostors` weighs them under `cfg.impostors` (heads.losses.pairs
+and given/mined negatives); `select_impostors` weighs them under `cfg.impostors` (heads.scoring.losses.pairs
 module doc): all, the hardest, the semi-hard one, or distance-weighted (Wu et al. 2017).
 """
 from __future__ import annotations
@@ -9,9 +9,9 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from headstore.heads.energy import ENERGIES, pairwise_energy
-from headstore.heads.losses import losses_that
-from headstore.heads.losses.settings import DISTANCE_BINS
+from headstore.heads.scoring.energy import ENERGIES, pairwise_energy
+from headstore.heads.scoring.losses import losses_that
+from headstore.heads.scoring.losses.settings import DISTANCE_BINS
 
 
 def check_inputs(name, za, zp, zn, labels, same, spec):

@@ -19,8 +19,8 @@ from typing import Callable
 import numpy as np
 import torch
 
-from headstore.heads.artefacts import rule_key  # noqa: F401 (the rule's sort key lives with the grid ranking it orders)
-from headstore.heads.evaluate import embedder, evaluate_split
+from headstore.heads.artefacts.files import rule_key  # noqa: F401 (the rule's sort key lives with the grid ranking it orders)
+from headstore.heads.evaluation.evaluate import embedder, evaluate_split
 from headstore.heads.kinds import Task, kind_of, load_task, primary_metric, task_rows, without_overlap
 
 DEFAULT_DELTA = 0.01  # the issue's tolerance: an out-of-domain loss of at most 1 point of the metric
@@ -70,7 +70,7 @@ def load_selection(store, paths: tuple[str, ...], in_domain: Task, features: tor
                    delta: float = DEFAULT_DELTA, remap=None) -> OodSelection:
     """The selection sets of `paths` (their dev or train split, in-domain texts dropped) and the frozen
     baseline on each, from `features` (N, D) raw stored features (the last layer). `remap`: store rows ->
-    positions of `features` when it holds only some rows (heads.task_features.TaskFeatures.remap)."""
+    positions of `features` when it holds only some rows (heads.artefacts.task_features.TaskFeatures.remap)."""
     if not (math.isfinite(delta) and delta >= 0):
         raise ValueError(f"ood delta must be a finite number >= 0 (a loss of the metric), got {delta}")
     sel = OodSelection(delta=delta)

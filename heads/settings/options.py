@@ -2,7 +2,7 @@
 
 Every field of `HeadConfig` and of `TrainConfig`'s sections marked for the command line becomes one option
 (`depth` -> `--depth`, `layer_norm` -> `--layer-norm/--no-layer-norm`), with its default, its choices and
-its help from the field's metadata (heads.config): a setting is defined once. The settings whose default
+its help from the field's metadata (heads.settings.config): a setting is defined once. The settings whose default
 depends on the kind of data (`KIND_DEPENDENT`) default to unset on the command line, so the task kind can
 fill them in (heads.kinds; config.json "defaults" says which applied). A config check that fails on an
 option's value names the option as typed (`named_as_typed`).
@@ -15,7 +15,7 @@ from dataclasses import MISSING, fields
 import click
 
 from headstore.data.options import named_as_typed, option_name  # the one field -> option mapping
-from headstore.heads.config import KIND_DEPENDENT, SECTIONS, HeadConfig, TrainConfig
+from headstore.heads.settings.config import KIND_DEPENDENT, SECTIONS, HeadConfig, TrainConfig
 
 KIND_HELP = ("Default {default} for IR and pairs data; graded (STS) tables and labelled texts take their own "
              "(config.json \"defaults\" says which applied).")
@@ -44,7 +44,7 @@ def _option(f, hint):
 
 def setting_fields() -> list:
     """(field, type hint) of every setting offered on the command line: the head's shape, then the
-    training sections in the order of heads.config.SECTIONS."""
+    training sections in the order of heads.settings.config.SECTIONS."""
     out = []
     for cls in (HeadConfig, *SECTIONS.values()):
         hints = typing.get_type_hints(cls)

@@ -1,6 +1,6 @@
 """Losses on head outputs: functions of embeddings and labels, one loss value per head.
 
-Common signature (every loss of `heads.losses.LOSSES` on pairs):
+Common signature (every loss of `heads.scoring.losses.LOSSES` on pairs):
 
     loss_fn(za, zp, zn=None, labels=None, *, energy="l1", cfg=LossConfig(), same=None) -> (H,)
 
@@ -30,10 +30,10 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from headstore.heads.energy import ENERGIES, check_energy, pairwise_energy
-from headstore.heads.losses import LOSSES
-from headstore.heads.losses.impostors import check_inputs, impostor_energies, select_impostors, weighted_mean
-from headstore.heads.losses.settings import (DEFAULT_MARGIN, DEFAULT_Q, DEFAULT_TAU, LossConfig, cosent_lambda,
+from headstore.heads.scoring.energy import ENERGIES, check_energy, pairwise_energy
+from headstore.heads.scoring.losses import LOSSES
+from headstore.heads.scoring.losses.impostors import check_inputs, impostor_energies, select_impostors, weighted_mean
+from headstore.heads.scoring.losses.settings import (DEFAULT_MARGIN, DEFAULT_Q, DEFAULT_TAU, LossConfig, cosent_lambda,
                                              pick_default)
 
 
@@ -92,7 +92,7 @@ def l1_energy_loss(za, zp, zn=None, labels=None, *, energy="l1", cfg=LossConfig(
     0 -> impostor, and a graded STS score s interpolates (genuine weighted by s, impostor by 1 - s);
     cfg.graded = "regress" pulls E toward Q (1 - s) with the genuine term's form, (2/Q) (E - Q (1 - s))^2,
     and "pearson" takes 1 + corr(E, s) over the batch. See `_pair_plus_impostor_loss`.
-    Labelled texts (label codes) train `heads.losses.classes.label_energy_loss` instead (the registry's
+    Labelled texts (label codes) train `heads.scoring.losses.classes.label_energy_loss` instead (the registry's
     "classes" form of l1-energy)."""
     Q = pick_default(cfg.q, DEFAULT_Q, check_energy(energy))
     return _pair_plus_impostor_loss(

@@ -5,8 +5,8 @@ decay, its own early stopping on the dev metric and its own failure status, so a
 not depend on which other heads share its stack: training H heads stacked equals training each alone.
 A head whose loss turns NaN/inf is marked failed (with the step) and frozen; the others go on.
 
-`train_stack` runs the parts of heads.batches (data, batches, negatives, losses), heads.optim (one
-optimisation step) and heads.tracker (dev scores, early stopping, the best weights; with `guard` the
+`train_stack` runs the parts of heads.training.batches (data, batches, negatives, losses), heads.training.optim (one
+optimisation step) and heads.training.tracker (dev scores, early stopping, the best weights; with `guard` the
 starting point is a candidate too, so a head that never beats it on dev returns it).
 """
 from __future__ import annotations
@@ -22,18 +22,18 @@ import torch
 
 from headstore.data.memory import trim_heap
 from headstore.data.progress import progress_bar
-from headstore.heads.anchor import AnchorSampler
+from headstore.heads.training.anchor import AnchorSampler
 
-from headstore.heads.batches import NegativeSource, batch_losses, epoch_batches, make_batch, prepare_data, q_at
-from headstore.heads.config import HeadConfig, TrainConfig, stack_key
-from headstore.heads.evaluate import embedder
-from headstore.heads.features import Normalizer
+from headstore.heads.training.batches import NegativeSource, batch_losses, epoch_batches, make_batch, prepare_data, q_at
+from headstore.heads.settings.config import HeadConfig, TrainConfig, stack_key
+from headstore.heads.evaluation.evaluate import embedder
+from headstore.heads.network.features import Normalizer
 from headstore.heads.kinds import Task, kind_of
-from headstore.heads.model import StackedMLP
-from headstore.heads.optim import StackOptimizer
-from headstore.heads.selection import OodSelection
-from headstore.heads.strength import choose, parse_strength, strength_curves, with_strength
-from headstore.heads.tracker import HeadRun, HeadTracker, dev_scores
+from headstore.heads.network.model import StackedMLP
+from headstore.heads.training.optim import StackOptimizer
+from headstore.heads.training.selection import OodSelection
+from headstore.heads.training.strength import choose, parse_strength, strength_curves, with_strength
+from headstore.heads.training.tracker import HeadRun, HeadTracker, dev_scores
 
 
 class TrainingDiverged(ValueError):
@@ -47,14 +47,14 @@ def train_stack(task: Task, features: torch.Tensor, head_cfg: HeadConfig, config
                 anchor_rows: Optional[np.ndarray] = None,
                 in_place: bool = False) -> tuple[StackedMLP, Normalizer, list[HeadRun]]:
     """Train len(configs) heads of one shape together; returns the best-on-dev stack (at the strength
-    cfg.strength asks for, heads.strength).
+    cfg.strength asks for, heads.training.strength).
 
     features: (N, D) raw store features ((N, L * D) for a head mixing L arrays). All configs must share
     `stack_key` (they differ only in lr, weight decay and seed). `selection`: out-of-domain dev sets that
-    take part in choosing each head's epoch (heads.selection). `init`: heads (and their normaliser) to go
+    take part in choosing each head's epoch (heads.training.selection). `init`: heads (and their normaliser) to go
     on training instead of fresh ones (a shared head trained on task A, then on B:
     heads.experiments.forgetting); copied. A task without `select_split` (few-shot labelled texts) trains
-    every epoch and keeps the last. `anchor_rows`: the store rows of the anchor (heads.anchor; None = all).
+    every epoch and keeps the last. `anchor_rows`: the store rows of the anchor (heads.training.anchor; None = all).
     `in_place`: `features` are normalised in place (batches.prepare_data) and hold the head's inputs after."""
     assert len({stack_key(c) for c in configs}) == 1, "a stack mixes settings that must be shared"
     run = StackTraining(task, features, head_cfg, configs, select_split, selection, init, anchor_rows, in_place)
@@ -179,7 +179,7 @@ class StackTraining:
         return self.model, self.data.norm, self.tracker.runs
 
     def apply_strength(self) -> None:
-        """Every head at its strength (heads.strength): the fixed a, or with "auto" the a the selection rule
+        """Every head at its strength (heads.training.strength): the fixed a, or with "auto" the a the selection rule
         picks on the dev curve. Without a dev split (few-shot heads) "auto" keeps a = 1."""
         fixed = parse_strength(self.cfg.strength)
         curves = strength_curves(self.model, self.strength_scores) if self.select else [[]] * self.H

@@ -1,5 +1,5 @@
 """Selection during training: every head's dev score per epoch, early stopping, and the best weights
-under the selection rule (heads.selection's `rule_key`), the starting point a candidate (the guard)."""
+under the selection rule (heads.training.selection's `rule_key`), the starting point a candidate (the guard)."""
 from __future__ import annotations
 
 import math
@@ -8,11 +8,11 @@ from typing import Optional
 
 import torch
 
-from headstore.heads.config import TrainConfig
-from headstore.heads.evaluate import embed_rows, selection_scores
+from headstore.heads.settings.config import TrainConfig
+from headstore.heads.evaluation.evaluate import embed_rows, selection_scores
 from headstore.heads.kinds import Task
-from headstore.heads.model import StackedMLP, autocast
-from headstore.heads.selection import rule_key
+from headstore.heads.network.model import StackedMLP, autocast
+from headstore.heads.training.selection import rule_key
 
 
 @dataclass
@@ -28,7 +28,7 @@ class HeadRun:
     seconds: float = 0.0
     start_dev: float = float("nan")  # the dev metric of the starting point (before any update)
     best_sel_loss: Optional[float] = None  # out-of-domain dev loss of the kept weights (--select-ood)
-    strength: float = 1.0  # the strength a applied after training (heads.strength)
+    strength: float = 1.0  # the strength a applied after training (heads.training.strength)
     strength_curve: list[dict] = field(default_factory=list)  # dev (and OOD dev) per a, when a was scored
     negatives: dict = field(default_factory=dict)  # how hard negatives were mined (metrics.json "negatives")
     dev_candidates: dict = field(default_factory=dict)  # how the per-epoch dev set was made (IR: exact / candidates)
@@ -37,7 +37,7 @@ class HeadRun:
 
 def dev_scores(task: Task, split: str, model: StackedMLP, X: torch.Tensor, cfg: TrainConfig) -> list[float]:
     """The selection metric of every head on `split` (NaN for a head whose outputs are not finite):
-    one pass for all heads (heads.evaluate.selection_scores), the embeddings in cfg.precision."""
+    one pass for all heads (heads.evaluation.evaluate.selection_scores), the embeddings in cfg.precision."""
     def embed(rows, role="query"):
         with autocast(cfg.precision, X.device):
             return embed_rows(model, X, rows, role).float()
@@ -49,7 +49,7 @@ class HeadTracker:
     """Per head across epochs: failure, early stopping on the dev score, and the best-scoring weights.
 
     `alive[h]`: still training; `ok[h]`: not failed. `end_epoch` records an epoch (loss and score per head)
-    and keeps head h's weights when it beats its best so far under the selection rule (heads.selection's
+    and keeps head h's weights when it beats its best so far under the selection rule (heads.training.selection's
     `rule_key`: the dev score alone, or with out-of-domain dev losses the best dev within delta, else the
     least-losing); `patience` epochs without that stop it. `start` makes the starting point (epoch 0) the
     first candidate (the guard)."""

@@ -17,7 +17,7 @@ from typing import Iterable, Iterator, Optional
 import numpy as np
 import torch
 
-from headstore.heads.features import read_features
+from headstore.heads.network.features import read_features
 from headstore.heads.kinds import Task, load_task, task_rows
 
 # dataclass fields of tasks and their evaluation / training sets that hold store rows (heads.kinds):

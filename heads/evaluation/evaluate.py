@@ -21,7 +21,7 @@ TEST_SPLIT = "test"
 def embed_rows(model: torch.nn.Module | None, features: torch.Tensor, rows: np.ndarray,
                role: str = "query", norm=None) -> torch.Tensor:
     """Head outputs of store rows holding texts in `role`, (H, n, d); `model=None` is the frozen baseline,
-    (1, n, D). A query-side head gives documents their features unchanged (heads.model.StackedMLP.encode).
+    (1, n, D). A query-side head gives documents their features unchanged (heads.network.model.StackedMLP.encode).
     norm: a Normalizer applied to the rows read (row by row: the numbers of norm(features)[rows], without a
     normalised copy of every feature)."""
     idx = torch.as_tensor(np.asarray(rows), dtype=torch.long)

@@ -1,6 +1,6 @@
 """The one loss registry: every loss, what data it accepts, and its functions (torch-free).
 
-A loss is a function of a batch's embeddings and its targets (heads.losses.pairs, heads.losses.classes):
+A loss is a function of a batch's embeddings and its targets (heads.scoring.losses.pairs, heads.scoring.losses.classes):
 
     loss_fn(za, zp, zn=None, labels=None, *, energy="l1", cfg=LossConfig(), same=None) -> (H,)
 
@@ -23,7 +23,7 @@ import importlib
 from dataclasses import dataclass
 from typing import Callable
 
-from headstore.heads.losses.settings import LossConfig  # noqa: F401  (re-exported: the losses' config)
+from headstore.heads.scoring.losses.settings import LossConfig  # noqa: F401  (re-exported: the losses' config)
 
 FORMS = ("positives", "binary", "graded", "classes")  # what a task kind trains on (heads.kinds)
 PAIR_FORMS = ("positives", "binary", "graded")
@@ -38,7 +38,7 @@ class LossSpec:
     accepts: tuple[str, ...]  # the data forms it trains on (FORMS)
     negatives: bool  # uses given / mined negatives zn
     uses_energy: bool  # False: ignores the `energy` argument (cosine by definition: mnr, supcon)
-    pairs_fn: str = ""  # "module:function" of heads.losses for the pair forms
+    pairs_fn: str = ""  # "module:function" of heads.scoring.losses for the pair forms
     classes_fn: str = ""  # ... for labelled texts (label codes)
     # (form, graded mode, objective): on data of `form` under `--graded` mode, with no negatives given or mined
     # (their impostor terms are the losses' own), the loss is that objective and nothing else of it counts
@@ -50,14 +50,14 @@ class LossSpec:
         if not ref:
             raise ValueError(applicable(self.name, form) or f"loss {self.name} has no function for {form!r}")
         module, name = ref.split(":")
-        return getattr(importlib.import_module(f"headstore.heads.losses.{module}"), name)
+        return getattr(importlib.import_module(f"headstore.heads.scoring.losses.{module}"), name)
 
     def __call__(self, *args, **kwargs):
         """The loss on pairs (`function(form)` for labelled texts)."""
         return self.function("classes" if not self.pairs_fn else "positives")(*args, **kwargs)
 
 
-# heads.losses.pairs: labelled pairs under graded="pearson" enter l1-energy and contrastive as pearson_term alone
+# heads.scoring.losses.pairs: labelled pairs under graded="pearson" enter l1-energy and contrastive as pearson_term alone
 PEARSON = "1 + corr(E, s) over the batch"
 PEARSON_FORMS = (("graded", "pearson", PEARSON), ("binary", "pearson", PEARSON))
 

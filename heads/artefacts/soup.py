@@ -1,12 +1,12 @@
 """Weight averaging (`cli grid --soup K`, `GRID#soup=K`; issue 20, lever 4; model soups, Wortsman et al. 2022).
 
 A soup is one head whose every parameter is the mean of the same parameter of K heads that share their
-starting point: the heads' outputs are not averaged (that is an ensemble, heads.head.EnsembleHead) but
+starting point: the heads' outputs are not averaged (that is an ensemble, heads.artefacts.head.EnsembleHead) but
 their weights, so the soup costs what one head costs and exports as one head.
 
 Sharing the start is a condition, not a hope: the members must have the same shape, input array,
 normaliser and energy, and equal starting weights (checked on the weights their seeds draw,
-heads.model.start_of). A linear residual head starts at zero whatever its seed, so its seeds soup; a
+heads.network.model.start_of). A linear residual head starts at zero whatever its seed, so its seeds soup; a
 deeper head's hidden layers start from its seed's draw, so only heads of one seed (neighbouring
 configurations: lr, weight decay, epochs, anchor weight...) share it.
 
@@ -21,9 +21,9 @@ from pathlib import Path
 import polars as pl
 import torch
 
-from headstore.heads.artefacts import _best_dev, load_grid_head, read_results, select_row
-from headstore.heads.features import Normalizer
-from headstore.heads.model import StackedMLP, start_of
+from headstore.heads.artefacts.files import _best_dev, load_grid_head, read_results, select_row
+from headstore.heads.network.features import Normalizer
+from headstore.heads.network.model import StackedMLP, start_of
 
 # what must be equal for two heads to start from the same weights, besides the seed
 # (`sides`: a query-side head's weights map queries only; averaged with a head of both sides they would mean neither)
@@ -77,7 +77,7 @@ def soup_of(models: list[StackedMLP]) -> StackedMLP:
         if m.cfg != first.cfg or m.n_heads != 1:
             raise ValueError(f"soup members must be one head of one shape: {m.cfg} vs {first.cfg}")
         if any(not torch.equal(p, start[n]) for n, p in start_of(m).named_parameters()):
-            raise ValueError("soup members must share their starting weights (heads.soup: a deeper head starts "
+            raise ValueError("soup members must share their starting weights (heads.artefacts.soup: a deeper head starts "
                              "from its seed's draw; soup heads of one seed, or linear residual heads)")
     out = StackedMLP(1, first.cfg, seeds=first.seeds)
     with torch.no_grad():

@@ -15,15 +15,15 @@ from typing import Optional
 import numpy as np
 import torch
 
-from headstore.heads.anchor import anchor_penalty
-from headstore.heads.candidates import frozen_topk
-from headstore.heads.config import TrainConfig
-from headstore.heads.evaluate import embedder
-from headstore.heads.features import Normalizer
+from headstore.heads.training.anchor import anchor_penalty
+from headstore.heads.network.candidates import frozen_topk
+from headstore.heads.settings.config import TrainConfig
+from headstore.heads.evaluation.evaluate import embedder
+from headstore.heads.network.features import Normalizer
 from headstore.heads.kinds import Task, TrainSet, kind_of
-from headstore.heads.losses import LOSSES, get_loss
-from headstore.heads.mining import MiningPlan, mine
-from headstore.heads.model import StackedMLP, autocast
+from headstore.heads.scoring.losses import LOSSES, get_loss
+from headstore.heads.evaluation.mining import MiningPlan, mine
+from headstore.heads.network.model import StackedMLP, autocast
 
 
 def same_mask(a: torch.Tensor, p: torch.Tensor, relevant: torch.Tensor, n_rows: int) -> torch.Tensor:
@@ -65,7 +65,7 @@ def prepare_data(task: Task, features: torch.Tensor, cfg: TrainConfig, blocks: i
     features. blocks: stored arrays side by side in `features` (a mixing head), each L2-normalised on its own.
     norm: a normaliser to keep instead (heads that go on training keep the one they were trained with).
     in_place: normalise `features` itself, block by block (the same numbers, row by row; no second copy of the
-    features: the caller no longer needs the raw ones, heads.run scores the frozen baseline first)."""
+    features: the caller no longer needs the raw ones, heads.training.run scores the frozen baseline first)."""
     pairs = kind_of(task).train_set(task, cfg.loss)
     fit_rows = np.unique(np.concatenate([pairs.anchor, pairs.positive]))
     if norm is None:
@@ -207,8 +207,8 @@ def batch_losses(model: StackedMLP, X: torch.Tensor, batch: Batch, cfg: TrainCon
     batched matmul over all H heads x (2 + K) b rows; under cfg.precision "bf16" the matmuls run in bf16
     and the outputs are cast to fp32 before the loss (losses and their reductions stay fp32).
     q: l1-energy's Q for this step (a Q schedule, `q_at`); None = cfg's. form: the training data's form
-    (heads.losses.FORMS), which picks the loss's function. anchor: (H, m) store rows of the anchor on the
-    unlabeled store (heads.anchor), weighted by cfg.anchor_weight."""
+    (heads.scoring.losses.FORMS), which picks the loss's function. anchor: (H, m) store rows of the anchor on the
+    unlabeled store (heads.training.anchor), weighted by cfg.anchor_weight."""
     H, b = batch.anchor.shape
     rows = [batch.anchor, batch.positive] + ([batch.negative.flatten(1)] if batch.negative is not None else [])
     z = forward_rows(model, X, torch.cat(rows, dim=1), b, cfg.precision)  # (H, (2 + K) b, d)

@@ -27,7 +27,7 @@ from safetensors import safe_open
 
 from headstore.data.files import atomic_write_bytes
 from headstore.data.text_id import ROLES
-from headstore.heads.config import ACTIVATION_NAMES, HeadConfig
+from headstore.heads.settings.config import ACTIVATION_NAMES, HeadConfig
 
 ACTIVATIONS = {
     "gelu": F.gelu,
@@ -35,7 +35,7 @@ ACTIVATIONS = {
     "tanh": torch.tanh,
     "identity": lambda x: x,
 }
-assert sorted(ACTIVATIONS) == sorted(ACTIVATION_NAMES), "heads.config lists the activations the model implements"
+assert sorted(ACTIVATIONS) == sorted(ACTIVATION_NAMES), "heads.settings.config lists the activations the model implements"
 # the mix weights are softmax(MIX_GAIN * theta): Adam moves theta by ~lr per step whatever its gradient's
 # size, so without a gain the mix would barely move from its start in a few hundred steps (on STS-B a gain
 # of 10 lets it move from 0.8 to ~0.73 on the last layer; docs/l1-energy.md)

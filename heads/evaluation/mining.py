@@ -11,9 +11,9 @@ from typing import Callable, Optional
 import numpy as np
 import torch
 
-from headstore.heads.candidates import pooled_negatives
-from headstore.heads.energy import pairwise_energy
-from headstore.heads.metrics import topk_ranking
+from headstore.heads.network.candidates import pooled_negatives
+from headstore.heads.scoring.energy import pairwise_energy
+from headstore.heads.scoring.metrics import topk_ranking
 
 CHUNK = 512  # anchors per block of the (chunk, N) energy matrix
 
@@ -58,7 +58,7 @@ def mine_negatives(features: torch.Tensor, anchors: np.ndarray, corpus_rows: np.
     n_heads. Returns (H, P, k) int64 store rows.
 
     pool: (U, c) indices into the sorted unique corpus rows, the candidates of each unique anchor (sorted
-    ascending; heads.candidates.frozen_topk): only they are scored. None scans the whole corpus (exact).
+    ascending; heads.network.candidates.frozen_topk): only they are scored. None scans the whole corpus (exact).
 
     Documents are store rows, i.e. texts: a document listed twice in the corpus (two ids, one text) is one
     candidate, so a duplicate of an anchor's positive is never mined as that anchor's negative."""

@@ -4,7 +4,7 @@ Above `exact_max` corpus documents (TrainConfig, Negatives section), mining and 
 scanning the whole corpus every epoch. Instead every training query (a mining pool of `pool_k` documents) and
 every dev query (dev candidates) is searched once in the frozen space (cosine on the features: an exact top-k
 by blocked matmul, DOC_BLOCK documents at a time, so neither an index nor a normalised copy of the corpus is
-held); each epoch re-scores only those candidates in each head's own space (heads.mining, heads.kinds.ir).
+held); each epoch re-scores only those candidates in each head's own space (heads.evaluation.mining, heads.kinds.ir).
 An exact search costs fewer operations than training an IVF index over the same corpus (k-means over 4 sqrt(N)
 lists) and has no recall to report.
 
@@ -19,7 +19,7 @@ from typing import Callable, Optional
 import numpy as np
 import torch
 
-from headstore.heads.energy import candidate_energy
+from headstore.heads.scoring.energy import candidate_energy
 
 DOC_BLOCK = 1 << 15  # corpus rows scored at a time, here and in exact ranking (heads.kinds.ranking): 50 MB of
 # float32 rows at d = 384, whatever the corpus size

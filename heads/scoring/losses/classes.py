@@ -1,6 +1,6 @@
 """Losses on labelled texts: functions of a batch's embeddings and its label codes.
 
-Same signature as the pair losses (heads.losses.pairs), with class labels (the registry's `classes` form):
+Same signature as the pair losses (heads.scoring.losses.pairs), with class labels (the registry's `classes` form):
 
     loss_fn(za, zp, zn=None, labels=Y, *, energy="l1", cfg=LossConfig(), same=None) -> (H,)
 
@@ -35,9 +35,9 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from headstore.heads.energy import check_energy, pairwise_energy
-from headstore.heads.losses.impostors import select_impostors
-from headstore.heads.losses.settings import DEFAULT_Q, DEFAULT_TAU, LossConfig, pick_default
+from headstore.heads.scoring.energy import check_energy, pairwise_energy
+from headstore.heads.scoring.losses.impostors import select_impostors
+from headstore.heads.scoring.losses.settings import DEFAULT_Q, DEFAULT_TAU, LossConfig, pick_default
 
 SUPCON_TAU = 0.1  # Khosla et al.'s temperature for cosine similarities of normalised embeddings
 

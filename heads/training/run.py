@@ -1,7 +1,7 @@
 """`cli train-head` and `cli eval`: train one head on a dataset's stored features, evaluate, write the artefacts.
 
 Output directory:
-- `head.safetensors` (+ `normalizer.safetensors`): the head, loadable by `heads.run.load_head`;
+- `head.safetensors` (+ `normalizer.safetensors`): the head, loadable by `heads.training.run.load_head`;
 - `config.json`: every setting, the dataset, the store path and fingerprint;
 - `metrics.json`: `{"baseline": {...}, "head": {...}}` on the test split, the dev figures under
   `"dev"`, the primary metric's name and bootstrap 95% CIs under `"ci"`, how the dataset is evaluated
@@ -28,19 +28,19 @@ from headstore.data.outputs import begin_output, end_output, prepare_output_dir
 from headstore.featurize.hardware import warn_if_emulated_bf16
 from headstore.featurize.model import pick_device
 from headstore.featurize.store import FeatureStore
-from headstore.heads.anchor import anchor_rows_of
-from headstore.heads.artefacts import write_head_dir
-from headstore.heads.config import KIND_DEPENDENT, STRENGTH_AUTO, HeadConfig, TrainConfig
-from headstore.heads.curve import plot_curve
-from headstore.heads.evaluate import TEST_SPLIT, embedder, evaluate_baseline, evaluate_head
-from headstore.heads.features import Normalizer, array_list
-from headstore.heads.head import Head
+from headstore.heads.training.anchor import anchor_rows_of
+from headstore.heads.artefacts.files import write_head_dir
+from headstore.heads.settings.config import KIND_DEPENDENT, STRENGTH_AUTO, HeadConfig, TrainConfig
+from headstore.heads.artefacts.curve import plot_curve
+from headstore.heads.evaluation.evaluate import TEST_SPLIT, embedder, evaluate_baseline, evaluate_head
+from headstore.heads.network.features import Normalizer, array_list
+from headstore.heads.artefacts.head import Head
 from headstore.heads.kinds import WHOLE, Task, kind_of, load_task, task_rows, without_overlap
 from headstore.heads.kinds.labels import shots_note
-from headstore.heads.selection import DEFAULT_DELTA, load_selection
-from headstore.heads.strength import STRENGTHS, plot_strength
-from headstore.heads.task_features import TaskFeatures, rows_of_datasets
-from headstore.heads.train import train_one
+from headstore.heads.training.selection import DEFAULT_DELTA, load_selection
+from headstore.heads.training.strength import STRENGTHS, plot_strength
+from headstore.heads.artefacts.task_features import TaskFeatures, rows_of_datasets
+from headstore.heads.training.train import train_one
 
 # fingerprint parts that change the numbers of a feature (the layer of the head's array is checked apart)
 FEATURE_PARTS = ("model_id", "weights_hash", "tokenizer_hash", "pooling", "max_length", "dtype", "precision",
@@ -88,7 +88,7 @@ def train_head(store_path: str, data_path: str, out_dir: str, head_cfg: HeadConf
     """Train one head on `data_path`'s train split, select on dev, report test once; write `out_dir`.
 
     score_range: the (LO, HI) scale of an STS table's scores (default: detected as 0-1 or 0-5).
-    select_ood / ood_delta: out-of-domain dev sets in the selection rule (heads.selection).
+    select_ood / ood_delta: out-of-domain dev sets in the selection rule (heads.training.selection).
     kind_defaults: settings the user left unset (of config.KIND_DEPENDENT): the task kind's `defaults` fill
     them (graded STS tables, labelled texts), other data keep the dataclass defaults (the SciFact study's).
     device: where the task's features and the head live while training and evaluating (auto: cuda when available)."""
@@ -106,7 +106,7 @@ def train_head(store_path: str, data_path: str, out_dir: str, head_cfg: HeadConf
     anchor = anchor_rows_of(store, cfg)  # None: the whole store (when the anchor is on)
     tf = TaskFeatures.for_task(store, task, rows_of_datasets(store, select_ood),
                                *([anchor] if cfg.anchor_weight else []), device=device)
-    task, features = tf.remap(task), tf.read(array)  # only the rows the task uses (heads.task_features)
+    task, features = tf.remap(task), tf.read(array)  # only the rows the task uses (heads.artefacts.task_features)
     selection = load_selection(store, select_ood, task, features[:, :store.dim], ood_delta, remap=tf.remap)
     head_cfg = head_shape(head_cfg, features, array)
     anchor = None if anchor is None else tf.positions(anchor)
@@ -165,7 +165,7 @@ def scale_report(task: Task, run, rankings: dict) -> dict:
 
 
 def strength_report(run, cfg: TrainConfig, selection) -> dict:
-    """metrics.json "strength": the a applied, how it was chosen, and the dev curve over a (heads.strength)."""
+    """metrics.json "strength": the a applied, how it was chosen, and the dev curve over a (heads.training.strength)."""
     rule = ("fixed by --strength" if cfg.strength != STRENGTH_AUTO else
             "the best in-domain dev " + (f"whose worst out-of-domain dev loss is <= {selection.delta}, else the "
                                          "least-losing" if selection else "") + "; ties to the larger a")
@@ -275,7 +275,7 @@ def eval_head(store_path: str, head_dir: str, data_path: str, out_dir: str, data
                              f"{kind_of(task).items_name} of {data_path} split {split!r} uses a text of it, so "
                              "nothing is left to score (exclude another dataset, or leave --exclude-overlap out)")
     tf = TaskFeatures.for_task(store, task, device=device)
-    task, features = tf.remap(task), tf.read(array)  # only the rows the task uses (heads.task_features)
+    task, features = tf.remap(task), tf.read(array)  # only the rows the task uses (heads.artefacts.task_features)
     train_cfg = TrainConfig.from_dict(config["train"])
     task = kind_of(task).for_eval(task, train_cfg)  # labelled texts: the labelled set k-NN / probe use
     energy = train_cfg.eval_energy

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import torch
 
-from headstore.heads.config import TrainConfig
-from headstore.heads.model import StackedMLP
+from headstore.heads.settings.config import TrainConfig
+from headstore.heads.network.model import StackedMLP
 from headstore.featurize.tuning.schedule import lr_lambda
-from headstore.heads.stacked_adamw import StackedAdamW, fused_pays
+from headstore.heads.training.stacked_adamw import StackedAdamW, fused_pays
 
 
 def warmup_steps(cfg: TrainConfig, total: int) -> int:

@@ -9,7 +9,7 @@ point (each parameter p0 + a (p - p0)); for the residual head the two agree, sin
 at zero (a mixing head's mix weights are interpolated too, so a = 0 is its starting point exactly).
 
 `--strength auto` chooses a after training, on dev only: every a of STRENGTHS is scored on the in-domain
-dev split and on the `--select-ood` dev sets, and heads.selection's rule picks it (the best in-domain dev
+dev split and on the `--select-ood` dev sets, and heads.training.selection's rule picks it (the best in-domain dev
 whose worst out-of-domain dev loss is <= delta, else the least-losing; ties go to the larger a). Without
 `--select-ood` the rule is the in-domain dev metric alone. A number fixes a.
 """
@@ -22,9 +22,9 @@ from typing import Callable, Optional, Sequence
 import torch
 
 from headstore.data.files import atomic_write_figure
-from headstore.heads.config import parse_strength  # noqa: F401 (the setting's parser, with the rule)
-from headstore.heads.model import StackedMLP, start_of
-from headstore.heads.selection import rule_key
+from headstore.heads.settings.config import parse_strength  # noqa: F401 (the setting's parser, with the rule)
+from headstore.heads.network.model import StackedMLP, start_of
+from headstore.heads.training.selection import rule_key
 
 STRENGTHS = tuple(i / 10 for i in range(11))  # 0, 0.1, ..., 1: 11 dev passes, a step finer than dev noise
 
@@ -61,7 +61,7 @@ def with_strength(model: StackedMLP, alphas: Sequence[float]) -> StackedMLP:
 
 
 def choose(curves: list[list[dict]], delta: float) -> list[float]:
-    """The chosen a of every head from its curve (points {"strength", "dev", "ood_loss"}): heads.selection's
+    """The chosen a of every head from its curve (points {"strength", "dev", "ood_loss"}): heads.training.selection's
     rule, ties to the larger a."""
     chosen = []
     for curve in curves:

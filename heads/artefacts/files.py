@@ -1,7 +1,7 @@
 """The one place headstore writes and reads its head artefacts (what `cli train-head`, `cli grid`,
 `cli export`, `cli finetune` and `Head.save` leave on disk), and the ranking of a grid's results.
 
-- a head directory: `head.safetensors` (a one-head stack, `heads.model.save_heads`), `normalizer.safetensors`,
+- a head directory: `head.safetensors` (a one-head stack, `heads.network.model.save_heads`), `normalizer.safetensors`,
   `config.json` (head shape, training settings, dataset, store fingerprint and its parts). The weights are
   written last, so a directory whose weights exist is whole (every file atomically, `data.files`).
 - a grid's stacks: per stack S (heads trained together; S is the head_id of its first head) under
@@ -13,8 +13,8 @@
 - an ensemble directory: `ensemble.json` (format, member folders, the ensemble's config) and one head
   directory per member (`member-1/`, ...), written first.
 
-This module imports nothing above the heads core (data, heads.model, heads.features, heads.config), so the
-`Head` class (heads.head) and the experiments read and write through it without import cycles.
+This module imports nothing above the heads core (data, heads.network.model, heads.network.features, heads.settings.config), so the
+`Head` class (heads.artefacts.head) and the experiments read and write through it without import cycles.
 """
 from __future__ import annotations
 
@@ -27,10 +27,10 @@ import polars as pl
 import torch
 
 from headstore.data.files import atomic_write_json, atomic_write_parquet, atomic_write_text
-from headstore.heads.config import HeadConfig, TrainConfig
-from headstore.heads.features import Normalizer
-from headstore.heads.losses import scoring_energy
-from headstore.heads.model import StackedMLP, load_heads, save_heads
+from headstore.heads.settings.config import HeadConfig, TrainConfig
+from headstore.heads.network.features import Normalizer
+from headstore.heads.scoring.losses import scoring_energy
+from headstore.heads.network.model import StackedMLP, load_heads, save_heads
 
 HEAD_FILE, NORMALIZER_FILE, CONFIG_FILE = "head.safetensors", "normalizer.safetensors", "config.json"
 RESULTS_FILE, RESULTS_CSV = "results.parquet", "results.csv"
@@ -206,7 +206,7 @@ def write_results(grid_dir: str | Path, rows: list[dict]) -> pl.DataFrame:
 
 
 def rule_key(dev: float, loss: float | None, delta: float) -> tuple:
-    """Sort key (higher is better) of a candidate under heads.selection's rule: within delta first, by dev;
+    """Sort key (higher is better) of a candidate under heads.training.selection's rule: within delta first, by dev;
     then the rest by least out-of-domain loss. Without out-of-domain sets (loss None) it is the dev metric
     alone. (Here, with the ranking it orders, so that ranking needs nothing above the heads core.)"""
     if loss is None:
@@ -221,7 +221,7 @@ def ranked_configs(frame: pl.DataFrame) -> tuple[list[pl.DataFrame], list[str]]:
 
     The one ranking of a grid: the leaderboard's order and what `GRID#rank=K` refers to. Ties keep
     the order of first appearance; configurations without a dev value come last. A grid run with
-    `--select-ood` ranks by the rule of heads.selection on the means over seeds: configurations whose
+    `--select-ood` ranks by the rule of heads.training.selection on the means over seeds: configurations whose
     out-of-domain dev loss is within delta first (by dev), then the rest by least loss."""
     ok = frame.filter(pl.col("status") == "ok")
     settings = [c for c in ok.columns if c not in VARIED_EXCLUDE and not c.startswith(RESULT_PREFIXES)]
@@ -249,7 +249,7 @@ def ranked_configs(frame: pl.DataFrame) -> tuple[list[pl.DataFrame], list[str]]:
 
 def ensemble_groups(frame: pl.DataFrame) -> list[pl.DataFrame]:
     """The configurations an ensemble of a grid draws from, best first (the leaderboard's order, dev only):
-    those trained with the l1 energy (a loss that ignores the energy is cosine: heads.losses.scoring_energy) on
+    those trained with the l1 energy (a loss that ignores the energy is cosine: heads.scoring.losses.scoring_energy) on
     the same store array as the best of them."""
     groups, _ = ranked_configs(frame)
     l1 = [g for g in groups if scoring_energy(g["loss"][0], g["energy"][0]) == ENSEMBLE_ENERGY]

@@ -1,0 +1,1 @@
+"""The scoring layer: energies (energy), metrics (metrics) and the losses (losses/)."""

@@ -1,0 +1,2 @@
+"""The training layer: train-head and eval (run), one stack's training loop (train) and its parts (batches, optim,
+tracker, selection, strength, anchor), the fused optimiser (stacked_adamw)."""
