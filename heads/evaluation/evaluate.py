@@ -85,12 +85,14 @@ def evaluate_baseline(task: Task, features: torch.Tensor, splits: tuple[str, ...
 
 
 def evaluate_head(task: Task, features: torch.Tensor, model, norm, energy: str, splits: tuple[str, ...],
-                  dim: int | None = None, baseline: dict | None = None, rankings: dict | None = None) -> dict:
+                  dim: int | None = None, baseline: dict | None = None, rankings: dict | None = None,
+                  items: dict | None = None) -> dict:
     """metrics.json content for the splits present: baseline and head, with CIs of the primary metric.
 
     dim: as `evaluate_baseline`'s. baseline: `evaluate_baseline`'s result when it was scored already (train-head
     scores it before training normalises the features in place; `features` and norm=None are the head's inputs).
-    rankings: filled with the head's rankings where the kind keeps them (run files then rank nothing again)."""
+    rankings: filled with the head's rankings where the kind keeps them (run files then rank nothing again).
+    items: filled with {split: {"baseline": cosine per-item values, "head": the head's}} (what the CIs resample)."""
     kind = kind_of(task)
     if baseline is None:
         baseline = evaluate_baseline(task, features, splits, dim)
@@ -107,6 +109,8 @@ def evaluate_head(task: Task, features: torch.Tensor, model, norm, energy: str, 
         out["n_scored"][split] = kind.n_items(task.eval_sets[split])  # queries, pairs or texts
         ci = {"baseline": kind.ci(task, split, base_items["cosine"]),
               "head": kind.ci(task, split, head_items[0][PREFIX[energy]])}
+        if items is not None:
+            items[split] = {"baseline": base_items["cosine"], "head": head_items[0][PREFIX[energy]]}
         if split == TEST_SPLIT:
             out.update(block)
             out["ci"] = ci

@@ -286,7 +286,7 @@ def _rank_statistic(x: np.ndarray, gold: np.ndarray, statistic: str):
 
 
 def bootstrap_ci(values, n_boot: int = 1000, seed: int = 0, *, gold=None, statistic: str = "mean",
-                 confidence: float = 0.95) -> tuple[float, float]:
+                 confidence: float = 0.95, minus=None) -> tuple[float, float]:
     """Percentile bootstrap interval (`scipy.stats.bootstrap`), resampling items with replacement.
 
     values: per-item values (e.g. one ir_metrics_per_query array) -> CI of their mean. With gold=, predictions
@@ -294,7 +294,9 @@ def bootstrap_ci(values, n_boot: int = 1000, seed: int = 0, *, gold=None, statis
     values: a score, higher = positive). values may be (S, n): one row per seed, all resampled with the
     same items; the statistic is then the mean over the seeds of the per-seed statistic, the number a
     table of seed means reports (for "mean" that is the mean of the seed-averaged items).
-    A (pred, gold) tuple as `values` is accepted too (statistic defaults to spearman then)."""
+    A (pred, gold) tuple as `values` is accepted too (statistic defaults to spearman then).
+    minus: (S', n) values of a second system on the same items (e.g. a reference's seeds) -> CI of the
+    paired difference statistic(values) - statistic(minus), both on the same resampled items."""
     if gold is None and isinstance(values, tuple) and len(values) == 2:
         values, gold = values
         statistic = "spearman" if statistic == "mean" else statistic
@@ -302,12 +304,17 @@ def bootstrap_ci(values, n_boot: int = 1000, seed: int = 0, *, gold=None, statis
     x = x[None] if x.ndim == 1 else x  # (S, n)
     if x.ndim != 2 or x.shape[1] < 2:
         raise ValueError(f"bootstrap_ci: need (n,) or (seeds, n) values with n >= 2; got shape {np.shape(values)}")
+    m = None if minus is None else np.atleast_2d(np.asarray(minus, dtype=np.float64))  # (S', n)
+    if m is not None and m.shape[1:] != x.shape[1:]:
+        raise ValueError(f"bootstrap_ci: minus shape {m.shape} does not match values {x.shape} (the same items)")
+    if m is not None and gold is None:  # a difference of means is the mean of the per-item differences
+        x, m = (x.mean(axis=0) - m.mean(axis=0))[None], None
     rng = np.random.default_rng(seed)
     common = dict(n_resamples=n_boot, confidence_level=confidence, method="percentile", vectorized=True,
                   rng=rng, batch=max(1, min(n_boot, 2_000_000 // x.size)))
     with warnings.catch_warnings():  # undefined resamples are handled below; scipy warns of them
         warnings.simplefilter("ignore", stats.DegenerateDataWarning)
-        res = _bootstrap(x, gold, statistic, common)
+        res = _bootstrap(x, gold, statistic, common, m)
     # the percentile interval of the bootstrap distribution, leaving out the resamples where the statistic
     # is undefined (one class only, a constant side): scipy's own interval would be NaN then
     alpha = (1.0 - confidence) / 2
@@ -318,8 +325,9 @@ def bootstrap_ci(values, n_boot: int = 1000, seed: int = 0, *, gold=None, statis
     return float(lo), float(hi)
 
 
-def _bootstrap(x: np.ndarray, gold, statistic: str, common: dict):
-    """scipy.stats.bootstrap of the mean (no gold) or of the mean over seeds of statistic(pred_seed, gold)."""
+def _bootstrap(x: np.ndarray, gold, statistic: str, common: dict, minus: np.ndarray | None = None):
+    """scipy.stats.bootstrap of the mean (no gold) or of the mean over seeds of statistic(pred_seed, gold)
+    (minus that of `minus`'s seeds, on the same resampled items, where given)."""
     if gold is None:
         if statistic != "mean":
             raise ValueError(f"bootstrap_ci: statistic {statistic!r} needs gold=; without it: 'mean'")
@@ -330,7 +338,13 @@ def _bootstrap(x: np.ndarray, gold, statistic: str, common: dict):
     if statistic not in STATISTICS:
         raise ValueError(f"bootstrap_ci: statistic {statistic!r}; valid with gold: {list(STATISTICS)}")
     if statistic in ("spearman", "auc"):  # resample item indices: ranks from counts (the same draws)
-        return stats.bootstrap((np.arange(g.shape[0]),), _rank_statistic(x, g, statistic), **common)
+        stat = _rank_statistic(x, g, statistic)
+        if minus is not None:
+            of_x, of_minus = stat, _rank_statistic(minus, g, statistic)
+            stat = lambda idx, axis=-1: of_x(idx, axis) - of_minus(idx, axis)  # noqa: E731
+        return stats.bootstrap((np.arange(g.shape[0]),), stat, **common)
+    if minus is not None:
+        raise ValueError(f"bootstrap_ci: minus= supports 'mean', 'spearman' and 'auc', not {statistic!r}")
 
     def seed_mean(gold_resampled, *per_seed, axis=-1):  # every seed sees the same resampled items
         return np.mean([_pearson_along(p, gold_resampled, axis=axis) for p in per_seed], axis=0)

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, fields, replace
 
+import numpy as np
 import torch
 
 from headstore.data.memory import trim_heap
@@ -251,12 +252,14 @@ def eval_split(task: Task) -> str:
 
 def eval_head(store_path: str, head_dir: str, data_path: str, out_dir: str, data_format: str | None = None,
               exclude_overlap: str | None = None, score_range=None, overwrite: bool = False,
-              device: str = "auto") -> dict:
+              device: str = "auto", items: dict | None = None) -> dict:
     """Evaluate a trained head on any dataset whose texts are in the store; write metrics.json.
 
     Scores the test split, or the whole table when it has no split column (`eval_split`).
     `exclude_overlap`: a dataset (e.g. the one the head was trained on) whose texts must not be scored:
-    evaluation pairs / queries that use one of its texts are dropped (counted in metrics.json)."""
+    evaluation pairs / queries that use one of its texts are dropped (counted in metrics.json).
+    `items`: filled with the scored split's per-item values ("baseline": cosine, "head") as lists, and
+    "gold" (the gold scores / labels where the kind has them, else None): what bootstrap CIs resample."""
     inputs = (data_path, head_dir, exclude_overlap)
     prepare_output_dir(out_dir, "eval", overwrite, inputs=inputs, create=False)  # refuse before the work
     device = pick_device(device)  # where the features and the head are held (auto: cuda when available)
@@ -281,7 +284,13 @@ def eval_head(store_path: str, head_dir: str, data_path: str, out_dir: str, data
     energy = train_cfg.eval_energy
     split = eval_split(task)
     rankings: dict = {}
-    metrics = evaluate_head(task, features, model, norm, energy, (split,), dim=store.dim, rankings=rankings)
+    per_item: dict = {}
+    metrics = evaluate_head(task, features, model, norm, energy, (split,), dim=store.dim, rankings=rankings,
+                            items=per_item)
+    if items is not None:
+        gold = getattr(task.eval_sets[split], "labels", None)
+        items.update({k: np.asarray(v, dtype=np.float64).tolist() for k, v in per_item[split].items()})
+        items["gold"] = None if gold is None else np.asarray(gold, dtype=np.float64).tolist()
     if split != TEST_SPLIT:  # report the split there is under the usual keys
         only = metrics.pop(split)
         metrics.update({"baseline": only["baseline"], "head": only["head"], "ci": only["ci"]})
