@@ -1,22 +1,23 @@
-"""Evaluation, forgetting and the table of `cli compare` (the steps are in `heads.compare`).
+"""Evaluation and forgetting of `cli compare` (the steps are in `heads.experiments.compare`, the table in
+`heads.experiments.compare_table`).
+
+Each encoder at each seed is evaluated once per dataset with its head (eval_head also scores the raw
+features' cosine, the no-head row); the per-query / per-pair values are kept in the eval step's record
+so that a rerun computes every CI again without scoring anything.
 
 Forgetting is the MLM loss on held-out text (general: wikitext-2; in-domain: texts `cli adapt` never
 saw), from `featurize.mlm_eval.mlm_loss` on the same masks for every model. Sentence encoders such as
 all-MiniLM-L6-v2 ship without an MLM head, and a random head says nothing about the encoder, so a
-*probe* head is trained on the frozen base encoder (`cli adapt --head-only`, same steps as the
-adaptation) and used to score the base and the fine-tuned encoder; the adapted encoder is scored with
-the head it was adapted with. A higher loss than the base's means the encoder moved away from what
-the probe decodes (fine-tuning) or predicts that text worse (adaptation).
+*probe* head is trained on the frozen base encoder (`cli adapt --head-only`) and used to score the base
+and every encoder tuned on the task; the MLM-adapted encoder (which starts from the probe's head) is
+scored with its own head. A higher loss than the base's means the encoder moved away from what the
+probe decodes (tuning on the task) or predicts that text worse (adaptation).
 """
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 
-from tabulate import tabulate
-
-from headstore.data.files import atomic_write_text
 from headstore.heads.training.run import eval_head
 
 GENERAL_MIN_CHARS = 50  # wikitext lines shorter than this are headings / fragments
@@ -26,27 +27,37 @@ def _name(path: str) -> str:
     return Path(path).name.removesuffix(".parquet")
 
 
-def evaluate_setups(cfg, out: Path, setups, encoders: dict, heads: dict) -> list[dict]:
-    """One row per setup: in-domain test metric, each out-of-domain metric, seconds.
+def dataset_name(path: str) -> str:
+    return _name(path)
 
-    Each encoder's store is evaluated once per dataset with its head (eval_head also reports the raw
-    features' cosine baseline, which is the no-head row)."""
+
+def _eval(store: Path, head: Path, data: str, folder: Path, exclude: str | None) -> dict:
+    items: dict = {}
+    m = eval_head(str(store), str(head), data, str(folder / "eval"), exclude_overlap=exclude, overwrite=True,
+                  items=items)
+    return {"metric": m["primary"], "value": m["head"][m["primary"]], "baseline_metric": m["baseline_primary"],
+            "baseline": m["baseline"][m["baseline_primary"]], "split": m["split"],
+            "n_scored": m["n_scored"].get(m["split"]), "dropped": m.get("overlap_dropped"),
+            "items": {"head": items["head"], "baseline": items["baseline"]}, "gold": items.get("gold")}
+
+
+def evaluate_built(cfg, steps, built: dict) -> dict:
+    """{(encoder, seed, dataset name): eval record} for every encoder at every seed that has a head.
+
+    Out-of-domain datasets drop the pairs / queries that use an in-domain text when
+    `ood_exclude_overlap` (SemEval holds STS-B's sentences)."""
     datasets = [cfg.in_domain, *cfg.out_of_domain]
-    evals: dict[tuple[str, str], dict] = {}
-    for enc, info in encoders.items():
-        for ds in datasets:
-            evals[enc, ds] = eval_head(str(info["store"]), str(heads[enc]), ds, str(out / "eval" / enc / _name(ds)),
-                                       overwrite=True)  # compare's own folder, rewritten on every run
-    rows = []
-    for label, enc, head, extra in setups:
-        row = {"setup": label, "encoder": enc, "head": None if head is None else str(head),
-               "seconds": encoders[enc]["seconds"] + extra, "metrics": {}}
-        for ds in datasets:
-            m = evals[enc, ds]
-            block, metric = (m["head"], m["primary"]) if head is not None else (m["baseline"], m["baseline_primary"])
-            row["metrics"][_name(ds)] = {"metric": metric, "value": block[metric], "split": m.get("split", "test")}
-        rows.append(row)
-    return rows
+    evals = {}
+    for enc, per_seed in built.items():
+        for seed, b in per_seed.items():
+            head = next(iter(b.heads.values()))
+            for ds in datasets:
+                exclude = cfg.in_domain if cfg.ood_exclude_overlap and ds != cfg.in_domain else None
+                settings = {"store": str(b.store), "head": str(head), "data": ds, "exclude_overlap": exclude}
+                _, evals[enc, seed, _name(ds)] = steps.run(
+                    f"eval-{enc}-s{seed}-{_name(ds)}", settings,
+                    lambda d, b=b, head=head, ds=ds, exclude=exclude: _eval(b.store, head, ds, d, exclude))
+    return evals
 
 
 def _general_texts(cfg) -> list[str]:
@@ -78,60 +89,32 @@ def with_head(encoder_dir: Path, head_source: Path, folder: Path) -> Path:
     return folder
 
 
-def mlm_losses(cfg, steps, models: dict, probe: Path) -> dict:
-    """{encoder: {"general": loss, "in_domain": loss, "head": ...}} on the same texts and masks."""
+def mlm_losses(cfg, steps, built: dict, probe: Path) -> dict:
+    """{(encoder, encoder seed): {"general": loss, "in_domain": loss, "head": ...}} on the same texts and
+    masks; the base encoder once."""
     from headstore.featurize.tuning.mlm_eval import mlm_loss
 
     sets = {"general": _general_texts(cfg), "in_domain": _in_domain_held_out(cfg)}
+    models = {("base", None): None}
+    for enc, per_seed in built.items():
+        for b in per_seed.values():
+            if enc != "base":
+                models[enc, b.seed] = b.model_dir
     results = {}
-    for enc, model_dir in models.items():
-        scored = model_dir if enc != "finetuned" else with_head(model_dir, probe, steps.out / "mlm-finetuned-model")
-        head = {"base": "probe (frozen base)", "adapted": "its own (adapted)", "finetuned": "probe (frozen base)"}[enc]
+    for (enc, seed), model_dir in models.items():
+        name = "mlm-base" if enc == "base" else f"mlm-{enc}-s{seed}"
+        if model_dir is None:
+            scored, head = probe, "probe (frozen base)"
+        elif enc == "adapted":
+            scored, head = model_dir, "its own (adapted from the probe's)"
+        else:
+            scored, head = with_head(model_dir, probe, steps.out / f"{name}-model"), "probe (frozen base)"
 
         def go(folder, scored=scored):
-            return {name: mlm_loss(str(scored), texts, max_length=cfg.adapt.max_length, seed=0, n_masks=2)["mlm_loss"]
-                    for name, texts in sets.items() if texts}
+            return {n: mlm_loss(str(scored), texts, max_length=cfg.adapt.max_length, seed=0, n_masks=2)["mlm_loss"]
+                    for n, texts in sets.items() if texts}
 
-        _, res = steps.run(f"mlm-{enc}", {"model": str(model_dir), "probe": str(probe), "n": cfg.mlm_max_texts,
-                                          "text": cfg.mlm_text, "holdout": cfg.mlm_holdout_fraction}, go)
-        results[enc] = {**res, "head": head}
+        _, res = steps.run(name, {"model": str(model_dir), "probe": str(probe), "n": cfg.mlm_max_texts,
+                                  "text": cfg.mlm_text, "holdout": cfg.mlm_holdout_fraction}, go)
+        results[enc, seed] = {**res, "head": head}
     return results
-
-
-def write_report(cfg, out: Path, rows: list[dict], mlm: dict, step_seconds: dict) -> str:
-    """compare.md and compare.json; returns the markdown table."""
-    datasets = [_name(d) for d in [cfg.in_domain, *cfg.out_of_domain]]
-    for row in rows:
-        row["mlm_loss"] = mlm.get(row["encoder"])
-    header = ["setup", *[f"{datasets[0]} (in-domain)"], *[f"{d} (OOD)" for d in datasets[1:]]]
-    if mlm:
-        header += ["MLM loss general", "MLM loss in-domain held-out"]
-    header.append("seconds")
-    cells = []
-    for row in rows:
-        line = [row["setup"], *(f"{row['metrics'][d]['value']:.4f} ({row['metrics'][d]['metric']})" for d in datasets)]
-        if mlm:
-            mm = row["mlm_loss"] or {}
-            line += [f"{mm['general']:.3f}" if "general" in mm else "-",
-                     f"{mm['in_domain']:.3f}" if "in_domain" in mm else "-"]
-        line.append(f"{row['seconds']:.0f}")
-        cells.append(line)
-    lines = [tabulate(cells, headers=header, tablefmt="github", disable_numparse=True)]
-    notes = [
-        "",
-        f"In-domain: {cfg.in_domain} (test split); out-of-domain: {', '.join(cfg.out_of_domain) or 'none'} "
-        "(test split, or the only split). IR: nDCG@10; STS: Spearman of -E (cosine for no-head rows).",
-        "seconds: what producing the setup cost from scratch (featurize / adapt / train-head / finetune; "
-        "evaluation excluded). Steps: " + ", ".join(f"{k} {v:.0f} s" for k, v in step_seconds.items()) + ".",
-    ]
-    if mlm:
-        notes.append("MLM loss (mean cross-entropy of masked tokens, same masks for every model): base and "
-                     "fine-tuned encoders scored with a probe head trained on the frozen base encoder; the adapted "
-                     "encoder with its own head. general = wikitext-2 validation lines, in-domain = texts held out "
-                     "of adaptation.")
-    table = "\n".join(lines + notes) + "\n"
-    atomic_write_text(out / "compare.md", f"# compare: {cfg.model}, heads trained on {_name(cfg.in_domain)}\n\n" + table)
-    atomic_write_text(out / "compare.json", json.dumps({"rows": rows, "step_seconds": step_seconds,
-                                                  "in_domain": cfg.in_domain, "out_of_domain": list(cfg.out_of_domain),
-                                                  "model": cfg.model}, indent=1, default=float))
-    return table

@@ -54,3 +54,34 @@ def plot_best_curves(curves: dict[str, list[dict]], path: Path) -> None:
         axes[1].legend(fontsize=6)
     fig.tight_layout()
     atomic_write_figure(fig, path, dpi=110)  # whole or not at all; an OS error names it
+
+
+def plot_gain_vs_change(rows: list[dict], path: Path) -> None:
+    """`cli compare`'s picture: per out-of-domain dataset, each setup's in-domain gain over frozen + head
+    (x) against its out-of-domain change (y), both paired differences with their 95% CIs as bars."""
+    from headstore.heads.experiments.compare_table import metric_family as family
+
+    datasets = list(rows[0]["datasets"])
+    ind, ood = datasets[0], datasets[1:] or datasets[:1]
+    fig = Figure(figsize=(5.2 * len(ood), 4.6))
+    axes = fig.subplots(1, len(ood), squeeze=False)[0]
+    colors = {r["setup"]: f"C{i}" for i, r in enumerate(rows)}
+    for ax, ds in zip(axes, ood):
+        for r in rows:
+            x, y = (r["datasets"][d].get("vs_frozen_head") for d in (ind, ds))
+            if x is None:  # the reference itself: the origin
+                ax.plot(0, 0, "k*", ms=11, label=r["label"])
+                continue
+            ax.errorbar(x["diff"], y["diff"], xerr=[[x["diff"] - x["ci"][0]], [x["ci"][1] - x["diff"]]],
+                        yerr=[[y["diff"] - y["ci"][0]], [y["ci"][1] - y["diff"]]], fmt="o", ms=5, capsize=3,
+                        color=colors[r["setup"]], label=r["label"])
+        ax.axhline(0, color="gray", lw=0.8)
+        ax.axvline(0, color="gray", lw=0.8)
+        ax.set_xlabel(f"in-domain gain vs frozen + head ({ind}, {family(rows[0]['datasets'][ind]['metric'])})",
+                      fontsize=9)
+        ax.set_ylabel(f"out-of-domain change ({ds}, {family(rows[0]['datasets'][ds]['metric'])})", fontsize=9)
+        ax.set_title(f"{ds}: 95% CIs, paired over items", fontsize=10)
+    handles, labels = axes[0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="lower center", ncol=min(4, len(labels)), fontsize=8, frameon=False)
+    fig.tight_layout(rect=(0, 0.06 + 0.035 * ((len(labels) - 1) // 4), 1, 1))
+    atomic_write_figure(fig, path, dpi=120)  # whole or not at all; an OS error names it
