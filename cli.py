@@ -41,6 +41,7 @@ from headstore.featurize.config import DEVICES, PACKINGS, POOLING_NAMES, PRECISI
 from headstore.data.options import PATH, fold_label_options, format_option, label_options
 from headstore.heads.settings.config import TEST_SCOPES
 from headstore.heads.settings.options import configs_from_options, head_and_train_options, named_as_typed
+from headstore.heads.apply.tunings import TUNINGS
 
 
 # exceptions that mean "the input (files, options, paths) is wrong", never "headstore has a bug"
@@ -392,11 +393,18 @@ def grid(store, data, data_format, grid_path, out, transfer, select_ood, ood_del
 @click.option("--data", type=PATH, default=None, help="Training dataset (default: the head's).")
 @click.option("--model", "encoder", type=PATH, default=None,
               help="Encoder the store was featurized with (default: the store's model id, e.g. minilm).")
+@click.option("--setup", type=click.Choice(sorted(TUNINGS)), default="full", show_default=True,
+              help="What trains in the encoder: full (every weight), adapters (bottleneck adapters, the base "
+                   "frozen), lora (LoRA on the query/value projections, saved merged).")
+@click.option("--adapter-size", type=int, default=64, show_default=True, help="--setup adapters: bottleneck width.")
+@click.option("--lora-rank", type=int, default=8, show_default=True, help="--setup lora: the rank r.")
+@click.option("--lora-alpha", type=int, default=16, show_default=True, help="--setup lora: updates scaled by alpha/r.")
 @click.option("--unfreeze", type=click.Choice(["all", "top-k", "gradual"]), default="all", show_default=True)
 @click.option("--top-k", type=int, default=2, show_default=True, help="Layers trained with --unfreeze top-k.")
 @click.option("--unfreeze-interval", type=int, default=10, show_default=True,
               help="--unfreeze gradual: steps between unfreezing one more block, top-down.")
-@click.option("--encoder-lr", type=float, default=2e-5, show_default=True)
+@click.option("--encoder-lr", type=float, default=None,
+              help="Encoder-side peak lr. Default: the setup's (full 2e-5, adapters 1e-3, lora 5e-4).")
 @click.option("--head-lr", type=float, default=None, help="Default: the head's training lr.")
 @click.option("--layer-lr-decay", type=float, default=1.0, show_default=True,
               help="Discriminative lrs: encoder-lr x decay^(depth from top).")

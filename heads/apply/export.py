@@ -28,6 +28,7 @@ import torch
 
 from headstore.data.outputs import PARTIAL, begin_output, clear_partial, end_output
 from headstore.data.files import atomic_write_json, writing
+from headstore.featurize.adapters import has_adapters
 from headstore.featurize.model import model_identity
 from headstore.featurize.sentence import SentenceSpec
 from headstore.featurize.store import array_names
@@ -196,6 +197,10 @@ def export_sentence_transformers(head: Head, out: Path, model: str | None = None
     name = encoder_source(head, model)
     check_encoder(head, name)
     model_dir = model_identity(name, int(parts["max_length"])).model_dir
+    if has_adapters(model_dir):  # no stock sentence-transformers module runs a bottleneck adapter
+        raise ValueError(f"{name}: carries bottleneck adapters, which plain sentence-transformers cannot run "
+                         "(it would load the base weights alone); export refused (use --format safetensors and "
+                         "headstore.Pipeline, or --setup lora, whose merged folder is a stock model)")
     transformer = Transformer(model_dir, max_seq_length=int(parts["max_length"]), do_lower_case=False)
     n_layers = transformer.auto_model.config.num_hidden_layers
     if layer not in (-1, n_layers):

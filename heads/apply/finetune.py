@@ -11,9 +11,13 @@ embeddings count as the block below layer 0); "gradual" (the top block from step
 every `unfreeze_interval` steps, top-down). Block b's learning rate is
 `encoder_lr * layer_lr_decay ** depth(b)`, depth 0 = the top layer, `num_layers` = the embeddings.
 
+What trains in a block (`setup`, the registry heads.apply.tunings.TUNINGS): "full" every weight of it;
+"adapters" the bottleneck adapters added to its layer (the base frozen); "lora" the LoRA matrices on its
+layer's query/value projections (the base frozen). Adapters and LoRA have no embeddings block.
+
 Output `out_dir`:
 - `encoder/`: HF checkpoint (safetensors) + tokenizer + sentence-transformers sidecars: `--model` for
-  `cli featurize`;
+  `cli featurize` (setup "adapters": the base weights unchanged + the adapters; "lora": merged weights);
 - `head/`: a train-head-style directory whose config names the new encoder's fingerprint parts, so
   `cli eval --store S2 --head out/head` accepts a store featurized with `encoder/`;
 - `finetune.json`: settings, losses, seconds, the commands that re-featurize and evaluate.
@@ -33,6 +37,8 @@ from transformers import AutoModel, AutoTokenizer
 from headstore.data.errors import SettingError
 from headstore.data.progress import progress_bar
 from headstore.data.files import atomic_write_json
+from headstore.featurize.adapters import has_adapters
+from headstore.featurize.architectures import layer_blocks
 from headstore.featurize.model import model_identity, pick_device, resolve_model
 from headstore.featurize.pooling import Pooler
 from headstore.featurize.sentence import SentenceSpec
@@ -40,6 +46,7 @@ from headstore.featurize.store import FeatureStore, fingerprint_of
 from headstore.featurize.tuning.checkpoint import copy_sidecars
 from headstore.featurize.tuning.mlm_head import HEAD_FILE
 from headstore.heads.apply.row_inputs import RowInputs, sentence_embeddings
+from headstore.heads.apply.tunings import TUNINGS
 from headstore.heads.artefacts.files import write_head_dir
 from headstore.heads.training.batches import same_mask
 from headstore.heads.settings.config import TrainConfig
@@ -55,10 +62,18 @@ UNFREEZE_MODES = ("all", "top-k", "gradual")
 
 @dataclass(frozen=True)
 class FinetuneConfig:
+    setup: str = "full"  # what trains in the encoder: a TUNINGS name (full | adapters | lora)
+    # adapters: bottleneck width m (Linear(d, m) -> ReLU -> Linear(m, d)); 64 is the middle of Houlsby et al.'s
+    # {8, 64, 256} and their usual pick: ~2 x 2 x d x 64 weights a layer (~3% of MiniLM's 22.7M parameters)
+    adapter_size: int = 64
+    lora_rank: int = 8  # LoRA rank r: Hu et al. 2021 found r = 8 on W_q, W_v as good as far larger ranks
+    lora_alpha: int = 16  # the update is scaled by alpha / r = 2 (PEFT's common pairing; the lr is what is tuned)
     unfreeze: str = "all"  # all | top-k | gradual (see module doc)
     top_k: int = 2  # top-k: transformer layers trained (MiniLM has 6); > layers also trains embeddings
     unfreeze_interval: int = 10  # gradual: steps between unfreezing one more block (SciFact: ~13 steps/epoch)
-    encoder_lr: float = 2e-5  # the usual BERT fine-tuning rate; the head's 1e-3 would wreck pre-training
+    # None -> the setup's own (TUNINGS[setup].default_lr): full 2e-5, the usual BERT fine-tuning rate (the
+    # head's 1e-3 would wreck pre-training); adapters 1e-3 and lora 5e-4, which start at the identity
+    encoder_lr: float | None = None
     head_lr: float | None = None  # None -> the head's own training lr (it keeps learning at its pace)
     layer_lr_decay: float = 1.0  # discriminative lrs: x decay per block below the top (0.8 is common)
     weight_decay: float = 0.01  # AdamW's decoupled decay on matrices (not biases / LayerNorm)
@@ -76,11 +91,16 @@ class FinetuneConfig:
     seed: int = 0  # batch order and dropout
 
     def __post_init__(self):
+        if self.setup not in TUNINGS:
+            raise ValueError(f"setup={self.setup!r}; valid: {sorted(TUNINGS)}")
         if self.unfreeze not in UNFREEZE_MODES:
             raise ValueError(f"unfreeze={self.unfreeze!r}; valid: {list(UNFREEZE_MODES)}")
         # head_lr, batch_size, max_steps: None takes the head's own / the whole epoch
         bounds = [("top_k", self.top_k >= 1, ">= 1"), ("unfreeze_interval", self.unfreeze_interval >= 1, ">= 1"),
-                  ("encoder_lr", math.isfinite(self.encoder_lr) and self.encoder_lr > 0, "a finite number > 0"),
+                  ("adapter_size", self.adapter_size >= 1, ">= 1"), ("lora_rank", self.lora_rank >= 1, ">= 1"),
+                  ("lora_alpha", self.lora_alpha >= 1, ">= 1"),
+                  ("encoder_lr", self.encoder_lr is None or (math.isfinite(self.encoder_lr) and self.encoder_lr > 0),
+                   "a finite number > 0 (or unset: the setup's own)"),
                   ("head_lr", self.head_lr is None or (math.isfinite(self.head_lr) and self.head_lr > 0),
                    "a finite number > 0 (or unset: the head's own)"),
                   ("layer_lr_decay", 0 < self.layer_lr_decay <= 1, "in (0, 1]"),
@@ -90,19 +110,18 @@ class FinetuneConfig:
             if not holds:
                 raise SettingError(name, f"must be {what}, got {getattr(self, name)}")
 
+    @property
+    def peak_encoder_lr(self) -> float:
+        """encoder_lr, or the setup's default when unset."""
+        return self.encoder_lr if self.encoder_lr is not None else TUNINGS[self.setup].default_lr
+
 
 def encoder_blocks(model) -> list[list[tuple[str, torch.nn.Parameter]]]:
-    """The encoder's trainable blocks, top first: [layer L-1, ..., layer 0, embeddings].
+    """The encoder's trainable blocks, top first: [layer L-1, ..., layer 0, embeddings and the rest].
 
-    Works for BERT-family models (`embeddings`, `encoder.layer`); the pooler is never trained (mean
-    pooling does not use it)."""
-    base = model.base_model if hasattr(model, "base_model") else model
-    layers = getattr(getattr(base, "encoder", None), "layer", None)
-    if layers is None or not hasattr(base, "embeddings"):
-        raise ValueError(f"{type(model).__name__}: finetune supports BERT-family encoders (embeddings + encoder.layer)")
-    blocks = [list(layer.named_parameters()) for layer in reversed(layers)]
-    blocks.append(list(base.embeddings.named_parameters()))
-    return blocks
+    Each architecture's layer list comes from featurize.architectures (one table); the pooler is never
+    trained (mean pooling does not use it)."""
+    return layer_blocks(model)
 
 
 def n_unfrozen(cfg: FinetuneConfig, step: int, n_blocks: int) -> int:
@@ -120,7 +139,7 @@ def build_optimizer(blocks, head: torch.nn.Module, cfg: FinetuneConfig, head_lr:
     and `base_lr` (the peak lr the schedule scales); frozen blocks simply get no gradient."""
     groups = []
     for depth, block in enumerate(blocks):
-        lr = cfg.encoder_lr * cfg.layer_lr_decay ** depth
+        lr = cfg.peak_encoder_lr * cfg.layer_lr_decay ** depth
         decay = [p for n, p in block if p.dim() >= 2 and "LayerNorm" not in n]
         no_decay = [p for n, p in block if not (p.dim() >= 2 and "LayerNorm" not in n)]
         for params, wd, tag in ((decay, cfg.weight_decay, ""), (no_decay, 0.0, "/no-decay")):
@@ -129,7 +148,7 @@ def build_optimizer(blocks, head: torch.nn.Module, cfg: FinetuneConfig, head_lr:
                                "name": f"block{depth}{tag}", "depth": depth})
     groups.append({"params": list(head.parameters()), "lr": head_lr, "base_lr": head_lr,
                    "weight_decay": head_weight_decay, "name": "head", "depth": -1})
-    return torch.optim.AdamW(groups, lr=cfg.encoder_lr)
+    return torch.optim.AdamW(groups, lr=cfg.peak_encoder_lr)
 
 
 def set_trainable(blocks, k: int) -> None:
@@ -173,9 +192,10 @@ def finetune(head_dir: str, out_dir: str, cfg: FinetuneConfig, store_path: str |
     device = next(model.parameters()).device
     head.to(device).train()
     norm = _norm_to(norm, device)
-    blocks = encoder_blocks(model)
     for p in model.parameters():
         p.requires_grad_(False)
+    tuning = TUNINGS[cfg.setup](cfg)
+    blocks = tuning.attach(model)  # what trains, top first (set_trainable turns them on)
     train_cfg = src.train_cfg
     head_lr = cfg.head_lr if cfg.head_lr is not None else train_cfg.lr
     opt = build_optimizer(blocks, head, cfg, head_lr, train_cfg.weight_decay)
@@ -189,9 +209,11 @@ def finetune(head_dir: str, out_dir: str, cfg: FinetuneConfig, store_path: str |
         return _embed_texts(model, tokenizer, texts, int(src.parts["max_length"]), pooler, src.layer, norm, head,
                             device, use_bf16, role, prompt_lengths)
     history, unfrozen_at, steps = _train(src, cfg, blocks, head, opt, embed, negatives, progress)
+    counts = {"trainable_params": sum(p.numel() for b in blocks for _, p in b),
+              "encoder_params": sum(p.numel() for p in model.parameters())}
     return _write_outputs(Path(out_dir), model, tokenizer, Path(model_dir), head, norm, head_dir, head_config,
                           src.parts, cfg, history, unfrozen_at, time.perf_counter() - t0, len(blocks), steps,
-                          len(src.pairs))
+                          len(src.pairs), tuning, counts)
 
 
 @dataclass
@@ -226,6 +248,9 @@ def _training_source(head_config: dict, store_path: str, data_path: str, head_di
 def _load_encoder(cfg: FinetuneConfig, encoder: str, parts: dict, store_path: str):
     """(model in train mode on the device, tokenizer, model dir) of the encoder that featurized the store."""
     model_dir = resolve_model(encoder)
+    if has_adapters(model_dir):
+        raise ValueError(f"{encoder}: carries bottleneck adapters (cli finetune --setup adapters); finetune starts "
+                         "from a plain encoder folder: give the base encoder and a head trained on its store")
     identity = model_identity(model_dir, parts["max_length"])
     if identity.weights_hash != parts["weights_hash"]:
         raise ValueError(f"{encoder}: its weights differ from those that featurized {store_path} "
@@ -269,7 +294,7 @@ def _train(src: _Source, cfg: FinetuneConfig, blocks, head, opt, embed, negative
     device = next(head.parameters()).device
     trainable = [p for b in blocks for _, p in b] + list(head.parameters())
     history, unfrozen_at = [], {}
-    bar = progress_bar(total=steps, desc=f"finetune ({cfg.unfreeze})", disable=not progress)
+    bar = progress_bar(total=steps, desc=f"finetune ({cfg.setup}, {cfg.unfreeze})", disable=not progress)
     for step in range(steps):
         k = n_unfrozen(cfg, step, len(blocks))
         if k not in unfrozen_at.values():
@@ -319,12 +344,13 @@ def _featurize_options(parts: dict) -> str:
 
 
 def _write_outputs(out: Path, model, tokenizer, model_dir: Path, head, norm, head_dir, head_config, parts,
-                   cfg: FinetuneConfig, history, unfrozen_at, seconds, n_blocks, steps, n_pairs) -> dict:
+                   cfg: FinetuneConfig, history, unfrozen_at, seconds, n_blocks, steps, n_pairs, tuning,
+                   counts: dict) -> dict:
     enc_dir, new_head = out / "encoder", out / "head"
     enc_dir.mkdir(parents=True, exist_ok=True)
     if cfg.gradient_checkpointing:  # transformers 5 renamed the disable call
         (getattr(model, "activation_checkpointing_disable", None) or model.gradient_checkpointing_disable)()
-    model.to("cpu").eval().save_pretrained(str(enc_dir), safe_serialization=True)
+    tuning.save(model.to("cpu").eval(), enc_dir, model_dir)
     tokenizer.save_pretrained(str(enc_dir))
     copy_sidecars(model_dir, enc_dir, extra=(HEAD_FILE,))  # max_seq_length, the ST layout, an adapted MLM head
     identity = model_identity(str(enc_dir), parts["max_length"])
@@ -334,7 +360,8 @@ def _write_outputs(out: Path, model, tokenizer, model_dir: Path, head, norm, hea
     fingerprint = fingerprint_of(new_parts)
     head = head.to("cpu").eval()
     norm.center, norm.scale = norm.center.cpu(), norm.scale.cpu()
-    summary = {"config": asdict(cfg), "source_head": str(head_dir), "source_encoder": str(model_dir),
+    summary = {"config": asdict(cfg), "setup": cfg.setup, "setup_settings": tuning.describe(),
+               "encoder_lr": cfg.peak_encoder_lr, **counts, "source_head": str(head_dir), "source_encoder": str(model_dir),
                "encoder_dir": str(enc_dir), "head_dir": str(new_head), "n_pairs": n_pairs, "steps": steps,
                "n_blocks": n_blocks, "unfrozen_at_step": {str(k): v for k, v in unfrozen_at.items()},
                "first_loss": history[0]["loss"], "last_loss_mean10": float(np.mean([h["loss"] for h in history[-10:]])),
