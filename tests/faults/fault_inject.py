@@ -8,8 +8,7 @@ SIGKILL: sent to this process before the call goes on). WHAT `count` only counts
            OS error as its own ComputeError "... (os error N)")
   zarr     zarr's local store write of one file (a feature shard or an array's zarr.json)
   fsync    os.fsync (the durability step of every commit; EIO is how a failing disk shows there)
-A child process (tests/faults/cli_child.py) reads the fault from HEADSTORE_FAULT; a test in this
-process uses `injected`.
+A child process (tests/faults/fault_child.py) and a test in this process both use `injected`.
 """
 from __future__ import annotations
 
@@ -19,8 +18,6 @@ import os
 import signal
 from dataclasses import dataclass, field
 
-FAULT_ENV = "HEADSTORE_FAULT"
-COUNTS_ENV = "HEADSTORE_FAULT_COUNTS"  # a child writes its counts here as JSON when it exits
 SITES = ("atomic", "parquet", "zarr", "fsync")
 ERRNOS = ("ENOSPC", "EDQUOT", "EIO", "EROFS", "ENOENT")
 SIGNALS = ("SIGINT", "SIGKILL")

@@ -9,7 +9,6 @@ import json
 import os
 import random
 import signal
-import subprocess
 import sys
 import threading
 from pathlib import Path
@@ -24,10 +23,10 @@ from featurize_helpers import build_tiny_bert, random_texts  # noqa: E402
 from headstore.cli import main  # noqa: E402
 from headstore.featurize.store import FeatureStore  # noqa: E402
 from headstore.featurize.verify import verify_store  # noqa: E402
-from fault_inject import COUNTS_ENV, FAULT_ENV, Fault, injected  # noqa: E402
+from fault_child import Child  # noqa: E402
+from fault_inject import Fault, injected  # noqa: E402
 
 BOUND_S = 300  # a command that has not ended by then hangs (they take seconds; the bound allows a loaded machine)
-CHILD = Path(__file__).with_name("cli_child.py")
 TRAIN = ("--epochs", "2", "--hidden", "16", "--batch-size", "8", "--mined-k", "2")
 GRID = '[grid]\nlr = [1e-3, 3e-3]\nseed = [0, 1]\n[fixed]\nepochs = 2\nhidden = 16\nbatch_size = 8\nmined_k = 2\n'
 STORE_OPTS = ("--dtype", "float32", "--batch-tokens", "128")
@@ -83,15 +82,13 @@ def cli(*args, fault: Fault | None = None):
     return bounded(run)
 
 
-def cli_child(*args, fault: str | None = None, counts: Path | None = None, wait: bool = True):
-    """`cli ARGS` in a child process with `fault` (SITE:WHAT:NTH) injected: CompletedProcess (or the Popen)."""
-    env = {**os.environ, "TOKENIZERS_PARALLELISM": "false", FAULT_ENV: fault or "atomic:count:1"}
-    if counts is not None:
-        env[COUNTS_ENV] = str(counts)
-    cmd = [sys.executable, str(CHILD), *[str(a) for a in args]]
-    if not wait:
-        return subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=BOUND_S)
+def cli_child(*args, fault: str | None = None, wait: bool = True) -> Child:
+    """`cli ARGS` in a child process with `fault` (SITE:WHAT:NTH) injected (tests/faults/fault_child.py);
+    with wait, ended (within the bound) with its returncode, stdout and stderr."""
+    child = Child(args, fault or "atomic:count:1")
+    if wait:
+        child.communicate(timeout=BOUND_S)
+    return child
 
 
 def assert_ok(result) -> None:
