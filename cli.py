@@ -433,11 +433,16 @@ def finetune(head_dir, out, store, data, encoder, **settings):
 @click.option("--adapt-steps", type=int, default=None, help="MLM adaptation steps.")
 @click.option("--finetune-steps", type=int, default=None, help="Cap on finetune steps (default: one epoch).")
 @click.option("--mlm/--no-mlm", default=None, help="Measure MLM loss on held-out text (forgetting).")
-def compare(config_path, out, **overrides):
-    """Frozen / adapted / fine-tuned encoder + head, in-domain and out-of-domain: compare.md and compare.json."""
-    from headstore.heads.experiments.compare import load_compare_config, run_compare
+@click.option("--seeds", default=None, help="Comma-separated seeds, e.g. 0,1,2 (head init, batch order, tuning runs).")
+@click.option("--setups", default=None, help="Comma-separated rows (default: all): "
+              "frozen-cosine, frozen-head, adapted-*, adapters-*, lora-*, finetuned-* (*: cosine or head).")
+def compare(config_path, out, seeds, setups, **overrides):
+    """Every setup (frozen, MLM-adapted, adapters, LoRA, fine-tuned; with and without a head) over seeds, in and
+    out of domain, with 95% CIs and paired differences: compare.md, compare.json, compare.png."""
+    from headstore.heads.experiments.compare import load_compare_config, run_compare, split_list
 
-    config = load_compare_config(config_path, **overrides)
+    config = load_compare_config(config_path, seeds=split_list(seeds, int, "--seeds"),
+                                 setups=split_list(setups, str, "--setups"), **overrides)
     table = run_compare(config, out)
     click.echo(table)
 

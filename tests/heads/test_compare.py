@@ -58,38 +58,50 @@ encoder_lr = 1e-3
 [mlm]
 max_texts = 8
 holdout_fraction = 0.2
+
+[compare]
+seeds = [0, 1]
+setups = ["frozen-cosine", "frozen-head", "adapted-cosine", "adapted-head", "finetuned-cosine", "finetuned-head"]
+n_boot = 200
 ''')
     return root, cfg
 
 
-def test_compare_writes_every_setup_row_and_resumes(world):
+def test_compare_writes_every_setup_row_over_seeds_and_resumes(world):
     root, cfg = world
     out = root / "out"
     r = CliRunner().invoke(main, ["compare", "--config", str(cfg), "--out", str(out)])
     assert r.exit_code == 0, r.output
     result = json.loads((out / "compare.json").read_text())
-    setups = [row["setup"] for row in result["rows"]]
-    assert len(setups) == 6
-    assert any(s.startswith("1:") for s in setups) and any(s.startswith("2:") for s in setups) \
-        and any(s.startswith("3:") for s in setups)
+    by = {row["setup"]: row for row in result["rows"]}
+    assert list(by) == ["frozen-cosine", "frozen-head", "adapted-cosine", "adapted-head", "finetuned-cosine",
+                        "finetuned-head"]
+    assert by["frozen-head"]["seeds"] == [0, 1] and by["finetuned-head"]["seeds"] == [0, 1]
+    assert by["frozen-cosine"]["seeds"] == [0]  # the frozen encoder's cosine is the same at every seed
     for row in result["rows"]:
-        assert set(row["metrics"]) == {"in-domain", "ood-ir", "ood-sts"}
-        assert row["metrics"]["in-domain"]["metric"].endswith("ndcg@10")
-        assert row["metrics"]["ood-sts"]["metric"].startswith("spearman_")
-        assert row["seconds"] > 0
+        assert set(row["datasets"]) == {"in-domain", "ood-ir", "ood-sts"}
+        ind = row["datasets"]["in-domain"]
+        assert ind["metric"].endswith("ndcg@10") and len(ind["per_seed"]) == len(row["seeds"])
+        assert ind["mean"] == pytest.approx(sum(ind["per_seed"]) / len(ind["per_seed"]))
+        assert ind["ci"][0] <= ind["mean"] <= ind["ci"][1]
+        assert row["datasets"]["ood-sts"]["metric"].startswith("spearman_")
+        assert row["seconds"] > 0 and row["peak_mb"] > 0
         assert set(row["mlm_loss"]) >= {"general", "in_domain"}
-    by = {row["setup"].split(":")[0]: row for row in result["rows"]}
-    assert by["1"]["metrics"]["ood-sts"]["metric"] == "spearman_manhattan"  # Spearman of -E under the IR head
-    # the fine-tuned encoder changed the features: its no-head baseline differs from the frozen one
-    frozen, tuned = result["rows"][0], result["rows"][4]
-    assert frozen["metrics"]["ood-sts"]["value"] != tuned["metrics"]["ood-sts"]["value"]
-    # probe-head MLM loss: the fine-tuned encoder moved away from what the probe decodes
-    assert tuned["mlm_loss"]["general"] != frozen["mlm_loss"]["general"]
+        assert (row["setup"] == "frozen-head") == ("vs_frozen_head" not in ind)
+    # two seeds of frozen + head: different heads, so a spread
+    assert len(set(by["frozen-head"]["datasets"]["in-domain"]["per_seed"])) == 2
+    assert by["frozen-head"]["trainable_parameters"] > 0 == by["frozen-cosine"]["trainable_parameters"]
+    assert by["finetuned-head"]["trainable_parameters"] > by["frozen-head"]["trainable_parameters"]
+    # the fine-tuned encoder changed the features and what the probe MLM head decodes
+    frozen, tuned = by["frozen-cosine"], by["finetuned-cosine"]
+    assert frozen["datasets"]["ood-sts"]["mean"] != tuned["datasets"]["ood-sts"]["mean"]
+    assert tuned["mlm_loss"]["general"]["mean"] != frozen["mlm_loss"]["general"]["mean"]
     md = (out / "compare.md").read_text()
-    assert all(s in md for s in setups) and "ood-sts (OOD)" in md
+    assert all(row["label"] in md for row in result["rows"]) and "Paired difference" in md
+    assert (out / "compare.png").stat().st_size > 10_000
     # rerun: every step is reused, the table is the same
     r = CliRunner().invoke(main, ["compare", "--config", str(cfg), "--out", str(out)])
-    assert r.exit_code == 0 and r.output.count("reusing") >= 8, r.output
+    assert r.exit_code == 0 and "running" not in r.output, r.output
     assert json.loads((out / "compare.json").read_text())["rows"] == result["rows"]
 
 
@@ -100,8 +112,35 @@ def test_a_changed_setting_reruns_only_what_depends_on_it(world):
         pytest.skip("needs the end-to-end run")
     r = CliRunner().invoke(main, ["compare", "--config", str(cfg), "--out", str(out), "--finetune-steps", "1"])
     assert r.exit_code == 0, r.output
-    ran = [line for line in r.output.splitlines() if "running" in line]
-    assert {line.split(":")[0].split()[-1] for line in ran} == {"finetune", "featurize-finetuned", "mlm-finetuned"}
+    ran = {line.split(":")[0].split()[-1] for line in r.output.splitlines() if ": running" in line}
+    assert ran == {f"{step}-s{s}" for s in (0, 1) for step in ("finetuned", "featurize-finetuned", "mlm-finetuned")} \
+        | {f"eval-finetuned-s{s}-{d}" for s in (0, 1) for d in ("in-domain", "ood-ir", "ood-sts")}
+
+
+def test_an_interrupted_compare_resumes_where_it_stopped(world, monkeypatch):
+    """A step that dies (here: seed 1's fine-tuning) leaves every finished step's record; the rerun does
+    only what is left."""
+    import headstore.heads.apply.finetune as ft
+
+    root, cfg = world
+    out = root / "out-interrupted"
+    real = ft.finetune
+
+    def dies_at_seed_1(head_dir, out_dir, fcfg, *args, **kwargs):
+        if fcfg.seed == 1:
+            raise KeyboardInterrupt
+        return real(head_dir, out_dir, fcfg, *args, **kwargs)
+
+    monkeypatch.setattr(ft, "finetune", dies_at_seed_1)
+    r = CliRunner().invoke(main, ["compare", "--config", str(cfg), "--out", str(out), "--setups",
+                                  "frozen-head,finetuned-head", "--no-mlm"])
+    assert r.exit_code != 0 and not (out / "compare.json").exists()
+    monkeypatch.setattr(ft, "finetune", real)
+    r = CliRunner().invoke(main, ["compare", "--config", str(cfg), "--out", str(out), "--setups",
+                                  "frozen-head,finetuned-head", "--no-mlm"])
+    assert r.exit_code == 0, r.output
+    ran = {line.split(":")[0].split()[-1] for line in r.output.splitlines() if ": running" in line}
+    assert {name for name in ran if not name.startswith("eval-")} == {"finetuned-s1", "featurize-finetuned-s1"}
 
 
 def test_a_missing_general_text_is_said_not_dropped(world, tmp_path, monkeypatch):
