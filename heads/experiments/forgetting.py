@@ -1,4 +1,4 @@
-"""`cli forgetting`: train on task A, then on task B, and measure what A loses — three ways.
+"""`cli forgetting`: train on task A, then on task B, and measure what A loses — five ways.
 
 1. frozen encoder + one head per task: head A never changes, so A's score after B is A's score
    before B, exactly (no forgetting by construction; the table shows it, it is not assumed);
@@ -6,7 +6,13 @@
    (`train_stack(init=...)`); A is scored with that head after B;
 3. encoder fine-tuned end to end (`cli finetune` machinery): encoder + head A on A, then a head
    for B trained on the A-tuned encoder's features and encoder + that head fine-tuned on B; A is
-   scored with A's fine-tuned head on the features of the encoder after B.
+   scored with A's fine-tuned head on the features of the encoder after B;
+4. bottleneck adapters (`cli finetune --setup adapters`), one set + head per task on the frozen base: the
+   adapter way of learning a second task. A's adapters never see B, so A's score after B is its score before
+   (measured, like row 1); what the row adds is B's score and the MLM loss of the encoder with A's adapters;
+5. LoRA (`--setup lora`, merged into the weights) on A, then LoRA on B over the merged encoder, exactly as
+   row 3: how much of fine-tuning's forgetting the low-rank update keeps.
+Rows 3-5 are `tunings` (full, adapters, lora); adapters and LoRA train at their own rate (heads.apply.tunings).
 Each row: A before, A after B, forgetting = before - after, B's own score, and the encoder's MLM
 loss before / after (masked-token cross-entropy on held-out wikitext-2 lines under a probe MLM head
 trained on the frozen base encoder: `cli adapt --head-only`; rows 1 and 2 keep the base encoder).
@@ -56,6 +62,22 @@ from headstore.heads.training.train import train_stack
 FORGETTING_TRAIN = {"lr": 1e-3, "remine": False, "graded": "weight"}
 
 
+# encoder tunings (rows 3-5): label, step-name prefix, and how task B meets task A's encoder
+TUNING_ROWS = {
+    "full": ("encoder fine-tuned on A, then on B", "", "sequential"),
+    "adapters": ("adapters, one set per task (base frozen)", "adapters-", "per-task"),
+    "lora": ("LoRA on A (merged), then LoRA on B", "lora-", "sequential"),
+}
+
+
+def _tuning_config(finetune: FinetuneConfig, tuning: str) -> FinetuneConfig:
+    """The [finetune] settings for one tuning: full fine-tuning keeps the given encoder lr; adapters and LoRA
+    take their own (heads.apply.tunings: their weights start at the identity and need a far higher rate)."""
+    if tuning == "full":
+        return dataclasses.replace(finetune, setup="full")
+    return dataclasses.replace(finetune, setup=tuning, encoder_lr=None)
+
+
 @dataclass(frozen=True)
 class ForgettingConfig:
     task_a: str  # dataset trained first (its test split is the forgetting measure)
@@ -74,6 +96,7 @@ class ForgettingConfig:
     mlm_max_texts: int = 64  # held-out texts scored (~1 minute per encoder on 2 CPU cores)
     mlm_holdout_fraction: float = 0.02  # wikitext texts kept out of the probe's training, scored
     mlm_max_length: int = 128  # tokens per packed block (probe training and scoring)
+    tunings: tuple[str, ...] = tuple(TUNING_ROWS)  # the encoder-tuning rows (3, 4, 5): full, adapters, lora
 
 
 def split_classes(data: str, data_format: str | None, out_dir: str | Path, train_per_class: int = 64,
@@ -169,23 +192,51 @@ def run_forgetting(cfg: ForgettingConfig, out_dir: str, log=print) -> str:
                                                                 [t[1] for t in tasks.values()])["n_encoded"]})
         return folder / "store"
 
-    ft_key = {**common, "finetune": asdict(cfg.finetune)}
-    ft_a, _ = steps.run("finetune-A", {**ft_key, "head": str(head_a), "data": cfg.task_a},
-                        lambda d: _ft(finetune(str(head_a), str(d), cfg.finetune, cfg.store, cfg.task_a, cfg.model)))
-    store_a = feat("featurize-A", ft_a / "encoder", {"finetune-A": str(ft_a)})
-    head_b_on_a = head_step("head-B-on-A", "B", store_a, {"encoder": str(ft_a)})
-    ft_ab, _ = steps.run("finetune-AB", {**ft_key, "head": str(head_b_on_a), "data": cfg.task_b},
-                         lambda d: _ft(finetune(str(head_b_on_a), str(d), cfg.finetune, str(store_a), cfg.task_b,
-                                                str(ft_a / "encoder"))))
-    store_ab = feat("featurize-AB", ft_ab / "encoder", {"finetune-AB": str(ft_ab)})
-    rows.append({"setup": "3: encoder fine-tuned on A, then on B", "A_before": score(store_a, ft_a / "head", "A"),
-                 "A_after": score(store_ab, ft_a / "head", "A"), "B": score(store_ab, ft_ab / "head", "B"),
-                 "encoder_after": "finetuned-AB"})
-    mlm = _mlm_losses(cfg, steps, {"base": None, "finetuned-A": ft_a / "encoder", "finetuned-AB": ft_ab / "encoder"}) \
-        if cfg.mlm and cfg.mlm_text else {}
-    for row, before in zip(rows, ("base", "base", "finetuned-A")):
+    def sequential(prefix: str, fcfg: FinetuneConfig):
+        """Encoder (+ head) tuned on A, a head for B on its features, encoder + that head tuned on B: the stores
+        and tuned folders; `prefix` names the steps ("" keeps the fine-tuning steps' first names)."""
+        key = {**common, "finetune": asdict(fcfg)}
+        tag = prefix or "finetune-"
+        ft_a, _ = steps.run(f"{tag}A", {**key, "head": str(head_a), "data": cfg.task_a},
+                            lambda d: _ft(finetune(str(head_a), str(d), fcfg, cfg.store, cfg.task_a, cfg.model)))
+        store_a = feat(f"featurize-{prefix}A", ft_a / "encoder", {f"{tag}A": str(ft_a)})
+        head_b_on_a = head_step(f"head-B-on-{prefix}A", "B", store_a, {"encoder": str(ft_a)})
+        ft_ab, _ = steps.run(f"{tag}AB", {**key, "head": str(head_b_on_a), "data": cfg.task_b},
+                             lambda d: _ft(finetune(str(head_b_on_a), str(d), fcfg, str(store_a), cfg.task_b,
+                                                    str(ft_a / "encoder"))))
+        store_ab = feat(f"featurize-{prefix}AB", ft_ab / "encoder", {f"{tag}AB": str(ft_ab)})
+        return {"A_before": score(store_a, ft_a / "head", "A"), "A_after": score(store_ab, ft_a / "head", "A"),
+                "B": score(store_ab, ft_ab / "head", "B")}, ft_a / "encoder", ft_ab / "encoder"
+
+    def per_task(prefix: str, fcfg: FinetuneConfig):
+        """A tuning that keeps the base weights, one per task (adapters): A's set never sees B."""
+        key = {**common, "finetune": asdict(fcfg)}
+        tuned = {}
+        for tag, head in (("A", head_a), ("B", head_b)):
+            folder, _ = steps.run(f"{prefix}{tag}", {**key, "head": str(head), "data": tasks[tag][0]},
+                                  lambda d, head=head, tag=tag: _ft(finetune(str(head), str(d), fcfg, cfg.store,
+                                                                             tasks[tag][0], cfg.model)))
+            tuned[tag] = (folder, feat(f"featurize-{prefix}{tag}", folder / "encoder", {f"{prefix}{tag}": str(folder)}))
+        (fa, sa), (fb, sb) = tuned["A"], tuned["B"]
+        return {"A_before": score(sa, fa / "head", "A"), "A_after": score(sa, fa / "head", "A"),
+                "B": score(sb, fb / "head", "B")}, fa / "encoder", fa / "encoder"
+
+    encoders = {"base": None}
+    for n, tuning in enumerate(cfg.tunings, start=3):
+        if tuning not in TUNING_ROWS:
+            raise ValueError(f"tunings: unknown {tuning!r}; valid: {list(TUNING_ROWS)}")
+        label, prefix, how = TUNING_ROWS[tuning]
+        fcfg = _tuning_config(cfg.finetune, tuning)
+        scores, before, after = (sequential if how == "sequential" else per_task)(prefix, fcfg)
+        name = prefix.rstrip("-") or "finetuned"
+        encoders[f"{name}-A"], encoders[f"{name}-{'AB' if how == 'sequential' else 'A'}"] = before, after
+        rows.append({"setup": f"{n}: {label}", **scores, "encoder_before": f"{name}-A",
+                     "encoder_after": f"{name}-{'AB' if how == 'sequential' else 'A'}"})
+    mlm = _mlm_losses(cfg, steps, encoders) if cfg.mlm and cfg.mlm_text else {}
+    for row in rows:
         row["forgetting"] = row["A_before"]["value"] - row["A_after"]["value"]
-        row["mlm_before"], row["mlm_after"] = mlm.get(before), mlm.get(row["encoder_after"])
+        row["mlm_before"] = mlm.get(row.pop("encoder_before", "base"))
+        row["mlm_after"] = mlm.get(row["encoder_after"])
     return _report(cfg, out, rows, mlm, steps.seconds)
 
 

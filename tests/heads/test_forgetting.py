@@ -1,7 +1,7 @@
 """The forgetting test on a tiny random BERT: task A (four topics), then task B (random labels).
 
-Frozen encoder + per-task heads must lose nothing on A (by construction, and measured); fine-tuning
-the encoder on A and then on B must lose some of A."""
+Frozen encoder + per-task heads, and per-task adapters, must lose nothing on A (by construction, and
+measured); fine-tuning the encoder on A and then on B must lose some of A; LoRA on A then B moves A's score."""
 import dataclasses
 import json
 
@@ -34,11 +34,18 @@ def test_forgetting_zero_for_frozen_per_task_heads_and_positive_for_sequential_f
                            mlm_max_length=32, mlm_holdout_fraction=0.3)
     table = run_forgetting(cfg, str(tmp_path / "out"), log=lambda *a: None)
     rows = json.loads((tmp_path / "out" / "forgetting.json").read_text())["rows"]
-    frozen, shared, tuned = rows
+    frozen, shared, tuned, adapters, lora = rows
     assert frozen["forgetting"] == 0.0 and frozen["A_before"] == frozen["A_after"]
     assert frozen["mlm_before"] == frozen["mlm_after"] == shared["mlm_after"]  # the encoder never moved
     assert tuned["forgetting"] > 0, table
     assert tuned["mlm_after"] != tuned["mlm_before"]
+    # adapters, one set per task: A's set never sees B (measured again, not assumed); the adapters moved the
+    # encoder's MLM loss away from the base's (scored with them attached)
+    assert adapters["forgetting"] == 0.0 and adapters["A_before"] == adapters["A_after"]
+    assert adapters["mlm_after"] != frozen["mlm_after"]
+    # LoRA on A then on B: the merged encoder moved on B (its MLM loss changed)
+    assert lora["mlm_after"] != lora["mlm_before"] and lora["A_after"]["metric"] == "manhattan_knn_accuracy"
+    assert "| 4: adapters, one set per task" in table and "| 5: LoRA on A (merged), then LoRA on B" in table
     assert frozen["A_before"]["metric"] == "manhattan_knn_accuracy" and "| 3: encoder fine-tuned" in table
     # a rerun reuses every finished step
     assert run_forgetting(cfg, str(tmp_path / "out"), log=lambda *a: None) == table
