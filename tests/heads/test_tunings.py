@@ -17,6 +17,7 @@ from headstore.featurize.model import load_encoder, model_identity
 from headstore.featurize.run import featurize
 from headstore.featurize.store import FeatureStore
 from headstore.heads.apply.finetune import FinetuneConfig, finetune
+from headstore.heads.apply.pipeline import Pipeline
 from headstore.heads.apply.tunings import TUNINGS
 from headstore.heads.settings.config import HeadConfig, TrainConfig
 from headstore.heads.training.run import train_head
@@ -74,6 +75,10 @@ def test_adapters_train_store_eval_and_keep_the_base_weights(world):
     assert s2.fingerprint == summary["fingerprint"] != s1.fingerprint
     base_rows, tuned_rows = s1.features(), s2.features()
     assert base_rows.shape == tuned_rows.shape and np.abs(base_rows - tuned_rows).max() > 1e-4
+    texts = s2.texts.sort("row")  # Pipeline (the head's encoder_dir) loads the adapters as featurize does
+    pipeline = Pipeline.from_head(str(out / "head"), device="cpu")
+    np.testing.assert_allclose(pipeline.features(texts["text"].to_list()), s2.features(texts["row"].to_numpy()),
+                               atol=1e-5)
     r = CliRunner().invoke(main, ["eval", "--store", str(root / "store-adapters"), "--head", str(out / "head"),
                                   "--data", str(beir), "--out", str(root / "eval-adapters")])
     assert r.exit_code == 0, r.output
