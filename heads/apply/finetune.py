@@ -361,7 +361,8 @@ def _write_outputs(out: Path, model, tokenizer, model_dir: Path, head, norm, hea
     head = head.to("cpu").eval()
     norm.center, norm.scale = norm.center.cpu(), norm.scale.cpu()
     summary = {"config": asdict(cfg), "setup": cfg.setup, "setup_settings": tuning.describe(),
-               "encoder_lr": cfg.peak_encoder_lr, **counts, "source_head": str(head_dir), "source_encoder": str(model_dir),
+               "encoder_lr": cfg.peak_encoder_lr, **counts, "source_head": str(head_dir),
+               "source_encoder": str(model_dir),
                "encoder_dir": str(enc_dir), "head_dir": str(new_head), "n_pairs": n_pairs, "steps": steps,
                "n_blocks": n_blocks, "unfrozen_at_step": {str(k): v for k, v in unfrozen_at.items()},
                "first_loss": history[0]["loss"], "last_loss_mean10": float(np.mean([h["loss"] for h in history[-10:]])),
