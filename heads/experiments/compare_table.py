@@ -186,14 +186,19 @@ def _notes(cfg) -> str:
 
 
 def adaptation_note(steps) -> str:
-    """One line: each MLM training run's steps and whether its loss settled (compare.settled)."""
+    """One line: each MLM training run's steps, final loss and whether it settled (compare.settled, computed
+    from the loss curve in its record)."""
+    from headstore.heads.experiments.compare import SETTLE_CHANGE, settled
+
     runs = {n: r for n, r in steps.results.items() if n == "mlm-probe" or n.startswith("adapt-")}
-    if not runs:
+    parts = []
+    for n, r in runs.items():
+        ok, drop = settled(r.get("losses") or [])
+        parts.append(f"{n}: {r['steps']} steps, loss {r['last_loss_mean10']:.3f}, "
+                     + ("settled" if ok else "NOT settled") + ("" if drop is None else f" (second half -{100 * drop:.1f}%)"))
+    if not parts:
         return ""
-    parts = [f"{n} {r['steps']} steps, " + ("settled" if r.get("settled") else "NOT settled")
-             + ("" if r.get("last_windows_spread") is None else f" ({100 * r['last_windows_spread']:.1f}%)")
-             for n, r in runs.items()]
-    return ("MLM runs (settled = the last 3 ten-step mean training losses within 2% of each other): "
+    return (f"MLM runs (settled = the second half of the run lowered the training loss by < {100 * SETTLE_CHANGE:.0f}%): "
             + "; ".join(parts) + ".")
 
 

@@ -115,3 +115,13 @@ def test_the_tables_mark_the_differences_whose_ci_excludes_zero():
     lora = next(line for line in terminal.splitlines() if line.startswith("LoRA"))
     assert "+0.0500 [0.0100, 0.0900] *" in lora and "-0.0100 [-0.0300, 0.0100]" in lora
     assert "-0.0100 [-0.0300, 0.0100] *" not in md and "(reference)" in md and "0.7500 ± 0.0100" in md
+
+
+def test_settled_asks_whether_the_second_half_of_the_run_still_lowered_the_loss():
+    from headstore.heads.experiments.compare import settled
+
+    curve = lambda losses: [{"step": 10 * (i + 1), "loss": v} for i, v in enumerate(losses)]  # noqa: E731
+    # flat at the end (a decaying lr flattens any curve there) but 3% lower than mid-run: not settled
+    assert settled(curve([8.98, 7.65, 7.4, 7.4, 7.44, 7.33, 7.31, 7.26, 7.22, 7.22])) == (False, pytest.approx(0.0301, abs=1e-3))
+    assert settled(curve([9.0, 5.0, 4.0, 4.01, 3.99, 3.98, 3.97, 3.96]))[0]
+    assert settled(curve([9.0, 5.0])) == (False, None)  # too short to say
