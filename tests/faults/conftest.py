@@ -4,7 +4,13 @@ from __future__ import annotations
 import shutil
 
 import pytest
+from fault_matrix import size
 from fault_world import TRAIN, assert_ok, cli, featurize_args, make_world, store_snapshot
+
+
+def pytest_terminal_summary(terminalreporter):
+    """The suite's size (the issue asks for it: sites × faults × seeds) under the run's summary."""
+    terminalreporter.write_line(size())
 
 
 @pytest.fixture(scope="session")

@@ -47,6 +47,7 @@ def _read_until_done(proc, store, before: int, after: int) -> int:
         feats = opened.features()  # raises on a missing shard, a bad checksum, NaN/inf
         assert feats.shape[0] == n and opened.texts.height == n
         reads += 1
+        time.sleep(0.01)  # a reader, not a second busy core: the writer gets the machine's other core
     proc.communicate(timeout=BOUND_S)
     return reads
 

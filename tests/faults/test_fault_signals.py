@@ -9,6 +9,7 @@ import pytest
 from fault_world import (TRAIN, assert_close, assert_ok, assert_store_equal, assert_whole_commits, cli,
                          cli_child, counted,
                          featurize_args, grid_rows, metrics_of, pick, sigint_or_kill_ok, store_snapshot)
+from fault_matrix import SIGNAL, cases
 
 from headstore.featurize.verify import verify_store
 
@@ -21,9 +22,9 @@ def _featurize_counts(world, tmp_path):
     return counted("featurize", run)[0]
 
 
-@pytest.mark.parametrize("what,seed", [("SIGKILL", 0), ("SIGKILL", 1), ("SIGINT", 2), ("SIGINT", 3)])
-def test_featurize_signalled(world, tmp_path, what, seed):
-    fault = pick(_featurize_counts(world, tmp_path), "zarr", what, seed)
+@pytest.mark.parametrize("site,what,seed", cases(SIGNAL, "featurize"))
+def test_featurize_signalled(world, tmp_path, site, what, seed):
+    fault = pick(_featurize_counts(world, tmp_path), site, what, seed)
     store = tmp_path / "s"
     sigint_or_kill_ok(cli_child(*featurize_args(world, store), fault=fault.spec()), what)
     assert_whole_commits(store)
@@ -31,51 +32,54 @@ def test_featurize_signalled(world, tmp_path, what, seed):
     assert_store_equal(store, world["snapshot"])
 
 
-@pytest.mark.parametrize("what,seed", [("SIGKILL", 0), ("SIGINT", 1)])
-def test_grid_signalled(world, tmp_path, what, seed):
+@pytest.mark.parametrize("site,what,seed", cases(SIGNAL, "grid"))
+def test_grid_signalled(world, tmp_path, site, what, seed):
     def run(fault):
         out = tmp_path.parent / "sig-grid-count"
         assert_ok(cli("grid", "--store", world["store"], "--data", world["pairs"], "--grid", world["grid"],
                       "--out", out, fault=fault))
         return grid_rows(out)
     calls, reference = counted("grid", run)
-    fault = pick(calls, "atomic", what, seed)
+    fault = pick(calls, site, what, seed)
     args = ("grid", "--store", world["store"], "--data", world["pairs"], "--grid", world["grid"], "--out", tmp_path / "g")
     sigint_or_kill_ok(cli_child(*args, fault=fault.spec()), what)
     assert_ok(cli(*args))  # resumed
     assert_close(grid_rows(tmp_path / "g"), reference)
 
 
-def test_train_head_interrupted(world, tmp_path):
+@pytest.mark.parametrize("site,what,seed", cases(SIGNAL, "train-head"))
+def test_train_head_interrupted(world, tmp_path, site, what, seed):
     def run(fault):
         out = tmp_path.parent / "train-count"
         assert_ok(cli("train-head", "--store", world["store"], "--data", world["pairs"], "--out", out, *TRAIN,
                       fault=fault))
         return metrics_of(out)
     calls, reference = counted("train-head", run)
-    fault = pick(calls, "atomic", "SIGINT", 2)
+    fault = pick(calls, site, what, seed)
     args = ("train-head", "--store", world["store"], "--data", world["pairs"], "--out", tmp_path / "h", *TRAIN)
-    sigint_or_kill_ok(cli_child(*args, fault=fault.spec()), "SIGINT")
+    sigint_or_kill_ok(cli_child(*args, fault=fault.spec()), what)
     assert_ok(cli(*args))  # the interrupted head is replaced
     assert_close(metrics_of(tmp_path / "h"), reference)
 
 
-def test_store_compact_killed(world, store_copy):
+@pytest.mark.parametrize("site,what,seed", cases(SIGNAL, "store compact"))
+def test_store_compact_killed(world, store_copy, site, what, seed):
     assert_ok(cli(*featurize_args(world, store_copy, world["more"])))
     before = store_snapshot(store_copy)
-    sigint_or_kill_ok(cli_child("store", "compact", store_copy, fault="atomic:SIGKILL:1"), "SIGKILL")
+    sigint_or_kill_ok(cli_child("store", "compact", store_copy, fault=f"{site}:{what}:1"), what)  # the first
     assert_whole_commits(store_copy)
     assert store_snapshot(store_copy) == before
     assert_ok(cli("store", "compact", store_copy))
     assert_store_equal(store_copy, before)
 
 
-def test_store_migrate_killed(world, tmp_path):
+@pytest.mark.parametrize("site,what,seed", cases(SIGNAL, "store migrate"))
+def test_store_migrate_killed(world, tmp_path, site, what, seed):
     from store_helpers import make_format1_copy
 
     old = tmp_path / "v1"
     make_format1_copy(world["store"], old)
-    sigint_or_kill_ok(cli_child("store", "migrate", old, fault="zarr:SIGKILL:3"), "SIGKILL")
+    sigint_or_kill_ok(cli_child("store", "migrate", old, fault=f"{site}:{what}:3"), what)  # the third
     assert verify_store(old) == []  # migrate stages beside the store: nothing of it is left in the store
     assert_ok(cli("store", "migrate", old))
     assert_store_equal(old, world["snapshot"])

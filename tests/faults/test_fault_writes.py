@@ -10,13 +10,12 @@ import pytest
 from fault_world import (TRAIN, assert_close, assert_ok, assert_store_equal, assert_write_error, cli, counted,
                          featurize_args, grid_rows, metrics_of, pick, store_snapshot)
 from fault_inject import Fault
+from fault_matrix import WRITE, cases
 
 from headstore.featurize.store import FeatureStore
 from headstore.featurize.verify import verify_store
 
-@pytest.mark.parametrize("site,what,seed", [("zarr", "ENOSPC", 0), ("zarr", "ENOENT", 1), ("parquet", "EDQUOT", 0),
-                                            ("parquet", "ENOSPC", 1), ("atomic", "EIO", 0), ("atomic", "EROFS", 1),
-                                            ("fsync", "EIO", 0), ("fsync", "EIO", 1)])
+@pytest.mark.parametrize("site,what,seed", cases(WRITE, "featurize"))
 def test_featurize(world, tmp_path, site, what, seed):
     def run(fault):
         store = tmp_path.parent / f"count-{fault.site}" / "s"
@@ -38,7 +37,7 @@ def _train(world, out, fault=None):
     return cli("train-head", "--store", world["store"], "--data", world["pairs"], "--out", out, *TRAIN, fault=fault)
 
 
-@pytest.mark.parametrize("site,what,seed", [("atomic", "ENOSPC", 0), ("atomic", "EDQUOT", 1), ("fsync", "EIO", 0)])
+@pytest.mark.parametrize("site,what,seed", cases(WRITE, "train-head"))
 def test_train_head(world, tmp_path, site, what, seed):
     def run(fault):
         out = tmp_path.parent / "train-count"
@@ -57,7 +56,7 @@ def _grid(world, out, fault=None):
                fault=fault)
 
 
-@pytest.mark.parametrize("site,what,seed", [("parquet", "ENOSPC", 0), ("atomic", "EDQUOT", 1)])
+@pytest.mark.parametrize("site,what,seed", cases(WRITE, "grid"))
 def test_grid(world, tmp_path, site, what, seed):
     def run(fault):
         out = tmp_path.parent / "grid-count"
@@ -78,8 +77,8 @@ def _index(world, out, fault=None):
                fault=fault)
 
 
-@pytest.mark.parametrize("site,what", [("atomic", "ENOSPC"), ("parquet", "EIO")])
-def test_index(world, tmp_path, site, what):
+@pytest.mark.parametrize("site,what,seed", cases(WRITE, "index"))
+def test_index(world, tmp_path, site, what, seed):
     import polars as pl
 
     def run(fault):
@@ -87,7 +86,7 @@ def test_index(world, tmp_path, site, what):
         assert_ok(_index(world, out, fault))
         return (out / "index.faiss").read_bytes(), pl.read_parquet(out / "items.parquet")
     calls, (index_bytes, items) = counted("index", run)
-    fault = pick(calls, site, what, 0)
+    fault = pick(calls, site, what, seed)
     out = tmp_path / "index"
     assert_write_error(_index(world, out, fault), fault)
     assert_ok(_index(world, out))  # the same command replaces the interrupted index
@@ -95,7 +94,8 @@ def test_index(world, tmp_path, site, what):
     assert pl.read_parquet(out / "items.parquet").equals(items)
 
 
-def test_export(world, tmp_path):
+@pytest.mark.parametrize("site,what,seed", cases(WRITE, "export"))
+def test_export(world, tmp_path, site, what, seed):
     import torch
     from safetensors.torch import load_file
 
@@ -104,7 +104,7 @@ def test_export(world, tmp_path):
         assert_ok(cli("export", "--head", world["head"], "--format", "safetensors", "--out", out, fault=fault))
         return load_file(out / "head.safetensors")
     calls, reference = counted("export", run)
-    fault = pick(calls, "atomic", "ENOSPC", 1)
+    fault = pick(calls, site, what, seed)
     out = tmp_path / "export"
     args = ("export", "--head", world["head"], "--format", "safetensors", "--out", out)
     assert_write_error(cli(*args, fault=fault), fault)
@@ -121,10 +121,10 @@ def two_part_store(world, store_copy):
     return store_copy
 
 
-@pytest.mark.parametrize("site,what", [("parquet", "ENOSPC"), ("atomic", "EIO")])
-def test_store_compact(world, two_part_store, site, what):
+@pytest.mark.parametrize("site,what,seed", cases(WRITE, "store compact"))
+def test_store_compact(world, two_part_store, site, what, seed):
     before = store_snapshot(two_part_store)
-    fault = pick({"parquet": 1, "atomic": 1}, site, what, 0)  # compact writes one part, then the manifest
+    fault = Fault(site, what, 1)  # compact writes one part, then the manifest: the first of either
     assert_write_error(cli("store", "compact", two_part_store, fault=fault), fault)
     assert_store_equal(two_part_store, before)  # untouched: the commit is the manifest
     assert_ok(cli("store", "compact", two_part_store))
@@ -132,8 +132,8 @@ def test_store_compact(world, two_part_store, site, what):
     assert_store_equal(two_part_store, before)
 
 
-@pytest.mark.parametrize("site,what", [("zarr", "ENOSPC"), ("parquet", "EDQUOT"), ("atomic", "EIO")])
-def test_store_migrate(world, tmp_path, site, what):
+@pytest.mark.parametrize("site,what,seed", cases(WRITE, "store migrate"))
+def test_store_migrate(world, tmp_path, site, what, seed):
     from store_helpers import make_format1_copy
 
     old = tmp_path / "v1"
@@ -142,7 +142,7 @@ def test_store_migrate(world, tmp_path, site, what):
     scratch = tmp_path / "count"
     make_format1_copy(world["store"], scratch)
     assert_ok(cli("store", "migrate", scratch, fault=counts))
-    fault = pick(counts.calls, site, what, 0)
+    fault = pick(counts.calls, site, what, seed)
     assert_write_error(cli("store", "migrate", old, fault=fault), fault)
     assert verify_store(old) == []  # still the format-1 store (or already the whole format-2 one)
     assert_ok(cli("store", "migrate", old))
