@@ -30,7 +30,7 @@ BACKENDS = {
     # ONNX Runtime's CPU provider: fp32 only (it has no bf16 matmuls on CPU)
     "onnx": Backend("onnx", ("onnx", "onnxruntime"), ("fp32",)),
     # OpenVINO: fp32, or bf16 through its INFERENCE_PRECISION_HINT (native on AMX / AVX-512-BF16 CPUs)
-    "openvino": Backend("openvino", ("onnx", "openvino"), ("fp32", "bf16")),
+    "openvino": Backend("openvino", ("openvino",), ("fp32", "bf16")),  # converted from torch, no ONNX
 }
 EXTRA = "cpu-fast"
 
