@@ -2,10 +2,27 @@
 from __future__ import annotations
 
 import shutil
+from pathlib import Path
 
 import pytest
+from fault_child import start_server
 from fault_matrix import size
 from fault_world import TRAIN, assert_ok, cli, featurize_args, make_world, store_snapshot
+
+
+IN_PROCESS_FIRST = ("test_fault_writes.py", "test_fault_suspicions.py", "test_fault_ray.py")
+
+
+def pytest_collection_modifyitems(items):
+    """The suite's tests that need no child run first (in this order, then the rest), so the children's fork
+    server imports in the background meanwhile; tests outside tests/faults keep their places."""
+    here = Path(__file__).parent
+    slots = [i for i, item in enumerate(items) if here in Path(str(item.path)).parents]
+    ours = [items[i] for i in slots]
+    rank = {name: k for k, name in enumerate(IN_PROCESS_FIRST)}
+    ours.sort(key=lambda item: rank.get(Path(str(item.path)).name, len(rank)))  # stable: ids keep their order
+    for i, item in zip(slots, ours):
+        items[i] = item
 
 
 def pytest_terminal_summary(terminalreporter):
@@ -22,6 +39,7 @@ def world(tmp_path_factory) -> dict:
     w["snapshot"] = store_snapshot(w["store"])
     w["head"] = w["root"] / "head"
     assert_ok(cli("train-head", "--store", w["store"], "--data", w["pairs"], "--out", w["head"], *TRAIN))
+    start_server()  # the children's fork server imports what these runs imported, while in-process tests run
     return w
 
 
