@@ -211,5 +211,6 @@ def export_openvino(model, example: tuple, layers: tuple[int, ...], folder: Path
         converted = ov.convert_model(_states_module(model, layers), example_input=dict(zip(INPUTS, example)))
     for port, name in zip(converted.inputs, INPUTS):
         port.get_tensor().set_names({name})
-    converted.reshape({name: ov.PartialShape([-1, -1]) for name in INPUTS})  # any batch, any length
+    if any(not port.get_partial_shape().is_dynamic for port in converted.inputs):  # the frontend keeps them dynamic
+        converted.reshape({name: ov.PartialShape([-1, -1]) for name in INPUTS})  # any batch, any length
     ov.save_model(converted, str(folder / "model.xml"), compress_to_fp16=False)

@@ -17,7 +17,7 @@ from headstore.cli import main
 from headstore.data.text_id import text_id
 from headstore.featurize.backends import BACKENDS, check_backend
 from headstore.featurize.config import FeaturizeConfig
-from headstore.featurize.exported import MANIFEST, cached_export, verified
+from headstore.featurize.exported import MANIFEST, cached_export, export_key, verified
 from headstore.featurize.run import _load, featurize_texts, fingerprint_parts
 from headstore.featurize.store import FeatureStore, StoreError
 
@@ -104,8 +104,9 @@ def test_export_cache_is_keyed_by_the_model_and_corruption_is_rebuilt(backend, t
     assert verified(first, key) is not None
     assert _export(model, backend, cache) == first
     assert "rebuilding" in capsys.readouterr().err and verified(first, key) is None
-    build_hf(tmp_path / "m", "bert", seed=2)  # the same folder, other weights: another export
-    assert _export(model, backend, cache) != first
+    build_hf(tmp_path / "m", "bert", seed=2)  # the same folder, other weights: another key (so another folder)
+    other = _load(FeaturizeConfig(model=str(model), backend="torch"), "cpu")
+    assert export_key(other, backend, (-1,))["weights_hash"] != key["weights_hash"]
 
 
 @pytest.mark.parametrize("backend", RUNTIMES)
