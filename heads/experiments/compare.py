@@ -29,7 +29,7 @@ from headstore.featurize.config import AdaptConfig
 from headstore.featurize.config import FeaturizeConfig
 from headstore.heads.settings.config import setting_hints, TrainConfig
 from headstore.heads.apply.finetune import FinetuneConfig
-from headstore.heads.experiments.compare_setups import REFERENCE, SETUPS, TUNED, Builder
+from headstore.heads.experiments.compare_setups import SETUPS, TUNED, Builder, settled
 from headstore.heads.experiments.datasets_root import default_mlm_text, missing_mlm_text_note
 from headstore.heads.network.model import HeadConfig
 
@@ -323,20 +323,6 @@ def _subsampled(cfg: CompareConfig, out: Path) -> CompareConfig:
         return path if limit is None else subsample_beir(path, out / "data", limit, cfg.subsample_seed)
     return dataclasses.replace(cfg, in_domain=sub(cfg.in_domain, cfg.max_docs),
                                out_of_domain=tuple(sub(d, cfg.ood_max_docs) for d in cfg.out_of_domain))
-
-
-SETTLE_CHANGE = 0.02  # settled: the second half of the run lowered the MLM loss by less than 2%
-
-
-def settled(curve: list[dict]) -> tuple[bool, float | None]:
-    """(has the MLM loss settled, how much the second half of the run lowered it, relative) from adapt's loss
-    curve ([{"step", "loss"}] of ten-step means): the mid-run window's mean against the last window's. A
-    window-to-window test on the last steps alone would pass by itself under a decaying learning rate."""
-    if len(curve) < 4:
-        return False, None
-    mid, last = curve[len(curve) // 2 - 1]["loss"], curve[-1]["loss"]
-    drop = (mid - last) / mid
-    return drop < SETTLE_CHANGE, drop
 
 
 def _adapt_result(summary: dict) -> dict:

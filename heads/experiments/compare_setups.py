@@ -146,3 +146,17 @@ def _tuned_result(summary: dict, encoder_parameters: int) -> dict:
     keep["trainable_parameters"] = int(summary.get("trainable_params", encoder_parameters)) \
         + head_parameters(Path(summary["head_dir"]))
     return keep
+
+
+SETTLE_CHANGE = 0.02  # settled: the second half of the run lowered the MLM loss by less than 2%
+
+
+def settled(curve: list[dict]) -> tuple[bool, float | None]:
+    """(has the MLM loss settled, how much the second half of the run lowered it, relative) from adapt's loss
+    curve ([{"step", "loss"}] of ten-step means): the mid-run window's mean against the last window's. A
+    window-to-window test on the last steps alone would pass by itself under a decaying learning rate."""
+    if len(curve) < 4:
+        return False, None
+    mid, last = curve[len(curve) // 2 - 1]["loss"], curve[-1]["loss"]
+    drop = (mid - last) / mid
+    return drop < SETTLE_CHANGE, drop

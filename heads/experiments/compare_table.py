@@ -20,7 +20,7 @@ from tabulate import tabulate
 from headstore.data.files import atomic_write_text
 from headstore.heads.experiments.compare_report import dataset_name
 from headstore.heads.experiments.compare_setups import REFERENCE, SETUPS
-from headstore.heads.kinds.base import PREFIX
+from headstore.heads.experiments.plots import metric_family, plot_gain_vs_change
 from headstore.heads.scoring.metrics import bootstrap_ci
 
 
@@ -30,12 +30,6 @@ def statistic_of(metric: str) -> str:
         if metric.startswith(name):
             return name
     return "mean"
-
-
-def metric_family(metric: str) -> str:
-    """"manhattan_ndcg@10" / "cosine_ndcg@10" -> "ndcg@10", "spearman_cosine" -> "spearman": a column's
-    metric, whatever energy each row scores with."""
-    return "_".join(p for p in metric.split("_") if p not in PREFIX.values()) or metric
 
 
 def figure(per_seed: list[float], items: np.ndarray, gold, statistic: str, n_boot: int) -> dict:
@@ -188,7 +182,7 @@ def _notes(cfg) -> str:
 def adaptation_note(steps) -> str:
     """One line: each MLM training run's steps, final loss and whether it settled (compare.settled, computed
     from the loss curve in its record)."""
-    from headstore.heads.experiments.compare import SETTLE_CHANGE, settled
+    from headstore.heads.experiments.compare_setups import SETTLE_CHANGE, settled
 
     runs = {n: r for n, r in steps.results.items() if n == "mlm-probe" or n.startswith("adapt-")}
     parts = []
@@ -204,8 +198,6 @@ def adaptation_note(steps) -> str:
 
 def write_report(cfg, out: Path, built: dict, evals: dict, mlm: dict, steps) -> str:
     """compare.json, compare.md, compare.png; returns the terminal table."""
-    from headstore.heads.experiments.plots import plot_gain_vs_change
-
     rows = build_rows(cfg, built, evals, mlm, steps)
     terminal, md = tables(cfg, rows)
     note = adaptation_note(steps)

@@ -6,6 +6,8 @@ from pathlib import Path
 from headstore.data.files import atomic_write_figure
 from matplotlib.figure import Figure  # no pyplot: files only, the host's backend left as it is
 
+from headstore.heads.kinds.base import PREFIX
+
 
 def plot_by_setting(rows: list[dict], settings: list[str], metric: str, baseline: float | None, path: Path) -> None:
     """One panel per grid setting: the primary metric of every head against that setting's values."""
@@ -56,11 +58,15 @@ def plot_best_curves(curves: dict[str, list[dict]], path: Path) -> None:
     atomic_write_figure(fig, path, dpi=110)  # whole or not at all; an OS error names it
 
 
+def metric_family(metric: str) -> str:
+    """"manhattan_ndcg@10" / "cosine_ndcg@10" -> "ndcg@10", "spearman_cosine" -> "spearman": a column's
+    metric, whatever energy each row scores with."""
+    return "_".join(p for p in metric.split("_") if p not in PREFIX.values()) or metric
+
+
 def plot_gain_vs_change(rows: list[dict], path: Path) -> None:
     """`cli compare`'s picture: per out-of-domain dataset, each setup's in-domain gain over frozen + head
     (x) against its out-of-domain change (y), both paired differences with their 95% CIs as bars."""
-    from headstore.heads.experiments.compare_table import metric_family as family
-
     datasets = list(rows[0]["datasets"])
     ind, ood = datasets[0], datasets[1:] or datasets[:1]
     fig = Figure(figsize=(5.2 * len(ood), 4.6))
@@ -77,9 +83,9 @@ def plot_gain_vs_change(rows: list[dict], path: Path) -> None:
                         color=colors[r["setup"]], label=r["label"])
         ax.axhline(0, color="gray", lw=0.8)
         ax.axvline(0, color="gray", lw=0.8)
-        ax.set_xlabel(f"in-domain gain vs frozen + head ({ind}, {family(rows[0]['datasets'][ind]['metric'])})",
+        ax.set_xlabel(f"in-domain gain vs frozen + head ({ind}, {metric_family(rows[0]['datasets'][ind]['metric'])})",
                       fontsize=9)
-        ax.set_ylabel(f"out-of-domain change ({ds}, {family(rows[0]['datasets'][ds]['metric'])})", fontsize=9)
+        ax.set_ylabel(f"out-of-domain change ({ds}, {metric_family(rows[0]['datasets'][ds]['metric'])})", fontsize=9)
         ax.set_title(f"{ds}: 95% CIs, paired over items", fontsize=10)
     handles, labels = axes[0].get_legend_handles_labels()
     fig.legend(handles, labels, loc="lower center", ncol=min(4, len(labels)), fontsize=8, frameon=False)

@@ -118,7 +118,7 @@ def test_the_tables_mark_the_differences_whose_ci_excludes_zero():
 
 
 def test_settled_asks_whether_the_second_half_of_the_run_still_lowered_the_loss():
-    from headstore.heads.experiments.compare import settled
+    from headstore.heads.experiments.compare_setups import settled
 
     curve = lambda losses: [{"step": 10 * (i + 1), "loss": v} for i, v in enumerate(losses)]  # noqa: E731
     # flat at the end (a decaying lr flattens any curve there) but 3% lower than mid-run: not settled
