@@ -56,8 +56,10 @@ def test_a_segment_that_kills_every_actor_ends_the_run(world, tmp_path, local_ra
     monkeypatch.setattr(ray_engine, "ACTOR_RESTARTS", 0)  # 3 in use; 0 (one actor dies, no retry) keeps it short
     monkeypatch.setenv("HEADSTORE_CRASH_AT", "actor_segment_always:1")
     store = tmp_path / "s"
-    with pytest.raises(ray_engine.WorkersFailed, match="actor"):
+    # one segment: two actors in all (the one killed, the one that finds the attempt spent); each actor
+    # starts a process that imports torch, and a second segment would take a third
+    with pytest.raises(ray_engine.WorkersFailed, match="actors died on a segment: segment 0"):
         bounded(lambda: ray_engine.featurize_texts_ray(small(world["model"]), TEXTS, store, workers=1,
-                                                       segment_texts=30))
+                                                       segment_texts=len(TEXTS)))
     assert FeatureStore.open(store).n_texts == 0 and verify_store(store) == []
     acquire_lock(store).release()
