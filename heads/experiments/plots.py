@@ -83,6 +83,7 @@ def plot_gain_vs_change(rows: list[dict], path: Path) -> None:
                         color=colors[r["setup"]], label=r["label"])
         ax.axhline(0, color="gray", lw=0.8)
         ax.axvline(0, color="gray", lw=0.8)
+        ax.locator_params(axis="x", nbins=5)  # signed tick labels of 6 characters: few enough not to touch
         ax.set_xlabel(f"in-domain gain vs frozen + head ({ind}, {metric_family(rows[0]['datasets'][ind]['metric'])})",
                       fontsize=9)
         ax.set_ylabel(f"out-of-domain change ({ds}, {metric_family(rows[0]['datasets'][ds]['metric'])})", fontsize=9)
