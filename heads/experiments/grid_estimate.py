@@ -1,11 +1,14 @@
 """How long a grid will take: a rough figure in the plan, then one from the first stack's measured pace.
 
 A stack's time is modelled as its epochs x (steps x (a fixed cost per step + a cost per head parameter) + the
-dev scoring of the epoch, a cost per head parameter and scored row). The step's fixed part (the loss, the
-batching and the optimiser's calls, whatever the heads' size) dominates the small heads of a grid, which is
-why a count of training pairs x head-epochs (the earlier estimate) was off by up to 18x: the stacks share
-their steps. The constants are the STS-B grid's (examples/grid.toml, 12 stacks of 12 MiniLM heads) on a
-2-core AMD EPYC (AVX2) fitted per stack; early stopping only shortens the time.
+dev scoring of the epoch, a cost per head parameter and scored row) + the re-mining in head space, a cost per
+head parameter and embedded row. Above exact_max, dev scores the candidates and re-mining the pooled documents
+(heads.network.candidates), not the corpus: counting the corpus put a 1M-document grid at 18x its time.
+The step's fixed part (the loss, the batching and the optimiser's calls, whatever the heads' size) dominates
+the small heads of a grid, which is why a count of training pairs x head-epochs (the earlier estimate) was off
+by up to 18x: the stacks share their steps. The constants are the STS-B grid's (examples/grid.toml, 12 stacks
+of 12 MiniLM heads) on a 2-core AMD EPYC (AVX2) fitted per stack, re-mining's a matmul rate; early stopping
+only shortens the time.
 
 After the first stack the grid prints the other stacks' time at the pace the first one measured (its seconds
 over its modelled seconds, applied to the rest): the machine, its load and the task's costs the model misses
@@ -16,9 +19,12 @@ from __future__ import annotations
 import math
 from dataclasses import replace
 
+import numpy as np
+
 from headstore.heads.settings.config import HeadConfig
 from headstore.heads.network.features import array_list
 from headstore.heads.kinds import Task, kind_of
+from headstore.heads.scoring.losses import LOSSES
 
 # seconds on a quiet 2-core CPU (module doc); fitted on the STS-B grid's stacks, depth 1 and 2 (their ratios
 # measured on a loaded machine, within 2x of each other per stack; the scale set so that the whole grid, 1.5-3
@@ -26,6 +32,8 @@ from headstore.heads.kinds import Task, kind_of
 STEP_SECONDS = 0.017  # per training step of a stack, whatever its heads' size
 STEP_PARAM_SECONDS = 3.6e-9  # per step and head parameter (a batch of 64: forward, backward, update)
 EVAL_SECONDS = 7.5e-11  # per epoch, head parameter and row the dev scoring embeds
+REMINE_SECONDS = 2.5e-11  # per head parameter and row a re-mine embeds: large blocks (up to POOL_FLOATS
+# outputs) run at matmul speed, 2 FLOPs at ~80 GFLOP/s (2 quiet AVX2 cores; 40 measured at load 2.5)
 
 
 def head_params(head: HeadConfig, in_dim: int) -> int:
@@ -34,20 +42,37 @@ def head_params(head: HeadConfig, in_dim: int) -> int:
     return sum(a * b + b for a, b in zip(dims, dims[1:]))
 
 
+def train_anchors(task: Task, train) -> np.ndarray:
+    """(P,) anchor store rows of the pairs `train` trains on (positives-only losses keep the genuine pairs)."""
+    kind = kind_of(task)
+    try:
+        return np.asarray(kind.train_set(task, train.loss).anchor)
+    except ValueError:
+        rows = kind.train_rows(task)
+        return rows[:len(rows) // 2]
+
+
+def remine_rows(task: Task, train, anchors: np.ndarray) -> int:
+    """Rows re-mining in head space embeds over the whole training: each re-mine (every remine_every epochs
+    after the first) embeds the unique anchors and their pooled documents (at most pool_k each: pools overlap),
+    the whole corpus at or below exact_max (heads.training.batches.NegativeSource)."""
+    if not (train.remine and train.mined_k and LOSSES[train.loss].negatives and task.corpus_rows is not None):
+        return 0
+    n_docs, n_anchors = len(np.unique(task.corpus_rows)), len(np.unique(anchors))
+    pooled = min(n_docs, n_anchors * max(train.pool_k, train.mined_k))
+    docs = pooled if train.negatives.on_candidates(n_docs) else n_docs
+    return (train.epochs - 1) // train.remine_every * (n_anchors + docs)
+
+
 def stack_seconds(items: list[tuple], task: Task, store_dim: int) -> float:
     """The modelled seconds of one stack of the plan ((head id, head, train, array) items), every epoch run."""
     _, head, train, array = items[0]
-    kind = kind_of(task)
-    try:
-        pairs = len(kind.train_set(task, train.loss))  # positives-only losses keep the genuine pairs
-    except ValueError:
-        pairs = len(kind.train_rows(task)) // 2
-    steps = math.ceil(max(pairs, 1) / max(1, min(train.batch_size, pairs or 1)))
-    dev = task.eval_sets.get("dev")
-    eval_rows = len(kind.rows(dev)) if dev is not None else 0
+    anchors = train_anchors(task, train)
+    steps = math.ceil(max(len(anchors), 1) / max(1, min(train.batch_size, len(anchors) or 1)))
+    dev_rows = kind_of(task).selection_rows(task, "dev", train) if "dev" in task.eval_sets else 0
     params = len(items) * head_params(head, store_dim * len(array_list(array)))
-    per_epoch = steps * (STEP_SECONDS + STEP_PARAM_SECONDS * params) + EVAL_SECONDS * params * eval_rows
-    return train.epochs * per_epoch
+    per_epoch = steps * (STEP_SECONDS + STEP_PARAM_SECONDS * params) + EVAL_SECONDS * params * dev_rows
+    return train.epochs * per_epoch + REMINE_SECONDS * params * remine_rows(task, train, anchors)
 
 
 def plan_seconds(groups: dict, task: Task, store_dim: int) -> list[float]:

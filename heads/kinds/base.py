@@ -205,6 +205,10 @@ class TaskKind:
         corpus above cfg.exact_max: candidates, heads.kinds.ir)."""
         return task.eval_sets[split], {"method": "exact"}
 
+    def selection_rows(self, task: Task, split: str, cfg) -> int:
+        """How many store rows each epoch's scoring of selection_set embeds, without making it (a plan's cost)."""
+        return len(self.rows(task.eval_sets[split]))
+
     def candidate_share(self, task: Task, split: str, chosen, rankings: dict) -> dict:
         """How well a selection set made of candidates stands for the whole split (IR: the share of the exact
         top-10 inside the candidates, from the rankings `evaluate_splits` kept); nothing to say here."""

@@ -180,6 +180,10 @@ class NegativesConfig:
         "Candidates per query above --exact-max: the frozen space's top-k documents."))  # 100: 12x the 8
     # mined negatives; the dev candidates' share of the exact top-10 is reported in metrics.json
 
+    def on_candidates(self, n_docs: int) -> bool:
+        """Whether a corpus of `n_docs` documents is mined and dev-ranked on candidates (above exact_max)."""
+        return n_docs > self.exact_max
+
 
 @dataclass(frozen=True)
 class SelectionConfig:

@@ -105,7 +105,7 @@ class NegativeSource:
         self.plan = (MiningPlan.build(data.pairs.anchor, task.corpus_rows, task.relevant, cfg.mined_k)
                      if self.mining else None)  # the corpus, anchors and positives, once for every epoch
         n_docs = len(self.plan.corpus_rows) if self.mining else 0
-        if self.mining and n_docs > cfg.exact_max:  # a large corpus: a candidate pool, searched once
+        if self.mining and cfg.negatives.on_candidates(n_docs):  # a large corpus: a candidate pool, searched once
             self.pool = self._pool(n_docs)
             self.report = {"method": "candidates", "pool_k": int(self.pool.shape[1]), "search": "each training "
                            "query's exact frozen top pool_k by cosine (blocked matmul), searched once", "corpus": n_docs,

@@ -4,6 +4,7 @@ stack (heads.experiments.grid_estimate)."""
 import itertools
 import json
 
+import numpy as np
 import polars as pl
 import pytest
 import torch
@@ -86,3 +87,55 @@ def test_the_estimate_follows_the_stacks_work():
     line = pace_line(30.0, [10.0, 20.0, 40.0], compiled=12.0)
     assert "took 30 s + 12 s compiling, once (3.0x the plan's model)" in line
     assert "the other 2 stack(s) about 3.0 min" in line  # 3 x (20 + 40) s
+
+
+def test_an_ir_task_above_exact_max_is_costed_on_its_candidates_not_the_corpus():
+    """Dev of 5 queries (1 judged document each) over 400 documents: above exact_max the plan counts the
+    queries and at most 5 x pool_k candidates + 5 judged (5 + 55 rows), at or below it the corpus (5 + 400),
+    and never fewer rows than the candidates selection_set makes; with re-mining off, the two plans differ by
+    exactly epochs x EVAL_SECONDS x params x the 345 rows."""
+    from headstore.heads.experiments import grid_estimate as ge
+    from headstore.heads.kinds import kind_of
+    from headstore.heads.kinds.ranking import IRSplit
+    from headstore.heads.settings.config import HeadConfig, TrainConfig
+
+    from .synthetic import planted_ir_task
+
+    task, X = planted_ir_task(n_docs=400, dim=8)
+    dev = task.eval_sets["dev"]
+    ids = dev.query_ids[:5]
+    task.eval_sets["dev"] = IRSplit(ids, dev.query_rows[:5], dev.doc_ids, dev.doc_rows, {q: dev.qrels[q] for q in ids})
+    kind = kind_of(task)
+    small = TrainConfig(exact_max=100, pool_k=10, remine=False, epochs=3)
+    large = TrainConfig(exact_max=400, pool_k=10, remine=False, epochs=3)
+    assert kind.selection_rows(task, "dev", small) == 5 + 5 * 10 + 5
+    assert kind.selection_rows(task, "dev", large) == 5 + 400
+    chosen, report = kind.selection_set(task, "dev", X, small)
+    assert report["method"] == "candidates" and len(kind.rows(chosen)) <= 5 + 55
+    head = HeadConfig(depth=1, out_dim=8)
+    params = 2 * ge.head_params(head, 8)
+    seconds = {cfg.exact_max: ge.stack_seconds([(i, head, cfg, "features") for i in range(2)], task, 8)
+               for cfg in (small, large)}
+    assert seconds[400] - seconds[100] == pytest.approx(3 * ge.EVAL_SECONDS * params * (400 - 55))
+
+
+def test_re_mining_is_costed_on_the_pooled_documents_above_exact_max():
+    """240 training queries re-mined at epochs 1 and 2 of 3: each re-mine embeds the 240 anchors and
+    min(400, 240 x pool_k) pooled documents above exact_max, the 400 documents at or below it; off: nothing."""
+    from headstore.heads.experiments.grid_estimate import remine_rows
+    from headstore.heads.settings.config import TrainConfig
+
+    from .synthetic import planted_ir_task
+
+    task, _ = planted_ir_task(n_docs=400, dim=8)
+    anchors = task.train.anchor
+    assert len(np.unique(anchors)) == 240
+    cfg = dict(epochs=3, mined_k=4, loss="l1-energy")
+    assert remine_rows(task, TrainConfig(exact_max=100, pool_k=10, **cfg), anchors) == 2 * (240 + 400)
+    assert remine_rows(task, TrainConfig(exact_max=1000, pool_k=10, **cfg), anchors) == 2 * (240 + 400)
+    task2 = type(task)(task.name, task.kind, task.train, task.eval_sets, task.dev_note, np.arange(4000),
+                       task.relevant)
+    assert remine_rows(task2, TrainConfig(exact_max=100, pool_k=10, **cfg), anchors) == 2 * (240 + 2400)
+    assert remine_rows(task2, TrainConfig(exact_max=5000, pool_k=10, **cfg), anchors) == 2 * (240 + 4000)
+    assert remine_rows(task2, TrainConfig(exact_max=100, pool_k=10, remine_every=2, **cfg), anchors) == 240 + 2400
+    assert remine_rows(task2, TrainConfig(exact_max=100, pool_k=10, remine=False, **cfg), anchors) == 0
