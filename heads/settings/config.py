@@ -194,7 +194,7 @@ class SelectionConfig:
     strength: str = field(default="1", metadata=_opt(
         "Strength a of the trained update, after training: f_a(x) = x + a g(x) for a residual head (other "
         "heads: a of the way from their starting weights). A number in [0, 1], or 'auto': chosen on dev (the "
-        "in-domain dev split and the --select-ood sets, heads.training.strength's rule)."))  # 1: the trained head as
+        "in-domain dev split and the --select-ood sets, the rule in docs/robust.md)."))  # 1: the trained head as
     # it is (earlier heads and figures do not move); the study's choice is in docs/robust.md
 
 
