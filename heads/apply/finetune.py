@@ -247,7 +247,10 @@ def _training_source(head_config: dict, store_path: str, data_path: str, head_di
 
 def _load_encoder(cfg: FinetuneConfig, encoder: str, parts: dict, store_path: str):
     """(model in train mode on the device, tokenizer, model dir) of the encoder that featurized the store."""
-    model_dir = resolve_model(encoder)
+    try:
+        model_dir = resolve_model(encoder)
+    except ValueError as err:  # a store records a local encoder by its folder name only
+        raise ValueError(f"{err.args[0]}: {store_path} was featurized with it; give its folder with --model") from None
     if has_adapters(model_dir):
         raise ValueError(f"{encoder}: carries bottleneck adapters (cli finetune --setup adapters); finetune starts "
                          "from a plain encoder folder: give the base encoder and a head trained on its store")

@@ -70,3 +70,16 @@ def test_export_and_search_block(world, tmp_path, monkeypatch):
     model_st, pipe = namespace["model"], namespace["pipe"]
     query, docs = namespace["query"], namespace["docs"]
     np.testing.assert_allclose(model_st.encode(query + docs), pipe.encode(query + docs), atol=2e-3)  # float16 store
+
+
+def test_tuning_block(world, tmp_path, monkeypatch):
+    root, model = world
+    monkeypatch.chdir(tmp_path)
+    lines, _ = blocks_under("guide/tuning.md", "# Tuning the encoder")
+    lines = [line for line in lines if not line.startswith("#")]  # the block's comment line
+    # a store names a local encoder by its folder name only: finetune is given the tiny model's folder
+    lines = [f"{line} --model {model}" if line.startswith("cli finetune") else line for line in lines]
+    outputs = run_lines(lines, root / "datasets", model)
+    assert "baseline" in outputs[-1]  # eval of the adapters encoder's store printed the frozen baseline beside it
+    assert (tmp_path / "tuned" / "adapters" / "encoder" / "headstore_adapters.safetensors").is_file()
+    assert (tmp_path / "tuned" / "lora" / "encoder" / "config.json").is_file()  # merged: a stock model folder
