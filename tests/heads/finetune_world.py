@@ -53,3 +53,21 @@ def tiny_sts(path: Path, seed: int = 0, n: int = 40) -> Path:
                   "score": [float(rng.uniform(0, 5)) for _ in range(n)],
                   "split": ["train"] * (n // 2) + ["test"] * (n - n // 2)}).write_parquet(path)
     return path
+
+
+def trained_head_world(root: Path, layers: int, epochs: int, **beir_sizes) -> tuple:
+    """(root, model, beir, store, head): a tiny BERT, a tiny BEIR folder featurized in fp32 and a small head
+    trained on it, the starting point of every finetune test."""
+    from headstore.featurize.config import FeaturizeConfig
+    from headstore.featurize.run import featurize
+    from headstore.heads.settings.config import HeadConfig, TrainConfig
+    from headstore.heads.training.run import train_head
+
+    model = tiny_bert(root / "model", layers=layers)
+    beir = tiny_beir(root / "beir", **beir_sizes)
+    store = root / "store"
+    featurize(FeaturizeConfig(model=str(model), dtype="float32", batch_tokens=2048), [str(beir)], store)
+    head = root / "head"
+    train_head(str(store), str(beir), str(head), HeadConfig(hidden=16, out_dim=8, residual=False),
+               TrainConfig(epochs=epochs, batch_size=8), progress=False)
+    return root, model, beir, store, head

@@ -8,8 +8,6 @@ from click.testing import CliRunner
 from safetensors.torch import load_file
 
 from headstore.cli import main
-from headstore.featurize.config import FeaturizeConfig
-from headstore.featurize.run import featurize
 from headstore.featurize.store import FeatureStore
 from headstore.heads.settings.config import TrainConfig
 from headstore.heads.apply.finetune import FinetuneConfig, build_optimizer, encoder_blocks, finetune, n_unfrozen
@@ -17,20 +15,12 @@ from headstore.heads.settings.config import HeadConfig
 from headstore.heads.network.model import StackedMLP
 from headstore.heads.training.run import train_head
 
-from .finetune_world import tiny_beir, tiny_bert
+from .finetune_world import tiny_bert, trained_head_world
 
 
 @pytest.fixture(scope="module")
 def world(tmp_path_factory):
-    root = tmp_path_factory.mktemp("ft")
-    model = tiny_bert(root / "model", layers=3)
-    beir = tiny_beir(root / "beir")
-    store = root / "store"
-    featurize(FeaturizeConfig(model=str(model), dtype="float32", batch_tokens=2048), [str(beir)], store)
-    head = root / "head"
-    train_head(str(store), str(beir), str(head), HeadConfig(hidden=16, out_dim=8, residual=False),
-               TrainConfig(epochs=2, batch_size=8), progress=False)
-    return root, model, beir, store, head
+    return trained_head_world(tmp_path_factory.mktemp("ft"), layers=3, epochs=2)
 
 
 def _weights(folder):

@@ -12,30 +12,18 @@ from safetensors.torch import load_file
 
 from headstore.cli import main
 from headstore.featurize.adapters import ADAPTER_CONFIG, ADAPTER_WEIGHTS, attach_adapters, save_adapters
-from headstore.featurize.config import FeaturizeConfig
 from headstore.featurize.model import load_encoder, model_identity
-from headstore.featurize.run import featurize
 from headstore.featurize.store import FeatureStore
 from headstore.heads.apply.finetune import FinetuneConfig, finetune
 from headstore.heads.apply.pipeline import Pipeline
 from headstore.heads.apply.tunings import TUNINGS
-from headstore.heads.settings.config import HeadConfig, TrainConfig
-from headstore.heads.training.run import train_head
 
-from .finetune_world import tiny_beir, tiny_bert
+from .finetune_world import trained_head_world
 
 
 @pytest.fixture(scope="module")
 def world(tmp_path_factory):
-    root = tmp_path_factory.mktemp("tunings")
-    model = tiny_bert(root / "model", layers=2)
-    beir = tiny_beir(root / "beir", n_docs=40, n_train=24, n_test=8)
-    store = root / "store"
-    featurize(FeaturizeConfig(model=str(model), dtype="float32", batch_tokens=2048), [str(beir)], store)
-    head = root / "head"
-    train_head(str(store), str(beir), str(head), HeadConfig(hidden=16, out_dim=8, residual=False),
-               TrainConfig(epochs=1, batch_size=8), progress=False)
-    return root, model, beir, store, head
+    return trained_head_world(tmp_path_factory.mktemp("tunings"), layers=2, epochs=1, n_docs=40, n_train=24, n_test=8)
 
 
 def _sha256(path) -> str:
