@@ -132,9 +132,11 @@ def openvino_runner(folder, threads: int, precision: str):
 def use_backend(encoder, backend: str, layers: tuple[int, ...], precision: str = "fp32",
                 num_threads: int = 0, cache_dir=None):
     """`encoder` with its forward in `backend` (the same object for torch; else a copy whose model is a
-    RuntimeModel giving `layers`). The export comes from the cache (built on first use)."""
+    RuntimeModel giving `layers`). The export comes from the cache (built on first use). The torch encoder must be
+    prepared first (packed.prepare_encoder: its numerics read the torch forward; the copy keeps `encoder.path`)."""
     if backend == "torch":
         return encoder
+    assert encoder.path is not None, "prepare_encoder before use_backend: a RuntimeModel has no torch forward"
     from headstore.featurize.exported import cached_export
 
     folder = cached_export(encoder, backend, tuple(layers), cache_dir)  # ValueError naming an untraceable architecture

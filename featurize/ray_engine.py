@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shutil
 import signal
 import socket
@@ -36,6 +37,7 @@ from headstore.data.files import writing
 from headstore.featurize.config import FeaturizeConfig
 from headstore.featurize.backends import use_backend
 from headstore.featurize.model import load_encoder
+from headstore.featurize.packed import prepare_encoder
 from headstore.featurize.run import Plan, encode_in_plan_order, new_windows
 from headstore.featurize.source import all_chunks, open_sources
 from headstore.featurize.store import array_names
@@ -63,7 +65,10 @@ class SegmentEncoder:
         self.device = device
         if device == "cpu":
             torch.set_num_threads(max(1, num_threads))
+        # as the local engine loads it (run._load), with this actor's threads: the numerics are set on the torch
+        # model first (prepare_encoder reads its forward, casts its weights), then a runtime may replace its forward
         self.encoder = load_encoder(self.config.model, device, self.config.max_length)
+        prepare_encoder(self.encoder, self.config, device)
         self.encoder = use_backend(self.encoder, self.config.backend, self.config.layers,  # torch: itself
                                    self.config.resolved_precision(device), num_threads, self.config.export_cache)
         self.names = list(array_names(self.config.layers))
@@ -186,10 +191,8 @@ def run_ray(plan: Plan, chunks, *, address: str | None = None, workers: int = 2,
                 commit_seconds = _commit_segments(plan.writer, blocks, sizes, counts,
                                                   list(array_names(plan.config.layers)))
             except ray.exceptions.RayError as err:  # an actor error (Ray's traceback is in its logs)
-                lines = [line.strip() for line in str(err).splitlines() if line.strip()]
-                why = next((line for line in lines if SEGMENT_DIED in line), lines[0] if lines else type(err).__name__)
                 raise WorkersFailed(
-                    f"--engine ray: the encoder actors failed ({why[:300]}; a segment is retried "
+                    f"--engine ray: the encoder actors failed ({_actor_error(err)[:300]}; a segment is retried "
                     f"{ACTOR_RESTARTS} times at most); the {counts['n_segments']} segments committed are kept: "
                     "run the same command again, or with --engine local") from None
         if plan.writer is not None:
@@ -205,6 +208,17 @@ def run_ray(plan: Plan, chunks, *, address: str | None = None, workers: int = 2,
                   texts_per_s=round(counts["n_encoded"] / max(encode_seconds, 1e-9), 1),
                   commit_seconds_total=round(commit_seconds, 3), n_commits=counts["n_segments"])
     return plan.summary(counts, t0)
+
+
+def _actor_error(err: Exception) -> str:
+    """The line of a Ray error that says what failed: SEGMENT_DIED's, else the actor's own exception
+    ("AttributeError: ..." in the traceback Ray forwards), else its first line."""
+    lines = [re.sub(r"\x1b\[[0-9;]*m", "", line).strip() for line in str(err).splitlines()]
+    lines = [line for line in lines if line]
+    raised = [line for line in lines if re.match(r"[A-Za-z_][\w.]*(Error|Exception|Interrupt): ", line)
+              and not line.startswith("ray.")]
+    return next((line for line in lines if SEGMENT_DIED in line),
+                raised[0] if raised else lines[0] if lines else type(err).__name__)
 
 
 def _connect(ray, address: str | None) -> None:
