@@ -15,7 +15,7 @@ from headstore.featurize.backends import BACKENDS
 
 DTYPES = ("float16", "float32")
 DEVICES = ("auto", "cpu", "cuda")
-PRECISIONS = ("auto", "fp32", "bf16", "fp16", "bf16-autocast")
+PRECISIONS = ("auto", "fp32", "bf16", "fp16", "bf16-autocast", "bf16-weights")
 PACKINGS = ("auto", "on", "off")
 # how the encoder's maths runs: (dtype its weights are held in, autocast dtype or None). The precision
 # part of the fingerprint says fp32|bf16|fp16; the optional `numerics` part names the weights-held modes,
@@ -59,7 +59,8 @@ class FeaturizeConfig:
     # on GPU (tensor cores). bf16 on CPU uses AMX/AVX512-BF16 where present (1.0-1.7x fp32's tokens/s
     # on MiniLM on the README's AMX Xeon, within its +-30% noise) at ~1e-2 absolute error; where the
     # CPU lacks them it is emulated and 5-300x slower, and an explicit bf16 warns (featurize.hardware).
-    # Pooling is fp32 either way; precision is part of the fingerprint.
+    # Pooling is fp32 either way; precision is part of the fingerprint. bf16-weights: the weights held in bf16 on any
+    # device (on CPU too: no per-matmul cast), in the fingerprint's numerics part (resolved_numerics).
     precision: str = "auto"
     # unpadded batches: a batch's real tokens as one sequence, attention kept within each text (varlen;
     # featurize.packed). auto: on for cuda where the architecture supports it (no padding computed, one
@@ -103,6 +104,9 @@ class FeaturizeConfig:
             raise ValueError(f"packing {self.packing!r} not valid; choose one of {list(PACKINGS)}")
         if self.backend not in BACKENDS:
             raise ValueError(f"backend {self.backend!r} not valid; choose one of {sorted(BACKENDS)}")
+        if self.precision == "bf16-weights" and self.backend != "torch":
+            raise ValueError(f"precision bf16-weights holds torch's weights in bf16; give --backend torch (--backend "
+                             f"{self.backend} takes --precision bf16 or fp32)")
         if self.tokenize_threads < 0:
             raise SettingError("tokenize_threads", f"must be >= 0, got {self.tokenize_threads}")
         if self.batch_overhead_tokens is not None and self.batch_overhead_tokens < 0:
@@ -128,7 +132,7 @@ class FeaturizeConfig:
         at ~1e-2 instead of 1e-6 feature error, and precision is part of a store's fingerprint: a store
         begun with auto must take more texts with auto on any other CPU. On a CPU without native bf16 an
         explicit bf16 is emulated (5-300x slower) and warns (featurize.hardware)."""
-        if self.precision == "bf16-autocast":
+        if self.precision in ("bf16-autocast", "bf16-weights"):
             return "bf16"
         if self.precision != "auto":
             return self.precision
@@ -137,7 +141,10 @@ class FeaturizeConfig:
     def resolved_numerics(self, device: str) -> str:
         """A key of NUMERICS. On cuda bf16 (and auto) hold the weights in bf16: no per-matmul re-cast of fp32
         weights, half the weight traffic; bf16-autocast keeps the old path. On CPU bf16 stays autocast (the
-        numerics CPU bf16 stores were made with); fp16 has no CPU path worth having and is refused there."""
+        numerics CPU bf16 stores were made with); bf16-weights holds them in bf16 on any device (a CPU with native
+        bf16: no per-matmul cast, half the weight traffic); fp16 has no CPU path worth having and is refused there."""
+        if self.precision == "bf16-weights":
+            return "bf16-weights"
         precision = self.resolved_precision(device)
         if precision == "fp32":
             return "fp32"

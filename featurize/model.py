@@ -204,7 +204,9 @@ def load_encoder(name_or_path: str, device: str = "auto", max_length: int | None
         model, attn = _from_pretrained(AutoModel, model_dir)
     if has_adapters(model_dir):  # an encoder folder of `cli finetune --setup adapters`
         attach_saved(model, model_dir)
-    model.eval().requires_grad_(False).to(device)
+    # fp32 weights whatever dtype the checkpoint was saved in (transformers 5 loads its own: dtype "auto"), so the
+    # numerics are the run's (config.NUMERICS: prepare_encoder casts to bf16/fp16 where they say), not the file's
+    model.eval().requires_grad_(False).float().to(device)
     tokenizer = AutoTokenizer.from_pretrained(model_dir, trust_remote_code=False)
     if max_length is None:
         default = default_max_length(Path(model_dir), tokenizer)

@@ -226,8 +226,7 @@ def prepare_encoder(encoder, config: FeaturizeConfig, device: str, kernels: tupl
     Sets and returns `encoder.path` (an EncodePath). `kernels`: the varlen kernels to try (tests)."""
     numerics = config.resolved_numerics(device)
     weights, autocast = NUMERICS[numerics]
-    forward_args = frozenset(inspect.signature(encoder.model.forward).parameters)
-    path = encoder.path = EncodePath(numerics, forward_args=forward_args)
+    path = encoder.path = EncodePath(numerics, forward_args=_forward_args(encoder))
     if config.wants_packing(device):  # before the cast: the probe runs in fp32
         try:
             path.packing_reason = _switch_to_packing(encoder, path, kernels, getattr(torch, autocast or weights))
@@ -240,6 +239,28 @@ def prepare_encoder(encoder, config: FeaturizeConfig, device: str, kernels: tupl
     if weights != "float32":
         encoder.model.to(getattr(torch, weights))
     return path
+
+
+def store_numerics(parts: dict) -> str:
+    """The config.NUMERICS key a store's encoder ran in, from its fingerprint parts: its `numerics` part (weights
+    held in bf16/fp16), else by its precision (fp32, or bf16 autocast over fp32 weights: the stores made before
+    the part; fp16 came with it, as fp16 weights)."""
+    if "numerics" in parts:
+        return parts["numerics"]
+    return {"fp32": "fp32", "bf16": "bf16-autocast", "fp16": "fp16-weights"}[parts.get("precision", "fp32")]
+
+
+def hold_numerics(encoder, numerics: str) -> EncodePath:
+    """Padded batches in `numerics` (a config.NUMERICS key): the weights cast to its dtype, autocast where it
+    says (EncodePath.autocast). Sets and returns `encoder.path`: how new text is encoded as a store's rows were
+    (heads.apply.pipeline: numerics from store_numerics, whichever device runs it)."""
+    path = encoder.path = EncodePath(numerics, forward_args=_forward_args(encoder))
+    encoder.model.to(getattr(torch, NUMERICS[numerics][0]))
+    return path
+
+
+def _forward_args(encoder) -> frozenset:
+    return frozenset(inspect.signature(encoder.model.forward).parameters)
 
 
 def _switch_to_packing(encoder, path: EncodePath, kernels, dtype: torch.dtype) -> str | None:

@@ -45,7 +45,7 @@ from headstore.featurize.sentence import SentenceSpec
 from headstore.featurize.store import FeatureStore, fingerprint_of
 from headstore.featurize.tuning.checkpoint import copy_sidecars
 from headstore.featurize.tuning.mlm_head import HEAD_FILE
-from headstore.heads.apply.row_inputs import RowInputs, sentence_embeddings
+from headstore.heads.apply.row_inputs import RowInputs, sentence_embeddings, tuning_precision
 from headstore.heads.apply.tunings import TUNINGS
 from headstore.heads.artefacts.files import write_head_dir
 from headstore.heads.training.batches import same_mask
@@ -201,7 +201,7 @@ def finetune(head_dir: str, out_dir: str, cfg: FinetuneConfig, store_path: str |
     opt = build_optimizer(blocks, head, cfg, head_lr, train_cfg.weight_decay)
     negatives = _negatives(src, cfg)
     inputs = RowInputs(src.store, tokenizer)  # each row's text under the prompt featurize gave it
-    use_bf16 = cfg.bf16 and device.type == "cuda"
+    use_bf16 = tuning_precision(src.parts, device.type, cfg.bf16)  # the autocast: bf16, fp16 or fp32
     pooler = Pooler.of(SentenceSpec.from_parts(src.parts), model_dir)
 
     def embed(rows: torch.Tensor, role: str = "query") -> torch.Tensor:  # store rows (B,) -> (1, B, d)
@@ -260,7 +260,9 @@ def _load_encoder(cfg: FinetuneConfig, encoder: str, parts: dict, store_path: st
                          f"(weights_hash); give the encoder the head's store was featurized with (--model)")
     device = _pick_device(cfg.device)
     torch.manual_seed(cfg.seed)
-    model = AutoModel.from_pretrained(model_dir, use_safetensors=True, trust_remote_code=False).to(device)
+    # fp32 master weights whatever dtype the checkpoint was saved in (transformers 5 loads its own: dtype "auto");
+    # the forward runs under autocast in the store's half dtype (row_inputs.tuning_precision)
+    model = AutoModel.from_pretrained(model_dir, use_safetensors=True, trust_remote_code=False).float().to(device)
     tokenizer = AutoTokenizer.from_pretrained(model_dir, trust_remote_code=False)
     if cfg.gradient_checkpointing:  # transformers 5 renamed it (the old name warns: removed in v6)
         (getattr(model, "activation_checkpointing_enable", None) or model.gradient_checkpointing_enable)()

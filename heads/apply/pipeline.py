@@ -7,9 +7,11 @@
 
 Texts go through the same steps as `cli featurize`: `encode.tokenize` (truncation at the store's max
 length), `encode.collate`, `encode.encode_batch` (the one encode-and-pool step, `pooling.pooled_forward`,
-under the store's precision), a round trip through the store's dtype (float16 stores round there), then
-the head's normaliser and MLP. So a text's `encode` equals the head applied to its stored features up
-to batch-composition rounding (~1e-6).
+in the store's numerics: its encoder's weights held in bf16/fp16 where the store's were, else fp32 weights
+under the store's precision; featurize.packed.store_numerics, hold_numerics), a round trip through the
+store's dtype (float16 stores round there), then the head's normaliser and MLP. So a text's `encode`
+equals the head applied to its stored features up to batch-composition rounding (~1e-6 in fp32; within
+the store's half precision for a bf16/fp16 store).
 
 The encoder must be the one that built the head's store: its weights and tokenizer hashes and the
 encoding code version are checked against the fingerprint parts the head carries; anything else is
@@ -28,6 +30,7 @@ from headstore.data.progress import progress_bar
 from headstore.data.text_id import ROLES
 from headstore.featurize.encode import CODE_VERSION, Batch, collate, encode_batch, prompt_length, tokenize
 from headstore.featurize.model import load_encoder, model_identity
+from headstore.featurize.packed import hold_numerics, store_numerics
 from headstore.featurize.pooling import Pooler
 from headstore.featurize.sentence import SentenceSpec
 from headstore.featurize.rows import unit_rows
@@ -93,6 +96,12 @@ class Pipeline:
         self.layer = self.layers[0]
         self.normalized = [self.spec.normalize and layer == -1 for layer in self.layers]  # read as the store reads
         self.precision = parts.get("precision", "fp32")
+        self.numerics = store_numerics(parts)  # weights in bf16/fp16, or fp32 (under bf16 autocast): as the store
+        if encoder.path is None:
+            hold_numerics(encoder, self.numerics)
+        elif encoder.path.numerics != self.numerics:
+            raise ValueError(f"the encoder was prepared for {encoder.path.numerics} numerics; {head.source}'s store "
+                             f"was encoded in {self.numerics}: give a freshly loaded encoder")
         self.store_dtype = np.dtype(parts["dtype"])
         self.max_length = int(parts["max_length"])
         self.last_truncated = 0  # texts cut at max_length by the last `features` call
@@ -108,7 +117,7 @@ class Pipeline:
 
     def __repr__(self) -> str:
         return (f"Pipeline({self.model_source!r}, {self.spec.describe()}, layer {self.layer if len(self.layers) == 1 else list(self.layers)}, "
-                f"max_length {self.max_length}, {self.precision}, head {self.head!r})")
+                f"max_length {self.max_length}, {self.numerics}, head {self.head!r})")
 
     def prompt(self, role: str) -> str:
         """The prompt the head's store encoded texts of `role` under ("" for none)."""
@@ -139,7 +148,7 @@ class Pipeline:
             idx = order[start:start + batch_size]
             input_ids, mask = collate([tok.ids[i] for i in idx], pad_id, pin=False)
             batch = Batch(start, input_ids, mask, int(tok.n_tokens[idx].sum()))
-            pooled = encode_batch(self.encoder, batch, self.pooler, self.layers, self.precision,
+            pooled = encode_batch(self.encoder, batch, self.pooler, self.layers, self.encoder.path.autocast,
                                   skip[:len(idx)])  # L x (B, D)
             rows = [p.cpu().numpy().astype(self.store_dtype).astype(np.float32) for p in pooled]  # the store's dtype
             rows = [unit_rows(r) if unit else r for r, unit in zip(rows, self.normalized)]  # as the store is read

@@ -6,14 +6,18 @@ without the prompt's tokens (featurize.run.encode_in_plan_order). Fine-tuning re
 encoder it trains, so it must give the encoder the same inputs: the row's prompt is found from the row id
 itself (`row_id(text, prompt)`, data.text_id), one of the store's role prompts (its manifest's `prompts`),
 and its length counted as featurize counts it (featurize.encode.prompt_length). `sentence_embeddings` is
-what featurize stores for such inputs, through the encoder being trained (gradients flow).
+what featurize stores for such inputs, through the encoder being trained (gradients flow), in the precision
+`tuning_precision` picks from the store's numerics.
 """
 from __future__ import annotations
 
 import torch
 
 from headstore.data.text_id import row_id
+from headstore.featurize.config import NUMERICS
 from headstore.featurize.encode import prompt_length
+from headstore.featurize.hardware import warn_if_emulated_bf16
+from headstore.featurize.packed import store_numerics
 from headstore.featurize.pooling import Pooler, pooled_forward
 from headstore.featurize.store import StoreError
 
@@ -47,15 +51,43 @@ class RowInputs:
         return texts, torch.as_tensor([self.lengths[p] for p in prompts], dtype=torch.int64)  # (B,)
 
 
+def tuning_precision(parts: dict, device_type: str, half: bool = True) -> str:
+    """The autocast (pooling.compute_context's precision) an encoder trains in on a store with fingerprint `parts`.
+
+    Mixed precision in the store's half dtype: the master weights stay fp32 (AdamW's small updates would vanish
+    in bf16 weights), the forward runs under autocast in the dtype the store's encoder computed in: bf16 for a
+    bf16 store (bf16-weights or bf16-autocast) on CUDA and on a CPU (AVX-512-BF16/AMX run it natively; where
+    emulated, one warning), fp16 for an fp16-weights store on CUDA (fp32 on a CPU: fp16 is emulated there, and
+    featurize refuses it). An fp32 store trains in fp32 on a CPU and, as before, under bf16 autocast on CUDA
+    (tensor cores; the tuned encoder gets its own store). half=False (FinetuneConfig.bf16 off): fp32 throughout.
+
+    Encoding without gradients (dev scoring, negatives' embeddings) takes the same autocast on the training
+    weights: a bf16-weights store rounds the weights and every state to bf16 where autocast rounds only each
+    matmul's inputs, a difference of about one bf16 rounding (3e-3 of a feature, tests/heads/test_store_numerics.py)
+    that a dev figure cannot resolve, while holding the store's exact numerics would need a half copy of the
+    weights after every step."""
+    weights, autocast = NUMERICS[store_numerics(parts)]
+    dtype = autocast or weights
+    if not half or (dtype == "float16" and device_type != "cuda"):
+        return "fp32"
+    if dtype == "float32":
+        return "bf16" if device_type == "cuda" else "fp32"
+    precision = "bf16" if dtype == "bfloat16" else "fp16"
+    warn_if_emulated_bf16(precision, device_type, fix="FinetuneConfig(bf16=False)")
+    return precision
+
+
 def sentence_embeddings(model, tokenizer, texts: list[str], max_length: int, pooler: Pooler, layer: int,
-                        device: torch.device, use_bf16: bool,
+                        device: torch.device, use_bf16: bool | str,
                         prompt_lengths: torch.Tensor | None = None) -> torch.Tensor:
     """(B, D) float32: what featurize stores for `texts` (prompt + text; `prompt_lengths` (B,) prompt tokens
-    left out of the pooling where the model's Pooling says so)."""
+    left out of the pooling where the model's Pooling says so). `use_bf16`: the autocast, a compute_context
+    precision (tuning_precision's), or True for bf16 and False for fp32."""
+    precision = use_bf16 if isinstance(use_bf16, str) else "bf16" if use_bf16 else "fp32"
     enc = tokenizer(texts, padding=True, truncation=True, max_length=max_length, return_tensors="pt")
     lengths = None if prompt_lengths is None or not prompt_lengths.any() else prompt_lengths.to(device)
     pooled = pooled_forward(model, enc["input_ids"].to(device), enc["attention_mask"].to(device), pooler,
-                            (layer,), "bf16" if use_bf16 else "fp32", lengths)[0]  # (B, D) float32
+                            (layer,), precision, lengths)[0]  # (B, D) float32
     if pooler.spec.normalize and layer == -1:
         pooled = torch.nn.functional.normalize(pooled, dim=-1)
     return pooled
