@@ -1,11 +1,18 @@
 """The answer of `cli compare`: per setup and dataset, mean +- std over seeds, a 95% bootstrap CI, and the
 paired difference from frozen + head with its CI; forgetting, parameters, seconds and peak memory.
 
-CIs come from `heads.scoring.metrics.bootstrap_ci` (percentile bootstrap over the test queries or pairs,
-paired across seeds): a setup's CI is that of its seed-mean figure (IR: the mean over seeds and queries of
-nDCG@10; STS: the mean over seeds of Spearman). A paired difference resamples the same queries / pairs for
-the setup and for frozen + head, pooled over each one's seeds (the difference of the two seed-mean
-figures), so query-to-query spread common to both cancels; it "excludes 0" when its CI does.
+CIs are two-level (hierarchical) bootstraps (`heads.scoring.bootstrap`): each resample draws
+S seeds with replacement from the setup's S seeds AND the test queries / pairs with replacement; its value
+is the mean over the drawn seeds of each seed's statistic on the drawn items, the statistic being the one
+the task kind names for its primary metric (`TaskKind.statistic`: the mean of per-query nDCG@10, Spearman
+against the gold scores, AUC against the labels). So a CI holds the spread between training runs as well
+as between queries: "excludes 0" speaks for the method, not for one trained model.
+A paired difference is paired by seed and by item: a tuned row at seed s started from frozen + head at seed
+s, so its seed-s figure is set against frozen + head's seed-s figure, and a resample draws seeds from the
+seeds both have (the row's `seeds`) and the same items for both. A row whose value does not depend on the
+seed (the frozen encoder's cosine: one instance) is set against every seed of frozen + head (broadcast:
+its difference at seed s is its figure minus frozen + head's at s, seeds drawn from frozen + head's).
+The figure's mean and std are over the row's seeds; the difference is the mean of the per-seed differences.
 Written: compare.json (everything, per seed), compare.md (three tables), compare.png (the picture:
 `plot_gain_vs_change`), and a short table for the terminal.
 """
@@ -21,32 +28,47 @@ from headstore.data.files import atomic_write_text
 from headstore.heads.experiments.compare_report import dataset_name
 from headstore.heads.experiments.compare_setups import REFERENCE, SETUPS
 from headstore.heads.experiments.plots import metric_family, plot_gain_vs_change
-from headstore.heads.scoring.metrics import bootstrap_ci
+from headstore.heads.kinds import kind_of_metric
+from headstore.heads.scoring.bootstrap import item_statistics, seed_interval
 
 
 def statistic_of(metric: str) -> str:
-    """bootstrap_ci's statistic for a primary metric: rank statistics need the gold, IR metrics are means."""
-    for name in ("spearman", "auc", "pearson"):
-        if metric.startswith(name):
-            return name
-    return "mean"
+    """The bootstrap statistic of a primary metric: its task kind's (the kinds registry)."""
+    return kind_of_metric(metric).statistic
 
 
-def figure(per_seed: list[float], items: np.ndarray, gold, statistic: str, n_boot: int) -> dict:
-    """mean +- std over seeds and the CI of the seed mean, from items (S, n)."""
-    lo, hi = bootstrap_ci(items, n_boot=n_boot, gold=gold, statistic=statistic)
+def figure(per_seed: list[float], boot: np.ndarray) -> dict:
+    """mean +- std over seeds and the two-level CI of the seed mean, from boot (S, B): each seed's statistic on
+    the item resamples (`item_statistics`)."""
+    lo, hi = seed_interval(boot)
     return {"mean": float(np.mean(per_seed)), "std": float(np.std(per_seed, ddof=1)) if len(per_seed) > 1 else 0.0,
             "ci": [lo, hi], "per_seed": [float(v) for v in per_seed]}
 
 
-def paired(per_seed: list[float], items: np.ndarray, ref_seed: list[float], ref_items: np.ndarray, gold,
-           statistic: str, n_boot: int) -> dict:
-    """The setup's seed-mean figure minus the reference's, and its paired bootstrap CI (same items)."""
-    if statistic == "mean":  # the difference of means is the mean of the per-item differences
-        lo, hi = bootstrap_ci(items.mean(0) - ref_items.mean(0), n_boot=n_boot)
-    else:
-        lo, hi = bootstrap_ci(items, n_boot=n_boot, gold=gold, statistic=statistic, minus=ref_items)
-    return {"diff": float(np.mean(per_seed) - np.mean(ref_seed)), "ci": [lo, hi], "excludes_zero": lo > 0 or hi < 0}
+def paired(per_seed: list[float], boot: np.ndarray, ref_seed: list[float], ref_boot: np.ndarray) -> dict:
+    """The mean over seeds of the setup's figure minus the reference's at the same seed, and its two-level CI:
+    seeds resampled as pairs, items as pairs (both boots on the same item resamples). Row s of each side is
+    one seed (`by_seed`)."""
+    lo, hi = seed_interval(boot - ref_boot)
+    diff = float(np.mean(np.subtract(per_seed, ref_seed)))
+    return {"diff": diff, "ci": [lo, hi], "excludes_zero": lo > 0 or hi < 0}
+
+
+def by_seed(seeds: list, per_seed: list, boot: np.ndarray, ref: tuple, broadcast: bool) -> tuple:
+    """(seeds, per_seed, boot, ref_seed, ref_boot) with row s of each side at the same seed: the seeds both
+    have, or, for a row that does not depend on the seed (`broadcast`), its one instance against every
+    reference seed. ref: (seeds, per_seed, boot) of the reference."""
+    ref_seeds, ref_per_seed, ref_boot = ref
+    if broadcast:
+        assert len(seeds) == 1, seeds
+        n = len(ref_seeds)
+        return list(ref_seeds), list(per_seed) * n, np.repeat(boot, n, axis=0), list(ref_per_seed), ref_boot
+    at = {s: i for i, s in enumerate(ref_seeds)}
+    common = [i for i, s in enumerate(seeds) if s in at]
+    assert common, (seeds, ref_seeds)  # frozen + head runs at every seed
+    j = [at[seeds[i]] for i in common]
+    return ([seeds[i] for i in common], [per_seed[i] for i in common], boot[common],
+            [ref_per_seed[k] for k in j], ref_boot[j])
 
 
 def _instances(setup, built: dict) -> list[tuple]:
@@ -63,6 +85,7 @@ def _instances(setup, built: dict) -> list[tuple]:
 
 
 def _values(setup, instances, evals, ds: str):
+    """(metric, per-seed figures, per-item values (S, n), gold) of one row on one dataset."""
     key = "head" if setup.head is not None else "baseline"
     recs = [evals[b.encoder, seed, ds] for b, seed in instances]
     metric = recs[0]["metric" if setup.head is not None else "baseline_metric"]
@@ -71,24 +94,44 @@ def _values(setup, instances, evals, ds: str):
     return metric, per_seed, items, recs[0]["gold"]
 
 
+def _dataset(names, seeds_of, evals, ds: str, n_boot: int) -> dict:
+    """{setup: (metric, per-seed figures, per-seed statistics on the item resamples (S, n_boot))} on one
+    dataset: every row's seeds on the same resamples of its items, drawn (and the gold ranked) once."""
+    vals = {name: _values(SETUPS[name], seeds_of[name], evals, ds) for name in names}
+    statistic = statistic_of(vals[REFERENCE][0])
+    assert all(statistic_of(v[0]) == statistic for v in vals.values()), {n: v[0] for n, v in vals.items()}
+    stacked = np.concatenate([v[2] for v in vals.values()])  # (all rows' seeds, n): the same items
+    gold = None if statistic == "mean" else vals[REFERENCE][3]
+    boot = item_statistics(stacked, n_boot, gold=gold, statistic=statistic)
+    parts = np.split(boot, np.cumsum([len(v[1]) for v in vals.values()])[:-1])
+    return {name: (v[0], v[1], part) for (name, v), part in zip(vals.items(), parts)}
+
+
+def _seed_independent(setup, instances) -> bool:
+    """A row whose value is the same at every seed: no head, and an encoder no seed made (the frozen one)."""
+    return setup.head is None and all(b.seed is None for b, _ in instances)
+
+
 def build_rows(cfg, built: dict, evals: dict, mlm: dict, steps) -> list[dict]:
     """One dict per setup (SETUPS order): figures and paired differences per dataset, forgetting, cost."""
     datasets = [dataset_name(d) for d in [cfg.in_domain, *cfg.out_of_domain]]
     names = [s for s in SETUPS if s in cfg.setups or s == REFERENCE]
     seeds_of = {name: _instances(SETUPS[name], built) for name in names}
-    ref = {ds: _values(SETUPS[REFERENCE], seeds_of[REFERENCE], evals, ds) for ds in datasets}
+    ref_seeds = [s for _, s in seeds_of[REFERENCE]]
+    values = {ds: _dataset(names, seeds_of, evals, ds, cfg.n_boot) for ds in datasets}
     rows = []
     for name in names:
         setup = SETUPS[name]
+        seeds = [s for _, s in seeds_of[name]]
         row = {"setup": name, "label": setup.label, "encoder": setup.encoder, "head": setup.head,
-               "seeds": [s for _, s in seeds_of[name]], "datasets": {}}
+               "seeds": seeds, "datasets": {}}
         for ds in datasets:
-            metric, per_seed, items, gold = _values(setup, seeds_of[name], evals, ds)
-            stat = statistic_of(metric)
-            block = {"metric": metric, **figure(per_seed, items, gold, stat, cfg.n_boot)}
+            metric, per_seed, boot = values[ds][name]
+            block = {"metric": metric, **figure(per_seed, boot)}
             if name != REFERENCE:
-                _, ref_seed, ref_items, _ = ref[ds]
-                block["vs_frozen_head"] = paired(per_seed, items, ref_seed, ref_items, gold, stat, cfg.n_boot)
+                paired_seeds, *sides = by_seed(seeds, per_seed, boot, (ref_seeds, *values[ds][REFERENCE][1:]),
+                                               _seed_independent(setup, seeds_of[name]))
+                block["vs_frozen_head"] = {**paired(*sides), "seeds": paired_seeds}
             row["datasets"][ds] = block
         row.update(_cost(setup, seeds_of[name], steps))
         row["mlm_loss"] = _forgetting(setup, seeds_of[name], mlm)
@@ -156,9 +199,9 @@ def tables(cfg, rows: list[dict]) -> tuple[str, str]:
     cost = [[r["label"], _mlm(r, "general"), _mlm(r, "in_domain"), f"{r['trainable_parameters']:,}",
              f"{r['seconds']:.0f}", "-" if r["peak_mb"] is None else f"{r['peak_mb']:.0f}"] for r in rows]
     md = "\n\n".join([
-        "## Figures (mean ± std over seeds, [95% bootstrap CI of the seed mean])",
+        "## Figures (mean ± std over seeds, [95% two-level bootstrap CI of the seed mean])",
         tabulate(figures, headers=fig_head, tablefmt="github", disable_numparse=True),
-        "## Paired difference from frozen + head (Δ, [95% CI]; * = the CI excludes 0)",
+        "## Paired difference from frozen + head, seed by seed (Δ, [95% two-level CI]; * = the CI excludes 0)",
         tabulate(diffs, headers=["setup", *datasets], tablefmt="github", disable_numparse=True),
         "## Forgetting and cost",
         tabulate(cost, headers=["setup", "MLM loss general", "MLM loss in-domain held-out", "trainable parameters",
@@ -172,7 +215,12 @@ def _notes(cfg) -> str:
             "(test split, or the only split" + ("; pairs / queries using an in-domain text dropped" if
                                                cfg.ood_exclude_overlap else "") + "). "
             f"Seeds {list(cfg.seeds)}" + (f", encoders tuned at the first {cfg.tune_seeds}" if cfg.tune_seeds else "")
-            + f"; {cfg.n_boot} bootstrap resamples. seconds: what producing the setup cost from scratch (featurize, "
+            + f". CIs: {cfg.n_boot} two-level bootstrap resamples, each drawing the row's seeds with replacement "
+            "and the test queries / pairs with replacement (the mean over the drawn seeds of each seed's figure on "
+            "the drawn items), so they hold the spread between training runs as well as between queries; a "
+            "difference pairs each seed with frozen + head at the same seed (a tuned encoder starts from it) and the "
+            "same items; the frozen cosine row, the same at every seed, is set against each seed of frozen + head. "
+            "seconds: what producing the setup cost from scratch (featurize, "
             "adapt, train-head, finetune; evaluation excluded), mean over seeds; peak MB: the largest resident memory "
             "of the compare process during one of its steps. MLM loss: masked-token cross-entropy, the same masks "
             "for every model, under the probe head trained on the frozen encoder (the MLM-adapted encoder: its own "

@@ -41,6 +41,16 @@ def primary_metric(kind: str, energy: str) -> str:
     return KINDS[kind].primary_metric(energy)
 
 
+def kind_of_metric(metric: str) -> TaskKind:
+    """The kind whose primary metric is `metric` under some energy (an eval record names its metric, not
+    its kind): e.g. "manhattan_auc" -> pairs, "spearman_cosine" -> sts."""
+    for kind in KINDS.values():
+        if metric in {kind.primary_metric(e) for e in PREFIX}:
+            return kind
+    valid = sorted(k.primary_metric(e) for k in KINDS.values() for e in PREFIX)
+    raise ValueError(f"{metric!r} is no task kind's primary metric; valid: {valid}")
+
+
 def load_task(data_path: str, store, format: str | None = None, score_range=None, for_eval: bool = False) -> Task:
     """Read `data_path` and join it to `store` by text_id.
 

@@ -159,6 +159,8 @@ class TaskKind:
     suggestion = ""  # what to try when a head loses to the frozen features on dev
     metric_names: tuple[str, ...] = ()  # metric names, "{p}" standing for the energy's prefix
     items_name = "pairs"  # what an evaluation set's items are, in words (queries, pairs, texts)
+    statistic = "mean"  # the bootstrap statistic of the primary metric from its per-item values
+    # (heads.scoring.metrics: "mean" of per-query / per-text values, or "spearman" / "auc" against the gold)
 
     # --- metrics ---------------------------------------------------------------------------------
     def primary_metric(self, energy: str) -> str:

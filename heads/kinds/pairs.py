@@ -24,6 +24,7 @@ class PairsKind(TaskKind):
     name = "pairs"
     form = "binary"
     suggestion = "--graded pearson, --depth 1 --lr 1e-3, --normalize l2"
+    statistic = "auc"  # the primary metric is a rank statistic against the gold
     metric_names = tuple(f"{{p}}_{n}" for n in ("auc", "accuracy", "accuracy_threshold", "f1", "f1_threshold", "ap"))
 
     def primary_metric(self, energy: str) -> str:
@@ -34,7 +35,7 @@ class PairsKind(TaskKind):
 
     def ci(self, task, split, values, n_boot=1000):
         gold = task.eval_sets[split].labels
-        return list(bootstrap_ci(values, gold=(gold > 0.5).astype(float), statistic="auc", n_boot=n_boot))
+        return list(bootstrap_ci(values, gold=(gold > 0.5).astype(float), statistic=self.statistic, n_boot=n_boot))
 
 
 def _metrics(data, e: np.ndarray, p: str) -> dict:

@@ -22,6 +22,7 @@ class STSKind(TaskKind):
     defaults_why = "the STS-B study's choice"
     suggestion = ("--graded pearson --depth 1 --lr 1e-3 (train-head's defaults for STS tables) and a layer mix "
                   "(featurize --layers -1,-2,-4; --array features+features_layer-2+features_layer-4)")
+    statistic = "spearman"  # the primary metric is a rank statistic against the gold
     metric_names = ("spearman_{p}", "pearson_{p}")
 
     def primary_metric(self, energy: str) -> str:
@@ -32,7 +33,7 @@ class STSKind(TaskKind):
 
     def ci(self, task, split, values, n_boot=1000):
         gold = task.eval_sets[split].labels
-        return list(bootstrap_ci(values, gold=gold, statistic="spearman", n_boot=n_boot))
+        return list(bootstrap_ci(values, gold=gold, statistic=self.statistic, n_boot=n_boot))
 
 
 def _metrics(data, e: np.ndarray, p: str) -> dict:

@@ -238,11 +238,14 @@ def _resample_ranks(group: np.ndarray, n_groups: int, counts: np.ndarray) -> np.
     """(B, n) rank of each item within each resample, ties averaged (scipy.stats.rankdata's "average"),
     from counts (B, n): how often each item was drawn. Group g of c drawn items holds ranks
     below + 1 .. below + c, below = the drawn items of lower groups: their mean is cumsum - (c - 1) / 2."""
-    B = counts.shape[0]
-    flat = ((np.arange(B) * n_groups)[:, None] + group).ravel()
-    per_group = np.bincount(flat, weights=counts.ravel(), minlength=B * n_groups).reshape(B, n_groups)
+    order = np.argsort(group, kind="stable")
+    per_group = counts[:, order]  # (B, n) in increasing value: one column per group where there are no ties
+    if n_groups < len(group):
+        sorted_group = group[order]
+        starts = np.r_[0, np.flatnonzero(sorted_group[1:] != sorted_group[:-1]) + 1]
+        per_group = np.add.reduceat(per_group, starts, axis=1)  # (B, n_groups)
     average = np.cumsum(per_group, axis=1) - (per_group - 1) / 2
-    return np.take_along_axis(average, np.broadcast_to(group, counts.shape), axis=1)
+    return average[:, group]
 
 
 def _weighted_pearson(a: np.ndarray, b: np.ndarray, w: np.ndarray) -> np.ndarray:
@@ -254,32 +257,46 @@ def _weighted_pearson(a: np.ndarray, b: np.ndarray, w: np.ndarray) -> np.ndarray
         return (w * a * b).sum(1) / np.sqrt((w * a * a).sum(1) * (w * b * b).sum(1))
 
 
-def _rank_statistic(x: np.ndarray, gold: np.ndarray, statistic: str):
-    """The vectorised statistic of `_bootstrap` for spearman / auc, on resamples given as item indices.
+def seed_statistic(x: np.ndarray, gold, statistic: str):
+    """fn(counts (B, n)) -> (S, B): the statistic of each seed's values x (S, n) on each resample of the items,
+    a resample given by how often each item was drawn (a resample is a multiset of the items).
 
-    A resample of items is a multiset of the originals, so its ranks follow from how often each item was
-    drawn (`_resample_ranks`) without sorting every resample; the values equal the rank statistics of
-    the resampled arrays (mean over the seeds of x (S, n) of statistic(pred_seed, gold))."""
-    n = x.shape[1]
-    preds = [_tie_groups(p) for p in x]
-    gold_groups = _tie_groups(gold)
-    positive = gold > 0.5
+    "mean": the mean of the drawn items (no gold); "pearson", "spearman", "auc" against the drawn gold.
+    Ranks follow from the counts (`_resample_ranks`), so no resample is sorted: each seed's and the gold's
+    ties are found once here, and the gold's ranks once per set of resamples."""
+    if statistic == "mean":
+        return lambda counts: x @ counts.T / counts.sum(1)
+    g = np.asarray(gold, dtype=np.float64)
+    if statistic == "pearson":
+        return lambda counts: np.stack([_weighted_pearson(np.broadcast_to(p, counts.shape),
+                                                          np.broadcast_to(g, counts.shape), counts) for p in x])
+    preds, gold_groups, positive = [_tie_groups(p) for p in x], _tie_groups(g), g > 0.5
 
-    def per_seed(ranks: np.ndarray, counts: np.ndarray, gold_ranks) -> np.ndarray:
-        if statistic == "spearman":
-            return _weighted_pearson(ranks, gold_ranks, counts)
+    def spearman(counts: np.ndarray) -> np.ndarray:  # Pearson of the ranks, each item weighted by its count
+        gold_ranks = _resample_ranks(*gold_groups, counts)
+        return np.stack([_weighted_pearson(_resample_ranks(*p, counts), gold_ranks, counts) for p in preds])
+
+    def auc(counts: np.ndarray) -> np.ndarray:  # Mann-Whitney: the positives' rank sum
         n_pos = (counts * positive).sum(1)
         n_neg = counts.sum(1) - n_pos
         with np.errstate(invalid="ignore", divide="ignore"):  # a one-class resample: NaN
-            return ((counts * ranks * positive).sum(1) - n_pos * (n_pos + 1) / 2) / (n_pos * n_neg)
+            return np.stack([((counts * _resample_ranks(*p, counts) * positive).sum(1) - n_pos * (n_pos + 1) / 2)
+                             / (n_pos * n_neg) for p in preds])
+
+    return spearman if statistic == "spearman" else auc
+
+
+def _rank_statistic(x: np.ndarray, gold: np.ndarray, statistic: str):
+    """The vectorised statistic of `_bootstrap` for spearman / auc, on resamples given as item indices:
+    the mean over the seeds of x (S, n) of statistic(pred_seed, gold) on each resample (`seed_statistic`)."""
+    n = x.shape[1]
+    of_counts = seed_statistic(x, gold, statistic)
 
     def stat(idx, axis=-1):
         rows = np.atleast_2d(idx)  # (B, n) item indices; the point estimate passes (n,)
         B = rows.shape[0]
         counts = np.bincount(((np.arange(B) * n)[:, None] + rows).ravel(), minlength=B * n).reshape(B, n)
-        counts = counts.astype(np.float64)
-        gold_ranks = _resample_ranks(*gold_groups, counts) if statistic == "spearman" else None
-        value = np.mean([per_seed(_resample_ranks(g, k, counts), counts, gold_ranks) for g, k in preds], axis=0)
+        value = of_counts(counts.astype(np.float64)).mean(0)
         return value if np.ndim(idx) > 1 else value[0]
 
     return stat
