@@ -200,7 +200,12 @@ class AdaptConfig:
     max_grad_norm: float = 1.0  # clipping guards the fresh head's first large gradients
     batch_size: int = 32  # blocks per step; 32 x 128 tokens fits a CPU step in about a second
     epochs: float = 1.0  # passes over the blocks, used when max_steps is None
-    max_steps: int | None = None  # fixed step budget (overrides epochs)
+    max_steps: int | None = None  # fixed step budget (overrides epochs); the cap under until_settled
+    # True: stop at the first check (every `settle_check` steps) where the loss has settled (featurize.tuning.
+    # settle), else at the cap; the lr stays constant after its warm-up (a run of unknown length has no end to
+    # decay to, and a decaying rate would flatten the loss by itself). False: the whole budget, linear decay
+    until_settled: bool = False
+    settle_check: int = 100  # steps between checks: the first judges ten ten-step means (quarters of 20 steps)
     holdout_fraction: float = 0.0  # texts kept out of training for evaluation (by text_id hash)
     seed: int = 0  # data order, masks, dropout and a fresh head
     device: str = "auto"  # "auto" = cuda when available
@@ -210,7 +215,9 @@ class AdaptConfig:
     def __post_init__(self):
         for name, holds, what in (("max_steps", self.max_steps is None or self.max_steps >= 1, ">= 1"),
                                   ("batch_size", self.batch_size >= 1, ">= 1"), ("save_every", self.save_every >= 1, ">= 1"),
-                                  ("epochs", self.epochs > 0, "> 0")):
+                                  ("epochs", self.epochs > 0, "> 0"),
+                                  ("settle_check", self.settle_check >= 40, ">= 40 (four ten-step means: the "
+                                   "least the settled rule judges)")):
             if not holds:
                 raise SettingError(name, f"must be {what}, got {getattr(self, name)}")
         if self.device not in ("auto", "cpu", "cuda") and not self.device.startswith("cuda:"):

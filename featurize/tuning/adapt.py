@@ -10,6 +10,12 @@ Resuming: `out_dir/checkpoint-last/` (model, optimizer, RNG states, step, losses
 continues from it; a rerun that changes anything but the run length refuses. The learning rate
 is a pure function of (step, total steps), so there is no scheduler state to save: extending
 `max_steps` re-plans the decay from the current step.
+
+Until settled (`until_settled`): the rate warms up over `warmup_ratio` of the first `settle_check` steps and
+then stays constant, and every `settle_check` steps the loss curve is judged by featurize.tuning.settle; the
+run stops at the first check that says settled, else at `max_steps` (the cap), and the summary says which
+(`stopped`: "settled" | "cap"). Neither the rate nor the checks depend on the cap, so a capped run resumed
+with a higher cap continues exactly as a run with that cap from the start.
 """
 from __future__ import annotations
 
@@ -32,6 +38,7 @@ from headstore.featurize.tuning.checkpoint import checkpoint_state, copy_sidecar
 from headstore.featurize.tuning.mlm_head import head_parameters, load_mlm_model, masked_lm_loss, save_encoder, save_head
 from headstore.featurize.tuning.packing import MLMCollator, load_texts, pack_texts, split_holdout, texts_fingerprint
 from headstore.featurize.tuning.schedule import lr_lambda
+from headstore.featurize.tuning.settle import settled
 
 log = logging.getLogger(__name__)
 
@@ -105,6 +112,23 @@ class _Run:
     def steps_per_epoch(self) -> int:
         return math.ceil(len(self.blocks) / self.config.batch_size)
 
+    def lr(self, step: int) -> float:
+        """The rate of update `step`: linear decay to `total`, or constant after warm-up until settled."""
+        if self.config.until_settled:
+            return self.config.lr * lr_lambda("constant", self.warmup, self.total)(step)
+        return lr_at(step, self.total, self.warmup, self.config.lr)
+
+    def settled_now(self) -> bool:
+        """Until settled: this step is a check and the loss has settled (a resumed run re-judges its last check)."""
+        cfg = self.config
+        return (cfg.until_settled and self.step > 0 and self.step % cfg.settle_check == 0
+                and settled(_loss_curve(self.losses))[0])
+
+    @property
+    def stopped(self) -> str | None:
+        """Why the run ended: "settled" (a check said so), "cap" (max_steps / epochs), None (not yet)."""
+        return "settled" if self.settled_now() else "cap" if self.step >= self.total else None
+
 
 def _output_dir(model_dir: Path, out_dir: str | Path) -> Path:
     """The output folder, created; never the model's own folder."""
@@ -132,10 +156,11 @@ def _start(config: AdaptConfig, model_dir: Path, data: AdaptData, tokenizer) -> 
     device = torch.device(pick_device(config.device))
     model, head_status = _load_model(config, model_dir, device)
     total = config.max_steps or max(1, math.ceil(config.epochs * math.ceil(len(data.blocks) / config.batch_size)))
+    planned = config.settle_check if config.until_settled else total  # what the warm-up is a share of
     run = _Run(config, model, head_status, _optimizer(model, config, fresh_head=head_status == "initialised"),
                MLMCollator(tokenizer, model.config.vocab_size, config.mlm_probability, config.whole_word,
                            seed=config.seed + 1),
-               data.blocks, device, total, warmup=math.ceil(config.warmup_ratio * total))
+               data.blocks, device, total, warmup=math.ceil(config.warmup_ratio * planned))
     torch.manual_seed(config.seed)  # dropout
     return run
 
@@ -150,7 +175,9 @@ def _resume(run: _Run, out_dir: Path, data: AdaptData) -> None:
     if found is None:
         return
     folder, state = found
-    want, have = _resume_key(run.config), state["resume_key"]
+    defaults = _resume_key(AdaptConfig())  # a setting newer than the checkpoint: it ran with the default
+    want = _resume_key(run.config)
+    have = {**{k: defaults[k] for k in want if k not in state["resume_key"]}, **state["resume_key"]}
     if want != have:
         diff = ", ".join(f"{k}: {have.get(k)!r} -> {want.get(k)!r}"
                          for k in sorted(set(want) | set(have)) if want.get(k) != have.get(k))
@@ -188,7 +215,7 @@ def _train_step(run: _Run, blocks: list[dict]) -> None:
     cfg = run.config
     batch = {k: v.to(run.device) for k, v in run.collator(blocks).items()}
     for group in run.optimizer.param_groups:
-        group["lr"] = group["lr_scale"] * lr_at(run.step, run.total, run.warmup, cfg.lr)
+        group["lr"] = group["lr_scale"] * run.lr(run.step)
     with torch.autocast(run.device.type, dtype=torch.bfloat16, enabled=cfg.bf16 and run.device.type == "cuda"):
         loss = masked_lm_loss(run.model, batch["input_ids"], batch["attention_mask"], batch["labels"])
     loss.backward()
@@ -200,14 +227,14 @@ def _train_step(run: _Run, blocks: list[dict]) -> None:
 
 
 def _train(run: _Run, end: int, checkpoint) -> None:
-    """Steps up to `end`: a checkpoint every `save_every` steps, and on Ctrl-C before it stops."""
+    """Steps up to `end` (or to a check that says settled): a checkpoint every `save_every` steps, and on
+    Ctrl-C before it stops."""
     bar = progress_bar(total=run.total, initial=run.step, desc="adapt", unit="step")
     try:
-        while run.step < end:
+        while run.step < end and not run.settled_now():
             _train_step(run, _next_blocks(run))
             bar.update(1)
-            bar.set_postfix(loss=f"{run.losses[-1]:.3f}",
-                            lr=f"{lr_at(run.step - 1, run.total, run.warmup, run.config.lr):.1e}")
+            bar.set_postfix(loss=f"{run.losses[-1]:.3f}", lr=f"{run.lr(run.step - 1):.1e}")
             if run.step % run.config.save_every == 0 and run.step < end:
                 checkpoint()
     except KeyboardInterrupt:
@@ -232,7 +259,8 @@ def _summary(run: _Run, data: AdaptData, model_dir: Path, resumed_from: int, sec
         "n_blocks": len(data.blocks), "n_tokens": sum(len(b["input_ids"]) for b in data.blocks),
         "data_fingerprint": data.fingerprint, "steps": run.step, "total_steps": run.total,
         "resumed_from_step": resumed_from,
-        "warmup_steps": run.warmup, "finished": run.step >= run.total, "device": str(run.device),
+        "warmup_steps": run.warmup, "finished": run.stopped is not None, "stopped": run.stopped,
+        "capped": run.stopped == "cap", "settled": settled(_loss_curve(losses))[0], "device": str(run.device),
         "mlm_head": run.head_status, "mlm_head_newly_initialised": run.head_status == "initialised",
         "seconds_this_call": round(seconds, 1),
         "first_loss": losses[0] if losses else None,

@@ -44,7 +44,9 @@ class CompareConfig:
     featurize: FeaturizeConfig = FeaturizeConfig()  # its `model` is replaced per encoder
     head: HeadConfig = HeadConfig()
     train: TrainConfig = TrainConfig()  # its seed is replaced by each of `seeds`
-    adapt: AdaptConfig = AdaptConfig(max_steps=50, batch_size=16)  # short: a CPU-sized adaptation
+    # the MLM adaptation and the probe run until their loss settles (featurize.tuning.settle), checked every 100
+    # steps, max_steps the cap: 1,000 steps of 16 x 128 tokens, ~10 min of MiniLM on 2 CPU cores
+    adapt: AdaptConfig = AdaptConfig(max_steps=1000, batch_size=16, until_settled=True, settle_check=100)
     finetune: FinetuneConfig = FinetuneConfig()  # its setup and seed are replaced per setup and seed
     setups: tuple[str, ...] = tuple(SETUPS)  # the rows (compare_setups.SETUPS); frozen + head always runs
     seeds: tuple[int, ...] = (0, 1, 2)  # three seeds: the least that gives a spread (std) at all
@@ -61,7 +63,7 @@ class CompareConfig:
     mlm_text_split: str | None = "validation"  # wikitext-2 here has validation and test only
     mlm_max_texts: int = 64  # texts per MLM evaluation set: ~1 minute per model on 2 CPU cores
     mlm_holdout_fraction: float = 0.02  # in-domain texts kept out of adaptation, scored for MLM loss
-    mlm_probe_steps: int | None = None  # steps of the probe MLM head on the frozen encoder (None: adapt's)
+    mlm_probe_steps: int | None = None  # cap on the probe MLM head's steps on the frozen encoder (None: adapt's)
 
     def __post_init__(self):
         if not 0.0 < self.mlm_holdout_fraction < 1.0 and self.mlm:
@@ -189,7 +191,8 @@ class Steps:
     """Runs named steps once per settings key; `run(name, settings, fn)` -> (dir, result).
 
     Each step's record holds its seconds and the process's peak resident memory while it ran (MB; None
-    off Linux), kept in `seconds` and `peak_mb` by step name, also for steps reused from a record."""
+    off Linux), kept in `seconds` and `peak_mb` by step name, also for steps reused from a record.
+    `key_of(path)` is the key of the step that made `path`: what a step using it puts in its own key."""
 
     def __init__(self, out: Path, log=print):
         self.out, self.log = out, log
@@ -197,6 +200,12 @@ class Steps:
         self.peak_mb: dict[str, float | None] = {}
         self.results: dict[str, dict] = {}
         self.dirs: dict[str, Path] = {}
+        self.keys: dict[Path, str] = {}  # step folder -> its key
+
+    def key_of(self, path) -> str | None:
+        """The key of the step whose folder holds `path`; None for a path no step of this run made."""
+        path = Path(path).resolve()
+        return next((key for folder, key in self.keys.items() if folder == path or folder in path.parents), None)
 
     def run(self, name: str, settings: dict, fn) -> tuple[Path, dict]:
         key = _key(settings)
@@ -215,6 +224,7 @@ class Steps:
                     "peak_mb": _peak_memory_mb() if measured else None, "result": result}
             atomic_write_json(record, done, indent=1)
         self.seconds[name], self.dirs[name] = float(done["seconds"]), folder
+        self.keys[folder.resolve()] = key
         self.peak_mb[name], self.results[name] = done.get("peak_mb"), done["result"]
         return folder, done["result"]
 
@@ -326,8 +336,10 @@ def _subsampled(cfg: CompareConfig, out: Path) -> CompareConfig:
 
 
 def _adapt_result(summary: dict) -> dict:
-    keep = ("steps", "total_steps", "finished", "first_loss", "last_loss_mean10", "mlm_head", "n_held_out_texts",
-            "losses")
+    """An MLM run's record: its steps (`total_steps`: the cap), why it stopped ("settled" at a check, or
+    "cap"; `capped`), whether its loss settled (compare_setups.settled) and its loss curve."""
+    keep = ("steps", "total_steps", "finished", "stopped", "capped", "first_loss", "last_loss_mean10", "mlm_head",
+            "n_held_out_texts", "losses")
     if not summary.get("finished"):
         raise RuntimeError(f"adapt stopped at step {summary.get('steps')} of {summary.get('total_steps')}")
     is_settled, drop = settled(summary.get("losses") or [])

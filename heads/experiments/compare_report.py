@@ -11,16 +11,20 @@ all-MiniLM-L6-v2 ship without an MLM head, and a random head says nothing about 
 *probe* head is trained on the frozen base encoder (`cli adapt --head-only`) and used to score the base
 and every encoder tuned on the task; the MLM-adapted encoder (which starts from the probe's head) is
 scored with its own head. A higher loss than the base's means the encoder moved away from what the
-probe decodes (tuning on the task) or predicts that text worse (adaptation).
+probe decodes (tuning on the task) or predicts that text worse (adaptation). A tuned encoder with the probe's
+head is a folder of links made inside its MLM step's own folder, whose key holds the keys of the steps that
+made the encoder and the probe: a changed encoder or probe is a new step with new links, never old ones.
 """
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
 
 from headstore.heads.training.run import eval_head
 
 GENERAL_MIN_CHARS = 50  # wikitext lines shorter than this are headings / fragments
+MLM_MASKS = {"seed": 0, "n_masks": 2}  # the same masks for every model: two draws of them per text
 
 
 def _name(path: str) -> str:
@@ -77,24 +81,35 @@ def _in_domain_held_out(cfg) -> list[str]:
 
 
 def with_head(encoder_dir: Path, head_source: Path, folder: Path) -> Path:
-    """A model dir = `encoder_dir`'s files (linked) + `head_source`'s mlm_head.safetensors."""
+    """A model dir, made afresh = `encoder_dir`'s files (linked) + `head_source`'s mlm_head.safetensors."""
     from headstore.featurize.tuning.mlm_head import HEAD_FILE
 
-    folder.mkdir(parents=True, exist_ok=True)
+    if folder.exists():  # whatever a killed run left: links of this key's encoder and head, made again
+        shutil.rmtree(folder)
+    folder.mkdir(parents=True)
     for f in encoder_dir.iterdir():
-        if f.is_file() and f.name != HEAD_FILE and not (folder / f.name).exists():
+        if f.is_file() and f.name != HEAD_FILE:
             os.symlink(f.resolve(), folder / f.name)
-    if not (folder / HEAD_FILE).exists():
-        os.symlink((head_source / HEAD_FILE).resolve(), folder / HEAD_FILE)
+    os.symlink((head_source / HEAD_FILE).resolve(), folder / HEAD_FILE)
     return folder
+
+
+def mlm_settings(cfg) -> dict:
+    """What an MLM loss depends on besides the model: the texts (which, how many, which split) and how they
+    are cut and masked."""
+    return {"text": cfg.mlm_text, "text_split": cfg.mlm_text_split, "min_chars": GENERAL_MIN_CHARS,
+            "max_texts": cfg.mlm_max_texts, "in_domain": cfg.in_domain, "holdout": cfg.mlm_holdout_fraction,
+            "max_length": cfg.adapt.max_length, **MLM_MASKS}
 
 
 def mlm_losses(cfg, steps, built: dict, probe: Path) -> dict:
     """{(encoder, encoder seed): {"general": loss, "in_domain": loss, "head": ...}} on the same texts and
-    masks; the base encoder once."""
+    masks; the base encoder once. Each step's key: mlm_settings and the keys of the steps that made the
+    encoder and the probe."""
     from headstore.featurize.tuning.mlm_eval import mlm_loss
 
     sets = {"general": _general_texts(cfg), "in_domain": _in_domain_held_out(cfg)}
+    probe_key = steps.key_of(probe)
     models = {("base", None): None}
     for enc, per_seed in built.items():
         for b in per_seed.values():
@@ -103,18 +118,18 @@ def mlm_losses(cfg, steps, built: dict, probe: Path) -> dict:
     results = {}
     for (enc, seed), model_dir in models.items():
         name = "mlm-base" if enc == "base" else f"mlm-{enc}-s{seed}"
-        if model_dir is None:
-            scored, head = probe, "probe (frozen base)"
-        elif enc == "adapted":
-            scored, head = model_dir, "its own (adapted from the probe's)"
-        else:
-            scored, head = with_head(model_dir, probe, steps.out / f"{name}-model"), "probe (frozen base)"
+        own_head = enc == "adapted"
+        head = "its own (adapted from the probe's)" if own_head else "probe (frozen base)"
 
-        def go(folder, scored=scored):
-            return {n: mlm_loss(str(scored), texts, max_length=cfg.adapt.max_length, seed=0, n_masks=2)["mlm_loss"]
+        def go(folder, model_dir=model_dir, own_head=own_head):
+            scored = probe if model_dir is None else model_dir if own_head else \
+                with_head(model_dir, probe, folder / "model")
+            return {n: mlm_loss(str(scored), texts, max_length=cfg.adapt.max_length, **MLM_MASKS)["mlm_loss"]
                     for n, texts in sets.items() if texts}
 
-        _, res = steps.run(name, {"model": str(model_dir), "probe": str(probe), "n": cfg.mlm_max_texts,
-                                  "text": cfg.mlm_text, "holdout": cfg.mlm_holdout_fraction}, go)
+        encoder_key = None if model_dir is None else steps.key_of(model_dir)
+        assert model_dir is None or encoder_key is not None, f"{model_dir}: made by no step of this run"
+        settings = {"encoder": encoder_key, "probe": probe_key, "own_head": own_head, "texts": mlm_settings(cfg)}
+        _, res = steps.run(name, settings, go)
         results[enc, seed] = {**res, "head": head}
     return results

@@ -14,8 +14,11 @@ Adding a setup is one line in each registry (a `finetune` tuning: one line in TU
 from __future__ import annotations
 
 import dataclasses
+import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
+
+from headstore.featurize.tuning.settle import SETTLE_CHANGE, settled  # the rule adapt stops on; the table says it
 
 
 @dataclass(frozen=True)
@@ -68,14 +71,44 @@ class Built:
     head_key: dict | None = None  # the settings key of its trained head (what a finetune from it depends on)
 
 
-def count_parameters(model_dir: str) -> int:
-    """Parameters of the encoder in `model_dir` (all of them train when the whole encoder does)."""
+def _meta_encoder(model_dir: str):
+    """The encoder of `model_dir` with shapes only (the meta device: nothing allocated, nothing read)."""
     import torch
     from transformers import AutoConfig, AutoModel
 
-    with torch.device("meta"):  # shapes only: nothing allocated
-        model = AutoModel.from_config(AutoConfig.from_pretrained(model_dir))
-    return sum(p.numel() for p in model.parameters())
+    with torch.device("meta"):
+        return AutoModel.from_config(AutoConfig.from_pretrained(model_dir))
+
+
+def count_parameters(model_dir: str) -> int:
+    """Parameters of the encoder in `model_dir` that train when the whole encoder does: its blocks
+    (featurize.architectures.layer_blocks, as finetune and adapt train them: not the pooler, which mean pooling
+    never uses); every parameter of an architecture outside that table."""
+    from headstore.featurize.architectures import layer_blocks
+
+    model = _meta_encoder(model_dir)
+    try:
+        return sum(p.numel() for block in layer_blocks(model) for _, p in block)
+    except ValueError:  # no layout known: all of it
+        return sum(p.numel() for p in model.parameters())
+
+
+def trained_encoder_parameters(summary: dict) -> int:
+    """The encoder parameters a finetune run trained, from its finetune.json: those of the blocks unfrozen by
+    its end (all; top-k: the top k; gradual: as many as `unfrozen_at_step` reached), the setup's blocks
+    (whole layers, adapters or LoRA matrices) rebuilt from its config on the source encoder's shapes."""
+    import torch
+    from headstore.heads.apply.finetune import FinetuneConfig
+    from headstore.heads.apply.tunings import TUNINGS
+
+    names = {f.name for f in dataclasses.fields(FinetuneConfig)}
+    fcfg = FinetuneConfig(**{k: v for k, v in summary["config"].items() if k in names})
+    model = _meta_encoder(summary["source_encoder"])
+    with torch.device("meta"):  # adapters and LoRA matrices: shapes only too
+        blocks = TUNINGS[fcfg.setup](fcfg).attach(model)
+    assert len(blocks) == summary["n_blocks"], (len(blocks), summary["n_blocks"])
+    top = max(summary["unfrozen_at_step"].values(), default=0)  # blocks trained by the last step, from the top
+    return sum(p.numel() for block in blocks[:top] for _, p in block)
 
 
 def head_parameters(head_dir: Path) -> int:
@@ -112,7 +145,7 @@ class Builder:
             store, fkey = self.featurize(f"featurize-adapted-s{t}", str(model), key)
             head, _ = self.train_head(f"head-adapted-s{s}", store, fkey, s)
             n_head = head_parameters(head)
-            enc = self.base_params  # the whole encoder trains (plus the MLM head, not counted: not used after)
+            enc = self.base_params  # the whole encoder trains (its MLM head too, not counted: not used after)
             out[s] = Built("adapted", t, store, model, {"trained": head},
                            [probe_step, f"adapt-s{t}", f"featurize-adapted-s{t}", f"head-adapted-s{s}"],
                            {None: enc, "trained": enc + n_head})
@@ -130,33 +163,28 @@ class Builder:
             head_dir = base[s].heads["trained"]
             folder, result = self.steps.run(f"{name}-s{s}", key, lambda d, fcfg=fcfg, head_dir=head_dir: _tuned_result(
                 finetune(str(head_dir), str(d), fcfg, str(self.base_store), self.cfg.in_domain, self.cfg.model,
-                         progress=True), self.base_params))
+                         progress=True)))
             store, _ = self.featurize(f"featurize-{name}-s{s}", str(folder / "encoder"), key)
-            trainable = int(result["trainable_parameters"])
             out[s] = Built(name, s, store, folder / "encoder", {"joint": folder / "head"},
-                           [*base[s].steps, f"{name}-s{s}", f"featurize-{name}-s{s}"],
-                           {None: trainable, "joint": trainable})
+                           [*base[s].steps, f"{name}-s{s}", f"featurize-{name}-s{s}"], tuned_trainable(result, folder))
         return out
 
 
-def _tuned_result(summary: dict, encoder_parameters: int) -> dict:
+def _tuned_result(summary: dict) -> dict:
     """The finetune step's record: its summary less the loss history, with the parameters it trained: the
-    encoder's that trained (finetune's `trainable_params` where it reports them, else all) and the head's."""
+    encoder's (`encoder_trainable_parameters`: the blocks unfrozen by its end, not finetune's
+    `trainable_params`, which counts every block whatever `unfreeze` says) and with the head's
+    (`trainable_parameters`, the joint row's count)."""
     keep = {k: v for k, v in summary.items() if k != "history"}
-    keep["trainable_parameters"] = int(summary.get("trainable_params", encoder_parameters)) \
-        + head_parameters(Path(summary["head_dir"]))
+    encoder = trained_encoder_parameters(summary)
+    keep["encoder_trainable_parameters"] = encoder
+    keep["trainable_parameters"] = encoder + head_parameters(Path(summary["head_dir"]))
     return keep
 
 
-SETTLE_CHANGE = 0.02  # settled: the second half of the run lowered the MLM loss by less than 2%
-
-
-def settled(curve: list[dict]) -> tuple[bool, float | None]:
-    """(has the MLM loss settled, how much the second half of the run lowered it, relative) from adapt's loss
-    curve ([{"step", "loss"}] of ten-step means): the mid-run window's mean against the last window's. A
-    window-to-window test on the last steps alone would pass by itself under a decaying learning rate."""
-    if len(curve) < 4:
-        return False, None
-    mid, last = curve[len(curve) // 2 - 1]["loss"], curve[-1]["loss"]
-    drop = (mid - last) / mid
-    return drop < SETTLE_CHANGE, drop
+def tuned_trainable(result: dict, folder: Path) -> dict:
+    """Built.trainable of a tuned encoder: its cosine row the encoder's trained parameters, its joint row those
+    and the head's. A record written before the count was corrected is recounted from its finetune.json."""
+    if "encoder_trainable_parameters" not in result:
+        result = _tuned_result(json.loads((folder / "finetune.json").read_text()))
+    return {None: int(result["encoder_trainable_parameters"]), "joint": int(result["trainable_parameters"])}
