@@ -26,6 +26,7 @@ from tabulate import tabulate
 
 from headstore.data.files import atomic_write_text
 from headstore.heads.experiments.compare_report import dataset_name
+from headstore.heads.experiments.compare_notes import adaptation_note, method, time_note, time_split, tuning_note
 from headstore.heads.experiments.compare_setups import REFERENCE, SETUPS
 from headstore.heads.experiments.plots import metric_family, plot_gain_vs_change
 from headstore.heads.kinds import kind_of_metric
@@ -206,56 +207,26 @@ def tables(cfg, rows: list[dict]) -> tuple[str, str]:
         "## Forgetting and cost",
         tabulate(cost, headers=["setup", "MLM loss general", "MLM loss in-domain held-out", "trainable parameters",
                                 "seconds (from scratch)", "peak MB"], tablefmt="github", disable_numparse=True),
-        _notes(cfg)])
+        method(cfg)])
     return terminal, md
-
-
-def _notes(cfg) -> str:
-    return (f"In-domain: {cfg.in_domain} (test split); out of domain: {', '.join(cfg.out_of_domain) or 'none'} "
-            "(test split, or the only split" + ("; pairs / queries using an in-domain text dropped" if
-                                               cfg.ood_exclude_overlap else "") + "). "
-            f"Seeds {list(cfg.seeds)}" + (f", encoders tuned at the first {cfg.tune_seeds}" if cfg.tune_seeds else "")
-            + f". CIs: {cfg.n_boot} two-level bootstrap resamples, each drawing the row's seeds with replacement "
-            "and the test queries / pairs with replacement (the mean over the drawn seeds of each seed's figure on "
-            "the drawn items), so they hold the spread between training runs as well as between queries; a "
-            "difference pairs each seed with frozen + head at the same seed (a tuned encoder starts from it) and the "
-            "same items; the frozen cosine row, the same at every seed, is set against each seed of frozen + head. "
-            "seconds: what producing the setup cost from scratch (featurize, "
-            "adapt, train-head, finetune; evaluation excluded), mean over seeds; peak MB: the largest resident memory "
-            "of the compare process during one of its steps. MLM loss: masked-token cross-entropy, the same masks "
-            "for every model, under the probe head trained on the frozen encoder (the MLM-adapted encoder: its own "
-            "head); general = wikitext-2 lines, in-domain = texts held out of adaptation.")
-
-
-def adaptation_note(steps) -> str:
-    """One line: each MLM training run's steps, final loss and whether it settled (compare.settled, computed
-    from the loss curve in its record)."""
-    from headstore.heads.experiments.compare_setups import SETTLE_CHANGE, settled
-
-    runs = {n: r for n, r in steps.results.items() if n == "mlm-probe" or n.startswith("adapt-")}
-    parts = []
-    for n, r in runs.items():
-        ok, drop = settled(r.get("losses") or [])
-        parts.append(f"{n}: {r['steps']} steps, loss {r['last_loss_mean10']:.3f}, "
-                     + ("settled" if ok else "NOT settled") + ("" if drop is None else f" (second half -{100 * drop:.1f}%)"))
-    if not parts:
-        return ""
-    return (f"MLM runs (settled = the second half of the run lowered the training loss by < {100 * SETTLE_CHANGE:.0f}%): "
-            + "; ".join(parts) + ".")
 
 
 def write_report(cfg, out: Path, built: dict, evals: dict, mlm: dict, steps) -> str:
     """compare.json, compare.md, compare.png; returns the terminal table."""
     rows = build_rows(cfg, built, evals, mlm, steps)
     terminal, md = tables(cfg, rows)
-    note = adaptation_note(steps)
-    md, terminal = (md + "\n\n" + note, terminal + "\n\n" + note) if note else (md, terminal)
+    split = time_split(steps)
+    notes = [n for n in (adaptation_note(steps), tuning_note(built), time_note(split)) if n]
+    md, terminal = "\n\n".join([md, *notes]), "\n\n".join([terminal, *notes])
     title = f"# compare: {cfg.model}, heads trained on {dataset_name(cfg.in_domain)}\n\n![in-domain gain against " \
             "out-of-domain change](compare.png)\n\n"
     atomic_write_text(out / "compare.md", title + md + "\n")
+    tunings = {name: {str(s): b.tuning for s, b in per_seed.items() if getattr(b, "tuning", None)}
+               for name, per_seed in built.items()}
     atomic_write_text(out / "compare.json", json.dumps({
         "rows": rows, "model": cfg.model, "in_domain": cfg.in_domain, "out_of_domain": list(cfg.out_of_domain),
         "seeds": list(cfg.seeds), "tune_seeds": cfg.tune_seeds, "n_boot": cfg.n_boot, "reference": REFERENCE,
+        "tunings": {k: v for k, v in tunings.items() if v}, "time_split_seconds": split,
         "step_seconds": steps.seconds, "step_peak_mb": steps.peak_mb}, indent=1, default=float))
     plot_gain_vs_change(rows, out / "compare.png")
-    return terminal + "\n\n" + _notes(cfg) + "\n"
+    return terminal + "\n\n" + method(cfg) + "\n"
