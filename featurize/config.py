@@ -209,7 +209,7 @@ class AdaptConfig:
     holdout_fraction: float = 0.0  # texts kept out of training for evaluation (by text_id hash)
     seed: int = 0  # data order, masks, dropout and a fresh head
     device: str = "auto"  # "auto" = cuda when available
-    bf16: bool = True  # bf16 autocast on CUDA (ignored on CPU, where it is slow)
+    bf16: bool = True  # bf16 autocast on CUDA and on a CPU with native bf16 (ignored where emulated: slow)
     save_every: int = 200  # steps between checkpoints
 
     def __post_init__(self):

@@ -39,7 +39,7 @@ _DEFAULTS = AdaptConfig()
 @click.option("--seed", default=_DEFAULTS.seed, show_default=True, type=int)
 @click.option("--device", default=_DEFAULTS.device, show_default=True)
 @click.option("--bf16/--no-bf16", default=_DEFAULTS.bf16, show_default=True,
-              help="bf16 autocast on CUDA.")
+              help="bf16 autocast on CUDA and on a CPU with native bf16 (AVX-512-BF16, AMX).")
 @click.option("--save-every", default=_DEFAULTS.save_every, show_default=True, type=int)
 @click.option("--stop-after-steps", default=None, type=int,
               help="Checkpoint and stop after this many steps in this call (rerun to resume).")
