@@ -409,12 +409,21 @@ def grid(store, data, data_format, grid_path, out, transfer, select_ood, ood_del
 @click.option("--layer-lr-decay", type=float, default=1.0, show_default=True,
               help="Discriminative lrs: encoder-lr x decay^(depth from top).")
 @click.option("--batch-size", type=int, default=None, help="Default: the head's batch size.")
-@click.option("--max-steps", type=int, default=None, help="Cap on the steps of the epoch.")
+@click.option("--max-epochs", type=int, default=None,
+              help="Cap on the epochs (default: the head's); dev stops the run sooner (--patience).")
+@click.option("--patience", type=int, default=2, show_default=True,
+              help="Epochs without a dev improvement before stopping.")
+@click.option("--dev-docs", type=int, default=1000, show_default=True,
+              help="IR dev: corpus documents scored each epoch beside every document judged for a dev query.")
+@click.option("--mined-k", type=int, default=None, help="Mined hard negatives per pair (default: the head's).")
+@click.option("--max-steps", type=int, default=None, help="Cap on the steps of the whole run (smoke runs).")
+@click.option("--keep", type=click.Choice(["best", "last"]), default="best", show_default=True,
+              help="The state written: the best dev epoch's (the start included) or the last.")
 @click.option("--gradient-checkpointing/--no-gradient-checkpointing", default=False, show_default=True)
 @click.option("--device", type=click.Choice(DEVICES), default="auto", show_default=True)
 @click.option("--seed", type=int, default=0, show_default=True)
 def finetune(head_dir, out, store, data, encoder, **settings):
-    """Unfreeze the encoder under a trained head and train both end to end for one epoch."""
+    """Unfreeze the encoder under a trained head and train both end to end until dev stops improving."""
     from headstore.heads.apply.finetune import FinetuneConfig, finetune as run_finetune
 
     with named_as_typed():  # --top-k 0: the option named as typed

@@ -1,10 +1,18 @@
-"""`cli finetune`: unfreeze the encoder under a trained head and train both end to end for one epoch.
+"""`cli finetune`: unfreeze the encoder under a trained head and train both end to end until dev stops improving.
 
 Starts from a `cli train-head --out` directory: the head, its Normalizer and its config (training
 settings, dataset, the store it was trained on). The encoder named in that store's manifest is loaded,
 the train pairs' texts are tokenised on the fly (`store.texts` maps row -> text), pooled as the store
 pooled them, passed through the saved Normalizer and the head, and trained with the head's own loss
-(`heads.scoring.losses`, the same in-batch `same` mask and label handling as `heads.training.train`).
+(`heads.scoring.losses`, the same in-batch `same` mask and label handling as `heads.training.train`), on the
+same negatives as the head (its mined_k, mined once on the stored features), whose embeddings come from a
+cache refreshed each epoch (heads.apply.finetune_negatives: ANCE's asynchronous negative cache; the head
+learns from them, the encoder from anchors and positives only).
+
+Epochs (heads.apply.finetune_train): up to `max_epochs`, dev scored at the start and after each epoch with the
+training encoder on the dev queries / pairs and a fixed corpus subsample (heads.apply.finetune_dev), stopped
+after `patience` epochs without a dev improvement, the best epoch's encoder trainables and head restored
+(`keep`: "best"; "last" keeps the final state).
 
 Which encoder blocks train (`unfreeze`): "all"; "top-k" (the top `top_k` transformer layers; the
 embeddings count as the block below layer 0); "gradual" (the top block from step 0, one more block
@@ -20,7 +28,9 @@ Output `out_dir`:
   `cli featurize` (setup "adapters": the base weights unchanged + the adapters; "lora": merged weights);
 - `head/`: a train-head-style directory whose config names the new encoder's fingerprint parts, so
   `cli eval --store S2 --head out/head` accepts a store featurized with `encoder/`;
-- `finetune.json`: settings, losses, seconds, the commands that re-featurize and evaluate.
+- `finetune.json`: settings, losses, the dev curve (`dev_curve`, `dev_metric`), `best_epoch`, `best_dev`,
+  `epochs_run`, `stopped_because` (patience | max_epochs | max_steps), seconds per step / cache refresh / dev
+  (`timing`), the commands that re-featurize and evaluate.
 """
 from __future__ import annotations
 
@@ -35,7 +45,6 @@ import torch
 from transformers import AutoModel, AutoTokenizer
 
 from headstore.data.errors import SettingError
-from headstore.data.progress import progress_bar
 from headstore.data.files import atomic_write_json
 from headstore.featurize.adapters import has_adapters
 from headstore.featurize.architectures import layer_blocks
@@ -45,19 +54,18 @@ from headstore.featurize.sentence import SentenceSpec
 from headstore.featurize.store import FeatureStore, fingerprint_of
 from headstore.featurize.tuning.checkpoint import copy_sidecars
 from headstore.featurize.tuning.mlm_head import HEAD_FILE
-from headstore.heads.apply.row_inputs import RowInputs, sentence_embeddings, tuning_precision
+from headstore.heads.apply.finetune_dev import DevScorer, dev_task
+from headstore.heads.apply.finetune_negatives import RowEncoder, mined_negatives
+from headstore.heads.apply.finetune_train import Trainer
+from headstore.heads.apply.row_inputs import RowInputs, tuning_precision
 from headstore.heads.apply.tunings import TUNINGS
 from headstore.heads.artefacts.files import write_head_dir
-from headstore.heads.training.batches import same_mask
 from headstore.heads.settings.config import TrainConfig
-from headstore.heads.network.features import load_features
 from headstore.heads.kinds import kind_of, load_task
-from headstore.heads.scoring.losses import LOSSES, get_loss
-from headstore.heads.evaluation.mining import mine_negatives
-from headstore.heads.training.optim import lr_factor
 from headstore.heads.training.run import load_head
 
 UNFREEZE_MODES = ("all", "top-k", "gradual")
+KEEP_MODES = ("best", "last")  # FinetuneConfig.keep
 
 
 @dataclass(frozen=True)
@@ -80,11 +88,23 @@ class FinetuneConfig:
     warmup_ratio: float = 0.1  # warm-up protects the encoder from the first, noisy head gradients
     grad_clip: float = 1.0  # global gradient-norm clip over encoder + head
     batch_size: int | None = None  # None -> the head's batch size (same in-batch impostors)
-    # mined hard negatives per pair while fine-tuning; None -> the head's mined_k. Each one is another
-    # sequence through the encoder with gradients: 8 per pair made one SciFact epoch need ~22 GB and
-    # ~25 min on a 2-core CPU (measured: killed for memory), so compare.toml sets 0 on CPU
+    # mined hard negatives per pair; None -> the head's mined_k (the same negatives as the head). They are
+    # encoded without gradients into a per-epoch cache (finetune_negatives): with gradients, 8 per pair
+    # needed ~22 GB for one SciFact epoch on a CPU (killed for memory)
     mined_k: int | None = None
-    max_steps: int | None = None  # cap on the steps of the one epoch (None = the whole epoch)
+    # epochs cap; None -> the head's epochs (the budget the head it is compared with had). Dev stops it sooner
+    max_epochs: int | None = None
+    # epochs without a dev improvement before stopping: 2 lets one noisy dip of a small dev set (SciFact's 81
+    # queries) pass, and costs at most two epochs past the best (train-head's 3 is on far cheaper epochs)
+    patience: int = 2
+    # dev corpus subsample (IR): every document judged for a dev query plus this many others, encoded on the
+    # fly each epoch: ~1/5 of SciFact's 5,183 documents, enough distractors that nDCG@10 moves with the encoder
+    dev_docs: int = 1000
+    max_steps: int | None = None  # cap on the steps of the whole run (tests, smoke runs); None = no cap
+    # the state written: "best" the best dev epoch's, the starting point included (a run that never beats it
+    # writes the encoder and head it started from, as train-head's guard); "last" the final one (what a fixed
+    # amount of training does: cli forgetting's one epoch, tests of the training mechanics)
+    keep: str = "best"
     gradient_checkpointing: bool = False  # recompute activations in backward: less memory, ~30% slower
     device: str = "auto"  # auto = cuda when available
     bf16: bool = True  # bf16 autocast on CUDA (ignored on CPU)
@@ -93,9 +113,11 @@ class FinetuneConfig:
     def __post_init__(self):
         if self.setup not in TUNINGS:
             raise ValueError(f"setup={self.setup!r}; valid: {sorted(TUNINGS)}")
+        if self.keep not in KEEP_MODES:
+            raise ValueError(f"keep={self.keep!r}; valid: {list(KEEP_MODES)}")
         if self.unfreeze not in UNFREEZE_MODES:
             raise ValueError(f"unfreeze={self.unfreeze!r}; valid: {list(UNFREEZE_MODES)}")
-        # head_lr, batch_size, max_steps: None takes the head's own / the whole epoch
+        # head_lr, batch_size, mined_k, max_epochs: None takes the head's own; max_steps None: no cap
         bounds = [("top_k", self.top_k >= 1, ">= 1"), ("unfreeze_interval", self.unfreeze_interval >= 1, ">= 1"),
                   ("adapter_size", self.adapter_size >= 1, ">= 1"), ("lora_rank", self.lora_rank >= 1, ">= 1"),
                   ("lora_alpha", self.lora_alpha >= 1, ">= 1"),
@@ -105,7 +127,11 @@ class FinetuneConfig:
                    "a finite number > 0 (or unset: the head's own)"),
                   ("layer_lr_decay", 0 < self.layer_lr_decay <= 1, "in (0, 1]"),
                   ("batch_size", self.batch_size is None or self.batch_size >= 2, ">= 2 (or unset: the head's own)"),
-                  ("max_steps", self.max_steps is None or self.max_steps >= 1, ">= 1 (or unset: the whole epoch)")]
+                  ("max_epochs", self.max_epochs is None or self.max_epochs >= 1, ">= 1 (or unset: the head's epochs)"),
+                  ("patience", self.patience >= 1, ">= 1 (epochs without a dev improvement before stopping)"),
+                  ("dev_docs", self.dev_docs >= 0, ">= 0 (corpus documents beside the dev queries' judged ones)"),
+                  ("mined_k", self.mined_k is None or self.mined_k >= 0, ">= 0 (or unset: the head's mined_k)"),
+                  ("max_steps", self.max_steps is None or self.max_steps >= 1, ">= 1 (or unset: no cap)")]
         for name, holds, what in bounds:
             if not holds:
                 raise SettingError(name, f"must be {what}, got {getattr(self, name)}")
@@ -162,16 +188,6 @@ def _pick_device(name: str) -> torch.device:
     return torch.device(pick_device(name))
 
 
-def _embed_texts(model, tokenizer, texts: list[str], max_length: int, pooler: Pooler, layer: int, norm, head,
-                 device: torch.device, use_bf16: bool, role: str = "query",
-                 prompt_lengths: torch.Tensor | None = None) -> torch.Tensor:
-    """texts (each under its prompt, heads.apply.row_inputs) in `role` -> head outputs (1, B, d): the shared
-    encode-and-pool step (the store's sentence embedding, its Normalize as the store is read) -> Normalizer ->
-    head (a query-side head: queries only)."""
-    return head.encode(norm(sentence_embeddings(model, tokenizer, texts, max_length, pooler, layer, device,
-                                                use_bf16, prompt_lengths)), role)  # (1, B, d)
-
-
 def _norm_to(norm, device):
     norm.center, norm.scale = norm.center.to(device), norm.scale.to(device)
     return norm
@@ -179,11 +195,36 @@ def _norm_to(norm, device):
 
 def finetune(head_dir: str, out_dir: str, cfg: FinetuneConfig, store_path: str | None = None,
              data_path: str | None = None, encoder: str | None = None, progress: bool = True) -> dict:
-    """Train encoder + head end to end for one epoch on the head's train pairs; write `out_dir`.
+    """Train encoder + head end to end on the head's train pairs until dev stops improving (module doc); write
+    `out_dir` with the best epoch's encoder and head (cfg.keep "last": the final ones).
 
     `store_path`, `data_path`: default to the head's own (config.json); `model`: the encoder the store was
     featurized with (`encoder`, default: the store's model_id, e.g. `minilm`; a local model dir must be given)."""
     t0 = time.perf_counter()
+    run = prepare(head_dir, cfg, store_path, data_path, encoder)
+    report = run.trainer.run(run.dev, progress)
+    return _write_outputs(Path(out_dir), run, head_dir, cfg, report, time.perf_counter() - t0)
+
+
+@dataclass
+class Prepared:
+    """A finetune run ready to train: the encoder (its setup attached), the head, the training loop, dev."""
+
+    model: torch.nn.Module
+    tokenizer: object
+    model_dir: Path
+    head: torch.nn.Module
+    norm: object  # the head's Normalizer, on the device
+    head_config: dict
+    src: "_Source"
+    tuning: object  # the TUNINGS setup attached to `model`
+    trainer: Trainer
+    dev: DevScorer | None  # None: the task has no dev split (every epoch runs, the last is kept)
+
+
+def prepare(head_dir: str, cfg: FinetuneConfig, store_path: str | None = None, data_path: str | None = None,
+            encoder: str | None = None) -> Prepared:
+    """Everything `finetune` trains with, built from the head's directory (its args)."""
     head, norm, head_config = load_head(head_dir)
     src = _training_source(head_config, store_path or head_config["store"], data_path or head_config["data"],
                            head_dir)
@@ -199,21 +240,17 @@ def finetune(head_dir: str, out_dir: str, cfg: FinetuneConfig, store_path: str |
     train_cfg = src.train_cfg
     head_lr = cfg.head_lr if cfg.head_lr is not None else train_cfg.lr
     opt = build_optimizer(blocks, head, cfg, head_lr, train_cfg.weight_decay)
-    negatives = _negatives(src, cfg)
     inputs = RowInputs(src.store, tokenizer)  # each row's text under the prompt featurize gave it
     use_bf16 = tuning_precision(src.parts, device.type, cfg.bf16)  # the autocast: bf16, fp16 or fp32
     pooler = Pooler.of(SentenceSpec.from_parts(src.parts), model_dir)
-
-    def embed(rows: torch.Tensor, role: str = "query") -> torch.Tensor:  # store rows (B,) -> (1, B, d)
-        texts, prompt_lengths = inputs(rows.tolist())
-        return _embed_texts(model, tokenizer, texts, int(src.parts["max_length"]), pooler, src.layer, norm, head,
-                            device, use_bf16, role, prompt_lengths)
-    history, unfrozen_at, steps = _train(src, cfg, blocks, head, opt, embed, negatives, progress)
-    counts = {"trainable_params": sum(p.numel() for b in blocks for _, p in b),
-              "encoder_params": sum(p.numel() for p in model.parameters())}
-    return _write_outputs(Path(out_dir), model, tokenizer, Path(model_dir), head, norm, head_dir, head_config,
-                          src.parts, cfg, history, unfrozen_at, time.perf_counter() - t0, len(blocks), steps,
-                          len(src.pairs), tuning, counts)
+    row_encoder = RowEncoder(model, tokenizer, inputs, int(src.parts["max_length"]), pooler, src.layer, device,
+                             use_bf16)
+    trainer = Trainer(src, cfg, blocks, head, norm, opt, row_encoder, mined_negatives(src, cfg),
+                      lambda step: n_unfrozen(cfg, step, len(blocks)), set_trainable)
+    dev = dev_task(src.task, cfg.dev_docs)
+    scorer = None if dev is None else DevScorer(dev, row_encoder, norm, head, train_cfg.eval_energy,
+                                                train_cfg.precision)
+    return Prepared(model, tokenizer, Path(model_dir), head, norm, head_config, src, tuning, trainer, scorer)
 
 
 @dataclass
@@ -270,76 +307,6 @@ def _load_encoder(cfg: FinetuneConfig, encoder: str, parts: dict, store_path: st
     return model, tokenizer, model_dir
 
 
-def _negatives(src: _Source, cfg: FinetuneConfig) -> torch.Tensor | None:
-    """(P, K) store rows: given negatives, plus hard negatives mined once on the stored features."""
-    spec, pairs, train_cfg = LOSSES[src.train_cfg.loss], src.pairs, src.train_cfg
-    negatives = torch.as_tensor(pairs.negative) if spec.negatives and pairs.negative is not None else None
-    mined_k = train_cfg.mined_k if cfg.mined_k is None else cfg.mined_k
-    if spec.negatives and mined_k and src.task.corpus_rows is not None:
-        mined = mine_negatives(load_features(src.store, src.array), pairs.anchor, src.task.corpus_rows,
-                               src.task.relevant, mined_k, None, 1, energy=train_cfg.eval_energy)[0]
-        negatives = mined if negatives is None else torch.cat([negatives, mined], dim=-1)
-    return negatives
-
-
-def _train(src: _Source, cfg: FinetuneConfig, blocks, head, opt, embed, negatives, progress: bool):
-    """One epoch (or --max-steps) of encoder + head: (history, step -> blocks unfrozen, steps)."""
-    pairs, train_cfg, task, n_rows = src.pairs, src.train_cfg, src.task, src.store.n_texts + 1
-    P = len(pairs)
-    B = min(cfg.batch_size or train_cfg.batch_size, P)
-    steps = math.ceil(P / B) if cfg.max_steps is None else min(math.ceil(P / B), cfg.max_steps)
-    sched = train_cfg.replace(warmup_ratio=cfg.warmup_ratio)
-    order = torch.randperm(P, generator=torch.Generator().manual_seed(cfg.seed))
-    sampler = kind_of(task).sampler(task)  # labelled texts: P classes x K texts per batch
-    batches = sampler([train_cfg], [torch.Generator().manual_seed(cfg.seed)], B, steps)[0] if sampler else None
-    anchor, positive = torch.as_tensor(pairs.anchor), torch.as_tensor(pairs.positive)
-    labels_all = None if pairs.targets is None else torch.as_tensor(pairs.targets, dtype=torch.float32)
-    relevant = torch.as_tensor(sorted(a * n_rows + p for a, p in task.relevant), dtype=torch.long)
-    loss_fn, loss_cfg = get_loss(train_cfg.loss, pairs.form), train_cfg.loss_config()
-    device = next(head.parameters()).device
-    trainable = [p for b in blocks for _, p in b] + list(head.parameters())
-    history, unfrozen_at = [], {}
-    bar = progress_bar(total=steps, desc=f"finetune ({cfg.setup}, {cfg.unfreeze})", disable=not progress)
-    for step in range(steps):
-        k = n_unfrozen(cfg, step, len(blocks))
-        if k not in unfrozen_at.values():
-            set_trainable(blocks, k)
-            unfrozen_at[step] = k
-        idx = batches[step] if batches is not None else order[step * B:(step + 1) * B]
-        a_rows, p_rows = anchor[idx], positive[idx]
-        za = embed(a_rows, "query")  # (1, b, d)
-        same_rows = torch.equal(a_rows, p_rows) and head.cfg.sides == "both"  # labelled texts: anchor = positive
-        zp = za if same_rows else embed(p_rows, "document")
-        zn = None
-        if negatives is not None:
-            n_idx = negatives[idx]  # (b, K)
-            zn = embed(n_idx.flatten(), "document").unflatten(1, n_idx.shape)  # (1, b, K, d)
-        labels = labels_all[idx].unsqueeze(0).to(device) if labels_all is not None else None  # (1, b[, L])
-        same = same_mask(a_rows, p_rows, relevant, n_rows).to(device)  # (b, b)
-        loss = loss_fn(za.float(), zp.float(), None if zn is None else zn.float(), labels,
-                       energy=train_cfg.energy, cfg=loss_cfg, same=same)[0]
-        _step(loss, step, steps, opt, trainable, cfg, sched)
-        history.append({"step": step + 1, "loss": float(loss.detach()), "unfrozen_blocks": k})
-        bar.update(1)
-        bar.set_postfix(loss=f"{history[-1]['loss']:.4f}", blocks=k)
-    bar.close()
-    return history, unfrozen_at, steps
-
-
-def _step(loss, step: int, steps: int, opt, trainable, cfg: FinetuneConfig, sched: TrainConfig) -> None:
-    """Backward, clipping and one AdamW update at the schedule's rate for `step`."""
-    if not torch.isfinite(loss):
-        raise RuntimeError(f"finetune: loss became {loss.item()} at step {step + 1}; lower --encoder-lr")
-    opt.zero_grad(set_to_none=True)
-    loss.backward()
-    if cfg.grad_clip:
-        torch.nn.utils.clip_grad_norm_([p for p in trainable if p.grad is not None], cfg.grad_clip)
-    factor = lr_factor(step, steps, sched)
-    for g in opt.param_groups:
-        g["lr"] = g["base_lr"] * factor
-    opt.step()
-
-
 def _featurize_options(parts: dict) -> str:
     """The featurize options that give a new store this one's dtype and prompts (its fingerprint holds them)."""
     prompts = parts.get("prompts") or {}
@@ -348,10 +315,12 @@ def _featurize_options(parts: dict) -> str:
     return "".join(" " + o for o in options)
 
 
-def _write_outputs(out: Path, model, tokenizer, model_dir: Path, head, norm, head_dir, head_config, parts,
-                   cfg: FinetuneConfig, history, unfrozen_at, seconds, n_blocks, steps, n_pairs, tuning,
-                   counts: dict) -> dict:
-    enc_dir, new_head = out / "encoder", out / "head"
+def _write_outputs(out: Path, run: Prepared, head_dir, cfg: FinetuneConfig, report: dict, seconds: float) -> dict:
+    model, tokenizer, model_dir, tuning, parts = run.model, run.tokenizer, run.model_dir, run.tuning, run.src.parts
+    head, norm, head_config, trainer = run.head, run.norm, run.head_config, run.trainer
+    enc_dir, new_head, history = out / "encoder", out / "head", trainer.history
+    counts = {"trainable_params": sum(p.numel() for b in trainer.blocks for _, p in b),  # before a LoRA merge
+              "encoder_params": sum(p.numel() for p in model.parameters())}
     enc_dir.mkdir(parents=True, exist_ok=True)
     if cfg.gradient_checkpointing:  # transformers 5 renamed the disable call
         (getattr(model, "activation_checkpointing_disable", None) or model.gradient_checkpointing_disable)()
@@ -368,8 +337,9 @@ def _write_outputs(out: Path, model, tokenizer, model_dir: Path, head, norm, hea
     summary = {"config": asdict(cfg), "setup": cfg.setup, "setup_settings": tuning.describe(),
                "encoder_lr": cfg.peak_encoder_lr, **counts, "source_head": str(head_dir),
                "source_encoder": str(model_dir),
-               "encoder_dir": str(enc_dir), "head_dir": str(new_head), "n_pairs": n_pairs, "steps": steps,
-               "n_blocks": n_blocks, "unfrozen_at_step": {str(k): v for k, v in unfrozen_at.items()},
+               "encoder_dir": str(enc_dir), "head_dir": str(new_head), "n_pairs": len(run.src.pairs), **report,
+               "n_blocks": len(trainer.blocks),
+               "unfrozen_at_step": {str(k): v for k, v in trainer.unfrozen_at.items()},
                "first_loss": history[0]["loss"], "last_loss_mean10": float(np.mean([h["loss"] for h in history[-10:]])),
                "seconds": round(seconds, 1), "fingerprint": fingerprint, "history": history,
                "next": [f"cli featurize --model {enc_dir} --data {head_config['data']}{_featurize_options(parts)} "

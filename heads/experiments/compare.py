@@ -19,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import math
 import time
 import tomllib
 from dataclasses import asdict, dataclass, field, fields
@@ -48,6 +49,10 @@ class CompareConfig:
     # steps, max_steps the cap: 1,000 steps of 16 x 128 tokens, ~10 min of MiniLM on 2 CPU cores
     adapt: AdaptConfig = AdaptConfig(max_steps=1000, batch_size=16, until_settled=True, settle_check=100)
     finetune: FinetuneConfig = FinetuneConfig()  # its setup and seed are replaced per setup and seed
+    # [finetune] lr_grid: each tuned setup's encoder lr candidates, factors of its default (encoder_lr, else the
+    # setup's own), chosen on dev at the first tuning seed (compare_setups.Builder.tuned): three values around
+    # the default, a factor of 2 apart, as a head's lr is picked from a small grid
+    lr_grid: tuple[float, ...] = (0.5, 1.0, 2.0)
     setups: tuple[str, ...] = tuple(SETUPS)  # the rows (compare_setups.SETUPS); frozen + head always runs
     seeds: tuple[int, ...] = (0, 1, 2)  # three seeds: the least that gives a spread (std) at all
     tune_seeds: int | None = None  # the first this many seeds also re-tune the encoders (None = all): an
@@ -78,6 +83,9 @@ class CompareConfig:
         for name in ("max_docs", "ood_max_docs"):
             if getattr(self, name) is not None and getattr(self, name) < 10:
                 raise ValueError(f"{name} must be >= 10 (or unset: the whole corpus), got {getattr(self, name)}")
+        if not self.lr_grid or len(set(self.lr_grid)) != len(self.lr_grid) or \
+                not all(math.isfinite(f) and f > 0 for f in self.lr_grid):
+            raise ValueError(f"[finetune] lr_grid must be distinct finite factors > 0, got {list(self.lr_grid)}")
         if self.n_boot < 100:
             raise ValueError(f"n_boot must be >= 100 (a 95% CI from fewer resamples is noise), got {self.n_boot}")
 
@@ -140,6 +148,8 @@ def load_compare_config(path: str | None = None, **overrides) -> CompareConfig:
     head_keys = {f.name for f in fields(HeadConfig)}
     head_raw = raw.get("head", {})
     sections = {"featurize": feat, "adapt": dict(raw.get("adapt", {})), "finetune": dict(raw.get("finetune", {}))}
+    if "lr_grid" in sections["finetune"]:  # compare's own setting, kept in the section it is about
+        top["lr_grid"] = tuple(sections["finetune"].pop("lr_grid"))
     o = {k: v for k, v in overrides.items() if v not in (None, ())}
     for k in ("in_domain", "model", "base_store", "mlm", "seeds", "setups"):
         if k in o:

@@ -5,7 +5,8 @@ ENCODERS: how each encoder is made from the base one.
   adapted    MLM adaptation on the in-domain texts, starting from the probe MLM head (a head trained on
              the frozen encoder first, so the encoder is never fed a random head's gradients), then a head
   finetuned, adapters, lora: `cli finetune` from seed s's frozen + head, with FinetuneConfig.setup =
-             TUNED[name] (encoder and head trained together on the task's pairs, the head's own loss)
+             TUNED[name] (encoder and head trained together on the task's pairs, the head's own loss and
+             negatives, until dev stops improving), its encoder lr chosen on dev at the first tuning seed
 SETUPS: one table row each = an encoder with a head trained on its features ("trained"), the head
 trained together with it ("joint"), or no head (its own cosine).
 
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -69,6 +71,8 @@ class Built:
     steps: list  # the step names it took (seconds and peak memory come from their records)
     trainable: dict  # "trained" | "joint" | None -> trainable parameters of that setup
     head_key: dict | None = None  # the settings key of its trained head (what a finetune from it depends on)
+    tuning: dict | None = None  # a tuned encoder's run: the encoder_lr chosen on dev, `candidates` [(lr, its best
+    # dev figure; NaN: none)] tried at `chosen_at_seed`, this run's best_epoch, best_dev, epochs_run, stopped_because
 
 
 def _meta_encoder(model_dir: str):
@@ -152,22 +156,64 @@ class Builder:
         return out
 
     def tuned(self, name: str, seeds, tune_seeds, base: dict[int, Built]) -> dict[int, Built]:
-        from headstore.heads.apply.finetune import finetune
-
-        out = {}
-        for s in seeds:
-            if s not in tune_seeds:
-                continue  # no head of its own beside the encoder: the row has the tuning seeds only
+        """Encoder `name` tuned from each tuning seed's frozen + head. Its encoder lr is chosen on dev at the FIRST
+        tuning seed among cfg.lr_grid x the setup's default (each candidate its own keyed step, reused by a rerun;
+        the chosen candidate's run is that seed's run) and kept for the other seeds."""
+        out, chosen = {}, None
+        for s in [s for s in seeds if s in tune_seeds]:  # a finetune-family row has the tuning seeds only
             fcfg = finetune_setting(self.cfg, name, s)
-            key = {"head": base[s].head_key, "finetune": asdict(fcfg)}
-            head_dir = base[s].heads["trained"]
-            folder, result = self.steps.run(f"{name}-s{s}", key, lambda d, fcfg=fcfg, head_dir=head_dir: _tuned_result(
-                finetune(str(head_dir), str(d), fcfg, str(self.base_store), self.cfg.in_domain, self.cfg.model,
-                         progress=True)))
+            if chosen is None:
+                lrs = [fcfg.peak_encoder_lr * f for f in self.cfg.lr_grid]
+                runs = {lr: self._finetune(_step_name(name, s, lr, len(lrs)), fcfg, lr, base[s]) for lr in lrs}
+                lr = pick_lr({lr: run[1].get("best_dev") for lr, run in runs.items()})
+                chosen = {"encoder_lr": lr, "chosen_at_seed": s, "dev_metric": runs[lr][1].get("dev_metric"),
+                          "candidates": [(c, _figure(run[1].get("best_dev"))) for c, run in runs.items()]}
+                ran = [_step_name(name, s, c, len(lrs)) for c in lrs]
+                folder, result, key = runs[lr]
+            else:
+                ran = [f"{name}-s{s}"]
+                folder, result, key = self._finetune(ran[0], fcfg, chosen["encoder_lr"], base[s])
             store, _ = self.featurize(f"featurize-{name}-s{s}", str(folder / "encoder"), key)
             out[s] = Built(name, s, store, folder / "encoder", {"joint": folder / "head"},
-                           [*base[s].steps, f"{name}-s{s}", f"featurize-{name}-s{s}"], tuned_trainable(result, folder))
+                           [*base[s].steps, *ran, f"featurize-{name}-s{s}"], tuned_trainable(result, folder),
+                           tuning=tuned_record(chosen, result))
         return out
+
+    def _finetune(self, step: str, fcfg, lr: float, base: Built) -> tuple[Path, dict, dict]:
+        """(folder, record, key) of `cli finetune` at encoder lr `lr` from `base`'s frozen + head, as step `step`."""
+        from headstore.heads.apply.finetune import finetune
+
+        fcfg = dataclasses.replace(fcfg, encoder_lr=lr)
+        key = {"head": base.head_key, "finetune": asdict(fcfg)}
+        head_dir = base.heads["trained"]
+        folder, result = self.steps.run(step, key, lambda d: _tuned_result(
+            finetune(str(head_dir), str(d), fcfg, str(self.base_store), self.cfg.in_domain, self.cfg.model,
+                     progress=True)))
+        return folder, result, key
+
+
+def _step_name(name: str, seed: int, lr: float, n_candidates: int) -> str:
+    """The finetune step of encoder `name` at `seed`: one candidate of several carries its lr in its name."""
+    return f"{name}-s{seed}" if n_candidates == 1 else f"{name}-s{seed}-lr{lr:g}"
+
+
+def pick_lr(candidates: dict[float, float | None]) -> float:
+    """The lr whose run's best dev figure is highest (ties: the first in grid order); without any finite figure
+    (no dev split) the middle candidate, the default when the grid is the usual {0.5, 1, 2}."""
+    scored = [(dev, -i, lr) for i, (lr, dev) in enumerate(candidates.items())
+              if dev is not None and math.isfinite(dev)]
+    if not scored:
+        return list(candidates)[len(candidates) // 2]
+    return max(scored)[2]
+
+
+def _figure(value) -> float:
+    return float("nan") if value is None else float(value)
+
+
+def tuned_record(chosen: dict, result: dict) -> dict:
+    """Built.tuning: the lr choice and this seed's run (how long it trained, why it stopped, its dev figure)."""
+    return {**chosen, **{k: result.get(k) for k in ("best_epoch", "best_dev", "epochs_run", "stopped_because")}}
 
 
 def _tuned_result(summary: dict) -> dict:

@@ -72,7 +72,10 @@ TUNING_ROWS = {
 
 def _tuning_config(finetune: FinetuneConfig, tuning: str) -> FinetuneConfig:
     """The [finetune] settings for one tuning: full fine-tuning keeps the given encoder lr; adapters and LoRA
-    take their own (heads.apply.tunings: their weights start at the identity and need a far higher rate)."""
+    take their own (heads.apply.tunings: their weights start at the identity and need a far higher rate). Each
+    trains one epoch (unless max_epochs says) and keeps its last state: what that training does to task A (cli
+    finetune's default keeps the best dev epoch, which may be the start, and would hide the forgetting)."""
+    finetune = dataclasses.replace(finetune, max_epochs=finetune.max_epochs or 1, keep="last")
     if tuning == "full":
         return dataclasses.replace(finetune, setup="full")
     return dataclasses.replace(finetune, setup=tuning, encoder_lr=None)

@@ -54,6 +54,7 @@ device = "cpu"
 max_steps = 2
 device = "cpu"
 encoder_lr = 1e-3
+keep = "last"
 
 [mlm]
 max_texts = 8
@@ -113,7 +114,9 @@ def test_a_changed_setting_reruns_only_what_depends_on_it(world):
     r = CliRunner().invoke(main, ["compare", "--config", str(cfg), "--out", str(out), "--finetune-steps", "1"])
     assert r.exit_code == 0, r.output
     ran = {line.split(":")[0].split()[-1] for line in r.output.splitlines() if ": running" in line}
-    assert ran == {f"{step}-s{s}" for s in (0, 1) for step in ("finetuned", "featurize-finetuned", "mlm-finetuned")} \
+    candidates = {f"finetuned-s0-lr{lr:g}" for lr in (5e-4, 1e-3, 2e-3)}  # the lr grid around 1e-3, at seed 0
+    assert ran == {f"{step}-s{s}" for s in (0, 1) for step in ("featurize-finetuned", "mlm-finetuned")} \
+        | {"finetuned-s1"} | candidates \
         | {f"eval-finetuned-s{s}-{d}" for s in (0, 1) for d in ("in-domain", "ood-ir", "ood-sts")}
 
 

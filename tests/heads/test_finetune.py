@@ -30,6 +30,7 @@ def _weights(folder):
 def _run(world, name, **kw):
     root, model, beir, store, head = world
     out = root / name
+    kw = {"keep": "last", **kw}  # the mechanics of training: what the steps did, not a dev-selected state
     summary = finetune(str(head), str(out), FinetuneConfig(device="cpu", batch_size=8, encoder_lr=1e-3, **kw),
                        encoder=str(model), progress=False)
     return out, summary
@@ -37,14 +38,15 @@ def _run(world, name, **kw):
 
 def test_top_k_changes_only_the_top_layers(world):
     _, model, *_ = world
-    out, summary = _run(world, "top1", unfreeze="top-k", top_k=1)
+    out, summary = _run(world, "top1", unfreeze="top-k", top_k=1, max_steps=4)
     before, after = _weights(model), _weights(out / "encoder")
     assert set(before) == set(after)
     changed = {k for k in before if not torch.equal(before[k], after[k])}
     assert changed and all(k.startswith("encoder.layer.2.") for k in changed), sorted(changed)[:5]
     frozen = [k for k in before if k.startswith(("embeddings.", "encoder.layer.0.", "encoder.layer.1."))]
     assert frozen and all(torch.equal(before[k], after[k]) for k in frozen)
-    assert summary["steps"] == 4  # 27 train pairs (3 of 30 queries held out for dev), batches of 8
+    assert summary["steps"] == summary["steps_per_epoch"] == 4  # 27 train pairs (3 of 30 held out), batches of 8
+    assert summary["stopped_because"] == "max_steps" and summary["epochs_run"] == 1
 
 
 def test_all_changes_embeddings_and_every_layer(world):
@@ -93,7 +95,7 @@ def test_gradual_unfreezes_one_block_per_interval(world):
     assert n_unfrozen(FinetuneConfig(unfreeze="top-k", top_k=9), 0, 4) == 4
     assert n_unfrozen(FinetuneConfig(unfreeze="all"), 0, 4) == 4
     _, model, *_ = world
-    out, summary = _run(world, "gradual", unfreeze="gradual", unfreeze_interval=2)
+    out, summary = _run(world, "gradual", unfreeze="gradual", unfreeze_interval=2, max_steps=4)
     assert [h["unfrozen_blocks"] for h in summary["history"]] == [1, 1, 2, 2]
     before, after = _weights(model), _weights(out / "encoder")
     changed = {k.split(".")[0] + "." + k.split(".")[2] if k.startswith("encoder.") else k.split(".")[0]

@@ -11,8 +11,9 @@ import torch
 from headstore.featurize.config import FeaturizeConfig
 from headstore.featurize.run import featurize
 from headstore.featurize.store import FeatureStore
-from headstore.heads.apply import finetune as finetune_module
 from headstore.heads.apply.finetune import FinetuneConfig, finetune
+from headstore.heads.apply.finetune_negatives import RowEncoder
+from headstore.heads.apply.row_inputs import sentence_embeddings
 from headstore.heads.settings.config import HeadConfig, TrainConfig
 from headstore.heads.training.run import train_head
 
@@ -54,28 +55,27 @@ def prompted(tmp_path_factory):
 
 
 def test_step_zero_embeddings_are_the_stores_rows(prompted, monkeypatch):
+    """Every text the encoder makes before its first update (dev's queries and documents, the negatives cache,
+    step 0's anchors and positives) is the store's row."""
     root, model, store, head = prompted
-    seen = []  # (store rows, what the encoder made of them) of every encoder call, in order
-    row_inputs, sentence_embeddings = finetune_module.RowInputs.__call__, finetune_module.sentence_embeddings
+    seen = []  # (path, store rows, what the encoder made of them) of every encoder call before the first update
 
-    def record_rows(self, rows):
-        seen.append([list(rows)])
-        return row_inputs(self, rows)
+    def recorded(path, method):
+        def call(self, rows):
+            out = method(self, rows)
+            if self.version == 0:
+                seen.append((path, np.asarray(rows).reshape(-1), out.detach().clone()))
+            return out
+        return call
 
-    def record_embeddings(*args, **kwargs):
-        out = sentence_embeddings(*args, **kwargs)
-        seen[-1].append(out.detach().clone())
-        return out
-
-    monkeypatch.setattr(finetune_module.RowInputs, "__call__", record_rows)
-    monkeypatch.setattr(finetune_module, "sentence_embeddings", record_embeddings)
+    for path in ("__call__", "frozen"):  # with gradients (a training batch), without (dev, the negatives cache)
+        monkeypatch.setattr(RowEncoder, path, recorded(path, getattr(RowEncoder, path)))
     summary = finetune(str(head), str(root / "ft"), FinetuneConfig(device="cpu", batch_size=8, max_steps=1, mined_k=2),
                        encoder=str(model), progress=False)
     features = FeatureStore.open(store)
-    step0 = seen[:3]  # anchors (queries), positives and mined negatives (documents) of step 0, before its update
-    assert len(step0) == 3 and all(len(rows) for rows, _ in step0)
-    for rows, made in step0:
-        np.testing.assert_allclose(made.numpy(), features.features(np.asarray(rows)), rtol=1e-5, atol=1e-5)
+    assert [p for p, *_ in seen].count("__call__") == 2 and [p for p, *_ in seen].count("frozen") >= 3
+    for _, rows, made in seen:
+        np.testing.assert_allclose(made.numpy(), features.features(rows), rtol=1e-5, atol=1e-5)
     # the command finetune.json gives to featurize with the new encoder makes the store the new head accepts
     args = shlex.split(summary["next"][0])[1:]
     assert args[args.index("--query-prompt") + 1] == PROMPTS["query"]
@@ -99,6 +99,5 @@ def test_the_bare_texts_would_differ_from_the_rows(prompted):
     encoder, tokenizer = AutoModel.from_pretrained(model).eval(), AutoTokenizer.from_pretrained(model)
     pooler = Pooler.of(SentenceSpec.from_parts(features.manifest), model)
     with torch.no_grad():
-        bare = finetune_module.sentence_embeddings(encoder, tokenizer, texts, 32, pooler, -1, torch.device("cpu"),
-                                                    False)
+        bare = sentence_embeddings(encoder, tokenizer, texts, 32, pooler, -1, torch.device("cpu"), False)
     assert not np.allclose(bare.numpy(), features.features(np.asarray(rows)), atol=1e-3)

@@ -33,7 +33,8 @@ def _sha256(path) -> str:
 def _tune(world, name, setup, **kw):
     root, model, beir, store, head = world
     base_hash = _sha256(model / "model.safetensors")
-    cfg = FinetuneConfig(setup=setup, device="cpu", batch_size=8, encoder_lr=1e-2, max_steps=3, mined_k=0, **kw)
+    cfg = FinetuneConfig(setup=setup, device="cpu", batch_size=8, encoder_lr=1e-2, max_steps=3, mined_k=0, keep="last",
+                         **kw)
     summary = finetune(str(head), str(root / name), cfg, encoder=str(model), progress=False)
     assert _sha256(model / "model.safetensors") == base_hash  # the source encoder's files untouched
     return root / name, summary

@@ -52,7 +52,7 @@ def test_every_setup_on_every_architecture(arch, tmp_path):
     for setup in sorted(TUNINGS):
         out = tmp_path / setup
         cfg = FinetuneConfig(setup=setup, device="cpu", batch_size=4, max_steps=2, encoder_lr=1e-2, mined_k=0,
-                             adapter_size=4, lora_rank=2, lora_alpha=4)
+                             adapter_size=4, lora_rank=2, lora_alpha=4, keep="last")  # what the two steps did
         summary = finetune(str(head), str(out), cfg, encoder=str(model), progress=False)
         assert summary["steps"] == 2 and 0 < summary["trainable_params"] <= summary["encoder_params"]
         tuned = load_encoder(str(out / "encoder"), "cpu")  # as `cli featurize --model out/encoder` loads it
