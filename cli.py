@@ -38,7 +38,7 @@ from headstore.data.dataset import FORMATS
 from headstore.data.errors import SystemFailure
 from headstore.featurize.backends import BACKENDS
 from headstore.featurize.config import DEVICES, PACKINGS, POOLING_NAMES, PRECISIONS
-from headstore.data.options import PATH, fold_label_options, format_option, label_options
+from headstore.data.options import PATH, fold_label_options, format_option, label_options, unlabeled_option
 from headstore.heads.settings.config import TEST_SCOPES
 from headstore.heads.settings.options import configs_from_options, head_and_train_options, named_as_typed
 from headstore.heads.apply.tunings import TUNINGS
@@ -159,8 +159,9 @@ def main(debug):
 @main.command()
 @click.option("--model", type=PATH, default="minilm", show_default=True,
               help="'minilm' (offline all-MiniLM-L6-v2), a local model dir, or a Hub id.")
-@click.option("--data", "data_paths", type=PATH, multiple=True, required=True,
-              help="Dataset file or folder; repeat for several.")
+@click.option("--data", "data_paths", type=PATH, multiple=True,
+              help="Dataset file or folder; repeat for several (at least one --data or --unlabeled).")
+@unlabeled_option
 @click.option("--format", "formats", multiple=True, type=click.Choice(sorted(FORMATS)),
               help="Dataset format (default: detected); once for all, or once per --data.")
 @click.option("--store", type=PATH, required=True, help="Feature store directory (created if absent).")
@@ -205,10 +206,11 @@ def main(debug):
 @click.option("--gpus-per-worker", type=float, default=0.0, show_default=True,
               help="--engine ray: GPUs per actor (0: CPU actors).")
 @label_options
-def featurize(model, data_paths, formats, store, pooling, query_prompt, document_prompt, prompt_name, layers, dtype,
-              max_length, batch_tokens, precision, packing, device, backend, export_cache, engine, address, workers,
-              gpus_per_worker, **label_settings):
-    """Encode every text of the datasets that STORE does not hold yet (a no-op when none are new)."""
+def featurize(model, data_paths, unlabeled, formats, store, pooling, query_prompt, document_prompt, prompt_name,
+              layers, dtype, max_length, batch_tokens, precision, packing, device, backend, export_cache, engine,
+              address, workers, gpus_per_worker, **label_settings):
+    """Encode every text of the datasets (and --unlabeled texts) that STORE does not hold yet (a no-op when none
+    are new)."""
     from headstore.featurize.config import FeaturizeConfig, parse_layers
     from headstore.featurize.model import pick_device
     from headstore.featurize.run import featurize as run_featurize
@@ -228,9 +230,9 @@ def featurize(model, data_paths, formats, store, pooling, query_prompt, document
 
         summary = featurize_ray(config, data_paths, store, formats=list(formats) or None,
                                 address=address, workers=workers,
-                                gpus_per_worker=gpus_per_worker)
+                                gpus_per_worker=gpus_per_worker, unlabeled=unlabeled)
     else:
-        summary = run_featurize(config, data_paths, store, formats=list(formats) or None)
+        summary = run_featurize(config, data_paths, store, formats=list(formats) or None, unlabeled=unlabeled)
     click.echo(json.dumps(summary, indent=2))
 
 
@@ -294,6 +296,7 @@ def compact(path, target_rows):
 @click.option("--store", type=PATH, required=True, help="Feature store written by `cli featurize`.")
 @click.option("--data", type=PATH, required=True, help="Dataset (BEIR folder, STS or pairs table) whose texts are in the store.")
 @format_option
+@unlabeled_option
 @click.option("--out", type=PATH, required=True, help="Output directory for head.safetensors, config.json, metrics.json, curve.png.")
 @click.option("--array", default="features", show_default=True, help="Store array (another layer) to train on.")
 @select_ood_options
@@ -302,8 +305,8 @@ def compact(path, target_rows):
 @heads_device_option
 @head_and_train_options
 @label_options
-def train_head(store, data, data_format, out, array, select_ood, ood_delta, score_range, overwrite, device,
-               **settings):
+def train_head(store, data, data_format, unlabeled, out, array, select_ood, ood_delta, score_range, overwrite,
+               device, **settings):
     """Train one siamese energy head on stored features: train on train, select on dev, report test once."""
     from headstore.heads.training.run import train_head as run_train_head
 
@@ -311,7 +314,7 @@ def train_head(store, data, data_format, out, array, select_ood, ood_delta, scor
     data_format = fold_label_options(data_format, label_settings)
     metrics = run_train_head(store, data, out, head_cfg, cfg, data_format, array, score_range=score_range,
                              overwrite=overwrite, select_ood=tuple(select_ood), ood_delta=ood_delta,
-                             kind_defaults=unset, device=device)
+                             kind_defaults=unset, device=device, unlabeled=tuple(unlabeled))
     _echo_metrics(metrics, out)
 
 
@@ -332,6 +335,7 @@ def _echo_metrics(metrics: dict, out: str) -> None:
 @click.option("--head", "head_dir", type=PATH, required=True, help="A `cli train-head --out` directory.")
 @click.option("--data", type=PATH, required=True, help="Dataset to evaluate on (its test split; a table without a split column whole).")
 @format_option
+@unlabeled_option
 @click.option("--out", type=PATH, required=True, help="Directory for metrics.json.")
 @click.option("--exclude-overlap", type=PATH, default=None,
               help="Dataset whose texts must not be scored (drop evaluation items that use them), e.g. the training set.")
@@ -339,7 +343,8 @@ def _echo_metrics(metrics: dict, out: str) -> None:
 @overwrite_option
 @heads_device_option
 @label_options
-def eval_(store, head_dir, data, data_format, out, exclude_overlap, score_range, overwrite, device, **label_settings):
+def eval_(store, head_dir, data, data_format, unlabeled, out, exclude_overlap, score_range, overwrite, device,
+          **label_settings):
     """Evaluate a trained head (and the frozen baseline beside it) on any dataset whose texts are in the store.
 
     Scores the dataset's test split; a table without a split column is scored whole."""
@@ -347,7 +352,7 @@ def eval_(store, head_dir, data, data_format, out, exclude_overlap, score_range,
 
     data_format = fold_label_options(data_format, label_settings)
     metrics = eval_head(store, head_dir, data, out, data_format, exclude_overlap, score_range=score_range,
-                        overwrite=overwrite, device=device)
+                        overwrite=overwrite, device=device, unlabeled=tuple(unlabeled))
     _echo_metrics(metrics, out)
 
 
@@ -355,6 +360,7 @@ def eval_(store, head_dir, data, data_format, out, exclude_overlap, score_range,
 @click.option("--store", type=PATH, required=True, help="Feature store written by `cli featurize`.")
 @click.option("--data", type=PATH, required=True, help="Dataset whose texts are in the store.")
 @format_option
+@unlabeled_option
 @click.option("--grid", "grid_path", type=PATH, required=True, help="TOML grid file ([grid] lists, [fixed] values).")
 @click.option("--out", type=PATH, required=True, help="Results directory (rerunning into it skips finished heads).")
 @click.option("--transfer", type=PATH, multiple=True, help="Out-of-domain dataset every head is also scored on (repeatable).")
@@ -372,8 +378,8 @@ def eval_(store, head_dir, data, data_format, out, exclude_overlap, score_range,
 @score_range_option
 @overwrite_option
 @label_options
-def grid(store, data, data_format, grid_path, out, transfer, select_ood, ood_delta, dry_run, ensembles, soups,
-         device, test_scope, score_range, overwrite, **label_settings):
+def grid(store, data, data_format, unlabeled, grid_path, out, transfer, select_ood, ood_delta, dry_run, ensembles,
+         soups, device, test_scope, score_range, overwrite, **label_settings):
     """Train every combination of a grid of heads (stacked by shape); write results, leaderboard and plots.
 
     On labelled texts (--format labels) the grid may sweep shots, hierarchy and per_class; each few-shot
@@ -383,7 +389,7 @@ def grid(store, data, data_format, grid_path, out, transfer, select_ood, ood_del
     data_format = fold_label_options(data_format, label_settings)
     run_grid(store, data, grid_path, out, data_format, transfer=tuple(transfer), score_range=score_range,
              overwrite=overwrite, select_ood=tuple(select_ood), ood_delta=ood_delta, ensembles=tuple(ensembles),
-             dry_run=dry_run, soups=tuple(soups), test_scope=test_scope, device=device)
+             dry_run=dry_run, soups=tuple(soups), test_scope=test_scope, device=device, unlabeled=tuple(unlabeled))
 
 
 @main.command()

@@ -1,6 +1,6 @@
 """Command-line options for reading a dataset: `--format` (choices from the FORMATS registry) and the
 options of labelled texts, shared by every command that reads datasets (featurize, train-head, eval, grid,
-index, forgetting, setfit-compare)."""
+index, forgetting, setfit-compare), and `--unlabeled` (featurize, train-head, eval, grid, index)."""
 from __future__ import annotations
 
 from contextlib import contextmanager
@@ -56,6 +56,14 @@ def format_option(f):
     """--format: a dataset format of data.dataset.FORMATS (the registry is the one list of choices)."""
     return click.option("--format", "data_format", type=click.Choice(sorted(FORMATS)), default=None,
                         help="Dataset format (default: detected).")(f)
+
+
+def unlabeled_option(f):
+    """--unlabeled PATH (repeatable): unlabeled texts beside the pairs (data.unlabeled)."""
+    return click.option("--unlabeled", type=PATH, multiple=True,
+                        help="Unlabeled texts (.txt one per line, JSONL with text, Parquet text column, a BEIR corpus; "
+                             "repeatable): for positive pairs the corpus each anchor ranks its positives against "
+                             "(dev, test), the pool impostors are mined from and the anchor's sample.")(f)
 
 
 def label_options(f):

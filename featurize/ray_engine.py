@@ -133,7 +133,7 @@ class SegmentEncoder:
 def featurize_ray(config: FeaturizeConfig, data_paths: Sequence[str | Path], store_path: str | Path,
                   formats: Sequence[str | None] | None = None, *, address: str | None = None,
                   workers: int = 2, gpus_per_worker: float = 0.0, cpus_per_worker: float = 1.0,
-                  segment_texts: int = SEGMENT_TEXTS) -> dict:
+                  segment_texts: int = SEGMENT_TEXTS, unlabeled: Sequence[str | Path] = ()) -> dict:
     """The ray engine; returns the same summary as `featurize` (plus engine, workers)."""
     if workers < 1:
         raise ValueError(f"--workers must be at least 1, got {workers}")
@@ -143,7 +143,7 @@ def featurize_ray(config: FeaturizeConfig, data_paths: Sequence[str | Path], sto
     if config.device == "cuda" and device == "cpu":
         raise ValueError("--device cuda with the ray engine needs --gpus-per-worker 1 (or more)")
     plan = Plan.make(config, store_path, device=device)
-    sources = open_sources(data_paths, formats)
+    sources = open_sources(data_paths, formats, unlabeled)
     return run_ray(plan, all_chunks(sources), address=address, workers=workers,
                    gpus_per_worker=gpus_per_worker, cpus_per_worker=cpus_per_worker,
                    segment_texts=segment_texts)

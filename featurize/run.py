@@ -68,10 +68,11 @@ def numerics_part(config: FeaturizeConfig, device: str) -> dict:
 
 
 def featurize(config: FeaturizeConfig, data_paths: Sequence[str | Path], store_path: str | Path,
-              formats: Sequence[str | None] | None = None) -> dict:
-    """Encode every text of the datasets that the store does not hold yet; returns a summary."""
+              formats: Sequence[str | None] | None = None, unlabeled: Sequence[str | Path] = ()) -> dict:
+    """Encode every text of the datasets (and of the `unlabeled` files, data.unlabeled: documents) that the store
+    does not hold yet; returns a summary."""
     plan = Plan.make(config, store_path)  # refuses bad options before anything is read or created
-    sources = open_sources(data_paths, formats)
+    sources = open_sources(data_paths, formats, unlabeled)
     with encoding_settings(plan.device, config.num_threads):  # restored after the run
         return run_local(plan, all_chunks(sources))
 

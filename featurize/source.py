@@ -19,6 +19,7 @@ from headstore.data.dataset import detect_format, load_dataset, resolve_data_pat
 from headstore.data.errors import DataError
 from headstore.data.readers import (TEXT_FILE_SUFFIXES, check_passage_values, passage_of_line,
                                     string_columns)
+from headstore.data.unlabeled import UNLABELED, read_unlabeled
 
 CHUNK_ROWS = 65536  # texts read at a time from a streamed file
 
@@ -88,7 +89,10 @@ class Source:
 
 
 def open_source(path: str | Path, fmt: str | None) -> Source:
-    """Check one --data input and say how to read it (no texts read, except small datasets)."""
+    """Check one --data input and say how to read it (no texts read, except small datasets). An --unlabeled
+    file (format UNLABELED) is read whole, as the tasks read it (data.unlabeled): documents."""
+    if fmt == UNLABELED:
+        return Source(Path(path), "dataset", texts={"document": read_unlabeled([path]).texts})
     resolved = resolve_data_path(path)
     if fmt and fmt.startswith("pairs?"):  # pairs?roles=query-document (--pair-roles): read whole, by role
         return _dataset_source(resolved, fmt)
@@ -123,16 +127,19 @@ def _dataset_source(resolved: Path, fmt: str) -> Source:
     return Source(resolved, "dataset", texts={role: t for role, t in texts.items() if t})
 
 
-def open_sources(data_paths: Sequence[str | Path], formats: Sequence[str | None] | None) -> list[Source]:
+def open_sources(data_paths: Sequence[str | Path], formats: Sequence[str | None] | None,
+                 unlabeled: Sequence[str | Path] = ()) -> list[Source]:
+    """The sources of the --data inputs (one format for all, or one per input) and then the --unlabeled files."""
     formats = list(formats) if formats else [None] * len(data_paths)
     if len(formats) == 1 and len(data_paths) > 1:
         formats = formats * len(data_paths)
     if len(formats) != len(data_paths):
         raise ValueError(f"give one format for all datasets or one per dataset "
                          f"({len(data_paths)} datasets, {len(formats)} formats)")
-    if not data_paths:
-        raise ValueError("no --data given: nothing to featurize")
-    return [open_source(path, fmt) for path, fmt in zip(data_paths, formats)]
+    if not data_paths and not unlabeled:
+        raise ValueError("no --data or --unlabeled given: nothing to featurize")
+    paths = [*data_paths, *unlabeled]
+    return [open_source(path, fmt) for path, fmt in zip(paths, [*formats, *[UNLABELED] * len(unlabeled)])]
 
 
 def windows(chunks: Iterable[tuple[str, list[str]]], window_texts: int) -> Iterator[tuple[str, list[str]]]:

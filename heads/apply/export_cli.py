@@ -4,7 +4,7 @@ from __future__ import annotations
 import click
 
 from headstore.data.files import atomic_write_json
-from headstore.data.options import PATH, fold_label_options, format_option, label_options
+from headstore.data.options import PATH, fold_label_options, format_option, label_options, unlabeled_option
 from headstore.data.readers import read_text
 from headstore.heads.apply.formats import EXPORT_FORMATS
 
@@ -61,19 +61,22 @@ def export_command(head, grid, rank, head_id, ensemble, fmt, out, model):
 @click.command("index")
 @click.option("--store", type=PATH, required=True, help="The feature store the head was trained on.")
 @click.option("--head", "head", type=PATH, required=True, help="A train-head dir, GRID#rank=K or GRID#id=HEAD_ID.")
-@click.option("--data", type=PATH, required=True, help="Corpus to index: a BEIR folder (its corpus) or any dataset (its texts).")
+@click.option("--data", type=PATH, default=None,
+              help="Corpus to index: a BEIR folder (its corpus) or any dataset (its texts); beside --unlabeled, or "
+                   "none.")
 @format_option
+@unlabeled_option
 @click.option("--out", type=PATH, required=True, help="New (or empty) index directory.")
 @click.option("--hnsw", type=int, default=None, help="Approximate HNSW index with M links per node (default: exact flat).")
 @click.option("--ef-construction", type=int, default=80, show_default=True, help="HNSW build beam.")
 @label_options
-def index_command(store, head, data, data_format, out, hnsw, ef_construction, **label_settings):
+def index_command(store, head, data, data_format, unlabeled, out, hnsw, ef_construction, **label_settings):
     """Put the head's outputs of a corpus (from stored features, in the document role) into a FAISS index for
     `cli search`."""
     from headstore.heads.apply.search import build_index
 
     data_format = fold_label_options(data_format, label_settings)
-    info = build_index(store, head, data, out, hnsw, data_format, ef_construction)
+    info = build_index(store, head, data, out, hnsw, data_format, ef_construction, unlabeled=tuple(unlabeled))
     kind = f"HNSW (M={info['hnsw_m']})" if info["kind"] == "hnsw" else "flat (exact)"
     click.echo(f"{out}: {info['n']} vectors of dim {info['dim']}, {kind}, {info['metric']} ({info['energy']} energy)")
 

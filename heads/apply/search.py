@@ -38,6 +38,7 @@ from headstore.featurize.store_api import Store
 from headstore.heads.apply.pipeline import Pipeline
 from headstore.heads.network.features import read_features
 from headstore.heads.artefacts.head import Head
+from headstore.heads.kinds.unlabeled import unlabeled_in_store
 
 INDEX_FILE, ITEMS_FILE, INFO_FILE, HEAD_DIR = "index.faiss", "items.parquet", "index.json", "head"
 EMBED_CHUNK = 65536  # corpus rows read and embedded at a time: bounds memory for large corpora
@@ -90,22 +91,36 @@ def document_space(head: Head) -> str:
     return h.hexdigest()[:16]
 
 
-def corpus_items(data_path: str, data_format: str | None = None) -> pl.DataFrame:
+def corpus_items(data_path: str | None, data_format: str | None = None, unlabeled: Sequence[str] = (),
+                 store: Store | None = None) -> pl.DataFrame:
     """`id`, `text` of every item to index: a BEIR corpus's documents, else the dataset's unique texts of the
-    document role (a query-document pairs table: its positives and negatives, not its query anchors)."""
-    ds = load_dataset(data_path, data_format)
-    if ds.kind == "beir":
-        corpus = ds.beir.corpus
-        texts = [doc_text(t, x) for t, x in zip(corpus["title"].to_list(), corpus["text"].to_list())]
-        return pl.DataFrame({"id": corpus["_id"].cast(pl.String), "text": texts})
-    texts = ds.texts_by_role()["document"]
-    return pl.DataFrame({"id": text_ids(texts), "text": texts})
+    document role (a query-document pairs table: its positives and negatives, not its query anchors); then the
+    --unlabeled texts not among them (ids: text ids; checked against `store`, heads.kinds.unlabeled)."""
+    frames = []
+    if data_path is not None:
+        ds = load_dataset(data_path, data_format)
+        if ds.kind == "beir":
+            corpus = ds.beir.corpus
+            texts = [doc_text(t, x) for t, x in zip(corpus["title"].to_list(), corpus["text"].to_list())]
+            frames.append(pl.DataFrame({"id": corpus["_id"].cast(pl.String), "text": texts}))
+        else:
+            texts = ds.texts_by_role()["document"]
+            frames.append(pl.DataFrame({"id": text_ids(texts), "text": texts}))
+    if unlabeled:
+        found, _ = unlabeled_in_store(store.feature_store, unlabeled)  # one error naming what is missing
+        seen = set(frames[0]["text"].to_list()) if frames else set()
+        texts = [t for t in found.texts if t not in seen]  # a text of the dataset is indexed once
+        frames.append(pl.DataFrame({"id": text_ids(texts), "text": texts}, schema={"id": pl.String, "text": pl.String}))
+    if not frames:
+        raise ValueError("nothing to index: give --data, --unlabeled or both")
+    return pl.concat(frames)
 
 
-def build_index(store_path: str, head_ref: str, data_path: str, out_dir: str, hnsw: int | None = None,
+def build_index(store_path: str, head_ref: str, data_path: str | None, out_dir: str, hnsw: int | None = None,
                 data_format: str | None = None, ef_construction: int = EF_CONSTRUCTION,
-                progress: bool = True) -> dict:
-    """Embed the corpus of `data_path` (stored features -> head) into a FAISS index at `out_dir`."""
+                progress: bool = True, unlabeled: Sequence[str] = ()) -> dict:
+    """Embed the corpus of `data_path` and the `unlabeled` texts (stored features -> head) into a FAISS index at
+    `out_dir`."""
     faiss = _faiss()
     out = Path(out_dir)
     if out.exists() and not clear_partial(out, "index") and (not out.is_dir() or any(out.iterdir())):
@@ -116,9 +131,9 @@ def build_index(store_path: str, head_ref: str, data_path: str, out_dir: str, hn
     if store.fingerprint != head.store_fingerprint:
         raise ValueError(f"{store_path}: its fingerprint differs from the store {head_ref} was trained on "
                          f"({head.store_fingerprint[:12]}); index with the head's own store")
-    items = corpus_items(data_path, data_format)
+    items = corpus_items(data_path, data_format, unlabeled, store)
     if items.is_empty():
-        raise ValueError(f"{data_path}: no texts to index")
+        raise ValueError(f"{data_path or ' '.join(unlabeled)}: no texts to index")
     try:
         rows = store.rows_for(items["text"].to_list())
     except KeyError as err:
@@ -144,7 +159,9 @@ def build_index(store_path: str, head_ref: str, data_path: str, out_dir: str, hn
     info = {"kind": "hnsw" if hnsw else "flat", "hnsw_m": hnsw, "ef_construction": ef_construction if hnsw else None,
             "metric": {"l1": "METRIC_L1", "l2": "METRIC_L2", "cosine": "METRIC_INNER_PRODUCT"}[energy],
             "energy": energy, "n": int(index.ntotal), "dim": head.out_dim, "head": head.source,
-            "store": str(store_path), "store_fingerprint": store.fingerprint, "data": str(data_path),
+            "store": str(store_path), "store_fingerprint": store.fingerprint,
+            "data": str(data_path) if data_path else None,
+            **({"unlabeled": list(unlabeled)} if unlabeled else {}),
             "sides": "query" if head.query_side else "both", "document_space": document_space(head)}
     atomic_write_json(out / INFO_FILE, info, sort_keys=True)
     end_output(out)

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from tabulate import tabulate
 
+from headstore.heads.kinds.unlabeled import unlabeled_line
+
 
 def _ci(ci) -> str:
     return f"[{ci[0]:.4f}, {ci[1]:.4f}]" if ci and len(ci) == 2 else "–"
@@ -26,4 +28,5 @@ def metrics_table(metrics: dict) -> str:
                      f"{head - base:+.4f}"))
     headers = ["split", f"baseline {base_primary}", "95% CI", f"head {primary}", "95% CI", "head - baseline"]
     table = tabulate(rows, headers=headers, disable_numparse=True)
-    return "\n".join([table, *(f"WARNING: {w}" for w in metrics.get("warnings", []))])  # the kind's (evaluate_head)
+    unlabeled = [unlabeled_line(metrics["unlabeled"])] if metrics.get("unlabeled") else []  # how many, which roles
+    return "\n".join([table, *unlabeled, *(f"WARNING: {w}" for w in metrics.get("warnings", []))])  # the kind's

@@ -45,6 +45,7 @@ from headstore.heads.experiments.summary import write_summary
 from headstore.heads.network.features import array_list
 from headstore.heads.kinds import PREFIX, WHOLE, Task, kind_of, load_task, task_rows, without_overlap
 from headstore.heads.kinds.labels import shots_clipped, shots_note
+from headstore.heads.kinds.unlabeled import grid_report, unlabeled_line
 from headstore.heads.scoring.losses import LOSSES, applicable, objective
 from headstore.heads.training.run import head_shape
 from headstore.heads.training.selection import DEFAULT_DELTA, OodSelection, load_selection
@@ -57,7 +58,8 @@ def run_grid(store_path: str, data_path: str, grid_path: str, out_dir: str, data
              progress: bool = True, transfer: tuple[str, ...] = (), score_range=None,
              overwrite: bool = False, select_ood: tuple[str, ...] = (), ood_delta: float = DEFAULT_DELTA,
              ensembles: tuple[int, ...] = (), score_split: str = "test", dry_run: bool = False,
-             soups: tuple[int, ...] = (), test_scope: str = "auto", device: str = "auto") -> pl.DataFrame:
+             soups: tuple[int, ...] = (), test_scope: str = "auto", device: str = "auto",
+             unlabeled: tuple[str, ...] = ()) -> pl.DataFrame:
     """Train every head of the grid (skipping finished ones); write results, leaderboard, summary and plots.
 
     `transfer`: out-of-domain datasets (texts in the store) every head is also scored on, never
@@ -72,25 +74,30 @@ def run_grid(store_path: str, data_path: str, grid_path: str, out_dir: str, data
     `soups`: sizes K of weight soups to score per seed (heads.artefacts.soup, heads.experiments.soups; soups.json).
     `dry_run`: print the plan (heads, stacks, skipped, a rough time) and return without writing anything.
     `test_scope`: which heads are ranked on test (TEST_SCOPES); the others' test columns are empty.
-    `device`: where the features and the stacks live (auto: cuda when available)."""
+    `device`: where the features and the stacks live (auto: cuda when available).
+    `unlabeled`: --unlabeled files (heads.kinds.unlabeled): a positives-only pairs task's corpus and impostor pool,
+    the anchor's sample; said on the terminal and in baseline.json, part of every head id."""
     combos = read_grid(grid_path)
     device = pick_device(device)
     if any(c.get("precision") == "bf16" for c in combos):  # one line where bf16 is emulated (a CPU without it)
         warn_if_emulated_bf16("bf16", device, fix=f'precision = "fp32" in {grid_path}')
-    inputs = (data_path, grid_path, *transfer, *select_ood)
+    inputs = (data_path, grid_path, *transfer, *select_ood, *unlabeled)
     prepare_output_dir(out_dir, "grid", overwrite, resumable=True, inputs=inputs, create=False)
     store = FeatureStore.open(store_path)
     _check_arrays(combos, store, grid_path, store_path)
-    task = load_task(data_path, store, data_format, score_range=score_range)
+    task = load_task(data_path, store, data_format, score_range=score_range, unlabeled=unlabeled)
+    unlabeled_rows = task.unlabeled.rows if task.unlabeled else None  # store rows: the anchor's sample
+    unlabeled_note = grid_report(task, [split_settings(c)[1] for c in combos])  # the roles they play
     ood = _transfer_sets(task, store, transfer)
-    tf = TaskFeatures.for_task(store, task, rows_of_datasets(store, select_ood),
-                               *[rows_of(t) for t in ood.values()], *_anchor_rows(combos, store), device=device)
+    tf = TaskFeatures.for_task(store, task, rows_of_datasets(store, select_ood), *[rows_of(t) for t in ood.values()],
+                               *_anchor_rows(combos, store, unlabeled_rows), device=device)
     task, ood = tf.remap(task), tf.remap(ood)  # rows -> positions of the rows read (heads.artefacts.task_features)
     selection = load_selection(store, select_ood, task, tf.read("features")[:, :store.dim], ood_delta,
                                remap=tf.remap)
     ids = {"data": str(data_path), "fingerprint": store.fingerprint, "transfer": tuple(ood), "in_dim": store.dim,
            "score_range": task.score_range, "select_ood": tuple(selection.sets), "ood_delta": ood_delta,
-           "data_format": data_format, "store_rows": store.n_texts}
+           "data_format": data_format, "store_rows": store.n_texts,
+           "unlabeled": unlabeled_note.get("digest")}
     if dry_run:
         done = {r["head_id"] for r in (resume_rows(out_dir, GRID_VERSION)[0] if not overwrite else [])}
         n_done = len(done)  # before plan_stacks adds the planned heads to it
@@ -105,8 +112,11 @@ def run_grid(store_path: str, data_path: str, grid_path: str, out_dir: str, data
     groups, skipped = plan_stacks(combos, task, ids, {r["head_id"] for r in rows})
     if progress:
         print(plan_summary(groups, skipped, len(rows), task, store.dim))
+        if unlabeled_note:
+            print(unlabeled_line(unlabeled_note))
     rows += skipped
-    runner = StackRunner(out, task, tf, store_path, data_path, data_format, ood, selection, score_split, test_scope)
+    runner = StackRunner(out, task, tf, store_path, data_path, data_format, ood, selection, score_split, test_scope,
+                         unlabeled_rows, unlabeled_note)
     bar = progress_bar(total=sum(len(items) for items in groups.values()), desc="grid heads", disable=not progress)
     modelled = plan_seconds(groups, task, store.dim)
     for i, ((_, _, array), items) in enumerate(groups.items()):
@@ -128,10 +138,10 @@ def run_grid(store_path: str, data_path: str, grid_path: str, out_dir: str, data
     return frame
 
 
-def _anchor_rows(combos: list[dict], store: FeatureStore) -> list:
+def _anchor_rows(combos: list[dict], store: FeatureStore, unlabeled=None) -> list:
     """The anchor rows of every configuration with an anchor (None: the whole store), to read with the task."""
     paths = {c.get("anchor_data", "") for c in combos if c.get("anchor_weight")}
-    return [anchor_rows_of(store, TrainConfig(anchor_weight=1.0, anchor_data=p)) for p in sorted(paths)]
+    return [anchor_rows_of(store, TrainConfig(anchor_weight=1.0, anchor_data=p), unlabeled) for p in sorted(paths)]
 
 
 def _check_arrays(combos: list[dict], store: FeatureStore, grid_path: str, store_path: str) -> None:
@@ -262,9 +272,11 @@ def transfer_split(task: Task) -> str:
 def _finish(out: Path, frame: pl.DataFrame, runner: "StackRunner", ensembles: tuple[int, ...], progress: bool) -> None:
     """baseline.json, the ensembles, the leaderboard and the seed summary of everything trained."""
     baselines = runner.baselines or {"features": runner.baseline("features")}
-    if runner.selection:
-        for b in baselines.values():
+    for b in baselines.values():
+        if runner.selection:
             b["selection"] = runner.selection.describe()
+        if runner.unlabeled_note:
+            b["unlabeled"] = runner.unlabeled_note
     atomic_write_json(out / "baseline.json", baselines)
     ens_rows = []
     if ensembles and not frame.is_empty():
@@ -282,8 +294,9 @@ class StackRunner:
 
     def __init__(self, out: Path, task: Task, tf: TaskFeatures, store_path: str, data_path: str,
                  data_format: str | None, ood: dict[str, Task], selection: OodSelection, score_split: str,
-                 test_scope: str = "auto"):
+                 test_scope: str = "auto", unlabeled_rows=None, unlabeled_note: dict | None = None):
         self.out, self.task, self.tf, self.ood, self.selection = out, task, tf, ood, selection
+        self.unlabeled_rows, self.unlabeled_note = unlabeled_rows, unlabeled_note or {}  # store rows; its report
         self.store = tf.store
         self.context = {"data": str(data_path), "format": data_format, "store": str(store_path)}
         self.score_split = score_split
@@ -298,7 +311,7 @@ class StackRunner:
 
     def anchor_positions(self, cfg: TrainConfig):
         """The anchor's rows (heads.training.anchor) as positions of the features read (None: every row)."""
-        rows = anchor_rows_of(self.store, cfg)
+        rows = anchor_rows_of(self.store, cfg, self.unlabeled_rows)
         return None if rows is None else self.tf.positions(rows)
 
     def baseline(self, array: str) -> dict:

@@ -10,7 +10,8 @@ run files and its train-head defaults (heads.kinds.base.TaskKind):
 - `labels` (heads.kinds.labels): labelled texts, k-NN / probe / retrieval by class.
 
 `BUILDERS` maps a dataset format (data.dataset) to the function that joins it to the store; the task it
-builds names its kind. Adding a kind is one new module here plus one line in each table below.
+builds names its kind. `--unlabeled` texts join any task after it is built (heads.kinds.unlabeled). Adding a
+kind is one new module here plus one line in each table below.
 """
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ from headstore.data.dataset import load_dataset
 from headstore.data.readers import DETECT
 from headstore.heads.kinds import ir, labels, pairs, sts
 from headstore.heads.kinds.base import PREFIX, WHOLE, PairSet, Task, TaskKind, TrainSet  # noqa: F401
+from headstore.heads.kinds.unlabeled import join_unlabeled
 
 KINDS: dict[str, TaskKind] = {k.name: k for k in (ir.KIND, sts.KIND, pairs.KIND, labels.KIND)}
 BUILDERS = {"beir": ir.from_beir, "sts": sts.from_table, "pairs": pairs.from_table, "labels": labels.from_dataset}
@@ -51,17 +53,23 @@ def kind_of_metric(metric: str) -> TaskKind:
     raise ValueError(f"{metric!r} is no task kind's primary metric; valid: {valid}")
 
 
-def load_task(data_path: str, store, format: str | None = None, score_range=None, for_eval: bool = False) -> Task:
+def load_task(data_path: str, store, format: str | None = None, score_range=None, for_eval: bool = False,
+              unlabeled: tuple[str, ...] = ()) -> Task:
     """Read `data_path` and join it to `store` by text_id.
 
     score_range: the (LO, HI) scale of an STS table's scores; None detects 0-1 or 0-5.
     for_eval: only evaluation splits are wanted (no training, no dev carving; a table without a
-    dev/test split is scored whole)."""
+    dev/test split is scored whole).
+    unlabeled: --unlabeled files whose texts join the task (heads.kinds.unlabeled: the corpus a positives-only
+    pairs task ranks and mines, the anchor regulariser's sample)."""
     ds = load_dataset(data_path, format, score_range=score_range if score_range is not None else DETECT)
     if ds.kind not in BUILDERS:
         raise ValueError(f"{data_path}: a {ds.kind!r} dataset has no pairs to train or evaluate on "
                          "(use a BEIR folder, an STS table, a pairs table or labelled texts)")
-    return BUILDERS[ds.kind](ds, store, for_eval)
+    if unlabeled and ds.kind == "pairs":  # positive pairs will rank a shared corpus: dev carved as BEIR's
+        return join_unlabeled(pairs.from_table(ds, store, for_eval, shared_corpus=True), ds, store, unlabeled)
+    task = BUILDERS[ds.kind](ds, store, for_eval)
+    return join_unlabeled(task, ds, store, unlabeled) if unlabeled else task
 
 
 def task_rows(task: Task) -> set[int]:

@@ -77,6 +77,7 @@ class Task:
     relevant: set[tuple[int, int]] = field(default_factory=set)  # (anchor row, positive row) known relevant
     evaluation: str = ""  # how the evaluation splits are scored, in words
     score_range: tuple[float, float] | None = None  # sts: the scale the gold scores were rescaled from
+    unlabeled: object | None = None  # --unlabeled texts joined (heads.kinds.unlabeled.Unlabeled): rows and report
 
 
 def store_rows(store, texts: list[str], where: str, role: str = "document") -> np.ndarray:
@@ -189,6 +190,11 @@ class TaskKind:
         """The primary metric of every head on `split`, once per epoch (what training selects on)."""
         results, _ = self.evaluate(task, split, embed, (energy,))
         return [r[self.primary_metric(energy)] for r in results]
+
+    def suggest(self, task: Task, head_cfg, cfg) -> str:
+        """What to try when a head trained under (head_cfg, cfg) loses to the frozen features on dev: settings to
+        change (the IR kind leaves out those the head already had); here the kind's `suggestion`."""
+        return self.suggestion
 
     def ci(self, task: Task, split: str, values: np.ndarray, n_boot: int = 1000) -> list[float]:
         """Bootstrap 95% CI of the primary metric from its per-item values (default: their mean)."""

@@ -7,6 +7,7 @@ and TREC run files follow one rule (heads.kinds.ranking).
 """
 from __future__ import annotations
 
+from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
@@ -27,6 +28,10 @@ EVALUATION = "retrieval: each query ranks the whole corpus (IR metrics, nDCG@10)
 # Cranfield -0.008 and CACM -0.013 against -0.019 and -0.049 for the round-2 default; lambda 1 keeps +0.14 in
 # domain at -0.010 / -0.022, lambda 3 meets both out-of-domain goals at +0.10 in domain)
 ANCHOR_IR = 2.0
+# what the guard suggests when a head loses on dev: (setting, value, option), each only where the head had another
+# value: a shallower head, a looser energy bound, a lower lr, a stronger anchor, another loss (docs/l1-energy.md)
+TRIES = (("depth", 1, "--depth 1"), ("q", 12.0, "--q 12"), ("lr", 1e-3, "--lr 1e-3"),
+         ("anchor_weight", 3.0, "--anchor-weight 3"), ("loss", "mnr", "--loss mnr"))
 
 
 class IRKind(TaskKind):
@@ -37,11 +42,23 @@ class IRKind(TaskKind):
     # (the SciFact study's, docs/l1-energy.md) and the anchor of docs/robust.md
     data_words = "IR and positive-pairs"
     defaults_why = "the SciFact studies' choice: docs/l1-energy.md round 2, the anchor docs/robust.md"
-    suggestion = "--depth 2 --lr 3e-3 --remine --epochs 15 (the defaults), --depth 1, --q 12, or --loss mnr"
+    suggestion = "--depth 1, --q 12, --lr 1e-3, --anchor-weight 3 or --loss mnr"  # (suggest: those not in use)
     metric_names = tuple(f"{{p}}_{n}@{k}" for n in ("ndcg", "mrr", "recall") for k in (1, 10, 100)) + ("{p}_map@100",)
 
     def primary_metric(self, energy: str) -> str:
         return f"{PREFIX[energy]}_ndcg@10"
+
+    def suggest(self, task, head_cfg, cfg) -> str:
+        """Settings to change, each left out where the head already had it (TRIES), and first, for positive
+        pairs scored alone, the unlabeled texts they will be searched against (`--unlabeled`)."""
+        values = {**asdict(head_cfg), **cfg.to_dict()}
+        tries = [flag for key, value, flag in TRIES if values.get(key) != value]
+        splits = [d for d in task.eval_sets.values() if isinstance(d, IRSplit)]
+        if task.unlabeled is None and splits and all(d.exclude_self for d in splits):  # positive pairs alone
+            n = max(len(d.doc_ids) for d in splits)
+            tries.insert(0, f"--unlabeled CORPUS (the texts the anchors will be searched against: each now ranks "
+                            f"only the {n} positives of its split, an easier task than yours)")
+        return ", ".join(tries[:-1]) + (" or " if len(tries) > 1 else "") + tries[-1] if tries else "other settings"
 
     def evaluate(self, task, split, embed, energies):
         return self.evaluate_splits(task, (split,), embed, energies)[split]

@@ -48,10 +48,12 @@ def _metrics(data, e: np.ndarray, p: str) -> dict:
 KIND = PairsKind()
 
 
-def from_table(ds, store, for_eval: bool) -> Task:
-    """A pairs table joined to the store: labelled pairs (this kind) or positive pairs only (the IR kind)."""
-    frame, dev_note = table_splits(ds, for_eval)
+def from_table(ds, store, for_eval: bool, shared_corpus: bool = False) -> Task:
+    """A pairs table joined to the store: labelled pairs (this kind) or positive pairs only (the IR kind).
+    `shared_corpus`: positive pairs will rank a corpus beside their positives (--unlabeled, heads.kinds.unlabeled):
+    a dev carved from train is carved by anchor text, as a BEIR folder's by query text (dev must look like test)."""
     retrieval = bool((ds.frame["label"] == 1.0).all())
+    frame, dev_note = table_splits(ds, for_eval, by_anchor=shared_corpus and retrieval)
     train, eval_sets = None, {}
     for split, part in split_frames(frame):
         where = f"{ds.path} split {split!r}"

@@ -15,9 +15,11 @@ from headstore.heads.kinds.base import PREFIX, WHOLE, PairSet, carve_dev, store_
 COLUMNS = {"sts": ("sentence1", "sentence2"), "pairs": ("anchor", "positive")}  # dataset kind -> pair columns
 
 
-def table_splits(ds, for_eval: bool) -> tuple[pl.DataFrame, str]:
+def table_splits(ds, for_eval: bool, by_anchor: bool = False) -> tuple[pl.DataFrame, str]:
     """The table with the splits to use and a note on how dev was made: scored whole as split `all` when
-    evaluating a table that has no dev/test split; dev carved by text from train when training without one."""
+    evaluating a table that has no dev/test split; dev carved by text from train when training without one (by
+    the anchor's text alone with `by_anchor`: positive pairs ranking a shared corpus, whose documents dev and test
+    share with train as a BEIR folder's do, heads.kinds.ir.from_beir)."""
     frame = ds.frame
     a_col, b_col = COLUMNS[ds.kind]
     splits = set(frame["split"].unique().to_list())
@@ -26,13 +28,18 @@ def table_splits(ds, for_eval: bool) -> tuple[pl.DataFrame, str]:
         return frame, f"the table has no dev/test split: all {frame.height} rows are scored as split {WHOLE!r}"
     if not for_eval and "train" not in splits:
         raise ValueError(f"{ds.path}: no train split to train on (splits found: {', '.join(sorted(splits))})")
+    if not for_eval and "dev" not in splits and by_anchor:
+        frame, note = _carve_table_dev(frame, [a_col])  # pairs sharing an anchor text held out together
+        note = note.replace("held out by text", "held out by anchor text").replace(
+            "no dev text appears in a train pair", "no dev anchor is a train anchor")
+        return frame, note + "; documents are the shared corpus (positives and unlabeled texts), as for test"
     if not for_eval and "dev" not in splits:
         return _carve_table_dev(frame, [a_col, b_col, "negative"])
     return frame, ""
 
 
 def _carve_table_dev(frame: pl.DataFrame, text_columns: list[str]) -> tuple[pl.DataFrame, str]:
-    """The frame with a dev split carved by text from its train rows (see carve_dev)."""
+    """The frame with a dev split carved by text (of `text_columns`) from its train rows (see carve_dev)."""
     is_train = (frame["split"] == "train").to_numpy()
     train_idx = np.flatnonzero(is_train)
     cols = [c for c in text_columns if c in frame.columns]

@@ -8,8 +8,9 @@ task needs it (Search-Adaptor, Yoon et al. 2024, keeps a recovery loss of this k
 input (the normalised features; for a head mixing several arrays, its mixed input), so the penalty is
 zero at the identity head and pulls a head toward it.
 
-The rows: `--anchor-data D` names a dataset whose texts are in the store (its corpus, queries, sentences),
-or, unset, every row of the store (of a store above ANCHOR_POOL rows, a fixed sample of that many). Only
+The rows: `--anchor-data D` names a dataset whose texts are in the store (its corpus, queries, sentences);
+unset, the task's `--unlabeled` texts where it has them (heads.kinds.unlabeled), else every row of the store
+(of a store above ANCHOR_POOL rows, a fixed sample of that many). Only
 those rows' features are read beside the task's (heads.artefacts.task_features), so memory stays bounded. Texts of the training pairs are left out, so the anchor never pulls on a text
 the loss trains.
 """
@@ -32,11 +33,14 @@ ANCHOR_POOL = 100_000
 ANCHOR_POOL_SEED = 20_2611
 
 
-def anchor_rows_of(store, cfg: TrainConfig) -> Optional[np.ndarray]:
-    """The store rows `--anchor-data` names; unset, the whole store: None (every row) up to ANCHOR_POOL rows,
-    else a fixed seeded sample of ANCHOR_POOL of them. None too when the anchor is off."""
+def anchor_rows_of(store, cfg: TrainConfig, unlabeled: Optional[np.ndarray] = None) -> Optional[np.ndarray]:
+    """The store rows `--anchor-data` names; unset, the task's unlabeled rows (`unlabeled`: store rows of its
+    --unlabeled texts) where given, else the whole store: None (every row) up to ANCHOR_POOL rows, else a fixed
+    seeded sample of ANCHOR_POOL of them. None too when the anchor is off."""
     if not cfg.anchor_weight:
         return None
+    if not cfg.anchor_data and unlabeled is not None:
+        return np.asarray(unlabeled, dtype=np.int64)
     if not cfg.anchor_data:
         n = store.n_texts
         if n <= ANCHOR_POOL:

@@ -38,6 +38,7 @@ from headstore.heads.network.features import Normalizer, array_list
 from headstore.heads.artefacts.head import Head
 from headstore.heads.kinds import WHOLE, Task, kind_of, load_task, task_rows, without_overlap
 from headstore.heads.kinds.labels import shots_note
+from headstore.heads.kinds.unlabeled import unlabeled_report
 from headstore.heads.training.selection import DEFAULT_DELTA, load_selection
 from headstore.heads.training.strength import STRENGTHS, plot_strength
 from headstore.heads.artefacts.task_features import TaskFeatures, rows_of_datasets
@@ -85,33 +86,37 @@ def _data_notes(task: Task) -> dict:
 def train_head(store_path: str, data_path: str, out_dir: str, head_cfg: HeadConfig, cfg: TrainConfig,
                data_format: str | None = None, array: str = "features", progress: bool = True,
                score_range=None, overwrite: bool = False, select_ood: tuple[str, ...] = (),
-               ood_delta: float = DEFAULT_DELTA, kind_defaults: tuple[str, ...] = (), device: str = "auto") -> dict:
+               ood_delta: float = DEFAULT_DELTA, kind_defaults: tuple[str, ...] = (), device: str = "auto",
+               unlabeled: tuple[str, ...] = ()) -> dict:
     """Train one head on `data_path`'s train split, select on dev, report test once; write `out_dir`.
 
     score_range: the (LO, HI) scale of an STS table's scores (default: detected as 0-1 or 0-5).
     select_ood / ood_delta: out-of-domain dev sets in the selection rule (heads.training.selection).
     kind_defaults: settings the user left unset (of config.KIND_DEPENDENT): the task kind's `defaults` fill
     them (graded STS tables, labelled texts), other data keep the dataclass defaults (the SciFact study's).
-    device: where the task's features and the head live while training and evaluating (auto: cuda when available)."""
-    inputs = (data_path, *select_ood)
+    device: where the task's features and the head live while training and evaluating (auto: cuda when available).
+    unlabeled: --unlabeled files (heads.kinds.unlabeled): for positives-only pairs the corpus dev and test rank and
+    impostors are mined from, and the anchor regulariser's sample; said in metrics.json "unlabeled"."""
+    inputs = (data_path, *select_ood, *unlabeled)
     device = pick_device(device)
     prepare_output_dir(out_dir, "head", overwrite, inputs=inputs, create=False)  # refuse before training
     store = FeatureStore.open(store_path)
     layer = _array_layer(store, array)
-    task = load_task(data_path, store, data_format, score_range=score_range)
+    task = load_task(data_path, store, data_format, score_range=score_range, unlabeled=unlabeled)
     head_cfg, cfg, defaults_note = defaults_for_kind(task, head_cfg, cfg, kind_defaults)
+    splits = ("dev", TEST_SPLIT)
+    unlabeled_note = unlabeled_report(task, cfg, splits)  # the roles they play (none: an error, before training)
     warn_if_emulated_bf16(cfg.precision, device)  # one line where bf16 is emulated (a CPU without it)
     task = kind_of(task).for_training(task, cfg)  # labelled texts: shots, hierarchy
     if getattr(task, "report", {}).get("shots_clipped"):  # more --shots than a class has: said on the terminal
         progress_write(f"note: {shots_note(cfg.shots, task.report['shots_clipped'])}")
-    anchor = anchor_rows_of(store, cfg)  # None: the whole store (when the anchor is on)
+    anchor = anchor_rows_of(store, cfg, task.unlabeled.rows if task.unlabeled else None)  # None: the whole store
     tf = TaskFeatures.for_task(store, task, rows_of_datasets(store, select_ood),
                                *([anchor] if cfg.anchor_weight else []), device=device)
     task, features = tf.remap(task), tf.read(array)  # only the rows the task uses (heads.artefacts.task_features)
     selection = load_selection(store, select_ood, task, features[:, :store.dim], ood_delta, remap=tf.remap)
     head_cfg = head_shape(head_cfg, features, array)
     anchor = None if anchor is None else tf.positions(anchor)
-    splits = ("dev", TEST_SPLIT)
     baseline = evaluate_baseline(task, features, splits, dim=store.dim)  # before the features are normalised
     trim_heap()
     model, norm, run = train_one(task, features, head_cfg, cfg, progress, selection, anchor, in_place=True)
@@ -121,6 +126,7 @@ def train_head(store_path: str, data_path: str, out_dir: str, head_cfg: HeadConf
     begin_output(out, "head")  # an interrupted write (a full disk) is replaced by the same command's rerun
     config = {"head": asdict(head_cfg), "train": cfg.to_dict(), "data": str(data_path), "format": data_format,
               "task": task.name, "kind": task.kind, "dev": task.dev_note or "the dataset's dev split",
+              **({"unlabeled": list(unlabeled)} if unlabeled else {}),
               **_data_notes(task),
               "store": str(store_path), "store_fingerprint": store.fingerprint, "array": array, "array_layer": layer,
               "store_manifest": {k: v for k, v in store.manifest.items() if k != "arrays"},
@@ -131,7 +137,9 @@ def train_head(store_path: str, data_path: str, out_dir: str, head_cfg: HeadConf
     metrics = evaluate_head(task, features, model, None, cfg.eval_energy, splits, dim=store.dim, baseline=baseline,
                             rankings=rankings)
     metrics.update(_data_notes(task))
-    metrics["guard"] = guard_report(task, metrics, run, cfg)
+    if unlabeled_note:
+        metrics["unlabeled"] = unlabeled_note
+    metrics["guard"] = guard_report(task, metrics, run, cfg, head_cfg)
     if selection:
         metrics["selection"] = {**selection.describe(), "ood_dev_loss": run.best_sel_loss,
                                 "within_delta": run.best_sel_loss is not None and run.best_sel_loss <= ood_delta}
@@ -192,9 +200,10 @@ def defaults_for_kind(task: Task, head_cfg: HeadConfig, cfg: TrainConfig, unset:
     return head_cfg, cfg, f"{kind.data_words} data: {values} ({kind.defaults_why})"
 
 
-def guard_report(task: Task, metrics: dict, run, cfg: TrainConfig) -> dict:
+def guard_report(task: Task, metrics: dict, run, cfg: TrainConfig, head_cfg: HeadConfig | None = None) -> dict:
     """The head against the frozen baseline on dev in the user's metric (metrics.json "guard"), with a
-    warning saying what to try when the head is worse than the frozen features with cosine."""
+    warning saying what to try when the head is worse than the frozen features with cosine: settings to change
+    from those this head was trained with (the kind's `suggest`), never those same settings."""
     dev = metrics.get("dev")
     report = {"enabled": cfg.guard, "start_dev": run.start_dev, "best_epoch": run.best_epoch,
               "returned": "the starting point (epoch 0: no update kept)" if run.best_epoch == 0
@@ -207,7 +216,7 @@ def guard_report(task: Task, metrics: dict, run, cfg: TrainConfig) -> dict:
     if head < frozen:
         report["warning"] = (f"the head is WORSE than no head on dev: {metrics['primary']} {head:.4f} vs "
                              f"{frozen:.4f} for the frozen features with cosine ({head - frozen:+.4f}). "
-                             f"Try: {kind_of(task).suggestion}; or use the frozen "
+                             f"Try: {kind_of(task).suggest(task, head_cfg or HeadConfig(), cfg)}; or use the frozen "
                              "features with cosine (no head).")
     return report
 
@@ -252,15 +261,17 @@ def eval_split(task: Task) -> str:
 
 def eval_head(store_path: str, head_dir: str, data_path: str, out_dir: str, data_format: str | None = None,
               exclude_overlap: str | None = None, score_range=None, overwrite: bool = False,
-              device: str = "auto", items: dict | None = None) -> dict:
+              device: str = "auto", items: dict | None = None, unlabeled: tuple[str, ...] = ()) -> dict:
     """Evaluate a trained head on any dataset whose texts are in the store; write metrics.json.
 
     Scores the test split, or the whole table when it has no split column (`eval_split`).
     `exclude_overlap`: a dataset (e.g. the one the head was trained on) whose texts must not be scored:
     evaluation pairs / queries that use one of its texts are dropped (counted in metrics.json).
     `items`: filled with the scored split's per-item values ("baseline": cosine, "head") as lists, and
-    "gold" (the gold scores / labels where the kind has them, else None): what bootstrap CIs resample."""
-    inputs = (data_path, head_dir, exclude_overlap)
+    "gold" (the gold scores / labels where the kind has them, else None): what bootstrap CIs resample.
+    `unlabeled`: --unlabeled files, the distractors a positives-only pairs table's anchors rank
+    (heads.kinds.unlabeled)."""
+    inputs = (data_path, head_dir, exclude_overlap, *unlabeled)
     prepare_output_dir(out_dir, "eval", overwrite, inputs=inputs, create=False)  # refuse before the work
     device = pick_device(device)  # where the features and the head are held (auto: cuda when available)
     store = FeatureStore.open(store_path)
@@ -268,7 +279,8 @@ def eval_head(store_path: str, head_dir: str, data_path: str, out_dir: str, data
     model, norm = model.to(device), norm.to(device)
     array = config.get("array", "features")
     check_same_features(head_dir, config, store, array)
-    task = load_task(data_path, store, data_format, score_range=score_range, for_eval=True)
+    task = load_task(data_path, store, data_format, score_range=score_range, for_eval=True, unlabeled=unlabeled)
+    unlabeled_note = unlabeled_report(task, None, (eval_split(task),))
     dropped = None
     if exclude_overlap:
         task, dropped = without_overlap(task, task_rows(load_task(exclude_overlap, store, for_eval=True)))
@@ -297,6 +309,8 @@ def eval_head(store_path: str, head_dir: str, data_path: str, out_dir: str, data
     metrics["split"] = split
     metrics.update(_data_notes(task))
     metrics["head_dir"], metrics["data"], metrics["device"] = str(head_dir), str(data_path), device
+    if unlabeled_note:
+        metrics["unlabeled"] = unlabeled_note
     if dropped is not None:
         metrics["overlap_dropped"] = {"with": str(exclude_overlap), **dropped}
     out = prepare_output_dir(out_dir, "eval", overwrite, inputs=inputs)
