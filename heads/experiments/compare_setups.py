@@ -48,6 +48,17 @@ SETUPS = {
 REFERENCE = "frozen-head"  # every setup's paired difference is taken against this one
 
 
+def changed_settings(config) -> dict:
+    """The settings of a config dataclass that differ from its defaults (TrainConfig: flat, its to_dict): what a
+    step key holds. A setting added to headstore later, at its default, leaves every finished step's key as it
+    was, so a table that runs over several sessions keeps its steps while the code gains options; a setting
+    the run gives (even the default value, said explicitly) is in the key, and so is any change of it."""
+    def flat(c) -> dict:
+        return c.to_dict() if hasattr(c, "to_dict") else asdict(c)
+    values, defaults = flat(config), flat(type(config)())
+    return {k: v for k, v in values.items() if k not in defaults or v != defaults[k]}
+
+
 def finetune_setting(cfg, encoder: str, seed: int):
     """The FinetuneConfig of `encoder` at `seed`: the [finetune] section with its tuning and seed."""
     fields = {f.name for f in dataclasses.fields(cfg.finetune)}
@@ -184,7 +195,7 @@ class Builder:
         from headstore.heads.apply.finetune import finetune
 
         fcfg = dataclasses.replace(fcfg, encoder_lr=lr)
-        key = {"head": base.head_key, "finetune": asdict(fcfg)}
+        key = {"head": base.head_key, "finetune": changed_settings(fcfg)}
         head_dir = base.heads["trained"]
         folder, result = self.steps.run(step, key, lambda d: _tuned_result(
             finetune(str(head_dir), str(d), fcfg, str(self.base_store), self.cfg.in_domain, self.cfg.model,
