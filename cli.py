@@ -451,6 +451,9 @@ def finetune(head_dir, out, store, data, encoder, **settings):
 @click.option("--seeds", default=None, help="Comma-separated seeds, e.g. 0,1,2 (head init, batch order, tuning runs).")
 @click.option("--setups", default=None, help="Comma-separated rows (default: all): "
               "frozen-cosine, frozen-head, adapted-*, adapters-*, lora-*, finetuned-* (*: cosine or head).")
+@click.option("--device", type=click.Choice(DEVICES), default=None,
+              help="cpu | cuda: every part there (stores, heads, MLM, tuning, evaluation), the device in every "
+                   "step's key. Default: [compare] device, else auto (each part's own: cuda when available).")
 def compare(config_path, out, seeds, setups, **overrides):
     """Every setup (frozen, MLM-adapted, adapters, LoRA, fine-tuned; with and without a head) over seeds, in and
     out of domain, with 95% CIs and paired differences: compare.md, compare.json, compare.png."""

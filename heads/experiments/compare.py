@@ -24,7 +24,8 @@ from dataclasses import asdict
 from pathlib import Path
 
 from headstore.data.files import atomic_write_json
-from headstore.heads.experiments.compare_config import CompareConfig, load_compare_config, split_list  # noqa: F401
+from headstore.heads.experiments.compare_config import CompareConfig, device_key, on_device
+from headstore.heads.experiments.compare_config import load_compare_config, split_list  # noqa: F401
 from headstore.heads.experiments.compare_setups import SETUPS, TUNED, Builder, changed_settings, settled
 from headstore.heads.experiments.datasets_root import missing_mlm_text_note
 
@@ -118,10 +119,11 @@ def _train_head(steps: Steps, name: str, cfg: CompareConfig, store: Path, store_
 
     train = cfg.train.replace(seed=seed)
     settings = {"store": store_key, "head": changed_settings(cfg.head), "train": changed_settings(train),
-                "data": cfg.in_domain}
+                "data": cfg.in_domain, **device_key(cfg)}
+    # the step's own folder (overwrite): a rerun after a crash replaces its half-made head
     folder, _ = steps.run(name, settings, lambda d: _first_metric(
         train_head(str(store), cfg.in_domain, str(d / "head"), cfg.head, train, progress=True,
-                   overwrite=True)))  # the step's own folder: a rerun after a crash replaces its half-made head
+                   overwrite=True, device=cfg.device)))
     return folder / "head", settings
 
 
@@ -161,10 +163,13 @@ def _adapt_step(cfg: CompareConfig, steps: Steps, probe_key: dict):
 def run_compare(cfg: CompareConfig, out_dir: str, log=print) -> str:
     """Run (or reuse) every step at every seed, evaluate every setup; write compare.json, compare.md and
     compare.png; return the terminal table."""
-    from headstore.featurize.model import resolve_model
+    from headstore.featurize.model import pick_device, resolve_model
     from headstore.heads.experiments.compare_report import evaluate_built, mlm_losses
     from headstore.heads.experiments.compare_table import write_report
 
+    if cfg.device != "auto":
+        pick_device(cfg.device)  # cuda where there is none: said now, not after the first steps ran
+    cfg = on_device(cfg)  # every part's device (featurize, adapt, finetune settings) before anything is keyed
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     atomic_write_json(out / "config.json", asdict(cfg), indent=1)

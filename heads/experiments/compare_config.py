@@ -3,12 +3,13 @@
 in `heads.experiments.compare`."""
 from __future__ import annotations
 
+import dataclasses
 import math
 import tomllib
 from dataclasses import asdict, dataclass, field, fields
 
 from headstore.featurize.config import AdaptConfig
-from headstore.featurize.config import FeaturizeConfig
+from headstore.featurize.config import DEVICES, FeaturizeConfig
 from headstore.heads.settings.config import setting_hints, TrainConfig
 from headstore.heads.apply.finetune import FinetuneConfig
 from headstore.heads.experiments.compare_setups import SETUPS
@@ -50,6 +51,10 @@ class CompareConfig:
     mlm_max_texts: int = 64  # texts per MLM evaluation set: ~1 minute per model on 2 CPU cores
     mlm_holdout_fraction: float = 0.02  # in-domain texts kept out of adaptation, scored for MLM loss
     mlm_probe_steps: int | None = None  # cap on the probe MLM head's steps on the frozen encoder (None: adapt's)
+    # where every part runs (stores, heads, MLM adaptation and probe, tuning, evaluation, the MLM loss): "auto"
+    # leaves each part its own choice (cuda when available; the MLM loss on the CPU) and every step key as it
+    # was; "cpu" / "cuda" put all of them there, and the device is in every step's key (`on_device`)
+    device: str = "auto"
 
     def __post_init__(self):
         if not 0.0 < self.mlm_holdout_fraction < 1.0 and self.mlm:
@@ -67,13 +72,15 @@ class CompareConfig:
         if not self.lr_grid or len(set(self.lr_grid)) != len(self.lr_grid) or \
                 not all(math.isfinite(f) and f > 0 for f in self.lr_grid):
             raise ValueError(f"[finetune] lr_grid must be distinct finite factors > 0, got {list(self.lr_grid)}")
+        if self.device not in DEVICES:
+            raise ValueError(f"device {self.device!r} not valid; choose one of {list(DEVICES)}")
         if self.n_boot < 100:
             raise ValueError(f"n_boot must be >= 100 (a 95% CI from fewer resamples is noise), got {self.n_boot}")
 
 
 SECTIONS = {"featurize": FeaturizeConfig, "adapt": AdaptConfig, "finetune": FinetuneConfig}
 COMPARE_KEYS = ("setups", "seeds", "tune_seeds", "ood_exclude_overlap", "n_boot", "max_docs", "ood_max_docs",
-                "subsample_seed")  # the [compare] section
+                "subsample_seed", "device")  # the [compare] section
 
 
 def _build(cls, values: dict, where: str):
@@ -132,7 +139,7 @@ def load_compare_config(path: str | None = None, **overrides) -> CompareConfig:
     if "lr_grid" in sections["finetune"]:  # compare's own setting, kept in the section it is about
         top["lr_grid"] = tuple(sections["finetune"].pop("lr_grid"))
     o = {k: v for k, v in overrides.items() if v not in (None, ())}
-    for k in ("in_domain", "model", "base_store", "mlm", "seeds", "setups"):
+    for k in ("in_domain", "model", "base_store", "mlm", "seeds", "setups", "device"):
         if k in o:
             top[k] = o[k]
     if "out_of_domain" in o:
@@ -152,3 +159,23 @@ def load_compare_config(path: str | None = None, **overrides) -> CompareConfig:
         if k in top:
             top[k] = tuple(top[k])
     return CompareConfig(**top, **built)
+
+
+def on_device(cfg: CompareConfig) -> CompareConfig:
+    """cfg with the device of its featurize, adapt and finetune settings set to cfg.device (the [featurize],
+    [adapt], [finetune] sections' own `device` are overridden); "auto": cfg as it is (each part's own)."""
+    if cfg.device == "auto":
+        return cfg
+    return dataclasses.replace(cfg, **{name: dataclasses.replace(getattr(cfg, name), device=cfg.device)
+                                       for name in SECTIONS})
+
+
+def device_key(cfg: CompareConfig) -> dict:
+    """What a step without a device setting of its own (train-head, eval, the MLM loss) adds to its key: the
+    device when one is given, nothing for "auto" (the keys of runs made before the option stay as they were)."""
+    return {} if cfg.device == "auto" else {"device": cfg.device}
+
+
+def mlm_loss_device(cfg: CompareConfig) -> str:
+    """Where the MLM loss (forgetting) is scored: cfg.device, or the CPU for "auto" (mlm_eval's own default)."""
+    return "cpu" if cfg.device == "auto" else cfg.device

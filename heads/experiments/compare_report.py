@@ -21,6 +21,7 @@ import os
 import shutil
 from pathlib import Path
 
+from headstore.heads.experiments.compare_config import device_key, mlm_loss_device
 from headstore.heads.training.run import eval_head
 
 GENERAL_MIN_CHARS = 50  # wikitext lines shorter than this are headings / fragments
@@ -35,10 +36,10 @@ def dataset_name(path: str) -> str:
     return _name(path)
 
 
-def _eval(store: Path, head: Path, data: str, folder: Path, exclude: str | None) -> dict:
+def _eval(store: Path, head: Path, data: str, folder: Path, exclude: str | None, device: str = "auto") -> dict:
     items: dict = {}
     m = eval_head(str(store), str(head), data, str(folder / "eval"), exclude_overlap=exclude, overwrite=True,
-                  items=items)
+                  items=items, device=device)
     return {"metric": m["primary"], "value": m["head"][m["primary"]], "baseline_metric": m["baseline_primary"],
             "baseline": m["baseline"][m["baseline_primary"]], "split": m["split"],
             "n_scored": m["n_scored"].get(m["split"]), "dropped": m.get("overlap_dropped"),
@@ -57,10 +58,11 @@ def evaluate_built(cfg, steps, built: dict) -> dict:
             head = next(iter(b.heads.values()))
             for ds in datasets:
                 exclude = cfg.in_domain if cfg.ood_exclude_overlap and ds != cfg.in_domain else None
-                settings = {"store": str(b.store), "head": str(head), "data": ds, "exclude_overlap": exclude}
+                settings = {"store": str(b.store), "head": str(head), "data": ds, "exclude_overlap": exclude,
+                            **device_key(cfg)}
                 _, evals[enc, seed, _name(ds)] = steps.run(
                     f"eval-{enc}-s{seed}-{_name(ds)}", settings,
-                    lambda d, b=b, head=head, ds=ds, exclude=exclude: _eval(b.store, head, ds, d, exclude))
+                    lambda d, b=b, head=head, ds=ds, exclude=exclude: _eval(b.store, head, ds, d, exclude, cfg.device))
     return evals
 
 
@@ -124,12 +126,13 @@ def mlm_losses(cfg, steps, built: dict, probe: Path) -> dict:
         def go(folder, model_dir=model_dir, own_head=own_head):
             scored = probe if model_dir is None else model_dir if own_head else \
                 with_head(model_dir, probe, folder / "model")
-            return {n: mlm_loss(str(scored), texts, max_length=cfg.adapt.max_length, **MLM_MASKS)["mlm_loss"]
-                    for n, texts in sets.items() if texts}
+            return {n: mlm_loss(str(scored), texts, max_length=cfg.adapt.max_length, device=mlm_loss_device(cfg),
+                                **MLM_MASKS)["mlm_loss"] for n, texts in sets.items() if texts}
 
         encoder_key = None if model_dir is None else steps.key_of(model_dir)
         assert model_dir is None or encoder_key is not None, f"{model_dir}: made by no step of this run"
-        settings = {"encoder": encoder_key, "probe": probe_key, "own_head": own_head, "texts": mlm_settings(cfg)}
+        settings = {"encoder": encoder_key, "probe": probe_key, "own_head": own_head, "texts": mlm_settings(cfg),
+                    **device_key(cfg)}
         _, res = steps.run(name, settings, go)
         results[enc, seed] = {**res, "head": head}
     return results
