@@ -30,7 +30,9 @@ Output `out_dir`:
   `cli eval --store S2 --head out/head` accepts a store featurized with `encoder/`;
 - `finetune.json`: settings, losses, the dev curve (`dev_curve`, `dev_metric`), `best_epoch`, `best_dev`,
   `epochs_run`, `stopped_because` (patience | max_epochs | max_steps), seconds per step / cache refresh / dev
-  (`timing`), the commands that re-featurize and evaluate.
+  (`timing`), `resumed_at_epochs` and `earlier_seconds` (killed processes', in `seconds`), the next commands;
+- while it runs, `checkpoint.pt` (heads.apply.finetune_resume): a killed run called again with the same out dir
+  goes on from its last finished epoch, bit for bit; another run's checkpoint is refused.
 """
 from __future__ import annotations
 
@@ -56,6 +58,7 @@ from headstore.featurize.tuning.checkpoint import copy_sidecars
 from headstore.featurize.tuning.mlm_head import HEAD_FILE
 from headstore.heads.apply.finetune_dev import DevScorer, dev_task
 from headstore.heads.apply.finetune_negatives import RowEncoder, mined_negatives
+from headstore.heads.apply.finetune_resume import Checkpoint, run_key
 from headstore.heads.apply.finetune_train import Trainer
 from headstore.heads.apply.row_inputs import RowInputs, tuning_precision
 from headstore.heads.apply.tunings import TUNINGS
@@ -196,14 +199,18 @@ def _norm_to(norm, device):
 def finetune(head_dir: str, out_dir: str, cfg: FinetuneConfig, store_path: str | None = None,
              data_path: str | None = None, encoder: str | None = None, progress: bool = True) -> dict:
     """Train encoder + head end to end on the head's train pairs until dev stops improving (module doc); write
-    `out_dir` with the best epoch's encoder and head (cfg.keep "last": the final ones).
+    `out_dir` with the best epoch's encoder and head (cfg.keep "last": the final ones); resumed from this run's
+    checkpoint in `out_dir` (module doc).
 
     `store_path`, `data_path`: default to the head's own (config.json); `model`: the encoder the store was
     featurized with (`encoder`, default: the store's model_id, e.g. `minilm`; a local model dir must be given)."""
     t0 = time.perf_counter()
     run = prepare(head_dir, cfg, store_path, data_path, encoder)
-    report = run.trainer.run(run.dev, progress)
-    return _write_outputs(Path(out_dir), run, head_dir, cfg, report, time.perf_counter() - t0)
+    checkpoint = Checkpoint(Path(out_dir), run_key(cfg, run), t0)
+    report = {**run.trainer.run(run.dev, progress, checkpoint), **checkpoint.describe()}
+    summary = _write_outputs(Path(out_dir), run, head_dir, cfg, report, checkpoint.seconds())
+    checkpoint.remove()
+    return summary
 
 
 @dataclass

@@ -120,6 +120,21 @@ class BestState:
     def exhausted(self) -> bool:
         return self.stale >= self.patience
 
+    def state(self, epoch: int) -> dict:
+        """What `load` takes back (finetune_resume) after epoch `epoch`: the curve, patience and the kept tensors,
+        left out when they are the current ones (kept at this epoch) or never used (no finite figure yet)."""
+        kept = None if self.best_epoch in (epoch, -1) else [b.detach().cpu() for b in self.best]
+        return {"curve": self.curve, "best_value": self.best_value, "best_epoch": self.best_epoch,
+                "stale": self.stale, "best": kept}
+
+    def load(self, state: dict) -> None:
+        """As `state` left it; the current trainable tensors must already be the checkpoint's."""
+        self.curve = list(state["curve"])
+        self.best_value, self.best_epoch, self.stale = state["best_value"], state["best_epoch"], state["stale"]
+        with torch.no_grad():
+            for i, (b, p) in enumerate(zip(self.best, self.params)):
+                b.copy_(p.detach() if state["best"] is None else state["best"][i])
+
     def restore(self) -> None:
         """Every trainable tensor set to the best epoch's (the last state when no figure was finite)."""
         if self.best_epoch < 0:

@@ -94,6 +94,19 @@ class RowEncoder:
             return torch.zeros(0, 0, device=self.device)
         return torch.stack([self._memo[r] for r in rows])
 
+    def state(self) -> dict:
+        """The step count and the current encoder's memo (finetune_resume: the next epoch's cache refresh reuses
+        the last dev scoring's embeddings, as an uninterrupted run does, so a resumed run encodes in the same
+        batches); a memo of an older encoder is left out (it would never be read)."""
+        rows = list(self._memo) if self._memo_version == self.version else []
+        embeddings = torch.stack([self._memo[r] for r in rows]).cpu() if rows else None
+        return {"version": self.version, "rows": rows, "embeddings": embeddings}
+
+    def load(self, state: dict) -> None:
+        self.version = self._memo_version = int(state["version"])
+        rows, embeddings = state["rows"], state["embeddings"]
+        self._memo = {} if not rows else dict(zip(rows, embeddings.to(self.device).unbind(0)))
+
     def _batches(self, rows: list[int]):
         """(rows, (b, D) embeddings) of `rows` in batches of at most BATCH_TOKENS padded tokens (longest first,
         featurize.encode.plan_batches)."""

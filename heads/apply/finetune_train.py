@@ -5,7 +5,8 @@ pass over the train pairs in a seeded order (labelled texts: the kind's sampler)
 training encoder (finetune_dev.DevScorer). Stops after `patience` epochs without a dev improvement, at
 `max_epochs`, or at `max_steps` (a cap for tests and smoke runs). With `keep = "best"` the best epoch's
 trainable state (epoch 0, the starting point, included) is restored at the end; `keep = "last"` keeps the
-final state (its dev curve still scored and recorded).
+final state (its dev curve still scored and recorded). Given a checkpoint (finetune_resume), every epoch's
+state is written after its dev scoring, and a run that finds its own goes on from there, bit for bit.
 
 The learning rate follows the head's schedule (linear warm-up, then decay) over the PLANNED steps
 (max_epochs x steps per epoch, capped by max_steps), as train-head plans its own over its epochs: a run
@@ -118,43 +119,90 @@ class Trainer:
             self.cache.refresh(self.encoder)
             self.refresh_seconds.append(time.perf_counter() - t0)
 
-    def run(self, dev, progress: bool) -> dict:
+    def run(self, dev, progress: bool, checkpoint=None) -> dict:
         """Epochs until dev stops improving (module doc); `dev` () -> float, or None (no dev split: every
-        epoch runs and the last state is kept). The record finetune.json keeps."""
+        epoch runs and the last state is kept). `checkpoint` (finetune_resume.Checkpoint, optional): resumed
+        from when it holds this run's state, written after every epoch. The record finetune.json keeps."""
         best = BestState(self.trainable, self.cfg.patience)
         say = (lambda text: print(f"finetune ({self.cfg.setup}): {text}", file=sys.stderr, flush=True)) \
             if progress else (lambda text: None)
-        if dev is not None:
+        step, epoch = 0, 0
+        state = None if checkpoint is None else checkpoint.load()
+        if state is not None:  # said whatever `progress` says: the run goes on from there, not from the start
+            step, epoch = self.load_state(state, best, dev)
+            print(f"finetune ({self.cfg.setup}): resuming from epoch {epoch} (step {step} of {self.total}; "
+                  f"{checkpoint.path})", file=sys.stderr, flush=True)
+        elif dev is not None:
             best.record(0, dev())
             say(f"epoch 0 (the start): dev {dev.metric} {best.curve[-1]['dev']:.4f} ({dev.seconds[-1]:.0f} s)")
-        bar = progress_bar(total=self.total, desc=f"finetune ({self.cfg.setup}, {self.cfg.unfreeze})",
+        bar = progress_bar(total=self.total, initial=step, desc=f"finetune ({self.cfg.setup}, {self.cfg.unfreeze})",
                            disable=not progress)
-        step, epoch, stopped = 0, 0, "max_epochs"
-        while epoch < self.max_epochs:
+        stopped = self._stopped(best, dev, epoch, step)
+        while stopped is None:
             epoch += 1
-            self.refresh()
-            if self.cache is not None:
-                say(f"epoch {epoch}: {len(self.cache):,} negatives cached ({self.refresh_seconds[-1]:.0f} s)")
-            losses, stop = [], min(step + self.per_epoch, self.total)
-            while step < stop:
-                losses.append(self.step(step, epoch))
-                step += 1
-                bar.update(1)
-                bar.set_postfix(epoch=epoch, loss=f"{losses[-1]:.4f}")
+            step, losses = self._epoch(epoch, step, bar, say)
             if dev is not None:
                 best.record(epoch, dev(), float(np.mean(losses)))
                 say(f"epoch {epoch}: dev {best.curve[-1]['dev']:.4f}, best {best.best_value:.4f} at epoch "
                     f"{best.best_epoch} ({dev.seconds[-1]:.0f} s)")
-                if best.exhausted:
-                    stopped = "patience"
-                    break
-            if step >= self.total and epoch < self.max_epochs:
-                stopped = "max_steps"
-                break
+            if checkpoint is not None:
+                checkpoint.save(self.state(best, dev, epoch, step))
+            stopped = self._stopped(best, dev, epoch, step)
         bar.close()
         if self.cfg.keep == "best":
             best.restore()
         return self._record(best, dev, epoch, step, stopped)
+
+    def _epoch(self, epoch: int, step: int, bar, say) -> tuple[int, list[float]]:
+        """Epoch `epoch` from `step`: the negatives cache refreshed, then its steps; (the next step, losses)."""
+        self.refresh()
+        if self.cache is not None:
+            say(f"epoch {epoch}: {len(self.cache):,} negatives cached ({self.refresh_seconds[-1]:.0f} s)")
+        losses, stop = [], min(step + self.per_epoch, self.total)
+        while step < stop:
+            losses.append(self.step(step, epoch))
+            step += 1
+            bar.update(1)
+            bar.set_postfix(epoch=epoch, loss=f"{losses[-1]:.4f}")
+        return step, losses
+
+    def _stopped(self, best: BestState, dev, epoch: int, step: int) -> str | None:
+        """Why the run stops after epoch `epoch` (a STOP_REASONS), or None when another epoch runs."""
+        if dev is not None and best.exhausted:
+            return "patience"
+        if epoch >= self.max_epochs:
+            return "max_epochs"
+        return "max_steps" if step >= self.total else None
+
+    def state(self, best: BestState, dev, epoch: int, step: int) -> dict:
+        """Everything `run` needs to go on after epoch `epoch` bit for bit (finetune_resume's module doc)."""
+        cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else []
+        return {"epoch": epoch, "step": step, "trainable": [p.detach().cpu() for p in self.trainable],
+                "optimizer": self.opt.state_dict(), "rng": {"cpu": torch.get_rng_state(), "cuda": cuda},
+                "best": best.state(epoch), "encoder": self.encoder.state(), "history": self.history,
+                "unfrozen_at": self.unfrozen_at, "timing": {"step": self.step_seconds,
+                "refresh": self.refresh_seconds, "dev": [] if dev is None else dev.seconds}}
+
+    def load_state(self, state: dict, best: BestState, dev) -> tuple[int, int]:
+        """The run as `state` left it; (step, epoch) to go on from."""
+        assert len(state["trainable"]) == len(self.trainable), "a checkpoint of another run (finetune_resume.run_key)"
+        with torch.no_grad():
+            for p, saved in zip(self.trainable, state["trainable"]):
+                assert p.shape == saved.shape, (p.shape, saved.shape)
+                p.copy_(saved)
+        self.opt.load_state_dict(state["optimizer"])
+        best.load(state["best"])
+        self.encoder.load(state["encoder"])
+        self.history, self.unfrozen_at = list(state["history"]), dict(state["unfrozen_at"])
+        self.step_seconds, self.refresh_seconds = list(state["timing"]["step"]), list(state["timing"]["refresh"])
+        if dev is not None:
+            dev.seconds = list(state["timing"]["dev"])
+        if self.unfrozen_at:  # the blocks training at the last step (step() sets them only when k changes)
+            self.set_trainable(self.blocks, self.unfrozen_at[max(self.unfrozen_at)])
+        torch.set_rng_state(state["rng"]["cpu"])  # last: nothing after it draws before the next step
+        if state["rng"]["cuda"] and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all(state["rng"]["cuda"])
+        return int(state["step"]), int(state["epoch"])
 
     def _record(self, best: BestState, dev, epochs: int, steps: int, stopped: str) -> dict:
         assert stopped in STOP_REASONS, stopped

@@ -12,7 +12,8 @@ seeds, bootstrap CIs and each setup's paired difference from frozen + head.
 Each step writes `OUT/<step>-<key>/` where key hashes the settings that step depends on (including
 its inputs' keys and its seed) and records `step.json` (settings, seconds, peak memory, result) when it
 finishes: a rerun (or a run after an interruption) reuses every finished step, and a changed setting reruns
-only what depends on it.
+only what depends on it. A finetune step killed mid-run goes on from its last finished epoch (the checkpoint
+`cli finetune` keeps in the step's folder), its step.json's seconds those of all its processes.
 """
 from __future__ import annotations
 
@@ -87,13 +88,20 @@ class Steps:
             measured = _reset_peak_memory()
             t0 = time.perf_counter()
             result = fn(folder)
-            done = {"name": name, "key": key, "settings": settings, "seconds": time.perf_counter() - t0,
+            done = {"name": name, "key": key, "settings": settings, "seconds": time.perf_counter() - t0
+                    + _earlier_seconds(result),
                     "peak_mb": _peak_memory_mb() if measured else None, "result": result}
             atomic_write_json(record, done, indent=1)
         self.seconds[name], self.dirs[name] = float(done["seconds"]), folder
         self.keys[folder.resolve()] = key
         self.peak_mb[name], self.results[name] = done.get("peak_mb"), done["result"]
         return folder, done["result"]
+
+
+def _earlier_seconds(result) -> float:
+    """Seconds that killed earlier processes spent on the work a step's run resumed (a result's
+    `earlier_seconds`: cli finetune's), counted in the step's: its cost whatever the kills."""
+    return float(result.get("earlier_seconds") or 0.0) if isinstance(result, dict) else 0.0
 
 
 def _featurize(steps: Steps, name: str, cfg: CompareConfig, model: str, parent_key: dict,
