@@ -17,6 +17,15 @@ Not exportable exactly (refused, never approximated): tanh or layer-norm inside 
 store array other than the last layer, a head mixing several layers. A float16 store rounds features to float16 before the head;
 the exported model does not (differences ~1e-3 relative; a float32 store matches to ~1e-6).
 
+A classifier head (`--loss ce`) exports the same way, its last module giving the class scores: a flat head's
+last Dense outputs them; a head with one softmax per level of a label tree gets one more Dense, the 0/1 matrix
+of each class's tree path, whose output is each class's summed level scores (the argmax `Head.predict` takes:
+the summed log-softmaxes differ from it by a constant per text). `headstore_export.json` names the classes in
+the order of the outputs (`classes`): `classes[model.encode(texts).argmax(-1)]` is the prediction from raw
+text, with stock sentence-transformers and no headstore. (Chosen over a bare safetensors classifier because it
+carries the encoder, pooling and normaliser too, so it takes text, not stored features; `--format
+safetensors` still writes the head directory, whose `Head.predict` takes features.)
+
 `safetensors`: the head as a directory `Head.load` reads (head, normaliser, config.json).
 """
 from __future__ import annotations
@@ -36,7 +45,8 @@ from headstore.heads.apply.pipeline import check_encoder, encoder_source
 from headstore.heads.artefacts.head import Head
 from headstore.heads.apply.formats import EXPORT_FORMATS
 
-SIMILARITY = {"l1": "manhattan", "l2": "euclidean", "cosine": "cosine"}
+SIMILARITY = {"l1": "manhattan", "l2": "euclidean", "cosine": "cosine",
+              "classes": "cosine"}  # a classifier's outputs are class scores: no energy, cosine as a neutral default
 EXACT_ODD_PART = ("relu", "gelu")  # a(x) - a(-x) = x: carry x through a hidden layer as [x; -x]
 
 
@@ -206,7 +216,8 @@ def export_sentence_transformers(head: Head, out: Path, model: str | None = None
     if layer not in (-1, n_layers):
         raise ValueError(f"{head.source} was trained on layer {layer} ({head.array}); a sentence-transformers "
                          "Transformer module gives the last layer only; export refused")
-    body = ensemble_modules(head) if hasattr(head, "members") else [*normalizer_modules(head), *head_modules(head)]
+    body = ensemble_modules(head) if hasattr(head, "members") else [*normalizer_modules(head), *head_modules(head),
+                                                                    *class_path_modules(head)]
     front = [transformer, *sentence_modules(SentenceSpec.from_parts(parts), model_dir,
                                             transformer.get_embedding_dimension())]
     modules = [query_document_router(front, body, document_modules(head))] if head.query_side else [*front, *body]
@@ -231,9 +242,25 @@ def export_sentence_transformers(head: Head, out: Path, model: str | None = None
                   if head.query_side else {}), "similarity_fn_name": SIMILARITY[head.energy_name],
                "prompts": prompts,
                "embedding_dim": head.out_dim, "store_fingerprint": head.store_fingerprint, "notes": notes,
+               **({"classes": head.classes, "embedding_dim": len(head.classes),
+                   "outputs": "class scores: classes[encode(texts).argmax(-1)] is the prediction"}
+                  if head.is_classifier else {}),
                "load": f"SentenceTransformer({str(out)!r})"}
     atomic_write_json(out / "headstore_export.json", {**summary, "head_config": head.config}, sort_keys=True)
     return summary
+
+
+def class_path_modules(head: Head) -> list:
+    """A classifier head with one softmax per tree level: a Dense summing each class's path through the levels
+    (the 0/1 matrix (C, nodes)); nothing for a flat classifier (its outputs are the classes) or an energy head."""
+    if not head.is_classifier or head.out_dim == len(head.classes):
+        return []
+    space = head.config["labels"]
+    widths = [len(names) for names in space["nodes"]]
+    offsets = torch.cumsum(torch.tensor([0] + widths[:-1]), 0)
+    leaf = torch.as_tensor(space["leaf_nodes"], dtype=torch.long).reshape(len(space["classes"]), -1) + offsets
+    path = torch.zeros(len(space["classes"]), sum(widths)).scatter_(1, leaf, 1.0)  # (C, L)
+    return [_dense(path, torch.zeros(len(path)), "identity")]
 
 
 def document_modules(head: Head) -> list:

@@ -6,6 +6,7 @@
     head = headstore.Head.load("runs/grid-stsb#ensemble=3") # mean L1 energy of its 3 best configurations
     z = head.embed(features)                                # (n, D) stored features -> (n, d) outputs
     E = head.energy(features_a, features_b)                 # (n_a, n_b) energies, low = similar
+    y = head.predict(features)                              # a classifier head (loss ce): (n,) class names
 
 A head carries its normaliser (fitted on its training texts), its config (head shape, training
 settings, dataset, array) and the fingerprint of the store whose features it was trained on; a
@@ -13,6 +14,11 @@ settings, dataset, array) and the fingerprint of the store whose features it was
 On disk a head is a train-head-style directory: `head.safetensors` (a one-head stack),
 `normalizer.safetensors`, `config.json`; `Head.save` writes one (`cli export --format safetensors`).
 Every file is written and read by heads.artefacts.files.
+
+A classifier head (`--loss ce`, heads.scoring.losses.ce) ends in its classes: `class_scores` gives (n, C)
+scores (its outputs, or with one softmax per level of a label tree each class's summed log-probabilities),
+`predict` the argmax as class names, `classes` their order (config.json "labels", written by train-head and
+grid); it has no energy (`energy` refuses).
 
 Ensembles: the mean L1 energy of K heads, as one head (`EnsembleHead`). For L1 energies the mean over
 heads is itself an L1 energy: mean_k ||f_k(a) - f_k(b)||_1 = ||F(a) - F(b)||_1 with F(x) = [f_1(x); ...;
@@ -35,6 +41,8 @@ import torch
 from headstore.data.text_id import ROLES
 from headstore.heads.artefacts.files import (ENSEMBLE_ENERGY, ensemble_ids, is_ensemble_dir, load_grid_head,
                                        read_ensemble_dir, read_head_dir, write_ensemble_dir, write_head_dir)
+from headstore.heads.kinds.label_eval import class_scores
+from headstore.heads.scoring.losses import LOSSES
 from headstore.heads.settings.config import TrainConfig
 from headstore.heads.scoring.energy import pairwise_energy
 from headstore.heads.network.features import Normalizer
@@ -171,8 +179,43 @@ class Head:
     def energy(self, a, b) -> np.ndarray:
         """Energy of every row of `a` (queries) against every row of `b` (documents), both features as `embed`
         takes them: (n_a, D), (n_b, D) -> (n_a, n_b); low = similar. The energy is the head's own (`energy_name`)."""
+        if self.is_classifier:
+            raise ValueError(f"{self.source or 'this head'} is a classifier head (loss ce): it scores classes, not "
+                             "pairs; use predict / class_scores")
         za, zb = self.embed_tensor(a, "query"), self.embed_tensor(b, "document")
         return pairwise_energy(self.energy_name, za, zb).numpy()
+
+    # --- a classifier head ----------------------------------------------------------------------
+    @property
+    def is_classifier(self) -> bool:
+        """True for a head that ends in its classes (a loss whose outputs are classes: ce)."""
+        return LOSSES[self.config["train"]["loss"]].outputs == "classes"
+
+    @property
+    def classes(self) -> list[str]:
+        """The class names, in the order of `class_scores`' columns."""
+        return list(self._label_space()["classes"])
+
+    def _label_space(self) -> dict:
+        if not self.is_classifier:
+            raise ValueError(f"{self.source or 'this head'} is an energy head (loss {self.config['train']['loss']}): "
+                             "it has no classes; train one with --loss ce, or classify by k-NN under its energy")
+        if "labels" not in self.config:
+            raise ValueError(f"{self.source or 'this head'}: its config.json names no classes (\"labels\"); "
+                             "train it again with this version")
+        return self.config["labels"]
+
+    def class_scores(self, features) -> np.ndarray:
+        """(n, D) features -> (n, C) class scores (argmax = `predict`; module doc)."""
+        space = self._label_space()
+        widths = [len(names) for names in space["nodes"]]
+        z = self.embed_tensor(features)
+        return class_scores(z, np.asarray(space["leaf_nodes"], dtype=np.int64).reshape(len(space["classes"]), -1),
+                            widths).numpy()
+
+    def predict(self, features) -> np.ndarray:
+        """(n, D) features -> (n,) class names: the argmax of `class_scores`."""
+        return np.asarray(self.classes, dtype=object)[self.class_scores(features).argmax(-1)]
 
 
 class EnsembleModel(torch.nn.Module):

@@ -44,7 +44,7 @@ from headstore.heads.experiments.soups import score_soups
 from headstore.heads.experiments.summary import write_summary
 from headstore.heads.network.features import array_list
 from headstore.heads.kinds import PREFIX, WHOLE, Task, kind_of, load_task, task_rows, without_overlap
-from headstore.heads.kinds.labels import shots_clipped, shots_note
+from headstore.heads.kinds.labels import label_space, shots_clipped, shots_note
 from headstore.heads.kinds.unlabeled import grid_report, unlabeled_line
 from headstore.heads.scoring.losses import LOSSES, applicable, objective
 from headstore.heads.training.run import head_shape
@@ -355,7 +355,7 @@ class StackRunner:
             self.baselines[array] = self.baseline(array)
         configs = [it[2] for it in items]
         stask = self.scored_task(configs[0])
-        head_cfg = head_shape(items[0][1], X, array)
+        head_cfg = head_shape(items[0][1], X, array, stask, configs[0])  # a classifier head ends in the classes
         t0 = time.perf_counter()
         model, norm, runs = train_stack(stask, X, head_cfg, configs, progress=progress, selection=self.selection,
                                         anchor_rows=self.anchor_positions(configs[0]))
@@ -420,4 +420,4 @@ class StackRunner:
         """What a head needs to know of its dataset and store (train-head's config.json fields), per stack."""
         return {**self.context, "task": stask.name, "kind": stask.kind,
                 "dev": stask.dev_note or "the dataset's dev split", "store_fingerprint": self.store.fingerprint,
-                "store_manifest": {k: v for k, v in self.store.manifest.items() if k != "arrays"}}
+                "store_manifest": {k: v for k, v in self.store.manifest.items() if k != "arrays"}, **label_space(stask)}

@@ -63,7 +63,9 @@ def forgetting_command(store, out, task_a, task_b, data, train_per_class, test_p
 @label_read_options
 @click.option("--shots", default="8", show_default=True, help="Comma-separated texts per class.")
 @click.option("--seeds", default="0,1,2", show_default=True, help="Comma-separated seeds (each draws its own texts).")
-@click.option("--losses", default="supcon-kl,supcon,l1-energy", show_default=True, help="headstore heads, comma-separated.")
+@click.option("--losses", default="ce,supcon-kl", show_default=True,
+              help="headstore heads, comma-separated: a classifier head (ce) is scored by its argmax, an energy head "
+                   "by the tuned probe on its outputs and by k-NN.")
 @click.option("--test-per-class", type=int, default=None,
               help="Score a fixed stratified sample of the test split (the same for every method); default: all of it.")
 @click.option("--setfit-body/--no-setfit-body", default=True, show_default=True,

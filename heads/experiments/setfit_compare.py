@@ -3,9 +3,13 @@
 For each shot count n and seed s, the n-per-class sample is `heads.kinds.labels.few_shot_indices`
 (the one `cli grid` uses), and every method is scored on the same test texts (the whole test split,
 or a fixed stratified sample of `test_per_class` per class drawn with seed 0). Methods:
-- `frozen probe`: headstore's logistic-regression probe on the stored (frozen MiniLM) features;
-- `head <loss> + probe` and `head <loss> k-NN`: a head trained on the stored features of the n-per-class
-  texts (TrainConfig defaults, no dev: the last epoch), then the probe on its outputs / k-NN under its energy;
+- `frozen probe (tuned LR)`: headstore's probe on the stored (frozen MiniLM) features: a logistic regression
+  whose C and scaling are chosen by cross-validation on the shots (heads.kinds.label_probe), what a user
+  trying `LogisticRegressionCV` first gets;
+- `head ce`: a classifier head (heads.scoring.losses.ce) on the stored features of the n-per-class texts, its
+  argmax; `head <loss> + probe (tuned LR)` and `head <loss> k-NN` for an energy head: the tuned probe on its
+  outputs / k-NN under its energy. Every head trains with train-head's defaults for labelled texts (the kind's
+  `defaults`), no dev: the last epoch;
 - `SetFit (a) frozen body + LR`: SetFit's model with the body left as it is and its default head
   (sklearn `LogisticRegression`) fitted on the body's embeddings;
 - `SetFit (b) contrastive body`: SetFit's `Trainer` with default `TrainingArguments` (one epoch of
@@ -42,7 +46,7 @@ class SetFitCompareConfig:
     data_format: str | None = None  # labels?text_column=body for 20 Newsgroups
     shots: tuple[int, ...] = (8,)  # texts per class; SetFit's body fine-tuning cost grows with n^2 pairs
     seeds: tuple[int, ...] = (0, 1, 2)
-    losses: tuple[str, ...] = ("supcon-kl", "supcon", "l1-energy")  # headstore heads
+    losses: tuple[str, ...] = ("ce", "supcon-kl")  # headstore heads: the classifier, the best energy head
     test_per_class: int | None = None  # None: the whole test split
     setfit_body: bool = True  # run (b), contrastive fine-tuning of the body
     setfit_max_steps: int | None = None  # None: SetFit's default (one epoch of generated pairs)
@@ -65,40 +69,61 @@ def _task(cfg: SetFitCompareConfig):
     return store, task
 
 
+FROZEN = "frozen probe (tuned LR)"
+
+
 def _headstore_runs(cfg, store, task, shots: int, seed: int, done: set) -> list[dict]:
-    from headstore.heads.settings.config import TrainConfig
     from headstore.heads.evaluation.evaluate import embedder, evaluate_split
     from headstore.heads.network.features import load_features
     from headstore.heads.kinds import for_training
-    from headstore.heads.network.model import HeadConfig
-    from headstore.heads.training.train import train_stack
+    from headstore.heads.settings.config import TrainConfig
 
     X = load_features(store)
     rows = []
-    if ("frozen probe", shots, seed) not in done:
+    if (FROZEN, shots, seed) not in done:
         t0 = time.perf_counter()
         base, _ = evaluate_split(for_training(task, TrainConfig(shots=shots, seed=seed)), "test",
                                  embedder(None, X), ())
-        rows.append({"method": "frozen probe", "shots": shots, "seed": seed, "accuracy": base[0]["probe_accuracy"],
-                     "macro_f1": base[0]["probe_macro_f1"], "seconds": time.perf_counter() - t0})
+        rows.append({"method": FROZEN, "shots": shots, "seed": seed, "accuracy": base[0]["probe_accuracy"],
+                     "macro_f1": base[0]["probe_macro_f1"], "seconds": time.perf_counter() - t0,
+                     "probe_C": base[0]["probe_C"]})
     for loss in cfg.losses:
-        if (f"head {loss} + probe", shots, seed) in done:
+        if all((m, shots, seed) in done for m in _methods(loss)):
             continue
-        train = TrainConfig(loss=loss, shots=shots, seed=seed, lr=1e-3, epochs=10)  # the few-shot schedule (docs/labels.md)
-        stask = for_training(task, train)
-        head = HeadConfig(in_dim=X.shape[1])
-        t0 = time.perf_counter()
-        model, norm, (run,) = train_stack(stask, X, head, [train], progress=False)
-        t1 = time.perf_counter()
-        Xn = norm(X)
-        res, _ = evaluate_split(stask, "test", embedder(model, Xn), (train.eval_energy,))
-        t2 = time.perf_counter()
-        knn = next(k for k in res[0] if k.endswith("_knn_accuracy"))
-        rows += [{"method": f"head {loss} + probe", "shots": shots, "seed": seed, "accuracy": res[0]["probe_accuracy"],
-                  "macro_f1": res[0]["probe_macro_f1"], "seconds": t2 - t0, "train_seconds": t1 - t0},
-                 {"method": f"head {loss} k-NN", "shots": shots, "seed": seed, "accuracy": res[0][knn],
-                  "macro_f1": res[0][knn.replace("accuracy", "macro_f1")], "seconds": t2 - t0, "train_seconds": t1 - t0}]
+        rows += _head_rows(task, X, loss, shots, seed)
     return rows
+
+
+def _methods(loss: str) -> list[str]:
+    from headstore.heads.scoring.losses import LOSSES
+
+    if LOSSES[loss].outputs == "classes":
+        return [f"head {loss}"]
+    return [f"head {loss} + probe (tuned LR)", f"head {loss} k-NN"]
+
+
+def _head_rows(task, X, loss: str, shots: int, seed: int) -> list[dict]:
+    """One head of `loss` trained on the shots with train-head's defaults for labelled texts; its rows."""
+    from headstore.heads.evaluation.evaluate import embedder, evaluate_split
+    from headstore.heads.kinds import for_training
+    from headstore.heads.settings.config import KIND_DEPENDENT, HeadConfig, TrainConfig
+    from headstore.heads.training.run import defaults_for_kind, head_shape
+    from headstore.heads.training.train import train_stack
+
+    unset = tuple(k for k in KIND_DEPENDENT if k != "loss")  # train-head's defaults for labelled texts, given the loss
+    head, train, _ = defaults_for_kind(task, HeadConfig(), TrainConfig(loss=loss, shots=shots, seed=seed), unset)
+    stask = for_training(task, train)
+    head = head_shape(head, X, "features", stask, train)
+    t0 = time.perf_counter()
+    model, norm, _ = train_stack(stask, X, head, [train], progress=False)
+    t1 = time.perf_counter()
+    res, _ = evaluate_split(stask, "test", embedder(model, norm(X)), (train.eval_energy,))
+    t2 = time.perf_counter()
+    r, common = res[0], {"shots": shots, "seed": seed, "seconds": t2 - t0, "train_seconds": t1 - t0}
+    keys = {m: ("classifier" if m == f"head {loss}" else "probe" if "probe" in m else
+                next(k for k in r if k.endswith("_knn_accuracy"))[:-len("_accuracy")]) for m in _methods(loss)}
+    return [{"method": m, "accuracy": r[f"{k}_accuracy"], "macro_f1": r[f"{k}_macro_f1"], **common}
+            for m, k in keys.items()]
 
 
 class _SetFit:

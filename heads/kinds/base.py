@@ -25,7 +25,8 @@ from headstore.heads.scoring.metrics import bootstrap_ci
 DEV_FRACTION = 0.1  # a tenth of train queries/pairs: enough for a stable dev metric on SciFact (~80 queries)
 DEV_SEED = 20260  # fixed so every head, seed and run sees the same dev slice
 WHOLE = "all"  # the split name of a table scored whole (no split column, evaluation only)
-PREFIX = {"l1": "manhattan", "l2": "euclidean", "cosine": "cosine"}  # metric-name prefix of each energy
+PREFIX = {"l1": "manhattan", "l2": "euclidean", "cosine": "cosine",  # metric-name prefix of each energy,
+          "classes": "classifier"}  # and of a classifier head's own class scores (heads.scoring.losses.CLASSES)
 
 Embed = Callable[..., torch.Tensor]  # (store rows (n,), role "query" | "document") -> (H, n, d) head outputs;
 # a kind embeds what it ranks or compares in the roles its texts take (IR: queries and documents; a pair: its

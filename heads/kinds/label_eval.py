@@ -2,11 +2,13 @@
 
 The labelled set is the task's `reference` (the texts the head was trained on: every train text
 but the dev slice, or the few-shot sample). For every evaluated text (one `dict[str, float]` per head):
-- `probe_accuracy`, `probe_macro_f1`: sklearn's default `LogisticRegression` (C = 1) on L2-normalised
-  embeddings (so raw features and a head's outputs, whatever their scale, get the same
-  regularisation; SetFit's default head on normalised MiniLM embeddings is the same probe), fitted on
-  the labelled set; the frozen baseline is the same probe on the stored features. (Standardising
-  instead over-fits: 20 Newsgroups, all train texts, frozen MiniLM: 0.684 vs 0.751 accuracy.)
+- `probe_accuracy`, `probe_macro_f1`: a logistic-regression probe fitted on the labelled set, tuned
+  (heads.kinds.label_probe: C and the input scaling chosen on dev, or by cross-validation on the labelled
+  texts when there is no dev: few-shot), with the choice as `probe_C` and `probe_standardize`; the frozen
+  baseline is the same tuned probe on the stored features, a head's on its outputs;
+- `classifier_accuracy`, `classifier_macro_f1` (a classifier head, loss ce, scored under `CLASSES`): the
+  argmax of its class scores (`class_scores`: its outputs, or with one softmax per tree level the sum of
+  each leaf's levels' log-probabilities);
 - `{p}_knn_accuracy`, `{p}_knn_macro_f1`: majority vote of the k = 10 lowest-energy labelled texts
   (ties: the class whose nearest member ranks first), `p` the energy's prefix (`manhattan` = L1);
 - `{p}_ndcg@10`, `{p}_map`: each text ranks every labelled text by energy; a hit shares its label
@@ -22,25 +24,35 @@ from __future__ import annotations
 
 import numpy as np
 import torch
-from sklearn.linear_model import LogisticRegression
 from sklearn.metrics import f1_score
-from sklearn.pipeline import make_pipeline
-from sklearn.preprocessing import Normalizer
 
 from headstore.heads.scoring.energy import pairwise_energy
 from headstore.heads.kinds.base import PREFIX
+from headstore.heads.kinds.label_probe import ProbeChoice, tuned_probe
+from headstore.heads.scoring.losses import CLASSES
 from headstore.heads.scoring.metrics import ndcg_and_ap
 
 KNN_K = 10  # neighbours voting in k-NN accuracy (the issue's k)
-PROBE_MAX_ITER = 1000  # lbfgs iterations: the default 100 stops short on 10k x 384 features
 CHUNK = 512  # queries per energy block: (512, N) energies and their ranking in memory at once
 
 
-def probe_predict(train_x: np.ndarray, train_y: np.ndarray, test_x: np.ndarray, seed: int = 0) -> np.ndarray:
-    """Classes predicted by a logistic-regression probe on L2-normalised inputs fitted on (train_x, train_y)."""
-    probe = make_pipeline(Normalizer(), LogisticRegression(max_iter=PROBE_MAX_ITER, random_state=seed))
-    probe.fit(train_x, train_y)
-    return probe.predict(test_x)
+def class_scores(z: torch.Tensor, leaf_nodes: np.ndarray, widths: list[int]) -> torch.Tensor:
+    """(..., L) outputs of a classifier head -> (..., C) scores of the classes (argmax = the prediction).
+
+    leaf_nodes (C, D): each class's node per level of the label tree; widths: the nodes of each level. L = C:
+    the outputs are the leaf classes' scores (one softmax). L = sum(widths) (one softmax per level,
+    `--hierarchy`, heads.kinds.labels.classifier_width): a class scores the sum over levels of its node's
+    log-probability in that level's softmax."""
+    C = len(leaf_nodes)
+    if z.shape[-1] == C:
+        return z
+    if z.shape[-1] != sum(widths):
+        raise ValueError(f"a classifier head with {z.shape[-1]} outputs fits neither the {C} classes nor the "
+                         f"{sum(widths)} nodes of the label tree")
+    offsets = np.cumsum([0] + list(widths[:-1]))
+    logp = torch.cat([torch.log_softmax(block, dim=-1) for block in z.split(list(widths), dim=-1)], dim=-1)
+    columns = torch.as_tensor(np.asarray(leaf_nodes) + offsets, device=z.device)  # (C, D) columns of logp
+    return logp[..., columns].sum(-1)
 
 
 def knn_vote(neighbour_classes: torch.Tensor, n_classes: int) -> torch.Tensor:
@@ -82,20 +94,39 @@ def _classifier_metrics(name: str, pred: np.ndarray, split, task) -> tuple[dict,
     return out, correct
 
 
-def evaluate_labels(task, split: str, embed, energies: tuple[str, ...]) -> tuple[list[dict], list[dict]]:
-    """Metrics per head on one split (module doc); items per head: per-text k-NN correctness under each
-    energy prefix (and `probe` correctness) for bootstrap CIs."""
+def probe_choices(task, embed) -> list[tuple] | None:
+    """Per head, the tuned probe fitted on the labelled set, and its choice (heads.kinds.label_probe): chosen on
+    the dev split where the task has one, else by cross-validation; None when no split is scored in full."""
+    ref, dev = task.reference, task.eval_sets.get("dev")
+    zr = embed(ref.rows, "document").double().cpu().numpy()  # (H, m, d)
+    zd = embed(dev.rows, "query").double().cpu().numpy() if dev is not None else None
+    return [tuned_probe(zr[h], ref.classes, None if zd is None else (zd[h], dev.classes)) for h in range(len(zr))]
+
+
+def evaluate_labels(task, split: str, embed, energies: tuple[str, ...],
+                    probes: list[tuple] | None = None) -> tuple[list[dict], list[dict]]:
+    """Metrics per head on one split (module doc); items per head: per-text correctness under each energy
+    prefix (k-NN; `classifier` for CLASSES) and `probe` for bootstrap CIs. `probes`: `probe_choices` made already."""
     data, ref = task.eval_sets[split], task.reference
-    zq, zr = embed(data.rows, "query"), embed(ref.rows, "document")  # (H, n, d), (H, m, d): texts against references
+    zq = embed(data.rows, "query")  # (H, n, d)
+    knn = [e for e in energies if e != CLASSES]
+    zr = embed(ref.rows, "document") if knn else None  # (H, m, d): texts against references
+    if data.full and probes is None:
+        probes = probe_choices(task, embed)
     C = len(task.class_names)
     results, items = [], []
     for h in range(zq.shape[0]):
         metrics, item = {}, {}
         if data.full:
-            pred = probe_predict(zr[h].double().cpu().numpy(), ref.classes, zq[h].double().cpu().numpy())
-            m, item["probe"] = _classifier_metrics("probe", pred, data, task)
+            probe, choice = probes[h]
+            m, item["probe"] = _classifier_metrics("probe", probe.predict(zq[h].double().cpu().numpy()), data, task)
+            metrics.update(m | choice.metrics())
+        if CLASSES in energies:
+            scores = class_scores(zq[h].float(), task.leaf_nodes, [len(names) for names in task.node_names])
+            pred = scores.argmax(-1).cpu().numpy()
+            m, item[PREFIX[CLASSES]] = _classifier_metrics(PREFIX[CLASSES], pred, data, task)
             metrics.update(m)
-        for energy in energies:
+        for energy in knn:
             p = PREFIX[energy]
             parts = [ranking_metrics(pairwise_energy(energy, zq[h, s:s + CHUNK], zr[h]), data.classes[s:s + CHUNK],
                                      ref.classes, C, data.full) for s in range(0, len(data), CHUNK)]

@@ -33,7 +33,8 @@ import torch
 
 from headstore.data.labels import LabelSpec, unseen_labels
 from headstore.heads.kinds.base import DEV_FRACTION, DEV_SEED, PREFIX, Task, TaskKind, TrainSet, store_rows
-from headstore.heads.kinds.label_eval import evaluate_labels
+from headstore.heads.kinds.label_eval import evaluate_labels, probe_choices
+from headstore.heads.scoring.losses import CLASSES
 
 
 @dataclass(frozen=True)
@@ -50,6 +51,14 @@ class LabelSplit:
 
     def subset(self, idx: np.ndarray) -> "LabelSplit":
         return LabelSplit(self.rows[idx], self.classes[idx], self.nodes[idx], self.full)
+
+
+@dataclass(frozen=True)
+class LabelTrainSet(TrainSet):
+    """The labelled texts with their codes, and the sizes of the codes' one-hot blocks (one per tree level with
+    --hierarchy, () when flat): a classifier head's loss takes one softmax per block (heads.scoring.losses.ce)."""
+
+    groups: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -78,6 +87,10 @@ class LabelTask(Task):
             return np.eye(len(self.class_names), dtype=np.float32)[split.classes]
         blocks = [np.eye(len(names), dtype=np.float32)[split.nodes[:, k]] for k, names in enumerate(self.node_names)]
         return np.concatenate(blocks, axis=1) / np.float32(math.sqrt(len(blocks)))
+
+    def code_groups(self, hierarchy: bool) -> tuple[int, ...]:
+        """Sizes of the codes' one-hot blocks: the nodes of each level (hierarchy), else () (one block)."""
+        return tuple(len(names) for names in self.node_names) if hierarchy else ()
 
     def check_config(self, cfg) -> None:
         """ValueError unless this task was built by for_training for `cfg`'s data settings."""
@@ -209,6 +222,23 @@ def _with_training_set(task: LabelTask, labelled: LabelSplit, hierarchy: bool, *
     return replace(task, reference=labelled, hierarchy=hierarchy, **changes)
 
 
+def classifier_width(task: LabelTask) -> int:
+    """How many outputs a classifier head (loss ce) on `task` ends in: one per class, or with --hierarchy one
+    per node of every level of the label tree (one softmax per level, heads.scoring.losses.ce)."""
+    return sum(task.code_groups(True)) if task.hierarchy else len(task.class_names)
+
+
+def label_space(task) -> dict:
+    """What a head's config.json keeps of a labelled task, so a classifier head names its classes outside
+    headstore (Head.predict, the exported model): {"labels": classes, levels, nodes per level, each class's
+    node per level}; {} for other tasks."""
+    if not isinstance(task, LabelTask):
+        return {}
+    return {"labels": {"classes": list(task.class_names), "levels": list(task.level_names),
+                       "nodes": [list(names) for names in task.node_names],
+                       "leaf_nodes": task.leaf_nodes.tolist()}}
+
+
 def few_shot_indices(classes: np.ndarray, shots: int, seed: int) -> np.ndarray:
     """Indices of `shots` texts per class (all of a class with fewer), drawn with `seed`, sorted."""
     rng = np.random.default_rng(seed)
@@ -232,14 +262,15 @@ def shots_note(shots: int, clipped: dict[str, int], listed: int = 10) -> str:
 
 
 # metrics a grid's seed summary reports (those present: per-level and retrieval ones join when computed)
-SUMMARY_METRICS = ("probe_accuracy", "probe_macro_f1", "manhattan_knn_accuracy", "cosine_knn_accuracy",
+SUMMARY_METRICS = ("probe_accuracy", "probe_macro_f1", "classifier_accuracy", "manhattan_knn_accuracy", "cosine_knn_accuracy",
                    "euclidean_knn_accuracy", "manhattan_ndcg@10", "cosine_ndcg@10", "manhattan_map", "cosine_map")
 
 
 class LabelsKind(TaskKind):
     name = "labels"
     form = "classes"
-    defaults = {"depth": 2, "lr": 1e-3, "epochs": 10, "anchor_weight": 0.0}
+    defaults = {"depth": 2, "lr": 1e-3, "epochs": 10, "anchor_weight": 0.0, "loss": "ce"}  # ce: the classifier head
+    # beats the tuned probe where no energy head does (docs/labels.md, bench/labels_heads.py)
     data_words = "labelled"  # how config.json "defaults" names the data
     defaults_why = "the 20 Newsgroups dev choice"
     suggestion = "--graded pearson, --depth 1 --lr 1e-3, --normalize l2"
@@ -247,7 +278,8 @@ class LabelsKind(TaskKind):
     items_name = "texts"
 
     def primary_metric(self, energy: str) -> str:
-        return f"{PREFIX[energy]}_knn_accuracy"
+        """k-NN accuracy under the head's energy; a classifier head's (CLASSES): the accuracy of its argmax."""
+        return f"{PREFIX[energy]}_accuracy" if energy == CLASSES else f"{PREFIX[energy]}_knn_accuracy"
 
     def summary_metrics(self) -> tuple[str, ...]:
         return SUMMARY_METRICS
@@ -264,6 +296,12 @@ class LabelsKind(TaskKind):
     def evaluate(self, task, split, embed, energies):
         return evaluate_labels(task, split, embed, energies)
 
+    def evaluate_splits(self, task, splits, embed, energies, rankings=None):
+        """Every split, the tuned probe chosen and fitted once for all of them (heads.kinds.label_probe)."""
+        full = any(task.eval_sets[s].full for s in splits)
+        probes = probe_choices(task, embed) if full else None
+        return {split: evaluate_labels(task, split, embed, energies, probes) for split in splits}
+
     def rows(self, data: LabelSplit) -> np.ndarray:
         return data.rows
 
@@ -277,7 +315,8 @@ class LabelsKind(TaskKind):
     def train_set(self, task: LabelTask, loss: str) -> TrainSet:
         """The labelled texts themselves (anchor = positive) with their label codes (module doc)."""
         ref = task.reference
-        return TrainSet(ref.rows, ref.rows, task.codes(ref, task.hierarchy), None, self.form)
+        return LabelTrainSet(ref.rows, ref.rows, task.codes(ref, task.hierarchy), None, self.form,
+                             task.code_groups(task.hierarchy))
 
     def sampler(self, task: LabelTask):
         return task.sample_batches

@@ -45,7 +45,7 @@ def parse_strength(value: str) -> Optional[float]:
     return a
 # settings whose default depends on the kind of data (each kind's `defaults`, heads.kinds); the command
 # line leaves them unset so the kind can fill them in, and config.json "defaults" says which applied
-KIND_DEPENDENT = ("depth", "lr", "epochs", "anchor_weight")
+KIND_DEPENDENT = ("depth", "lr", "epochs", "anchor_weight", "loss", "normalize")  # normalize: also the loss's
 
 # cli grid --test-scope: which heads of a stack are ranked on test (heads.experiments.grid_scope says why)
 TEST_SCOPES = ("auto", "all", "selected")
@@ -135,7 +135,9 @@ class OptimConfig:
 
 @dataclass(frozen=True)
 class ObjectiveConfig:
-    loss: str = field(default="l1-energy", metadata=_opt(choices=tuple(sorted(LOSSES))))  # heads.scoring.losses
+    loss: str = field(default="l1-energy", metadata={**_opt(choices=tuple(sorted(LOSSES))), "kind_help": (
+        "train-head's default per kind of data: labelled texts ce (a classifier head, docs/labels.md), other "
+        "kinds l1-energy; cli grid: l1-energy unless set.")})  # heads.scoring.losses
     energy: str = field(default="l1", metadata=_opt(
         "E(a, b) between head outputs (mnr is cosine by definition).", choices=ENERGY_NAMES))  # the premise
     q: Optional[float] = field(default=None, metadata=_opt(
@@ -146,6 +148,8 @@ class ObjectiveConfig:
     impostors: str = field(default=DEFAULT_IMPOSTORS, metadata=_opt(choices=IMPOSTOR_MODES))  # the mean over
     # all impostors is dominated by easy ones; the semi-hard one per anchor trains (docs/l1-energy.md)
     genuine_weight: float = field(default=1.0, metadata=_opt())  # genuine vs impostor balance
+    label_smoothing: float = field(default=0.1, metadata=_opt(
+        "ce: the share of each class target spread evenly over the classes."))  # Szegedy et al. 2016's 0.1
     graded: str = field(default="pearson", metadata=_opt(
         "How graded (STS) or 0/1 labels enter l1-energy / contrastive: weight (s and 1 - s), regress (E toward "
         "Q (1 - s)), pearson (1 + corr(E, s) per batch).", choices=GRADED_MODES))  # pearson: the one form
@@ -200,7 +204,9 @@ class SelectionConfig:
 
 @dataclass(frozen=True)
 class DataConfig:
-    normalize: str = field(default="l2", metadata=_opt(choices=NORMALIZATIONS))  # features before the head: L2
+    normalize: str = field(default="l2", metadata={**_opt(choices=NORMALIZATIONS), "kind_help": (
+        "train-head's default: l2; standardize for a classifier head (ce), whose MLP learns slowly on unit-norm "
+        "rows; cli grid: l2 unless set.")})  # features before the head: L2
     # puts every L1 energy on one scale (~10-20 for MiniLM), so one energy bound Q fits all data
     shots: int = field(default=0, metadata=_opt(
         "Labelled texts: texts per class drawn with --seed (few-shot); 0 = all of train."))
@@ -289,7 +295,7 @@ class TrainConfig:
 
     def loss_config(self) -> LossConfig:
         return LossConfig(q=self.q, tau=self.tau, margin=self.margin, impostors=self.impostors,
-                          genuine_weight=self.genuine_weight, graded=self.graded)
+                          genuine_weight=self.genuine_weight, graded=self.graded, label_smoothing=self.label_smoothing)
 
     def to_dict(self) -> dict:
         """Every setting, flat (what config.json, grid results and head ids hold)."""

@@ -35,7 +35,8 @@ def _option(f, hint):
         return click.option(f"--{name}/--no-{name}", default=f.default, show_default=True, help=help_text)
     if f.name in KIND_DEPENDENT:
         kind_help = meta.get("kind_help") or KIND_HELP.format(default=f.default)
-        return click.option(f"--{name}", type=_click_type(hint), default=None,
+        kind = click.Choice(list(meta["choices"])) if meta.get("choices") else _click_type(hint)
+        return click.option(f"--{name}", type=kind, default=None,
                             help=f"{help_text} {kind_help}" if help_text else kind_help)
     kind = click.Choice(list(meta["choices"])) if meta.get("choices") else _click_type(hint)
     return click.option(f"--{name}", type=kind, default=f.default, show_default=f.default is not None,

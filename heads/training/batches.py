@@ -200,7 +200,8 @@ def forward_rows(model: StackedMLP, X: torch.Tensor, rows: torch.Tensor, n_queri
 
 def batch_losses(model: StackedMLP, X: torch.Tensor, batch: Batch, cfg: TrainConfig,
                  init: Optional[list[torch.Tensor]] = None, q: Optional[float] = None,
-                 form: str = "positives", anchor: Optional[torch.Tensor] = None) -> torch.Tensor:
+                 form: str = "positives", anchor: Optional[torch.Tensor] = None,
+                 groups: tuple[int, ...] = ()) -> torch.Tensor:
     """(H,) loss of every head on its batch (plus the decay-to-init penalty when cfg asks for it).
 
     Anchors, positives and negatives go through the heads in one forward pass, so each layer is one
@@ -208,13 +209,16 @@ def batch_losses(model: StackedMLP, X: torch.Tensor, batch: Batch, cfg: TrainCon
     and the outputs are cast to fp32 before the loss (losses and their reductions stay fp32).
     q: l1-energy's Q for this step (a Q schedule, `q_at`); None = cfg's. form: the training data's form
     (heads.scoring.losses.FORMS), which picks the loss's function. anchor: (H, m) store rows of the anchor on the
-    unlabeled store (heads.training.anchor), weighted by cfg.anchor_weight."""
+    unlabeled store (heads.training.anchor), weighted by cfg.anchor_weight. groups: the label codes' blocks, one
+    softmax each for a classifier head on a label tree (heads.kinds.labels.LabelTrainSet)."""
     H, b = batch.anchor.shape
     rows = [batch.anchor, batch.positive] + ([batch.negative.flatten(1)] if batch.negative is not None else [])
     z = forward_rows(model, X, torch.cat(rows, dim=1), b, cfg.precision)  # (H, (2 + K) b, d)
     za, zp = z[:, :b], z[:, b:2 * b]  # (H, b, d)
     zn = z[:, 2 * b:].unflatten(1, batch.negative.shape[1:]) if batch.negative is not None else None  # (H, b, K, d)
     loss_cfg = cfg.loss_config() if q is None else replace(cfg.loss_config(), q=q)
+    if groups:
+        loss_cfg = replace(loss_cfg, groups=tuple(groups))
     losses = get_loss(cfg.loss, form)(za, zp, zn, batch.labels, energy=cfg.energy, cfg=loss_cfg,
                                       same=batch.same)  # (H,)
     if cfg.decay_to_init and init is not None:

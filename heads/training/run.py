@@ -37,7 +37,8 @@ from headstore.heads.evaluation.evaluate import TEST_SPLIT, embedder, evaluate_b
 from headstore.heads.network.features import Normalizer, array_list
 from headstore.heads.artefacts.head import Head
 from headstore.heads.kinds import WHOLE, Task, kind_of, load_task, task_rows, without_overlap
-from headstore.heads.kinds.labels import shots_note
+from headstore.heads.kinds.labels import classifier_width, label_space, shots_note
+from headstore.heads.scoring.losses import LOSSES
 from headstore.heads.kinds.unlabeled import unlabeled_report
 from headstore.heads.training.selection import DEFAULT_DELTA, load_selection
 from headstore.heads.training.strength import STRENGTHS, plot_strength
@@ -69,10 +70,18 @@ def _array_layer(store: FeatureStore, array: str):
     return layers[0] if len(layers) == 1 else layers
 
 
-def head_shape(head_cfg: HeadConfig, features: torch.Tensor, array: str) -> HeadConfig:
-    """The head config completed from the features: in_dim (one array's dim) and mix (arrays mixed)."""
+def head_shape(head_cfg: HeadConfig, features: torch.Tensor, array: str, task: Task | None = None,
+               cfg: TrainConfig | None = None) -> HeadConfig:
+    """The head config completed from the features: in_dim (one array's dim) and mix (arrays mixed); a
+    classifier head (a loss whose outputs are classes: ce) ends in the task's classes, not residual."""
     mix = len(array_list(array))
-    return HeadConfig(**{**asdict(head_cfg), "in_dim": features.shape[1] // mix, "mix": mix})
+    shape = {**asdict(head_cfg), "in_dim": features.shape[1] // mix, "mix": mix}
+    if cfg is not None and LOSSES[cfg.loss].outputs == "classes":
+        if head_cfg.depth < 1:
+            raise ValueError(f"loss {cfg.loss} trains a classifier head: it needs --depth >= 1 (its last layer "
+                             "gives the class scores)")
+        shape.update(out_dim=classifier_width(task), residual=False)
+    return HeadConfig(**shape)
 
 
 def _data_notes(task: Task) -> dict:
@@ -115,7 +124,7 @@ def train_head(store_path: str, data_path: str, out_dir: str, head_cfg: HeadConf
                                *([anchor] if cfg.anchor_weight else []), device=device)
     task, features = tf.remap(task), tf.read(array)  # only the rows the task uses (heads.artefacts.task_features)
     selection = load_selection(store, select_ood, task, features[:, :store.dim], ood_delta, remap=tf.remap)
-    head_cfg = head_shape(head_cfg, features, array)
+    head_cfg = head_shape(head_cfg, features, array, task, cfg)
     anchor = None if anchor is None else tf.positions(anchor)
     baseline = evaluate_baseline(task, features, splits, dim=store.dim)  # before the features are normalised
     trim_heap()
@@ -131,6 +140,7 @@ def train_head(store_path: str, data_path: str, out_dir: str, head_cfg: HeadConf
               "store": str(store_path), "store_fingerprint": store.fingerprint, "array": array, "array_layer": layer,
               "store_manifest": {k: v for k, v in store.manifest.items() if k != "arrays"},
               "best_epoch": run.best_epoch, "train_seconds": run.seconds, "defaults": defaults_note, "device": device,
+              **label_space(task),
               **({"selection": selection.describe()} if selection else {})}
     write_head_dir(out, model, norm, config)
     rankings: dict = {}  # the head's rankings of dev and test, kept for the run files and the candidate share
@@ -184,14 +194,18 @@ def strength_report(run, cfg: TrainConfig, selection) -> dict:
 
 def defaults_for_kind(task: Task, head_cfg: HeadConfig, cfg: TrainConfig, unset: tuple[str, ...]):
     """(head config, train config, note): the task kind's `defaults` fill the settings left unset (graded STS
-    tables, labelled texts); kinds without their own keep the dataclass defaults (the SciFact study's)."""
+    tables, labelled texts); kinds without their own keep the dataclass defaults (the SciFact study's). An unset
+    --normalize takes the loss's own where its registry entry names one (`LossSpec.normalize`: ce standardises)."""
     if not unset:
         return head_cfg, cfg, "every kind-dependent setting given"
     kind = kind_of(task)
-    if not kind.defaults:
-        return head_cfg, cfg, f"{', '.join(unset)}: {kind.defaults_why}"
     assert set(kind.defaults) <= set(KIND_DEPENDENT), "a kind's defaults cover kind-dependent settings only"
-    values = {k: kind.defaults[k] for k in unset}
+    values = {k: kind.defaults[k] for k in unset if k in kind.defaults}  # the others: the dataclass defaults
+    preferred = LOSSES[values.get("loss", cfg.loss)].normalize  # a loss's own input (ce: standardised features)
+    if "normalize" in unset and preferred:
+        values["normalize"] = preferred
+    if not values:
+        return head_cfg, cfg, f"{', '.join(unset)}: {kind.defaults_why}"
     if values.get("anchor_weight") and (head_cfg.out_dim is not None or head_cfg.depth == 0):
         values["anchor_weight"] = 0.0  # the anchor compares f(x) with x: a head of another width (or none) has none
     head_keys = {f.name for f in fields(HeadConfig)}

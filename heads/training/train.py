@@ -149,7 +149,8 @@ class StackTraining:
             idx = idx.to(data.X.device)
             losses = batch_losses(self.model, data.X, make_batch(data, idx, negs), cfg0, self.optimizer.init,
                                   q_at(cfg0, self.step, self.total), data.pairs.form,
-                                  self.anchor.sample() if self.anchor is not None else None)
+                                  self.anchor.sample() if self.anchor is not None else None,
+                                  getattr(data.pairs, "groups", ()))
             where = f"at epoch {epoch + 1}, step {s + 1} (global step {self.step + 1})"
             finite = self.tracker.check_losses(losses, where)
             self.optimizer.step(losses, finite, self.tracker.ok, self.tracker.alive)

@@ -106,12 +106,13 @@ def test_setfit_side_by_side(world, monkeypatch):
     pytest.importorskip("setfit")
     root, store, model = world
     r = CliRunner().invoke(main, ["setfit-compare", "--store", str(store), "--data", str(root / "news.parquet"),
-                                  "--text-column", "body", "--shots", "2", "--seeds", "0", "--losses", "supcon-kl",
+                                  "--text-column", "body", "--shots", "2", "--seeds", "0", "--losses", "ce,supcon-kl",
                                   "--setfit-max-steps", "2", "--model", str(model), "--out", str(root / "sf")])
     assert r.exit_code == 0, r.output
     runs = pl.read_parquet(root / "sf" / "runs.parquet")
-    assert set(runs["method"]) == {"frozen probe", "head supcon-kl + probe", "head supcon-kl k-NN",
-                                   "SetFit (a) frozen body + LR", "SetFit (b) contrastive body (capped at 2 steps)"}
+    assert set(runs["method"]) == {"frozen probe (tuned LR)", "head ce", "head supcon-kl + probe (tuned LR)",
+                                   "head supcon-kl k-NN", "SetFit (a) frozen body + LR",
+                                   "SetFit (b) contrastive body (capped at 2 steps)"}
     assert runs["accuracy"].is_between(0, 1).all() and (runs["seconds"] > 0).all()
     assert "capped at 2 steps" in (root / "sf" / "setfit.md").read_text()
 

@@ -217,6 +217,8 @@ def call(name, za, zp, zn, labels, **kw):
     spec = LOSSES[name]
     if spec.accepts == ("classes",):  # labelled-text losses take label codes: classes 0 0 1 1 0 as one-hot rows
         labels = torch.eye(2)[torch.tensor([0, 0, 1, 1, 0])]
+        if spec.outputs == "classes":  # a classifier head outputs one score per class: codes as wide as za
+            labels = torch.eye(za.shape[-1])[torch.tensor([0, 0, 1, 1, 0])]
     return spec(za, zp, zn if spec.negatives else None, labels if spec.accepts != ("positives",) else None, **kw)
 
 

@@ -23,7 +23,7 @@ import importlib
 from dataclasses import dataclass
 from typing import Callable
 
-from headstore.heads.scoring.losses.settings import LossConfig  # noqa: F401  (re-exported: the losses' config)
+from headstore.heads.scoring.losses.settings import CLASSES, LossConfig  # noqa: F401  (re-exported)
 
 FORMS = ("positives", "binary", "graded", "classes")  # what a task kind trains on (heads.kinds)
 PAIR_FORMS = ("positives", "binary", "graded")
@@ -43,6 +43,8 @@ class LossSpec:
     # (form, graded mode, objective): on data of `form` under `--graded` mode, with no negatives given or mined
     # (their impostor terms are the losses' own), the loss is that objective and nothing else of it counts
     reduces_to: tuple[tuple[str, str, str], ...] = ()
+    outputs: str = "embedding"  # what its head outputs: an embedding compared by an energy, or "classes" (scores)
+    normalize: str = ""  # its input normalisation where the user gives none ("": the setting's default, l2)
 
     def function(self, form: str = "positives") -> Callable:
         """The loss function for data of `form` (a pair form or `classes`)."""
@@ -72,6 +74,9 @@ LOSSES: dict[str, LossSpec] = {spec.name: spec for spec in (
     LossSpec("triplet", ("positives",), negatives=True, uses_energy=True, pairs_fn="pairs:triplet_loss"),
     LossSpec("supcon-kl", ("classes",), negatives=False, uses_energy=True, classes_fn="classes:supcon_kl_loss"),
     LossSpec("supcon", ("classes",), negatives=False, uses_energy=False, classes_fn="classes:supcon_loss"),
+    # ce standardises: an MLP on unit-norm MiniLM rows (entries ~0.05) learns slowly at lr 1e-3 (docs/labels.md)
+    LossSpec("ce", ("classes",), negatives=False, uses_energy=False, classes_fn="ce:ce_loss", outputs="classes",
+             normalize="standardize"),
 )}
 
 
@@ -81,7 +86,9 @@ COSINE = "cosine"  # the energy of a loss that ignores the `energy` setting (mnr
 def scoring_energy(loss: str, energy: str) -> str:
     """The energy heads trained with `loss` under the `energy` setting are trained, selected, ranked, souped
     and ensembled with: the setting itself, or cosine for a loss that ignores it (`uses_energy` False). The
-    one rule (TrainConfig.eval_energy, soups, ensembles)."""
+    one rule (TrainConfig.eval_energy, soups, ensembles). A classifier head's is `CLASSES` (module doc)."""
+    if LOSSES[loss].outputs == "classes":
+        return CLASSES
     return energy if LOSSES[loss].uses_energy else COSINE
 
 
@@ -125,4 +132,4 @@ def objective(loss: str, form: str, graded: str, negatives: bool) -> str:
     return loss
 
 
-CLASS_LOSSES_HINT = "supcon-kl, supcon, l1-energy"  # the class losses, the research note's first
+CLASS_LOSSES_HINT = ", ".join(losses_that(lambda spec: "classes" in spec.accepts))  # the losses on labelled texts

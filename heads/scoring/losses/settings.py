@@ -17,6 +17,7 @@ DISTANCE_BINS = 16  # histogram bins of the batch's impostor energies (distance-
 # The one default for impostor choice (LossConfig and TrainConfig both use it): the mean over all
 # impostors is dominated by easy ones; the semi-hard one per anchor trains (docs/l1-energy.md).
 DEFAULT_IMPOSTORS = "semi-hard"
+CLASSES = "classes"  # the "energy" of a classifier head (loss ce): its own class scores (heads.scoring.losses)
 
 # Per-energy defaults used when the LossConfig field is None. Energies live on different scales:
 # cosine energy is bounded by 2; L1 energies of L2-normalised 384-d MiniLM features are ~10-20
@@ -52,6 +53,11 @@ class LossConfig:
     genuine_weight: float = 1.0
     # how graded / 0-1 labels enter l1-energy and contrastive: "weight" | "regress" | "pearson" (module doc)
     graded: str = "weight"
+    # ce: the share of each target spread evenly over the classes (Szegedy et al. 2016's 0.1)
+    label_smoothing: float = 0.1
+    # ce: sizes of the consecutive output blocks that get one softmax each (a label tree's levels); () = one.
+    # Set from the data (heads.kinds.labels), never by a user
+    groups: tuple[int, ...] = ()
 
     def __post_init__(self):
         if self.impostors not in IMPOSTOR_MODES:
@@ -66,10 +72,14 @@ class LossConfig:
             raise SettingError("scale", f"must be a finite number > 0, got {self.scale}")
         if not (self.genuine_weight >= 0 and math.isfinite(self.genuine_weight)):
             raise SettingError("genuine_weight", f"must be a finite number >= 0, got {self.genuine_weight}")
+        if not 0.0 <= self.label_smoothing < 1.0:
+            raise SettingError("label_smoothing", f"must be in [0, 1), got {self.label_smoothing}")
 
     def resolved(self, energy: str) -> dict[str, float | str]:
         """Every number the losses use under `energy`, defaults filled in (what a head id must hash:
-        a default that changes must change the id)."""
+        a default that changes must change the id). A classifier head's (energy CLASSES) are ce's alone."""
+        if energy == CLASSES:  # no energy, so no energy's constants
+            return {"q": None, "tau": None, "margin": None, "label_smoothing": self.label_smoothing}
         return {"q": pick_default(self.q, DEFAULT_Q, energy), "tau": pick_default(self.tau, DEFAULT_TAU, energy),
                 "margin": pick_default(self.margin, DEFAULT_MARGIN, energy), "scale": self.scale,
                 "cosent_lambda": cosent_lambda(self.scale, energy), "impostors": self.impostors,

@@ -1,0 +1,177 @@
+"""Label heads that beat what a user tries first (issue 39): the tuned probe against plain scikit-learn loops,
+the classifier head (`--loss ce`) on separable data, and its exported model against `Head.predict`."""
+import json
+import random
+
+import numpy as np
+import polars as pl
+import pytest
+import torch
+from click.testing import CliRunner
+from sklearn.linear_model import LogisticRegression, LogisticRegressionCV
+from sklearn.model_selection import StratifiedKFold
+from sklearn.pipeline import make_pipeline
+from sklearn.preprocessing import Normalizer, StandardScaler
+
+import headstore
+from headstore.cli import main
+from headstore.heads.evaluation.evaluate import embedder, evaluate_split
+from headstore.heads.kinds import for_training, load_task
+from headstore.heads.kinds.label_probe import tuned_probe
+from headstore.heads.settings.config import HeadConfig, TrainConfig
+from headstore.heads.training.run import head_shape
+from headstore.heads.training.train import train_one
+
+from .finetune_world import WORDS, tiny_bert
+from .label_world import MemoryStore
+
+pytestmark = pytest.mark.filterwarnings("ignore::FutureWarning")  # the reference loop calls sklearn as a user would
+CS = [0.1, 1.0, 10.0, 100.0]
+SCALERS = {"l2": Normalizer, "standardize": StandardScaler}
+
+
+def blobs(n_classes=4, per_class=30, dim=12, spread=1.0, scale=None, seed=0):
+    rng = np.random.default_rng(seed)
+    y = np.repeat(np.arange(n_classes), per_class)
+    means = 3.0 * rng.normal(size=(n_classes, dim))
+    x = means[y] + spread * rng.normal(size=(len(y), dim))
+    if scale is not None:  # columns on very different scales: what standardising is for
+        x = x * scale
+    return x, y
+
+
+def test_tuned_probe_without_dev_equals_a_plain_logistic_regression_cv_loop():
+    x, y = blobs(spread=4.0, scale=np.geomspace(0.01, 100, 12), seed=1)
+    test_x, test_y = blobs(spread=4.0, scale=np.geomspace(0.01, 100, 12), seed=1, per_class=60)
+    probe, choice = tuned_probe(x, y, seed=0)
+    best = None  # the user's loop: LogisticRegressionCV under each scaling, the best mean CV accuracy kept
+    for name, make in SCALERS.items():
+        lr = LogisticRegressionCV(Cs=CS, cv=StratifiedKFold(5, shuffle=True, random_state=0), scoring="accuracy",
+                                  max_iter=1000)
+        fitted = make_pipeline(make(), lr).fit(x, y)
+        scores = next(iter(lr.scores_.values())) if isinstance(lr.scores_, dict) else lr.scores_
+        score = np.mean(scores, axis=0).max()
+        if best is None or score > best[0]:
+            best = (score, name, float(np.ravel(lr.C_)[0]), fitted)
+    assert (choice.how, choice.scaling, choice.C) == ("cv", best[1], best[2])
+    assert choice.score == pytest.approx(best[0])
+    np.testing.assert_array_equal(probe.predict(test_x), best[3].predict(test_x))
+
+
+def test_tuned_probe_with_dev_equals_a_plain_loop_and_beats_the_default_probe():
+    x, y = blobs(n_classes=6, per_class=40, dim=24, spread=5.0, seed=2)
+    dev_x, dev_y = blobs(n_classes=6, per_class=40, dim=24, spread=5.0, seed=2)
+    rng = np.random.default_rng(3)
+    dev_x = dev_x + 5.0 * rng.normal(size=dev_x.shape)  # same means, other noise
+    test_x = x + 5.0 * rng.normal(size=x.shape)
+    probe, choice = tuned_probe(x, y, (dev_x, dev_y))
+    scored = [((make_pipeline(make(), LogisticRegression(C=C, max_iter=1000)).fit(x, y).predict(dev_x) == dev_y).mean(),
+               name, C) for name, make in SCALERS.items() for C in CS]
+    top = max(s for s, _, _ in scored)
+    _, name, C = next(t for t in scored if t[0] == top)  # the first best: L2 before standardising, small C first
+    assert (choice.how, choice.scaling, choice.C, choice.score) == ("dev", name, C, top)
+    want = make_pipeline(SCALERS[name](), LogisticRegression(C=C, max_iter=1000)).fit(x, y).predict(test_x)
+    np.testing.assert_array_equal(probe.predict(test_x), want)
+    default = make_pipeline(Normalizer(), LogisticRegression(max_iter=1000)).fit(x, y)  # the old probe: C = 1, L2
+    assert choice.C != 1.0 or choice.scaling != "l2"  # this data asks for another setting ...
+    assert (probe.predict(dev_x) == dev_y).mean() > (default.predict(dev_x) == dev_y).mean()  # ... and it pays
+
+
+def labelled_set(tmp_path, x, y, names, split):
+    texts = [f"text {i}" for i in range(len(y))]
+    path = tmp_path / "blobs.parquet"
+    pl.DataFrame({"text": texts, "label": [names[c] for c in y], "split": split}).write_parquet(path)
+    return path, MemoryStore(texts), torch.tensor(x, dtype=torch.float32)
+
+
+@pytest.mark.parametrize("hierarchy", [False, True])
+def test_ce_head_reaches_100_percent_on_a_tiny_separable_set(tmp_path, hierarchy):
+    x, y = blobs(n_classes=4, per_class=40, dim=8, spread=0.3, seed=4)
+    split = np.where(np.arange(len(y)) % 4 == 0, "test", "train")
+    path, store, X = labelled_set(tmp_path, x, y, ["a.x", "a.y", "b.x", "b.y"], split)
+    cfg = TrainConfig(loss="ce", hierarchy=hierarchy, epochs=30, lr=1e-2, batch_size=16, patience=30)
+    task = for_training(load_task(str(path), store, "labels?label_sep=."), cfg)
+    head = head_shape(HeadConfig(depth=2, hidden=16), X, "features", task, cfg)
+    assert head.out_features == (4 + 2 if hierarchy else 4) and not head.residual  # classes, or tree nodes
+    model, norm, run = train_one(task, X, head, cfg, progress=False)
+    assert "dev_classifier_accuracy" in run.history[0]  # selected on its argmax, not on a k-NN
+    res, items = evaluate_split(task, "test", embedder(model, norm(X)), (cfg.eval_energy,))
+    assert res[0]["classifier_accuracy"] == 1.0 and res[0]["classifier_accuracy_level1"] == 1.0
+    assert items[0]["classifier"].shape == (len(task.eval_sets["test"]),)
+    assert run.history[-1]["loss"] < run.history[0]["loss"]
+    ref = ((model.eval()(norm(X)[torch.as_tensor(task.eval_sets["test"].rows)])[0]).argmax(-1).numpy()
+           if not hierarchy else None)  # flat: the argmax of the outputs themselves
+    if ref is not None:
+        np.testing.assert_array_equal(ref, task.eval_sets["test"].classes)
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    root = tmp_path_factory.mktemp("classifier")
+    rng = random.Random(1)
+    groups = [WORDS[i::4] for i in range(4)]
+    rows = [{"text": " ".join(rng.choice(groups[c]) for _ in range(5)) + f" {c}{i}", "label": f"top{c // 2}.sub{c}",
+             "split": "train" if i < 12 else "test"} for c in range(4) for i in range(16)]
+    pl.DataFrame(rows).write_parquet(root / "topics.parquet")
+    model = tiny_bert(root / "model", layers=2)
+    store = root / "store"
+    r = CliRunner().invoke(main, ["featurize", "--model", str(model), "--data", str(root / "topics.parquet"),
+                                  "--store", str(store), "--dtype", "float32"])
+    assert r.exit_code == 0, r.output
+    return root, store, model
+
+
+@pytest.mark.parametrize("hierarchy", [False, True])
+def test_exported_classifier_predicts_like_head_predict(world, tmp_path, hierarchy):
+    from sentence_transformers import SentenceTransformer
+
+    root, store, _ = world
+    out = tmp_path / "head"
+    args = ["train-head", "--store", str(store), "--data", str(root / "topics.parquet"), "--label-sep", ".",
+            "--out", str(out), "--epochs", "3", "--batch-size", "8", "--hidden", "16"]  # no --loss: the default
+    r = CliRunner().invoke(main, args + (["--hierarchy"] if hierarchy else []))
+    assert r.exit_code == 0, r.output
+    config = json.loads((out / "config.json").read_text())
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert config["train"]["loss"] == "ce" and "'loss': 'ce'" in config["defaults"]  # labelled texts' default
+    assert metrics["primary"] == "classifier_accuracy" and len(metrics["ci"]["head"]) == 2
+    assert {"probe_accuracy", "probe_C", "probe_standardize"} <= set(metrics["baseline"]) & set(metrics["head"])
+    head = headstore.Head.load(out)
+    assert head.is_classifier and head.classes == [f"top{c // 2}.sub{c}" for c in range(4)]
+    texts = pl.read_parquet(root / "topics.parquet")["text"].to_list()
+    features = headstore.Pipeline.from_head(head).features(texts)
+    want = head.predict(features)
+    assert head.class_scores(features).shape == (len(texts), 4) and set(want) <= set(head.classes)
+    st = tmp_path / "st"
+    r = CliRunner().invoke(main, ["export", "--head", str(out), "--format", "sentence-transformers", "--out", str(st)])
+    assert r.exit_code == 0, r.output
+    info = json.loads((st / "headstore_export.json").read_text())
+    scores = SentenceTransformer(str(st), device="cpu").encode(texts, convert_to_numpy=True)
+    assert scores.shape == (len(texts), 4)  # the last module gives the class scores
+    np.testing.assert_array_equal(np.asarray(info["classes"])[scores.argmax(-1)], want)
+    r = CliRunner().invoke(main, ["export", "--head", str(out), "--format", "safetensors", "--out", str(tmp_path / "h")])
+    assert r.exit_code == 0, r.output
+    np.testing.assert_array_equal(headstore.Head.load(tmp_path / "h").predict(features), want)
+    with pytest.raises(ValueError, match="classifier head"):
+        head.energy(features[:2], features)
+
+
+def test_grid_trains_ce_beside_energy_heads_and_its_best_head_predicts(world):
+    root, store, _ = world
+    grid = root / "grid.toml"
+    grid.write_text('[grid]\nloss = ["ce", "supcon-kl"]\nhierarchy = [false, true]\n'
+                    '[fixed]\nepochs = 2\nbatch_size = 8\nhidden = 16\n')
+    r = CliRunner().invoke(main, ["grid", "--store", str(store), "--data", str(root / "topics.parquet"), "--label-sep",
+                                  ".", "--grid", str(grid), "--out", str(root / "grid")])
+    assert r.exit_code == 0, r.output
+    frame = pl.read_parquet(root / "grid" / "results.parquet").filter(pl.col("status") == "ok")
+    assert frame.height == 4
+    ce = frame.filter(pl.col("loss") == "ce")
+    assert set(ce["primary"]) == {"classifier_accuracy"} and ce["test_classifier_accuracy"].null_count() == 0
+    assert frame["test_probe_accuracy"].null_count() == 0 and frame["test_probe_C"].is_in(CS).all()  # tuned, each
+    head_id = ce["head_id"][0]
+    head = headstore.Head.load(f"{root / 'grid'}#id={head_id}")
+    assert head.is_classifier and len(head.predict(np.zeros((2, head.in_dim), np.float32))) == 2
+    with pytest.raises(ValueError, match="energy head"):
+        headstore.Head.load(f"{root / 'grid'}#id={frame.filter(pl.col('loss') == 'supcon-kl')['head_id'][0]}").predict(
+            np.zeros((1, head.in_dim), np.float32))
