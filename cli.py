@@ -477,6 +477,9 @@ from headstore.heads.experiments.labels_cli import forgetting_command, setfit_co
 
 main.add_command(forgetting_command)
 main.add_command(setfit_command)
+from headstore.heads.experiments.distill_cli import distill_command  # noqa: E402
+
+main.add_command(distill_command)
 
 if __name__ == "__main__":
     main()

@@ -94,7 +94,7 @@ class StackTraining:
         if self.select:  # a large IR corpus: dev ranked on candidates each epoch (heads.kinds.ir.selection_set)
             chosen, self.select_report = kind_of(task).selection_set(task, select_split, self.data.X, cfg0)
             self.select_task = replace(task, eval_sets={**task.eval_sets, select_split: chosen})
-        self.steps_per_epoch = math.ceil(self.P / self.B)
+        self.steps_per_epoch = self.epoch_steps()
         self.total = self.steps_per_epoch * cfg0.epochs
         self.optimizer = StackOptimizer(self.model, configs, self.total)
         self.tracker = HeadTracker(configs, self.optimizer.params, cfg0.patience, selection.delta if selection else 0.0)
@@ -138,19 +138,14 @@ class StackTraining:
         """One epoch of every head still training, then its dev scores and the tracker's bookkeeping. A stopped
         head is still in the stack's steps (its rate is 0) but is neither re-mined nor scored again: its loss
         is on the negatives it last had."""
-        cfg0, data, H = self.cfg, self.data, self.H
+        data, H = self.data, self.H
         trained = self.tracker.alive.clone()  # (H,) the heads this epoch updates (one failing in it included)
-        negs = self.negatives.for_epoch(epoch, self.model, trained)  # (H, P, K) or None
+        negs = self.epoch_negatives(epoch, trained)  # (H, P, K) or None
         epoch_loss = torch.zeros(H, dtype=torch.float64)
         self.model.train()
-        batches = (self.sampler(self.configs, self.gens, self.B, self.steps_per_epoch).unbind(1)  # (H, b) each
-                   if self.sampler is not None else epoch_batches(self.gens, self.P, self.B))
-        for s, idx in enumerate(batches):  # idx (H, b) drawn on the CPU (each head's generator), used where X is
-            idx = idx.to(data.X.device)
-            losses = batch_losses(self.model, data.X, make_batch(data, idx, negs), cfg0, self.optimizer.init,
-                                  q_at(cfg0, self.step, self.total), data.pairs.form,
-                                  self.anchor.sample() if self.anchor is not None else None,
-                                  getattr(data.pairs, "groups", ()))
+        for s, idx in enumerate(self.epoch_batches()):  # idx (H, b) drawn on the CPU (each head's generator),
+            idx = idx.to(data.X.device)  # used where X is
+            losses = self.step_losses(idx, negs)
             where = f"at epoch {epoch + 1}, step {s + 1} (global step {self.step + 1})"
             finite = self.tracker.check_losses(losses, where)
             self.optimizer.step(losses, finite, self.tracker.ok, self.tracker.alive)
@@ -161,6 +156,29 @@ class StackTraining:
         self.tracker.end_epoch(epoch + 1, epoch_loss / self.steps_per_epoch, scores, self.metric, self.step,
                                self.sel_losses(trained))
         bar.set_postfix({f"best {self.metric}": f"{self.tracker.best_so_far():.4f}"})
+
+    # --- what an epoch's steps are made of (a distillation, heads.training.distill, gives its own) ---------
+    def epoch_steps(self) -> int:
+        """Steps of one epoch: the training pairs in batches (labelled texts: the sampler's as many)."""
+        return math.ceil(self.P / self.B)
+
+    def epoch_negatives(self, epoch: int, trained: torch.Tensor) -> Optional[torch.Tensor]:
+        """(H, P, K) the pairs' negatives of this epoch, or None (NegativeSource)."""
+        return self.negatives.for_epoch(epoch, self.model, trained)
+
+    def epoch_batches(self):
+        """This epoch's (H, b) index blocks of the training pairs, each head's from its own generator."""
+        if self.sampler is not None:
+            return self.sampler(self.configs, self.gens, self.B, self.steps_per_epoch).unbind(1)
+        return epoch_batches(self.gens, self.P, self.B)
+
+    def step_losses(self, idx: torch.Tensor, negs: Optional[torch.Tensor]) -> torch.Tensor:
+        """(H,) every head's loss on the pairs idx (H, b) with their negatives."""
+        cfg0, data = self.cfg, self.data
+        return batch_losses(self.model, data.X, make_batch(data, idx, negs), cfg0, self.optimizer.init,
+                            q_at(cfg0, self.step, self.total), data.pairs.form,
+                            self.anchor.sample() if self.anchor is not None else None,
+                            getattr(data.pairs, "groups", ()))
 
     def finish(self, elapsed: float) -> tuple[StackedMLP, Normalizer, list[HeadRun]]:
         """The best weights of every head, and its run record."""

@@ -133,3 +133,33 @@ def objective(loss: str, form: str, graded: str, negatives: bool) -> str:
 
 
 CLASS_LOSSES_HINT = ", ".join(losses_that(lambda spec: "classes" in spec.accepts))  # the losses on labelled texts
+
+
+@dataclass(frozen=True)
+class DistillLossSpec:
+    """A distillation loss (heads.scoring.losses.distill): a function of the student's energies over each anchor's
+    candidate set and the teacher's energies of the same pairs (the targets), one value per head."""
+
+    name: str
+    fn: str  # "module:function" of heads.scoring.losses
+    temperature: bool  # reads the temperature (a softmax over -E / T)
+
+    def function(self) -> Callable:
+        module, name = self.fn.split(":")
+        return getattr(importlib.import_module(f"headstore.heads.scoring.losses.{module}"), name)
+
+
+DISTILL_LOSSES: dict[str, DistillLossSpec] = {spec.name: spec for spec in (
+    DistillLossSpec("kl", "distill:kl_distill_loss", temperature=True),  # Hinton, Vinyals & Dean 2015
+    DistillLossSpec("margin-mse", "distill:margin_mse_loss", temperature=False),  # Hofstätter et al. 2020
+)}
+DISTILL_SEPARATOR = "+"  # "kl+margin-mse": the sum of both
+
+
+def distill_losses(name: str) -> list[DistillLossSpec]:
+    """The losses `name` sums ("kl", "margin-mse", "kl+margin-mse"), or ValueError listing the valid names."""
+    parts = name.split(DISTILL_SEPARATOR)
+    if not name or any(p not in DISTILL_LOSSES for p in parts) or len(set(parts)) != len(parts):
+        raise ValueError(f"distillation loss {name!r}; valid: {sorted(DISTILL_LOSSES)} or their sum joined by "
+                         f"{DISTILL_SEPARATOR!r}, e.g. kl+margin-mse")
+    return [DISTILL_LOSSES[p] for p in parts]

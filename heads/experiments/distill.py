@@ -1,0 +1,184 @@
+"""`cli distill`: move what a teacher knows into one head on the frozen store's features (issue 42, part 2).
+
+    headstore.distill("runs/store", "data/scifact", "runs/grid#ensemble=3", "runs/distilled")
+
+The teacher is any head `Head.load` reads over the same store: a `cli train-head` folder, an ensemble folder,
+`GRID#rank=K`, `GRID#ensemble=K`. Its energies on the stored features are the soft targets over each anchor's
+candidate set (heads.training.distill_targets, cached in OUT keyed by everything that made them); the student is
+a head of train-head's shape and settings trained to match them (heads.training.distill), selected on dev,
+reported once on test with bootstrap CIs beside the frozen features and the teacher. OUT is a head folder like
+train-head's (eval, export, index, the Pipeline take it) plus the targets cache; config.json "distill" and
+metrics.json "teacher", "distill" say what was done.
+
+A rerun of the same command into OUT reuses the cached targets (the costly part) and trains again from the start:
+the same settings give the same head. Refused in one line: a teacher over another store (fingerprint differs),
+an ensemble of one (distil its head, or name it), a classifier teacher, a temperature <= 0 (DistillConfig).
+"""
+from __future__ import annotations
+
+import hashlib
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+from headstore.data.files import atomic_write_json
+from headstore.data.outputs import begin_output, end_output, prepare_output_dir
+from headstore.data.progress import progress_write
+from headstore.featurize.model import pick_device
+from headstore.featurize.store import FeatureStore
+from headstore.heads.artefacts.curve import plot_curve
+from headstore.heads.artefacts.files import write_head_dir
+from headstore.heads.artefacts.head import EnsembleHead, Head
+from headstore.heads.evaluation.evaluate import TEST_SPLIT, evaluate_baseline, evaluate_head
+from headstore.heads.kinds import load_task
+from headstore.heads.kinds.unlabeled import unlabeled_report
+from headstore.heads.artefacts.task_features import TaskFeatures
+from headstore.heads.settings.config import HeadConfig, TrainConfig
+from headstore.heads.settings.distill import DistillConfig
+from headstore.heads.training.distill import distill_stack
+from headstore.heads.training.distill_targets import (HeadTeacher, Targets, anchor_and_corpus_rows, make_targets,
+                                                       read_targets, targets_key, targets_path, write_targets)
+from headstore.heads.training.run import _array_layer, _data_notes, check_same_features, defaults_for_kind, head_shape
+
+SPLITS = ("dev", TEST_SPLIT)
+
+
+def load_teacher(ref: str, store: FeatureStore) -> Head:
+    """The teacher `ref` names (Head.load), checked against the student's store (module doc)."""
+    teacher = Head.load(ref)
+    if isinstance(teacher, EnsembleHead) and len(teacher.members) == 1:
+        raise ValueError(f"--teacher {ref}: an ensemble of one head is that head; name it ({teacher.members[0].source}) "
+                         "or give an ensemble of at least 2 (GRID#ensemble=K, K >= 2)")
+    if teacher.is_classifier:
+        raise ValueError(f"--teacher {ref}: a classifier head (loss ce) scores classes, not pairs: it has no energies "
+                         "to distil")
+    if teacher.store_fingerprint != store.fingerprint:
+        raise ValueError(f"--teacher {ref} was trained over another store (fingerprint {teacher.store_fingerprint[:12]}"
+                         f" vs {store.fingerprint[:12]} of {store.path}): a head teacher scores the student's stored "
+                         "features; give a teacher trained on this store")
+    check_same_features(ref, teacher.config, store, teacher.array)
+    return teacher
+
+
+def teacher_key(teacher: Head) -> str:
+    """sha256 of the teacher's weights, normalisers and energy: what its energies are a function of."""
+    h = hashlib.sha256(teacher.energy_name.encode())
+    for member in getattr(teacher, "members", [teacher]):
+        for name, t in sorted(member.model.state_dict().items()):
+            h.update(name.encode())
+            h.update(t.detach().cpu().contiguous().numpy().tobytes())
+        norm = member.normalizer
+        h.update(f"{norm.kind}/{norm.blocks}".encode())
+        for t in (norm.center, norm.scale):
+            h.update(t.detach().cpu().float().contiguous().numpy().tobytes())
+    return h.hexdigest()
+
+
+def n_parameters(head: Head) -> int:
+    return sum(p.numel() for m in getattr(head, "members", [head]) for p in m.model.parameters())
+
+
+def distill(store_path: str, data_path: str, teacher_ref: str, out_dir: str, head_cfg: HeadConfig = HeadConfig(),
+            cfg: TrainConfig = TrainConfig(), dcfg: DistillConfig = DistillConfig(), data_format: str | None = None,
+            array: str = "features", progress: bool = True, overwrite: bool = False,
+            kind_defaults: tuple[str, ...] = (), device: str = "auto", unlabeled: tuple[str, ...] = ()) -> dict:
+    """Distil `teacher_ref` into one head on `data_path`'s stored features; write `out_dir`; returns metrics."""
+    inputs = (data_path, teacher_ref.rpartition("#")[0] or teacher_ref, *unlabeled)
+    device = pick_device(device)
+    prepare_output_dir(out_dir, "head", overwrite, inputs=inputs, create=False)  # refuse before any work
+    store = FeatureStore.open(store_path)
+    layer = _array_layer(store, array)
+    teacher = load_teacher(teacher_ref, store)
+    task = load_task(data_path, store, data_format, unlabeled=unlabeled)
+    head_cfg, cfg, defaults_note = defaults_for_kind(task, head_cfg, cfg, kind_defaults)
+    anchors, corpus, anchors_note = anchor_and_corpus_rows(task, dcfg.unlabeled_anchors, dcfg.sample_seed)
+    tf = TaskFeatures.for_task(store, task, anchors, corpus, device=device)
+    task, features = tf.remap(task), tf.read(array)
+    teacher_features = tf.read(teacher.array)
+    tkey = teacher_key(teacher)
+    key = targets_key(tkey, store.fingerprint, (array, teacher.array), anchors, corpus,
+                      dcfg.target_settings())
+    targets, made = _targets(out_dir, key, teacher, teacher_features, features[:, :store.dim], tf, anchors, corpus,
+                             dcfg, progress, device)
+    baseline = evaluate_baseline(task, features, SPLITS, dim=store.dim)
+    for m in getattr(teacher, "members", [teacher]):
+        m.model, m.normalizer = m.model.to(device), m.normalizer.to(device)
+    t0 = time.perf_counter()
+    teacher_metrics = evaluate_head(task, teacher_features, teacher.model, teacher.normalizer, teacher.energy_name,
+                                    SPLITS, dim=store.dim, baseline=baseline)
+    teacher_seconds = time.perf_counter() - t0
+    head_cfg = head_shape(head_cfg, features, array, task, cfg)
+    model, norm, (run,) = distill_stack(task, features, head_cfg, [cfg], dcfg, targets.mapped(tf.positions),
+                                        progress, in_place=True)  # the raw features' last use was above
+    out = prepare_output_dir(out_dir, "head", overwrite, inputs=inputs)
+    begin_output(out, "head")
+    note = {**dcfg.to_dict(), "teacher": str(teacher_ref), "teacher_key": tkey,
+            "teacher_energy": teacher.energy_name, "teacher_array": teacher.array, "targets": targets_path(out, key).name,
+            "targets_key": key, "targets_made": made, "anchors": anchors_note,
+            "candidates_per_anchor": int(targets.candidates.shape[1])}
+    config = {"head": asdict(head_cfg), "train": cfg.to_dict(), "data": str(data_path), "format": data_format,
+              "task": task.name, "kind": task.kind, "dev": task.dev_note or "the dataset's dev split",
+              **({"unlabeled": list(unlabeled)} if unlabeled else {}), **_data_notes(task),
+              "store": str(store_path), "store_fingerprint": store.fingerprint, "array": array, "array_layer": layer,
+              "store_manifest": {k: v for k, v in store.manifest.items() if k != "arrays"},
+              "best_epoch": run.best_epoch, "train_seconds": run.seconds, "defaults": defaults_note, "device": device,
+              "distill": note}
+    write_head_dir(out, model, norm, config)
+    t0 = time.perf_counter()
+    metrics = evaluate_head(task, features, model, None, cfg.eval_energy, SPLITS, dim=store.dim, baseline=baseline)
+    student_seconds = time.perf_counter() - t0
+    metrics.update(_data_notes(task))
+    metrics["teacher"] = _teacher_block(teacher_metrics, teacher, teacher_ref, teacher_seconds)
+    metrics["distill"] = {**note, "student_parameters": sum(p.numel() for p in model.parameters()),
+                          "student_eval_seconds": student_seconds, "best_epoch": run.best_epoch,
+                          "start_dev": run.start_dev}
+    unlabeled_note = _unlabeled_note(task, cfg, anchors_note)
+    if unlabeled_note:
+        metrics["unlabeled"] = unlabeled_note
+    metrics["history"] = run.history
+    atomic_write_json(out / "metrics.json", metrics, sort_keys=True)
+    plot_curve(run.history, out / "curve.png", title=f"{task.name}: distilled ({dcfg.distill_loss})")
+    end_output(out)
+    return metrics
+
+
+def _targets(out_dir, key: str, teacher: Head, teacher_features, search_features, tf: TaskFeatures,
+             anchors, corpus, dcfg: DistillConfig, progress: bool, device) -> tuple[Targets, bool]:
+    """(the targets in store rows, whether they were made now): the cache in OUT when it holds this key's."""
+    path = targets_path(Path(out_dir), key)
+    cached = read_targets(path, key)
+    if cached is not None:
+        progress_write(f"teacher targets: reused {path} ({len(cached)} anchors)")
+        return cached, False
+    for m in getattr(teacher, "members", [teacher]):
+        m.model, m.normalizer = m.model.to(device), m.normalizer.to(device)
+    made = make_targets(HeadTeacher(teacher, teacher_features), search_features, tf.positions(anchors),
+                        tf.positions(corpus), dcfg.target_settings(), progress)
+    rows = (lambda p: p) if tf.rows is None else (lambda p: tf.rows[p])
+    targets = made.mapped(rows)
+    Path(out_dir).mkdir(parents=True, exist_ok=True)
+    write_targets(path, key, targets)
+    return targets, True
+
+
+def _teacher_block(m: dict, teacher: Head, ref: str, seconds: float) -> dict:
+    """metrics.json "teacher": its test and dev figures in the same shape as the head's, its CI and its cost."""
+    block = {"ref": str(ref), "primary": m["primary"], "head": m.get("head"), "ci": m.get("ci", {}).get("head"),
+             "parameters": n_parameters(teacher), "eval_seconds": seconds}
+    if "dev" in m:
+        block["dev"] = m["dev"]["head"]
+    return block
+
+
+def _unlabeled_note(task, cfg: TrainConfig, anchors_note: dict) -> dict:
+    """metrics.json "unlabeled": train-head's roles of the unlabeled texts, and the distillation's."""
+    if task.unlabeled is None:
+        return {}
+    try:
+        roles = unlabeled_report(task, cfg, SPLITS)["roles"]
+    except ValueError:  # no role in train-head's sense: the distillation gives them theirs below
+        roles = {}
+    roles["distillation anchors"] = (f"{anchors_note['unlabeled_anchors']} of them drawn as anchors the teacher "
+                                     "scores a candidate set for")
+    roles["candidates"] = "the corpus every anchor's candidates (the frozen search's, then random) come from"
+    return {**task.unlabeled.report, "roles": roles}

@@ -1,0 +1,105 @@
+"""`cli distill`: a teacher (a head, an ensemble, GRID#ensemble=K) distilled into one head (registered by cli.py)."""
+from __future__ import annotations
+
+import click
+
+from headstore.data.options import PATH, format_option, unlabeled_option
+from headstore.featurize.config import DEVICES
+from headstore.heads.scoring.losses import DISTILL_LOSSES, DISTILL_SEPARATOR
+from headstore.heads.settings.distill import DistillConfig
+from headstore.heads.settings.options import configs_from_options, head_and_train_options, named_as_typed
+
+D = DistillConfig()
+
+
+def distill_options(f):
+    """The settings of DistillConfig as options (their defaults and why: heads.settings.distill)."""
+    losses = " | ".join([*DISTILL_LOSSES, DISTILL_SEPARATOR.join(DISTILL_LOSSES)])
+    options = [
+        click.option("--distill-loss", default=D.distill_loss, show_default=True,
+                     help=f"{losses}: KL on softmax(-E / T) over each candidate set (Hinton et al. 2015), the "
+                          "teacher's margins to its best candidate (Margin-MSE, Hofstätter et al. 2020), or both."),
+        click.option("--temperature", type=float, default=D.temperature, show_default=True,
+                     help="T of the KL's softmax over -energy (> 0)."),
+        click.option("--pair-weight", type=float, default=D.pair_weight, show_default=True,
+                     help="Weight of the pairs' own loss (train-head's) added to the distillation loss (0: none)."),
+        click.option("--teacher-k", type=int, default=D.teacher_k, show_default=True,
+                     help="Candidates per anchor from the teacher's own top-k of the frozen search."),
+        click.option("--random-k", type=int, default=D.random_k, show_default=True,
+                     help="Random corpus texts added to each anchor's candidates."),
+        click.option("--search-k", type=int, default=D.search_k, show_default=True,
+                     help="Texts of the frozen (cosine) search the teacher re-scores per anchor."),
+        click.option("--unlabeled-anchors", type=int, default=D.unlabeled_anchors, show_default=True,
+                     help="Anchors drawn from the unlabeled texts (--unlabeled, else a BEIR corpus) beside the "
+                          "task's own training texts."),
+        click.option("--sample-seed", type=int, default=D.sample_seed, show_default=True,
+                     help="Seed of the unlabeled anchors and random candidates (not the head's --seed: seeds of "
+                          "the student share one set of targets)."),
+    ]
+    for option in reversed(options):
+        f = option(f)
+    return f
+
+
+@click.command("distill")
+@click.option("--store", type=PATH, required=True, help="Feature store written by `cli featurize`.")
+@click.option("--data", type=PATH, required=True, help="Dataset (BEIR folder, pairs or STS table) whose texts are in "
+              "the store: its train texts are anchors, dev selects, test is reported once.")
+@format_option
+@unlabeled_option
+@click.option("--teacher", type=PATH, required=True, help="A head or ensemble folder, GRID#rank=K, GRID#ensemble=K "
+              "(K >= 2) trained over this store.")
+@click.option("--out", type=PATH, required=True, help="Output: the distilled head (as train-head's) and the "
+              "teacher's targets cache (a rerun reuses it).")
+@click.option("--array", default="features", show_default=True, help="Store array the student trains on.")
+@click.option("--overwrite", is_flag=True, help="Replace a head --out already holds (the targets cache is kept: keyed).")
+@click.option("--device", type=click.Choice(DEVICES), default="auto", show_default=True,
+              help="Where the features, the teacher and the student live (auto: cuda when available).")
+@distill_options
+@head_and_train_options
+def distill_command(store, data, data_format, unlabeled, teacher, out, array, overwrite, device, **settings):
+    """Distil a teacher's energies into one head on the frozen features: soft targets over each anchor's
+    candidate set (the teacher's top-k of the frozen search plus random texts), selected on dev, test once."""
+    from headstore.heads.experiments.distill import distill
+
+    names = ("distill_loss", "temperature", "pair_weight", "teacher_k", "random_k", "search_k", "unlabeled_anchors",
+             "sample_seed")
+    with named_as_typed():
+        dcfg = DistillConfig(**{k: settings.pop(k) for k in names})
+    head_cfg, cfg, unset, _ = configs_from_options(settings)
+    metrics = distill(store, data, teacher, out, head_cfg, cfg, dcfg, data_format, array, overwrite=overwrite,
+                      kind_defaults=unset, device=device, unlabeled=tuple(unlabeled))
+    click.echo(distill_table(metrics))
+    click.echo(f"full metrics: {out}/metrics.json")
+
+
+def _fmt(value, ci=None) -> str:
+    if value is None:
+        return "–"
+    return f"{value:.4f}" + (f" [{ci[0]:.4f}, {ci[1]:.4f}]" if ci and len(ci) == 2 else "")
+
+
+def distill_table(metrics: dict) -> str:
+    """frozen | teacher | distilled per split (95% CIs on test), with the teacher's and the student's cost."""
+    from tabulate import tabulate
+
+    primary, base = metrics["primary"], metrics["baseline_primary"]
+    teacher, d = metrics["teacher"], metrics["distill"]
+    rows = []
+    if "dev" in metrics:
+        rows.append(("dev", _fmt(metrics["dev"]["baseline"][base]), _fmt(teacher.get("dev", {}).get(teacher["primary"])),
+                     _fmt(metrics["dev"]["head"][primary])))
+    if "head" in metrics:
+        ci = metrics.get("ci", {})
+        rows.append(("test", _fmt(metrics["baseline"][base], ci.get("baseline")),
+                     _fmt((teacher.get("head") or {}).get(teacher["primary"]), teacher.get("ci")),
+                     _fmt(metrics["head"][primary], ci.get("head"))))
+    rows.append(("parameters", "0", f"{teacher['parameters']:,}", f"{d['student_parameters']:,}"))
+    rows.append(("eval seconds (dev + test)", "–", f"{teacher['eval_seconds']:.2f}", f"{d['student_eval_seconds']:.2f}"))
+    table = tabulate(rows, headers=["", f"frozen {base}", f"teacher {teacher['primary']}", f"distilled {primary}"],
+                     disable_numparse=True)
+    a = d["anchors"]
+    line = (f"anchors: {a['task_anchors']} of the task, {a['unlabeled_anchors']} from {a['unlabeled_from']}; "
+            f"{d['candidates_per_anchor']} candidates each; teacher targets "
+            f"{'made' if d['targets_made'] else 'reused'} ({d['targets']}); {d['distill_loss']}, T {d['temperature']:g}")
+    return "\n".join([table, line, *(f"WARNING: {w}" for w in metrics.get("warnings", []))])

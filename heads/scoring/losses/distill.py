@@ -1,0 +1,54 @@
+"""Distillation losses: a student's energies over each anchor's candidate set matched to a teacher's.
+
+Common signature (every loss of `heads.scoring.losses.DISTILL_LOSSES`):
+
+    loss_fn(E_student, E_teacher, valid=None, *, temperature=1.0) -> (H,)
+
+- E_student: (H, B, C) each student head's energies of B anchors against their C candidates (low = similar);
+- E_teacher: (B, C) or (H, B, C) the teacher's energies of the same pairs: fixed targets (no gradient);
+- valid: optional (B, C) or (H, B, C) bool, False where a candidate slot is padding (a repeated draw); every
+  anchor has at least two valid candidates.
+
+`kl_distill_loss` matches the teacher's distribution over the candidates, softmax(-E / T) (Hinton, Vinyals &
+Dean 2015): KL(teacher || student), times T^2 so the gradients keep their scale as T changes.
+`margin_mse_loss` matches the teacher's margins (Hofstätter et al. 2020): for each anchor the margin of every
+candidate to the teacher's best one (lowest teacher energy), E[j] - E[best], regressed onto the teacher's by
+mean squared error. It reads the energies' own scale (no temperature): a student with another energy scale
+than its teacher's pays for it, which KL at T forgives only up to a shift.
+"""
+from __future__ import annotations
+
+import torch
+
+
+def _valid(E: torch.Tensor, valid) -> torch.Tensor:
+    return torch.ones_like(E, dtype=torch.bool) if valid is None else valid.expand_as(E)
+
+
+def kl_distill_loss(E_student: torch.Tensor, E_teacher: torch.Tensor, valid=None, *,
+                    temperature: float = 1.0) -> torch.Tensor:
+    """T^2 * mean over anchors of KL(p_teacher || p_student), p = softmax(-E / T) over the valid candidates: (H,)."""
+    if temperature <= 0:
+        raise ValueError(f"temperature {temperature}: must be > 0 (a softmax over -E / T)")
+    E_teacher = E_teacher.expand_as(E_student).detach()
+    ok = _valid(E_student, valid)
+    log_ps = torch.log_softmax((-E_student / temperature).masked_fill(~ok, -torch.inf), dim=-1)
+    log_pt = torch.log_softmax((-E_teacher / temperature).masked_fill(~ok, -torch.inf), dim=-1)
+    terms = log_pt.exp() * (log_pt - log_ps)  # -inf - -inf at padding: NaN, dropped below
+    kl = torch.where(ok, terms, torch.zeros_like(terms)).sum(-1)  # (H, B)
+    return kl.mean(-1) * temperature ** 2
+
+
+def margin_mse_loss(E_student: torch.Tensor, E_teacher: torch.Tensor, valid=None, *,
+                    temperature: float = 1.0) -> torch.Tensor:
+    """Mean over anchors and their valid candidates (the best one aside) of ((E_s[j] - E_s[best]) -
+    (E_t[j] - E_t[best]))^2, best = the teacher's lowest-energy valid candidate: (H,). temperature: unused."""
+    E_teacher = E_teacher.expand_as(E_student).detach()
+    ok = _valid(E_student, valid)
+    best = E_teacher.masked_fill(~ok, torch.inf).argmin(-1, keepdim=True)  # (H, B, 1)
+    m_s = E_student - torch.gather(E_student, -1, best)
+    m_t = E_teacher - torch.gather(E_teacher, -1, best)
+    use = ok.clone()
+    use.scatter_(-1, best, False)  # the best against itself: margin 0 on both sides
+    sq = torch.where(use, (m_s - m_t) ** 2, torch.zeros_like(m_s))
+    return (sq.sum(-1) / use.sum(-1).clamp_min(1)).mean(-1)

@@ -1,0 +1,62 @@
+"""Settings of a distillation (`cli distill`): how the teacher's soft targets are made and how the student
+matches them (torch-free). The student's own shape and training settings are train-head's (HeadConfig,
+TrainConfig); these are the rest.
+
+Defaults: chosen from the method's papers and a first SciFact run, not yet from a dev sweep (docs/distill.md
+says which were measured).
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields
+
+from headstore.data.errors import SettingError
+from headstore.heads.scoring.losses import distill_losses
+
+# the settings that make the teacher's targets (the targets cache's key holds them; the others train only)
+TARGET_SETTINGS = ("teacher_k", "random_k", "search_k", "unlabeled_anchors", "sample_seed")
+
+
+@dataclass(frozen=True)
+class DistillConfig:
+    # KL over the whole candidate set: it uses every candidate's score, Margin-MSE only margins to the best one
+    distill_loss: str = "kl"
+    # T = 1: an L1 head's energies over a candidate set spread over a few units, so softmax(-E) is neither
+    # one-hot nor flat; a larger T flattens the teacher's distribution (more weight on its lower ranks)
+    temperature: float = 1.0
+    # 0: the student learns from the teacher alone; > 0 adds the pairs' own loss (train-head's) times this
+    pair_weight: float = 0.0
+    # the teacher's own top 30 of the frozen search: the ranks a head reorders (nDCG@10 reads the top 10)
+    teacher_k: int = 30
+    # 10 random texts per anchor: easy candidates, so the student also keeps far texts far
+    random_k: int = 10
+    # the frozen (cosine) search the teacher re-scores: 100, as train-head's mining pool (pool_k)
+    search_k: int = 100
+    # anchors drawn from the unlabeled texts (or a BEIR corpus) beside the task's own: 2,000 keeps targets
+    # (anchors x 40 candidates) small and gives a few hundred labelled queries ~10x more anchors
+    unlabeled_anchors: int = 2000
+    # fixed, not the head's seed: every seed of the student shares one set of targets (one cache)
+    sample_seed: int = 0
+
+    def __post_init__(self):
+        try:
+            distill_losses(self.distill_loss)
+        except ValueError as e:
+            raise SettingError("distill_loss", f"is no loss: {e}") from None
+        if not self.temperature > 0:  # also refuses NaN
+            raise SettingError("temperature", f"must be > 0 (a softmax over -E / T), got {self.temperature}")
+        if self.pair_weight < 0:
+            raise SettingError("pair_weight", f"must be >= 0, got {self.pair_weight}")
+        if self.teacher_k < 1 or self.random_k < 0 or self.unlabeled_anchors < 0:
+            raise SettingError("teacher_k", f"teacher_k >= 1, random_k >= 0 and unlabeled_anchors >= 0; got "
+                               f"{self.teacher_k}, {self.random_k}, {self.unlabeled_anchors}")
+        if self.teacher_k + self.random_k < 2:
+            raise SettingError("teacher_k", "an anchor needs at least two candidates (teacher_k + random_k >= 2)")
+        if self.search_k < self.teacher_k:
+            raise SettingError("search_k", f"must be >= teacher_k ({self.teacher_k}): the teacher's top-k is taken "
+                               f"from the search's {self.search_k}")
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    def target_settings(self) -> dict:
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.name in TARGET_SETTINGS}

@@ -1,0 +1,108 @@
+"""A student head trained on a teacher's soft targets (heads.training.distill_targets), train-head's loop otherwise.
+
+`DistillTraining` is a `StackTraining` (heads.training.train) whose epochs run over the targets' anchors instead
+of the training pairs: each step takes a batch of anchors per head (each head's own order, from its seed), the
+student's energies of each anchor against its candidates, and the distillation losses of `DistillConfig` (KL
+and/or Margin-MSE: heads.scoring.losses.distill) against the teacher's energies; with `pair_weight` > 0 it adds
+train-head's own loss on a batch of the training pairs (its mined negatives, anchor regulariser and
+decay-to-init as train-head's), drawn in turn from each head's permutation of the pairs. Everything else is
+train-head's: the normaliser fitted on the training texts, dev scored each epoch, early stopping, the guard
+(the starting point is a candidate), the kept best epoch, several seeds as one stack.
+"""
+from __future__ import annotations
+
+import math
+import time
+from typing import Optional
+
+import numpy as np
+import torch
+
+from headstore.data.progress import progress_bar
+from headstore.heads.kinds import Task
+from headstore.heads.network.features import Normalizer
+from headstore.heads.network.model import StackedMLP
+from headstore.heads.scoring.energy import candidate_energy
+from headstore.heads.scoring.losses import distill_losses
+from headstore.heads.settings.config import HeadConfig, TrainConfig, stack_key
+from headstore.heads.settings.distill import DistillConfig
+from headstore.heads.training.batches import epoch_batches, forward_rows
+from headstore.heads.training.distill_targets import Targets
+from headstore.heads.training.train import StackTraining, TrainingDiverged
+from headstore.heads.training.tracker import HeadRun
+
+
+class DistillTraining(StackTraining):
+    """One stack's distillation (module doc). `targets`: at task positions (rows of `features`)."""
+
+    def __init__(self, task: Task, features: torch.Tensor, head_cfg: HeadConfig, configs: list[TrainConfig],
+                 dcfg: DistillConfig, targets: Targets, anchor_rows: Optional[np.ndarray] = None,
+                 in_place: bool = False):
+        self.dcfg, self.U = dcfg, len(targets)
+        dev = features.device
+        self.t_anchor = torch.as_tensor(targets.anchors, dtype=torch.long, device=dev)  # (U,)
+        self.t_cand = torch.as_tensor(targets.candidates, dtype=torch.long, device=dev)  # (U, C)
+        self.t_energy = torch.as_tensor(targets.energies, dtype=torch.float32, device=dev)  # (U, C)
+        self.t_valid = torch.as_tensor(targets.valid, dtype=torch.bool, device=dev)  # (U, C)
+        self.losses = [(spec.function(), spec.name) for spec in distill_losses(dcfg.distill_loss)]
+        super().__init__(task, features, head_cfg, configs, "dev", None, None,
+                         anchor_rows if dcfg.pair_weight else None, in_place)
+        self.pair_gens = [torch.Generator().manual_seed(c.seed + 1) for c in configs]
+        self.pair_blocks: list[torch.Tensor] = []
+
+    def epoch_steps(self) -> int:
+        return math.ceil(self.U / self.B)
+
+    def epoch_negatives(self, epoch: int, trained: torch.Tensor) -> Optional[torch.Tensor]:
+        return super().epoch_negatives(epoch, trained) if self.dcfg.pair_weight else None
+
+    def epoch_batches(self):
+        """Each head's permutation of the anchors, cut into (H, b) blocks."""
+        return epoch_batches(self.gens, self.U, self.B)
+
+    def step_losses(self, idx: torch.Tensor, negs: Optional[torch.Tensor]) -> torch.Tensor:
+        losses = self.distill_losses(idx)
+        if self.dcfg.pair_weight:
+            losses = losses + self.dcfg.pair_weight * super().step_losses(self._pair_block(), negs)
+        return losses
+
+    def _pair_block(self) -> torch.Tensor:
+        """The next (H, b) block of training pairs, each head's permutations one after another."""
+        if not self.pair_blocks:
+            self.pair_blocks = epoch_batches(self.pair_gens, self.P, self.B)
+        return self.pair_blocks.pop(0).to(self.data.X.device)
+
+    def distill_losses(self, idx: torch.Tensor) -> torch.Tensor:
+        """(H,) the distillation losses of the anchors idx (H, b) against their candidates."""
+        b = idx.shape[1]
+        cand = self.t_cand[idx]  # (H, b, C)
+        rows = torch.cat([self.t_anchor[idx], cand.flatten(1)], dim=1)
+        z = forward_rows(self.model, self.data.X, rows, b, self.cfg.precision)  # (H, b + b C, d)
+        E = candidate_energy(self.cfg.eval_energy, z[:, :b], z[:, b:].unflatten(1, cand.shape[1:]))  # (H, b, C)
+        target, valid = self.t_energy[idx], self.t_valid[idx]
+        return sum(fn(E, target, valid, temperature=self.dcfg.temperature) for fn, _ in self.losses)
+
+
+def distill_stack(task: Task, features: torch.Tensor, head_cfg: HeadConfig, configs: list[TrainConfig],
+                  dcfg: DistillConfig, targets: Targets, progress: bool = True,
+                  anchor_rows: Optional[np.ndarray] = None,
+                  in_place: bool = False) -> tuple[StackedMLP, Normalizer, list[HeadRun]]:
+    """Distil into len(configs) heads of one shape (seeds, lrs) together: train_stack's loop on the targets."""
+    assert len({stack_key(c) for c in configs}) == 1, "a stack mixes settings that must be shared"
+    if "dev" not in task.eval_sets:
+        raise ValueError(f"{task.name}: no dev split to select the distilled head's epoch on")
+    run = DistillTraining(task, features, head_cfg, configs, dcfg, targets, anchor_rows, in_place)
+    bar = progress_bar(total=run.total, desc=f"{run.H} head(s) distilled ({dcfg.distill_loss})",
+                       disable=not progress, leave=False)
+    t0 = time.perf_counter()
+    for epoch in range(configs[0].epochs):
+        if not bool(run.tracker.alive.any()):
+            break
+        run.epoch(epoch, bar)
+    bar.close()
+    model, norm, runs = run.finish(time.perf_counter() - t0)
+    failed = [r for r in runs if r.status == "failed"]
+    if failed:
+        raise TrainingDiverged(f"{task.name}: distillation stopped: {failed[0].reason}; lower --lr or the "
+                               "--temperature's sharpness")
+    return model, norm, runs

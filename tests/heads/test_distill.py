@@ -1,0 +1,199 @@
+"""Distillation (`cli distill`, heads.experiments.distill): a teacher's energies over candidate sets moved into one
+head on the same frozen features.
+
+The known answer: a teacher that is itself a head on the store's features, and a BEIR folder whose every
+judgement is that teacher's own top-2 documents, so the teacher is perfect on dev and test and a student that
+learns its energies learns the task; a student of the teacher's shape can reproduce it exactly."""
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+import torch
+from scipy.stats import spearmanr
+
+from headstore.data.text_id import doc_text
+from headstore.featurize.store import FeatureStore
+from headstore.heads.artefacts.head import Head
+from headstore.heads.scoring.losses.distill import kl_distill_loss, margin_mse_loss
+from headstore.heads.settings.config import HeadConfig
+
+from .conftest import assert_bad_input, cli
+
+SHAPE = ("--depth", "1", "--hidden", "16")
+FAST = (*SHAPE, "--epochs", "100", "--lr", "1e-2", "--weight-decay", "0", "--batch-size", "16", "--patience", "100",
+        "--no-guard", "--teacher-k", "20", "--random-k", "20", "--search-k", "40", "--unlabeled-anchors", "60",
+        "--temperature", "0.3")
+
+
+# --- the losses against plain loops ---------------------------------------------------------------------
+def _plain_kl(Es, Et, valid, T):
+    total = 0.0
+    for s_row, t_row, ok in zip(Es, Et, valid):
+        s = [-e / T for e, v in zip(s_row, ok) if v]
+        t = [-e / T for e, v in zip(t_row, ok) if v]
+        zs, zt = math.log(sum(math.exp(x) for x in s)), math.log(sum(math.exp(x) for x in t))
+        total += sum(math.exp(b - zt) * ((b - zt) - (a - zs)) for a, b in zip(s, t))
+    return total / len(Es) * T * T
+
+
+def _plain_margin(Es, Et, valid):
+    total = 0.0
+    for s_row, t_row, ok in zip(Es, Et, valid):
+        idx = [j for j, v in enumerate(ok) if v]
+        best = min(idx, key=lambda j: t_row[j])
+        others = [j for j in idx if j != best]
+        total += sum(((s_row[j] - s_row[best]) - (t_row[j] - t_row[best])) ** 2 for j in others) / len(others)
+    return total / len(Es)
+
+
+@pytest.mark.parametrize("T", [0.5, 1.0, 3.0])
+def test_kl_and_margin_mse_equal_plain_loops(T):
+    gen = torch.Generator().manual_seed(0)
+    H, B, C = 3, 5, 7
+    Es, Et = torch.rand(H, B, C, generator=gen) * 4, torch.rand(B, C, generator=gen) * 4
+    valid = torch.rand(B, C, generator=gen) > 0.3
+    valid[:, :2] = True  # every anchor keeps two candidates
+    got_kl = kl_distill_loss(Es, Et, valid, temperature=T)
+    got_mm = margin_mse_loss(Es, Et, valid)
+    for h in range(H):
+        s, t, v = Es[h].tolist(), Et.tolist(), valid.tolist()
+        assert got_kl[h].item() == pytest.approx(_plain_kl(s, t, v, T), rel=1e-5)
+        assert got_mm[h].item() == pytest.approx(_plain_margin(s, t, v), rel=1e-5)
+    same = kl_distill_loss(Et.expand(H, -1, -1), Et, valid, temperature=T)
+    assert torch.allclose(same, torch.zeros(H), atol=1e-6)  # the teacher itself: no loss
+    shifted = margin_mse_loss(Et + 2.5, Et, valid)  # margins ignore a shift of every energy
+    assert torch.allclose(shifted, torch.zeros(1), atol=1e-5)
+
+
+def test_kl_needs_a_positive_temperature():
+    with pytest.raises(ValueError, match="temperature"):
+        kl_distill_loss(torch.zeros(1, 1, 2), torch.zeros(1, 2), temperature=0.0)
+
+
+# --- the known answer -------------------------------------------------------------------------------------
+def _features(store: FeatureStore, texts: list[str], role: str) -> np.ndarray:
+    return store.features(store.rows_for(store.row_ids(texts, role)))
+
+
+def _read_jsonl(path):
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+@pytest.fixture(scope="module")
+def taught(world, tmp_path_factory):
+    """(teacher dir, a BEIR folder judged by the teacher's own top-2, features of its queries and documents)."""
+    root = tmp_path_factory.mktemp("distill")
+    teacher_dir = world.random_head("distill-teacher", HeadConfig(hidden=16, depth=1), seed=5)
+    teacher = Head.load(teacher_dir)
+    store = FeatureStore.open(world.store)
+    docs, queries = _read_jsonl(world.beir / "corpus.jsonl"), _read_jsonl(world.beir / "queries.jsonl")
+    fd = _features(store, [doc_text(d["title"], d["text"]) for d in docs], "document")
+    fq = _features(store, [q["text"] for q in queries], "query")
+    top = np.argsort(teacher.energy(fq, fd), axis=1, kind="stable")[:, :2]
+    beir = root / "beir"
+    (beir / "qrels").mkdir(parents=True)
+    for name in ("corpus.jsonl", "queries.jsonl"):
+        (beir / name).write_text((world.beir / name).read_text())
+    splits = {"train": range(0, 20), "dev": range(20, 30), "test": range(30, 40)}
+    for split, qs in splits.items():
+        lines = "".join(f"{queries[q]['_id']}\t{docs[j]['_id']}\t1\n" for q in qs for j in top[q])
+        (beir / "qrels" / f"{split}.tsv").write_text("query-id\tcorpus-id\tscore\n" + lines)
+    return {"teacher": teacher_dir, "beir": beir, "fq": fq, "fd": fd, "test": list(splits["test"])}
+
+
+def _distil(world, taught, out, *extra):
+    r = cli("distill", "--store", world.store, "--data", taught["beir"], "--teacher", taught["teacher"], "--out", out,
+            *FAST, *extra)
+    assert r.exit_code == 0, r.output
+    return json.loads((out / "metrics.json").read_text()), r.output
+
+
+def _fidelity(head_dir, taught) -> float:
+    """Mean Spearman, over the test queries, of a head's energies against the teacher's over the corpus."""
+    teacher, head = Head.load(taught["teacher"]), Head.load(head_dir)
+    fq = taught["fq"][taught["test"]]
+    want, got = teacher.energy(fq, taught["fd"]), head.energy(fq, taught["fd"])
+    return float(np.mean([spearmanr(w, g).statistic for w, g in zip(want, got)]))
+
+
+@pytest.mark.parametrize("loss", ["kl", "margin-mse"])
+def test_a_student_reaches_a_teacher_of_its_own_shape(world, taught, tmp_path, loss):
+    metrics, output = _distil(world, taught, tmp_path / loss, "--distill-loss", loss)
+    primary = metrics["primary"]
+    teacher, student = metrics["teacher"]["head"][primary], metrics["head"][primary]
+    frozen = metrics["baseline"][metrics["baseline_primary"]]
+    assert teacher > 0.99  # the judgements are its own top-2
+    assert student > frozen + 0.1, (frozen, student, teacher)  # most of the way from frozen (0.70) to 1
+    frozen_fid = float(np.mean([spearmanr(-(q @ taught["fd"].T), e).statistic for q, e in zip(
+        taught["fq"][taught["test"]], Head.load(taught["teacher"]).energy(taught["fq"][taught["test"]], taught["fd"]))]))
+    fidelity = _fidelity(tmp_path / loss, taught)  # test queries, never anchors: ~0.9 (frozen: ~0.47)
+    assert fidelity > max(0.85, frozen_fid + 0.3), (fidelity, frozen_fid)
+    for column in ("frozen", "teacher", "distilled"):
+        assert column in output
+    assert metrics["distill"]["anchors"]["unlabeled_from"] == "the corpus documents"
+    r = cli("eval", "--store", world.store, "--head", tmp_path / loss, "--data", taught["beir"], "--out",
+            tmp_path / f"eval-{loss}")
+    assert r.exit_code == 0, r.output  # a head like any other
+
+
+# --- resume and bad input -----------------------------------------------------------------------------------
+RESUME = (*SHAPE, "--epochs", "150", "--batch-size", "4", "--teacher-k", "10", "--random-k", "5", "--search-k", "20",
+          "--unlabeled-anchors", "60")
+
+
+def test_a_distillation_killed_and_run_again_gives_the_same_head(world, taught, tmp_path):
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    args = ["distill", "--store", world.store, "--data", taught["beir"], "--teacher", taught["teacher"], *RESUME]
+    whole = tmp_path / "whole"
+    r = cli(*args, "--out", whole)
+    assert r.exit_code == 0, r.output
+    killed = tmp_path / "killed"
+    proc = subprocess.Popen([sys.executable, "-m", "headstore.cli", *map(str, args), "--out", str(killed)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 120
+    while not list(killed.glob("teacher-targets-*.npz")) and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert list(killed.glob("teacher-targets-*.npz")) and not (killed / "head.safetensors").exists()  # mid-training
+    r = cli(*args, "--out", killed)
+    assert r.exit_code == 0, r.output
+    assert "reused" in r.output
+    again, first = Head.load(killed), Head.load(whole)
+    for (name, a), (_, b) in zip(sorted(again.model.state_dict().items()), sorted(first.model.state_dict().items())):
+        assert torch.equal(a, b), name  # bit for bit
+    assert torch.equal(again.normalizer.center, first.normalizer.center)
+    # a damaged cache: one line saying what to do, nothing written
+    cache, = killed.glob("teacher-targets-*.npz")
+    cache.write_bytes(b"not an npz")
+    assert_bad_input(cli(*args, "--out", killed, "--overwrite"), cache.name, "delete the file")
+
+
+def test_bad_teachers_and_settings_are_refused_in_one_line(world, taught, tmp_path):
+    import shutil
+
+    from headstore.heads.artefacts.head import EnsembleHead
+
+    base = ["distill", "--store", world.store, "--data", taught["beir"], *SHAPE, "--epochs", "1"]
+    other = tmp_path / "other-store-teacher"
+    shutil.copytree(taught["teacher"], other)
+    config = json.loads((other / "config.json").read_text())
+    config["store_fingerprint"] = "0" * 64  # trained over another store
+    (other / "config.json").write_text(json.dumps(config))
+    assert_bad_input(cli(*base, "--teacher", other, "--out", tmp_path / "a"), "another store", "fingerprint")
+    one = EnsembleHead([Head.load(taught["teacher"])]).save(tmp_path / "ensemble-of-one")
+    assert_bad_input(cli(*base, "--teacher", one, "--out", tmp_path / "b"), "an ensemble of one")
+    for value in ("0", "-1"):
+        assert_bad_input(cli(*base, "--teacher", taught["teacher"], "--temperature", value, "--out", tmp_path / "c"),
+                         "--temperature", "> 0")
+    assert_bad_input(cli(*base, "--teacher", taught["teacher"], "--distill-loss", "kl+kl", "--out", tmp_path / "d"),
+                     "--distill-loss", "kl+margin-mse")
+    for path in ("a", "b", "c", "d"):
+        assert not (tmp_path / path).exists()  # nothing written
