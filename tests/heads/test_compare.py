@@ -8,6 +8,7 @@ from headstore.cli import main
 from headstore.heads.experiments.compare import load_compare_config
 
 from .finetune_world import sentence, tiny_beir, tiny_bert, tiny_sts
+from .compare_world import TINY_HEAD, tiny_featurize, write_compare_toml
 
 
 @pytest.fixture(scope="module")
@@ -22,49 +23,15 @@ def world(tmp_path_factory):
     rng = random.Random(3)
     (root / "general.txt").write_text("\n".join(sentence(rng, 20) for _ in range(20)) + "\n")
     cfg = root / "compare.toml"
-    cfg.write_text(f'''
-[data]
-in_domain = "{ind}"
-out_of_domain = ["{ood}", "{sts}"]
-mlm_text = "{root / 'general.txt'}"
-mlm_text_split = ""
-
-[featurize]
-model = "{model}"
-dtype = "float32"
-batch_tokens = 2048
-
-[head]
-hidden = 16
-out_dim = 8
-residual = false
-normalize = "none"
-impostors = "all"
-mined_k = 0
-epochs = 2
-batch_size = 8
-
-[adapt]
-max_steps = 3
-batch_size = 4
-max_length = 16
-device = "cpu"
-
-[finetune]
-max_steps = 2
-device = "cpu"
-encoder_lr = 1e-3
-keep = "last"
-
-[mlm]
-max_texts = 8
-holdout_fraction = 0.2
-
-[compare]
-seeds = [0, 1]
-setups = ["frozen-cosine", "frozen-head", "adapted-cosine", "adapted-head", "finetuned-cosine", "finetuned-head"]
-n_boot = 200
-''')
+    write_compare_toml(cfg, {
+        "data": {"in_domain": ind, "out_of_domain": [ood, sts], "mlm_text": root / "general.txt", "mlm_text_split": ""},
+        "featurize": tiny_featurize(model),
+        "head": {**TINY_HEAD, "normalize": "none", "impostors": "all", "mined_k": 0, "epochs": 2},
+        "adapt": {"max_steps": 3, "batch_size": 4, "max_length": 16, "device": "cpu"},
+        "finetune": {"max_steps": 2, "device": "cpu", "encoder_lr": 1e-3, "keep": "last"},
+        "mlm": {"max_texts": 8, "holdout_fraction": 0.2},
+        "compare": {"seeds": [0, 1], "n_boot": 200, "setups": [
+            "frozen-cosine", "frozen-head", "adapted-cosine", "adapted-head", "finetuned-cosine", "finetuned-head"]}})
     return root, cfg
 
 

@@ -12,6 +12,7 @@ from headstore.heads.experiments import compare_table
 from headstore.heads.experiments.compare import load_compare_config
 from headstore.heads.experiments.compare_setups import pick_lr
 
+from .compare_world import TINY_HEAD, tiny_featurize, write_compare_toml
 from .finetune_world import tiny_beir, tiny_bert
 
 GRID = (0.1, 1.0, 10.0)  # far apart: the candidates' dev figures differ
@@ -24,36 +25,13 @@ def world(tmp_path_factory):
     model = tiny_bert(root / "model", layers=2)
     beir = tiny_beir(root / "in-domain", n_docs=80, n_train=60, n_test=10)
     cfg = root / "compare.toml"
-    cfg.write_text(f'''
-[data]
-in_domain = "{beir}"
-
-[featurize]
-model = "{model}"
-dtype = "float32"
-batch_tokens = 2048
-
-[head]
-hidden = 16
-out_dim = 8
-residual = false
-mined_k = 2
-epochs = 1
-batch_size = 8
-
-[finetune]
-device = "cpu"
-encoder_lr = {BASE_LR}
-lr_grid = {list(GRID)}
-max_epochs = 2
-patience = 1
-dev_docs = 20
-
-[compare]
-seeds = [0, 1]
-setups = ["frozen-head", "finetuned-head"]
-n_boot = 200
-''')
+    write_compare_toml(cfg, {
+        "data": {"in_domain": beir},
+        "featurize": tiny_featurize(model),
+        "head": {**TINY_HEAD, "mined_k": 2, "epochs": 1},
+        "finetune": {"device": "cpu", "encoder_lr": BASE_LR, "lr_grid": list(GRID), "max_epochs": 2, "patience": 1,
+                     "dev_docs": 20},
+        "compare": {"seeds": [0, 1], "setups": ["frozen-head", "finetuned-head"], "n_boot": 200}})
     return root, cfg
 
 

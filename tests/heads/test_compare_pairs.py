@@ -14,6 +14,7 @@ from sklearn.metrics import roc_auc_score
 from headstore.cli import main
 
 from .finetune_world import sentence, tiny_bert
+from .compare_world import TINY_HEAD, tiny_featurize, write_compare_toml
 
 
 def tiny_pairs(path, seed: int, n: int, splits: bool):
@@ -37,30 +38,11 @@ def test_compare_reports_labelled_pairs_in_and_out_of_domain(tmp_path):
     ind = tiny_pairs(tmp_path / "ind.parquet", seed=0, n=80, splits=True)
     ood = tiny_pairs(tmp_path / "ood.parquet", seed=1, n=30, splits=False)
     cfg = tmp_path / "compare.toml"
-    cfg.write_text(f'''
-[data]
-in_domain = "{ind}"
-out_of_domain = ["{ood}"]
-
-[featurize]
-model = "{model}"
-dtype = "float32"
-batch_tokens = 2048
-
-[head]
-hidden = 16
-out_dim = 8
-residual = false
-normalize = "none"
-mined_k = 0
-epochs = 2
-batch_size = 8
-
-[compare]
-seeds = [0, 1]
-setups = ["frozen-cosine", "frozen-head"]
-n_boot = 200
-''')
+    write_compare_toml(cfg, {
+        "data": {"in_domain": ind, "out_of_domain": [ood]},
+        "featurize": tiny_featurize(model),
+        "head": {**TINY_HEAD, "normalize": "none", "mined_k": 0, "epochs": 2},
+        "compare": {"seeds": [0, 1], "setups": ["frozen-cosine", "frozen-head"], "n_boot": 200}})
     out = tmp_path / "out"
     r = CliRunner().invoke(main, ["compare", "--config", str(cfg), "--out", str(out), "--no-mlm"])
     assert r.exit_code == 0, r.output

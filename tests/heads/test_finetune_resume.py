@@ -16,6 +16,7 @@ from headstore.heads.apply.finetune_resume import CHECKPOINT, Checkpoint
 from headstore.heads.settings.config import HeadConfig, TrainConfig
 from headstore.heads.training.run import train_head
 
+from .compare_world import TINY_HEAD, tiny_featurize, write_compare_toml
 from .finetune_world import tiny_beir, tiny_bert
 from .test_finetune_epochs import world  # noqa: F401  the same tiny world, built here for this module
 
@@ -158,32 +159,13 @@ def test_compare_rerun_after_a_kill_mid_finetune_resumes_the_step(tmp_path, monk
     model = tiny_bert(tmp_path / "model", layers=2)
     beir = tiny_beir(tmp_path / "in-domain", n_docs=80, n_train=60, n_test=10)
     cfg = tmp_path / "compare.toml"
-    cfg.write_text(f"""
-[data]
-in_domain = "{beir}"
-[featurize]
-model = "{model}"
-dtype = "float32"
-batch_tokens = 2048
-[head]
-hidden = 16
-out_dim = 8
-residual = false
-mined_k = 2
-epochs = 1
-batch_size = 8
-[finetune]
-device = "cpu"
-encoder_lr = 1e-2
-lr_grid = [1.0]
-max_epochs = 3
-patience = 3
-dev_docs = 20
-[compare]
-seeds = [0]
-setups = ["frozen-head", "finetuned-head"]
-n_boot = 100
-""")
+    write_compare_toml(cfg, {
+        "data": {"in_domain": beir},
+        "featurize": tiny_featurize(model),
+        "head": {**TINY_HEAD, "mined_k": 2, "epochs": 1},
+        "finetune": {"device": "cpu", "encoder_lr": 1e-2, "lr_grid": [1.0], "max_epochs": 3, "patience": 3,
+                     "dev_docs": 20},
+        "compare": {"seeds": [0], "setups": ["frozen-head", "finetuned-head"], "n_boot": 100}})
 
     def compare(out: Path):
         return CliRunner().invoke(main, ["compare", "--config", str(cfg), "--out", str(out), "--no-mlm"])

@@ -1,0 +1,28 @@
+"""The tiny `cli compare` configs of the compare tests: one TOML writer and the settings every tiny run shares
+(a tiny random model's features in fp32, a small head), so each test states only what it is about."""
+from pathlib import Path
+
+
+def tiny_featurize(model) -> dict:
+    return {"model": str(model), "dtype": "float32", "batch_tokens": 2048}
+
+
+TINY_HEAD = {"hidden": 16, "out_dim": 8, "residual": False, "batch_size": 8}  # seconds on 2 CPU cores
+
+
+def _value(v) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, (list, tuple)):
+        return "[" + ", ".join(_value(x) for x in v) + "]"
+    if isinstance(v, (str, Path)):
+        return '"' + str(v).replace("\\", "\\\\").replace('"', '\\"') + '"'
+    return repr(v)
+
+
+def write_compare_toml(path: Path, sections: dict[str, dict]) -> Path:
+    """A compare config at `path`: one [section] per key, its settings in order."""
+    text = "".join(f"[{name}]\n" + "".join(f"{k} = {_value(v)}\n" for k, v in values.items()) + "\n"
+                   for name, values in sections.items())
+    path.write_text(text)
+    return path
