@@ -37,32 +37,27 @@ Output `out_dir`:
 from __future__ import annotations
 
 import math
-import shlex
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
 import torch
 from transformers import AutoModel, AutoTokenizer
 
 from headstore.data.errors import SettingError
-from headstore.data.files import atomic_write_json
 from headstore.featurize.adapters import has_adapters
 from headstore.featurize.architectures import layer_blocks
 from headstore.featurize.model import model_identity, pick_device, resolve_model
 from headstore.featurize.pooling import Pooler
 from headstore.featurize.sentence import SentenceSpec
-from headstore.featurize.store import FeatureStore, fingerprint_of
-from headstore.featurize.tuning.checkpoint import copy_sidecars
-from headstore.featurize.tuning.mlm_head import HEAD_FILE
+from headstore.featurize.store import FeatureStore
 from headstore.heads.apply.finetune_dev import DevScorer, dev_task
+from headstore.heads.apply.finetune_outputs import write_outputs
 from headstore.heads.apply.finetune_negatives import RowEncoder, mined_negatives
 from headstore.heads.apply.finetune_resume import Checkpoint, run_key
 from headstore.heads.apply.finetune_train import Trainer
 from headstore.heads.apply.row_inputs import RowInputs, tuning_precision
 from headstore.heads.apply.tunings import TUNINGS
-from headstore.heads.artefacts.files import write_head_dir
 from headstore.heads.settings.config import TrainConfig
 from headstore.heads.kinds import kind_of, load_task
 from headstore.heads.training.run import load_head
@@ -208,7 +203,7 @@ def finetune(head_dir: str, out_dir: str, cfg: FinetuneConfig, store_path: str |
     run = prepare(head_dir, cfg, store_path, data_path, encoder)
     checkpoint = Checkpoint(Path(out_dir), run_key(cfg, run), t0)
     report = {**run.trainer.run(run.dev, progress, checkpoint), **checkpoint.describe()}
-    summary = _write_outputs(Path(out_dir), run, head_dir, cfg, report, checkpoint.seconds())
+    summary = write_outputs(Path(out_dir), run, head_dir, cfg, report, checkpoint.seconds())
     checkpoint.remove()
     return summary
 
@@ -312,49 +307,3 @@ def _load_encoder(cfg: FinetuneConfig, encoder: str, parts: dict, store_path: st
         (getattr(model, "activation_checkpointing_enable", None) or model.gradient_checkpointing_enable)()
     model.train()
     return model, tokenizer, model_dir
-
-
-def _featurize_options(parts: dict) -> str:
-    """The featurize options that give a new store this one's dtype and prompts (its fingerprint holds them)."""
-    prompts = parts.get("prompts") or {}
-    options = [f"--dtype {parts['dtype']}"] if parts.get("dtype") else []
-    options += [f"--{role}-prompt {shlex.quote(prompts.get(role, ''))}" for role in ("query", "document") if prompts]
-    return "".join(" " + o for o in options)
-
-
-def _write_outputs(out: Path, run: Prepared, head_dir, cfg: FinetuneConfig, report: dict, seconds: float) -> dict:
-    model, tokenizer, model_dir, tuning, parts = run.model, run.tokenizer, run.model_dir, run.tuning, run.src.parts
-    head, norm, head_config, trainer = run.head, run.norm, run.head_config, run.trainer
-    enc_dir, new_head, history = out / "encoder", out / "head", trainer.history
-    counts = {"trainable_params": sum(p.numel() for b in trainer.blocks for _, p in b),  # before a LoRA merge
-              "encoder_params": sum(p.numel() for p in model.parameters())}
-    enc_dir.mkdir(parents=True, exist_ok=True)
-    if cfg.gradient_checkpointing:  # transformers 5 renamed the disable call
-        (getattr(model, "activation_checkpointing_disable", None) or model.gradient_checkpointing_disable)()
-    tuning.save(model.to("cpu").eval(), enc_dir, model_dir)
-    tokenizer.save_pretrained(str(enc_dir))
-    copy_sidecars(model_dir, enc_dir, extra=(HEAD_FILE,))  # max_seq_length, the ST layout, an adapted MLM head
-    identity = model_identity(str(enc_dir), parts["max_length"])
-    new_parts = {**{k: v for k, v in parts.items() if k not in ("arrays", "dim", "n_texts", "fingerprint")},
-                 "model_id": identity.model_id, "weights_hash": identity.weights_hash,
-                 "tokenizer_hash": identity.tokenizer_hash}
-    fingerprint = fingerprint_of(new_parts)
-    head = head.to("cpu").eval()
-    norm.center, norm.scale = norm.center.cpu(), norm.scale.cpu()
-    summary = {"config": asdict(cfg), "setup": cfg.setup, "setup_settings": tuning.describe(),
-               "encoder_lr": cfg.peak_encoder_lr, **counts, "source_head": str(head_dir),
-               "source_encoder": str(model_dir),
-               "encoder_dir": str(enc_dir), "head_dir": str(new_head), "n_pairs": len(run.src.pairs), **report,
-               "n_blocks": len(trainer.blocks),
-               "unfrozen_at_step": {str(k): v for k, v in trainer.unfrozen_at.items()},
-               "first_loss": history[0]["loss"], "last_loss_mean10": float(np.mean([h["loss"] for h in history[-10:]])),
-               "seconds": round(seconds, 1), "fingerprint": fingerprint, "history": history,
-               "next": [f"cli featurize --model {enc_dir} --data {head_config['data']}{_featurize_options(parts)} "
-                        "--store STORE2",
-                        f"cli eval --store STORE2 --head {new_head} --data {head_config['data']} --out EVAL"]}
-    config = {**head_config, "store": None, "store_fingerprint": fingerprint, "encoder_dir": str(enc_dir),
-              "store_manifest": {**head_config.get("store_manifest", {}), **new_parts, "fingerprint": fingerprint},
-              "finetune": {k: v for k, v in summary.items() if k != "history"}}
-    write_head_dir(new_head, head, norm, config)
-    atomic_write_json(out / "finetune.json", summary, indent=1)
-    return summary
