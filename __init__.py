@@ -16,6 +16,7 @@ _API = {
     "Store": "headstore.featurize.store_api",
     "Head": "headstore.heads.artefacts.head",
     "Pipeline": "headstore.heads.apply.pipeline",
+    "distill": "headstore.heads.experiments.distill",  # a teacher (head, ensemble, GRID#ensemble=K) into one head
 }
 __all__ = [*_API, "__version__"]
 

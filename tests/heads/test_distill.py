@@ -197,3 +197,35 @@ def test_bad_teachers_and_settings_are_refused_in_one_line(world, taught, tmp_pa
                      "--distill-loss", "kl+margin-mse")
     for path in ("a", "b", "c", "d"):
         assert not (tmp_path / path).exists()  # nothing written
+
+
+def test_an_ensemble_teacher_with_the_pairs_own_loss_and_the_cache_keyed_by_what_made_it(world, taught, tmp_path):
+    from headstore.heads.artefacts.head import EnsembleHead
+
+    members = [Head.load(world.random_head(f"distill-member-{i}", HeadConfig(hidden=16), seed=10 + i)) for i in range(2)]
+    ens = EnsembleHead(members).save(tmp_path / "ensemble")
+    args = ["distill", "--store", world.store, "--data", taught["beir"], "--teacher", ens, *SHAPE, "--epochs", "2",
+            "--pair-weight", "0.5", "--distill-loss", "kl+margin-mse", "--teacher-k", "5", "--random-k", "3",
+            "--search-k", "10", "--unlabeled-anchors", "10"]
+    out = tmp_path / "out"
+    r = cli(*args, "--out", out)
+    assert r.exit_code == 0, r.output
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["teacher"]["parameters"] == sum(p.numel() for m in members for p in m.model.parameters())
+    assert metrics["distill"]["anchors"] == {"task_anchors": 20, "unlabeled_anchors": 10, "corpus": 60,
+                                             "unlabeled_from": "the corpus documents", "unlabeled_available": 60}
+    cache, = out.glob("teacher-targets-*.npz")
+    with np.load(cache) as z:  # the teacher's energies, as Head.energy gives them, at the cached rows
+        store = FeatureStore.open(world.store)
+        feats = store.features(np.unique(np.concatenate([z["anchors"], z["candidates"].ravel()])))
+        rows = np.unique(np.concatenate([z["anchors"], z["candidates"].ravel()]))
+        a, c = np.searchsorted(rows, z["anchors"]), np.searchsorted(rows, z["candidates"])
+        energy = EnsembleHead.load_dir(ens).energy(feats[a], feats)  # (U, rows)
+        want = np.take_along_axis(energy, c, axis=1)
+        np.testing.assert_allclose(z["energies"][z["valid"]], want[z["valid"]], rtol=1e-5, atol=1e-5)
+        assert (z["candidates"] != z["anchors"][:, None])[z["valid"]].all()  # never its own candidate
+    r = cli(*args, "--temperature", "2", "--out", out, "--overwrite")  # trains otherwise: the same targets
+    assert r.exit_code == 0 and "reused" in r.output, r.output
+    r = cli(*args[:-1], "12", "--out", out, "--overwrite")  # other anchors: other targets, beside the first
+    assert r.exit_code == 0 and "made" in r.output, r.output
+    assert len(list(out.glob("teacher-targets-*.npz"))) == 2
