@@ -36,7 +36,7 @@ import click  # noqa: E402  (every import below may load torch or polars)
 
 from headstore.data.dataset import FORMATS
 from headstore.data.errors import SystemFailure
-from headstore.featurize.backends import BACKENDS
+from headstore.featurize.backends import CHOICES as BACKEND_CHOICES
 from headstore.featurize.config import DEVICES, PACKINGS, POOLING_NAMES, PRECISIONS
 from headstore.data.options import PATH, fold_label_options, format_option, label_options, unlabeled_option
 from headstore.heads.settings.config import TEST_SCOPES
@@ -192,11 +192,14 @@ def main(debug):
                    "architecture allows it, off on CPU. Not part of the fingerprint.")
 @click.option("--device", type=click.Choice(DEVICES), default="auto",
               show_default=True)
-@click.option("--backend", type=click.Choice(sorted(BACKENDS)), default="torch", show_default=True,
+@click.option("--backend", type=click.Choice(BACKEND_CHOICES), default="auto", show_default=True,
               help="Where the encoder forward runs: torch, or on a CPU its exported graph in ONNX Runtime (onnx) or "
-                   "OpenVINO (pip install '.[cpu-fast]'); within 1e-5 of torch in fp32, part of the fingerprint.")
+                   "OpenVINO (pip install '.[cpu-fast]'), each checked within 1e-5 of torch for the model (fp32); auto: "
+                   "the fastest such one installed (OpenVINO, then ONNX Runtime; torch on a GPU and in bf16), said in "
+                   "the summary. In fp32 each segment records it; not part of the fingerprint (in bf16 a runtime is).")
 @click.option("--export-cache", type=PATH, default=None,
-              help="Folder of the cached --backend onnx|openvino exports (default: ~/.cache/headstore/exports).")
+              help="Folder of the cached onnx|openvino exports and their parity checks (default: "
+                   "~/.cache/headstore/exports).")
 @click.option("--engine", type=click.Choice(["local", "ray"]), default="local", show_default=True,
               help="local: this process encodes; ray: a pool of Ray actors (pip install '.[ray]').")
 @click.option("--address", default=None,

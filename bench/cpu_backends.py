@@ -1,4 +1,4 @@
-"""CPU backends, one run: headstore's encode loop with --backend torch|onnx|openvino against
+"""CPU backends, one run: headstore's encode loop with --backend torch|onnx|openvino|auto against
 sentence-transformers' `SentenceTransformer(model_dir, backend=...)` at several batch sizes, MiniLM fp32,
 on texts with a real length mix (SciFact corpus + STS-B, evenly spaced over the length order), real tokens/s.
 
@@ -54,15 +54,17 @@ def unit_rows(x: np.ndarray) -> np.ndarray:
 def headstore_worker(texts: list[str], cache: str) -> None:
     from headstore.featurize.config import FeaturizeConfig
     from headstore.featurize.model import encoding_settings
-    from headstore.featurize.run import _load, encode_in_plan_order
+    from headstore.featurize.backends import AUTO_MIN_CHARS
+    from headstore.featurize.run import _open_encoder, encode_in_plan_order
 
     loaded = {}
 
     def encode(backend: str, batch_tokens: int, texts: list[str]) -> np.ndarray:
         config = FeaturizeConfig(model="minilm", max_length=MAX_LENGTH, dtype="float32", backend=backend,
                                  export_cache=cache, batch_tokens=batch_tokens, device="cpu")
-        if backend not in loaded:
-            loaded[backend] = _load(config, "cpu")
+        if backend not in loaded:  # auto chooses as for a run that repays an export (the main job's 36k texts do)
+            loaded[backend], choice = _open_encoder(config, "cpu", AUTO_MIN_CHARS)
+            print(f"headstore --backend {backend}: {choice.backend} ({choice.why})", file=sys.stderr, flush=True)
         ids = [f"{i:032x}" for i in range(len(texts))]
         out = np.zeros((len(texts), 384), dtype=np.float32)
         for idx, feats, _, _ in encode_in_plan_order(config, loaded[backend], "cpu", ids, texts):
@@ -110,6 +112,7 @@ SYSTEMS = {  # name -> (worker, request)
     "headstore torch fp32": ("headstore", {"backend": "torch"}),
     "headstore onnx fp32": ("headstore", {"backend": "onnx"}),
     "headstore openvino fp32": ("headstore", {"backend": "openvino"}),
+    "headstore auto fp32": ("headstore", {"backend": "auto"}),  # the default: what featurize runs unless told
     "headstore openvino fp32, 2048 tokens": ("headstore", {"backend": "openvino", "batch_tokens": 2048}),
     "headstore openvino fp32, 1024 tokens": ("headstore", {"backend": "openvino", "batch_tokens": 1024}),
     **{f"sentence-transformers {b} fp32, batch {bs}": ("st", {"backend": b, "batch_size": bs})

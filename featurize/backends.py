@@ -1,14 +1,27 @@
-"""Where the encoder forward runs on a CPU: torch (the default), ONNX Runtime or OpenVINO.
+"""Where the encoder forward runs on a CPU: torch, ONNX Runtime or OpenVINO; `auto` (the default) the fastest
+one installed and proven exact for the model.
 
 Only the forward changes: `use_backend` swaps `encoder.model` for a runtime model whose call takes what a
 transformers model takes (input_ids, attention_mask, output_hidden_states) and returns its hidden states,
 so tokenisation, the batch plan and pooling.pooled_forward (Pooling, Dense, prompts) stay one code path.
-The graph is exported once per model and cached (featurize.exported). A store records its backend (an
-optional fingerprint part, absent for torch, so torch stores keep their fingerprints): runtimes fuse and
-order the maths differently, within 1e-5 of torch in fp32 but not bit for bit.
+The graph is exported once per model and cached (featurize.exported) with its parity check (`parity`): the
+runtime's hidden states against torch's on a fixed probe batch (PROBE_TEXTS, padded, one text cut at the
+model's max length), every real token of every exported layer, in fp32. Within EXACT (1e-5) the runtime is
+proven exact for that export's key (architecture, weights, layers, library versions); an explicit runtime
+that fails it is refused, auto skips it. A proven runtime in fp32 is provenance, not a fingerprint part: each
+committed segment records its backend (the manifest part's `backend`), so a store made with OpenVINO takes
+more texts from torch and the reverse, as a packed and a padded batch already mix. In bf16 a runtime rounds
+other tensors than torch's autocast, so there `backend` stays a fingerprint part (backend_part; absent for
+torch, so torch stores keep their fingerprints; fp32 stores made when it was a part are accepted as they are:
+store.check_fingerprint).
 
-BACKENDS is the single source of truth for the names (config and CLI take sorted(BACKENDS)); this module
-imports no runtime (nor torch) until a backend is used.
+auto (`choose_backend`), once per run, at its first new texts: on a CPU, in fp32, with padded batches, the first
+runtime of AUTO_ORDER that is installed, exports (an architecture the exporter cannot trace is skipped) and
+passes its parity check; else torch (always on a GPU, in bf16 or fp16, with --packing on). An export not yet
+cached is built only where the run's new texts are long enough to repay it (AUTO_MIN_CHARS).
+
+BACKENDS is the single source of truth for the runtimes' names (config and CLI take CHOICES: auto, then
+sorted(BACKENDS)); this module imports no runtime (nor torch) until a backend is used.
 """
 from __future__ import annotations
 
@@ -33,20 +46,50 @@ BACKENDS = {
     "openvino": Backend("openvino", ("openvino",), ("fp32", "bf16")),  # converted from torch, no ONNX
 }
 EXTRA = "cpu-fast"
+AUTO = "auto"
+CHOICES = (AUTO, *sorted(BACKENDS))
+# auto's runtimes, fastest first: MiniLM fp32 on a 2-core AMD EPYC Zen 4, OpenVINO 7,696 real tokens/s against
+# torch's 6,142 (1.25x, idle); under load OpenVINO 1,004, ONNX Runtime 601, torch 428 (docs/speed.md)
+AUTO_ORDER = ("openvino", "onnx")
+# the parity check's bound on |runtime - torch| over the probe's hidden states (fp32): a pooled feature (a mean,
+# a token, a max of them) moves by at most as much, a normalised one by less (MiniLM: 2.5e-6 on states up to 6)
+EXACT = 1e-5
+# characters of new text (~4-5 a token in English) from which auto builds a missing export. MiniLM's OpenVINO
+# export took 15.5 s on the 2-core Zen 4 under load: repaid after ~12k tokens at that load's speeds (1,004 vs 428
+# tokens/s), after at most ~470k idle (7,696 vs 6,142, were it as slow). 1M characters (~230k tokens) sits between;
+# a smaller run (every test's) keeps torch until an export is cached
+AUTO_MIN_CHARS = 1_000_000
+# the parity check's texts, padded as one batch with a fourth, their repeats cut at the model's max length
+PROBE_TEXTS = ("a", "Feature stores keep each sentence embedding once.",
+               ("Many small heads train on the stored features in minutes, beside the frozen baseline, and the best "
+                "one is exported as a stock sentence-transformers model."))
 
 
-def backend_part(backend: str) -> dict:
-    """The store's optional fingerprint part: {"backend": name} for a runtime, {} for torch."""
-    return {} if backend == "torch" else {"backend": backend}
+@dataclass(frozen=True)
+class Choice:
+    """The backend a run uses and why (the summary's `backend` and `backend_choice`)."""
+    backend: str
+    why: str
+
+
+def backend_part(backend: str, precision: str = "fp32") -> dict:
+    """The store's optional fingerprint part: {"backend": name} for a runtime out of fp32 (its bf16 rounds other
+    tensors than torch's); {} for torch, auto (torch out of fp32) and a runtime in fp32 (proven exact: provenance)."""
+    return {} if backend in ("torch", AUTO) or precision == "fp32" else {"backend": backend}
+
+
+def installed(backend: str) -> bool:
+    return all(importlib.util.find_spec(m) is not None for m in BACKENDS[backend].modules)
 
 
 def check_backend(backend: str, device: str, precision: str, packing: bool = False) -> None:
-    """One-line ValueError where `backend` cannot run this way (before anything is read or created)."""
-    if backend not in BACKENDS:
-        raise ValueError(f"backend {backend!r} not valid; choose one of {sorted(BACKENDS)}")
-    spec = BACKENDS[backend]
-    if backend == "torch":
+    """One-line ValueError where `backend` cannot run this way (before anything is read or created); auto
+    always can (it falls back to torch)."""
+    if backend not in CHOICES:
+        raise ValueError(f"backend {backend!r} not valid; choose one of {list(CHOICES)}")
+    if backend in ("torch", AUTO):
         return
+    spec = BACKENDS[backend]
     if device != "cpu":
         raise ValueError(f"--backend {backend} runs on the CPU; give --device cpu (or --backend torch on {device})")
     if precision not in spec.precisions:
@@ -129,17 +172,96 @@ def openvino_runner(folder, threads: int, precision: str):
     return run
 
 
+def runner(backend: str, folder, threads: int, precision: str = "fp32"):
+    """The runtime's call of (B, S) int64 ids and mask -> the exported layers' (B, S, D) float32 states."""
+    return onnx_runner(folder, threads) if backend == "onnx" else openvino_runner(folder, threads, precision)
+
+
+def parity(encoder, backend: str, folder, layers: tuple[int, ...], threads: int) -> dict:
+    """The export's parity check: max |runtime - torch| (fp32) over the real tokens of PROBE_TEXTS, every layer."""
+    import numpy as np
+    import torch
+
+    from headstore.featurize.exported import states_module
+
+    longest = " ".join(PROBE_TEXTS[1:]) * 64  # cut at the model's max length: every position a run can use
+    batch = encoder.tokenizer([*PROBE_TEXTS, longest], padding=True, truncation=True, max_length=encoder.max_length,
+                              return_tensors="pt")
+    ids, mask = batch["input_ids"].to(torch.int64), batch["attention_mask"].to(torch.int64)  # (B, S)
+    with torch.inference_mode():
+        reference = [s.float().numpy() for s in states_module(encoder.model, layers)(ids, mask)]
+    states = runner(backend, folder, threads)(ids.numpy(), mask.numpy())
+    real = mask.numpy().astype(bool)
+    diff = max(float(np.abs(got[real] - ref[real]).max()) for got, ref in zip(states, reference))
+    return {"max_abs_diff": diff, "tolerance": EXACT, "exact": diff <= EXACT, "probe_tokens": int(real.sum())}
+
+
+def proven_export(encoder, backend: str, layers: tuple[int, ...], threads: int, cache_dir=None) -> tuple:
+    """(the export's folder, its parity check): built and checked where absent, both cached (featurize.exported)."""
+    from headstore.featurize.exported import cached_export, record_parity, recorded_parity
+
+    folder = cached_export(encoder, backend, tuple(layers), cache_dir)  # ValueError naming an untraceable architecture
+    checked = recorded_parity(folder)
+    if checked is None or checked.get("tolerance") != EXACT:
+        checked = parity(encoder, backend, folder, tuple(layers), threads)
+        record_parity(folder, checked)
+    return folder, checked
+
+
+def auto_candidates(device: str, precision: str, packing: bool) -> tuple[tuple[str, ...], str]:
+    """(the runtimes auto may pick here, fastest first; why torch where there are none)."""
+    if device != "cpu":
+        return (), f"torch on {device} (the runtimes run on a CPU)"
+    if precision != "fp32":
+        return (), f"torch in {precision} (a runtime is proven exact in fp32 only; give --backend openvino for its bf16)"
+    if packing:
+        return (), "torch with packed batches (the runtimes take padded ones)"
+    found = tuple(b for b in AUTO_ORDER if installed(b))
+    return found, "" if found else f"torch (no runtime installed: pip install 'headstore[{EXTRA}]')"
+
+
+def choose_backend(encoder, layers: tuple[int, ...], precision: str, packing: bool = False, num_threads: int = 0,
+                   cache_dir=None, n_chars: int | None = None) -> Choice:
+    """auto's choice for this encoder: the first candidate proven exact whose export is cached, or worth building
+    for `n_chars` characters of new text (None: only a cached one); else torch. Every runtime passed over is said."""
+    from headstore.featurize.exported import is_cached
+
+    candidates, why = auto_candidates(encoder.device, precision, packing)
+    passed = []
+    for name in candidates:
+        if (n_chars or 0) < AUTO_MIN_CHARS and not is_cached(encoder, name, tuple(layers), cache_dir):
+            passed.append(f"{name} not exported yet, and {n_chars or 0:,} characters of new text would not repay "
+                          f"its export (from {AUTO_MIN_CHARS:,})")
+            continue
+        try:
+            _, checked = proven_export(encoder, name, layers, cpu_threads(num_threads), cache_dir)
+        except ValueError as err:  # an architecture the exporter cannot trace
+            passed.append(f"{name}: {str(err).split('; use --backend')[0]}")
+            continue
+        if checked["exact"]:
+            return Choice(name, f"auto: {name}, {checked['max_abs_diff']:.1e} from torch on this model's parity probe "
+                                f"(within {EXACT:g}, fp32)" + "".join(f"; {p}" for p in passed))
+        passed.append(f"{name}: {checked['max_abs_diff']:.1e} from torch on the parity probe, over {EXACT:g}")
+    return Choice("torch", "auto: " + ("; ".join(["torch", *passed]) if passed else why))
+
+
 def use_backend(encoder, backend: str, layers: tuple[int, ...], precision: str = "fp32",
                 num_threads: int = 0, cache_dir=None):
     """`encoder` with its forward in `backend` (the same object for torch; else a copy whose model is a
-    RuntimeModel giving `layers`). The export comes from the cache (built on first use). The torch encoder must be
-    prepared first (packed.prepare_encoder: its numerics read the torch forward; the copy keeps `encoder.path`)."""
+    RuntimeModel giving `layers`); auto as choose_backend picks with cached exports only. The export comes from
+    the cache (built and checked on first use); a runtime that fails its parity check is refused. The torch encoder
+    must be prepared first (packed.prepare_encoder: its numerics read the torch forward; the copy keeps `encoder.path`)."""
+    if backend == AUTO:
+        backend = choose_backend(encoder, layers, precision, bool(encoder.path and encoder.path.packing), num_threads,
+                                 cache_dir).backend
     if backend == "torch":
         return encoder
     assert encoder.path is not None, "prepare_encoder before use_backend: a RuntimeModel has no torch forward"
-    from headstore.featurize.exported import cached_export
-
-    folder = cached_export(encoder, backend, tuple(layers), cache_dir)  # ValueError naming an untraceable architecture
     threads = cpu_threads(num_threads)
-    run = onnx_runner(folder, threads) if backend == "onnx" else openvino_runner(folder, threads, precision)
+    folder, checked = proven_export(encoder, backend, tuple(layers), threads, cache_dir)
+    if not checked["exact"]:
+        model_type = getattr(encoder.model.config, "model_type", None) or "this model"
+        raise ValueError(f"--backend {backend}: its export of {model_type} is {checked['max_abs_diff']:.1e} from torch "
+                         f"on the parity probe (over {EXACT:g}: not exact); use --backend torch or auto")
+    run = runner(backend, folder, threads, precision)
     return dataclasses.replace(encoder, model=RuntimeModel(run, encoder.model.config, layers, backend))

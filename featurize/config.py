@@ -1,7 +1,8 @@
 """The settings of one featurize run, as a small frozen dataclass of plain values.
 
 The parts that change the stored numbers (model, pooling, layers, max length, dtype, precision) go
-into the store's fingerprint; the rest (batch size, device, commit period) only change speed.
+into the store's fingerprint; the rest (batch size, device, commit period; the
+backend in fp32, which each segment records) only change speed.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import json
 from dataclasses import dataclass
 
 from headstore.data.errors import SettingError
-from headstore.featurize.backends import BACKENDS
+from headstore.featurize.backends import AUTO, CHOICES
 
 DTYPES = ("float16", "float32")
 DEVICES = ("auto", "cpu", "cuda")
@@ -83,10 +84,12 @@ class FeaturizeConfig:
     shard_rows: int = 65536
     # CPU threads for torch; 0 = all cores.
     num_threads: int = 0
-    # where the encoder forward runs (featurize.backends.BACKENDS): torch, or on a CPU the exported graph in
-    # ONNX Runtime or OpenVINO (the `cpu-fast` extra). torch by default: the reference maths, no export step;
-    # a runtime is within 1e-5 of it in fp32 and part of the store's fingerprint.
-    backend: str = "torch"
+    # where the encoder forward runs (featurize.backends): torch, or on a CPU the exported graph in ONNX Runtime or
+    # OpenVINO (the `cpu-fast` extra). auto: the fastest one installed and proven exact for the model (its export's
+    # parity check: within 1e-5 of torch), chosen once per run: OpenVINO in fp32 on a CPU (1.25x torch on MiniLM,
+    # 2-core Zen 4), torch on a GPU, in bf16 and where no runtime is installed. In fp32 the backend is provenance
+    # (each segment records it), not a fingerprint part: a store takes more texts from any of them.
+    backend: str = "auto"
     # folder of the cached exports of --backend onnx|openvino (featurize.exported); None: ~/.cache/headstore/exports
     # ($XDG_CACHE_HOME), beside the other per-machine results, not inside a store (one export serves every store).
     export_cache: str | None = None
@@ -102,9 +105,9 @@ class FeaturizeConfig:
             raise ValueError(f"precision {self.precision!r} not valid; choose one of {list(PRECISIONS)}")
         if self.packing not in PACKINGS:
             raise ValueError(f"packing {self.packing!r} not valid; choose one of {list(PACKINGS)}")
-        if self.backend not in BACKENDS:
-            raise ValueError(f"backend {self.backend!r} not valid; choose one of {sorted(BACKENDS)}")
-        if self.precision == "bf16-weights" and self.backend != "torch":
+        if self.backend not in CHOICES:
+            raise ValueError(f"backend {self.backend!r} not valid; choose one of {list(CHOICES)}")
+        if self.precision == "bf16-weights" and self.backend not in ("torch", AUTO):
             raise ValueError(f"precision bf16-weights holds torch's weights in bf16; give --backend torch (--backend "
                              f"{self.backend} takes --precision bf16 or fp32)")
         if self.tokenize_threads < 0:

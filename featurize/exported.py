@@ -5,7 +5,8 @@ so it is cached under a key hashing all of them (`export_key`): another model, c
 layer set, opset, torch/transformers/onnx/openvino version, or this module's EXPORT_VERSION gives another
 folder, never a stale export. A folder is written as `<name>.incomplete-<pid>` and renamed when complete;
 its manifest.json holds the sha256 of every file, checked on every use, so a truncated or corrupted
-file is rebuilt (one line on stderr), not loaded.
+file is rebuilt (one line on stderr), not loaded. It also keeps the export's parity check against torch
+(featurize.backends.parity: what makes a runtime provably exact for this model), run once per export.
 
 The ONNX graph is torch's TorchScript-based ONNX exporter (torch.onnx.export(dynamo=False)): it traces the
 loaded transformers model (its SDPA attention, the same maths as the torch path) with dynamic batch and
@@ -94,12 +95,35 @@ def verified(folder: Path, key: dict) -> str | None:
     return None
 
 
+def export_folder(encoder, fmt: str, layers: tuple[int, ...], root: str | Path | None = None) -> tuple[Path, dict]:
+    """(the folder an export of `encoder` giving `layers` lives in, its key): nothing is read or built."""
+    root = Path(root) if root else default_cache_dir()
+    key = export_key(encoder, fmt, layers)
+    return _folder(root, encoder, key), key
+
+
+def is_cached(encoder, fmt: str, layers: tuple[int, ...], root: str | Path | None = None) -> bool:
+    """Whether a verified export is already there (`--backend auto` builds one only where it pays: backends)."""
+    return verified(*export_folder(encoder, fmt, layers, root)) is None
+
+
+def recorded_parity(folder: Path) -> dict | None:
+    """The parity check recorded with a verified export (featurize.backends.parity), None before one ran."""
+    parity = json.loads((folder / MANIFEST).read_text()).get("parity")
+    return parity if isinstance(parity, dict) and "max_abs_diff" in parity else None
+
+
+def record_parity(folder: Path, parity: dict) -> None:
+    """Keep `parity` in the export's manifest (atomically; the key and the files' sha256 unchanged), so the check
+    runs once per export, not once per run."""
+    recorded = json.loads((folder / MANIFEST).read_text())
+    atomic_write_json(folder / MANIFEST, {**recorded, "parity": parity}, sort_keys=True)
+
+
 def cached_export(encoder, fmt: str, layers: tuple[int, ...], root: str | Path | None = None) -> Path:
     """The folder of a verified `fmt` export of `encoder` giving `layers` ("onnx": model.onnx, "openvino":
     model.xml/.bin), built (and any corrupted one rebuilt) where needed."""
-    root = Path(root) if root else default_cache_dir()
-    key = export_key(encoder, fmt, layers)
-    folder = _folder(root, encoder, key)
+    folder, key = export_folder(encoder, fmt, layers, root)
     why = verified(folder, key)
     if why is None:
         return folder
@@ -155,7 +179,7 @@ def _example_inputs(encoder):
     return batch["input_ids"], batch["attention_mask"]
 
 
-def _states_module(model, layers: tuple[int, ...]):
+def states_module(model, layers: tuple[int, ...]):
     """`model` as a module of (input_ids, attention_mask) -> the states of `layers` (`last_hidden_state` for
     (-1,), else hidden_states[layer] in order; each (B, S, D) float32): what both exporters trace."""
     import torch
@@ -183,7 +207,7 @@ def export_onnx(model, example: tuple, layers: tuple[int, ...], path: Path) -> N
     names = [f"states_{i}" for i in range(len(layers))]
     dynamic = {name: {i: axis for axis, i in axes.items()} for name in (*INPUTS, *names)}
     with torch.no_grad(), _quiet_exporter():
-        torch.onnx.export(_states_module(model, layers), example, str(path), dynamo=False, input_names=list(INPUTS),
+        torch.onnx.export(states_module(model, layers), example, str(path), dynamo=False, input_names=list(INPUTS),
                           output_names=names, dynamic_axes=dynamic, opset_version=OPSET, do_constant_folding=True)
 
 
@@ -208,7 +232,7 @@ def export_openvino(model, example: tuple, layers: tuple[int, ...], folder: Path
     import torch
 
     with torch.no_grad(), _quiet_exporter():
-        converted = ov.convert_model(_states_module(model, layers), example_input=dict(zip(INPUTS, example)))
+        converted = ov.convert_model(states_module(model, layers), example_input=dict(zip(INPUTS, example)))
     for port, name in zip(converted.inputs, INPUTS):
         port.get_tensor().set_names({name})
     if any(not port.get_partial_shape().is_dynamic for port in converted.inputs):  # the frontend keeps them dynamic

@@ -15,7 +15,8 @@ the manifest is replaced the store stays a readable format-1 store (the swapped 
 same numbers).
 
 Compact first checks every committed part (size and sha256, store.check_part) and refuses a damaged
-store naming the file; it then rewrites runs of small consecutive parts as one part each, commits the manifest listing the
+store naming the file; it then rewrites runs of small consecutive parts of one backend (the provenance each part
+records, featurize.backends) as one part each, commits the manifest listing the
 merged parts, then deletes the old files (a crash in between leaves unlisted files, which the next
 writer removes). Reads are correct with or without it; it only bounds the number of files.
 """
@@ -195,7 +196,8 @@ def compact_store(path: str | Path, target_rows: int = 1 << 20) -> dict:
         writer = StoreWriter(path, manifest, lock)  # reconciles leftovers first
         groups, current = [], []
         for part in writer.manifest["parts"]:
-            if current and sum(p["n_rows"] for p in current) + part["n_rows"] > target_rows:
+            if current and (sum(p["n_rows"] for p in current) + part["n_rows"] > target_rows
+                            or part.get("backend") != current[0].get("backend")):  # each part keeps its provenance
                 groups.append(current)
                 current = []
             current.append(part)
@@ -208,7 +210,8 @@ def compact_store(path: str | Path, target_rows: int = 1 << 20) -> dict:
                 new_parts.append(group[0])
                 continue
             frame = pl.concat([pl.read_parquet(path / p["path"]) for p in group]).cast(TEXTS_SCHEMA)
-            new_parts.append(write_part(path / TEXTS_DIR, number, frame, group[0]["start"]))
+            new_parts.append({**write_part(path / TEXTS_DIR, number, frame, group[0]["start"]),
+                              **({"backend": group[0]["backend"]} if "backend" in group[0] else {})})
             number += 1
             replaced += [path / p["path"] for p in group]
         before = len(writer.manifest["parts"])

@@ -30,15 +30,15 @@ from headstore.featurize.config import FINGERPRINTED_NUMERICS, FeaturizeConfig
 from headstore.featurize.encode import (CODE_VERSION, Batch, Tokenized, encode_batch, features_to_host, plan_batches,
                                         prefetch_batches, prompt_length, tokenize)
 from headstore.featurize.ids import IdSet, digests, first_occurrences, keys_of_digests, keys_of_hex
-from headstore.featurize.hardware import warn_if_emulated_bf16
+from headstore.featurize.hardware import bf16_note, warn_if_emulated_bf16
 from headstore.featurize.model import check_options, encoding_settings, load_encoder, model_identity, pick_device
-from headstore.featurize.backends import backend_part, check_backend, use_backend
+from headstore.featurize.backends import AUTO, Choice, backend_part, check_backend, choose_backend, use_backend
 from headstore.featurize.packed import prepare_encoder
 from headstore.featurize.pooling import Pooler
 from headstore.featurize.sentence import SentenceSpec, resolve_prompts, resolve_spec, sentence_dim
 from headstore.featurize.source import all_chunks, open_sources, windows
-from headstore.featurize.store import (MANIFEST, FeatureStore, StoreError, array_names,
-                                       check_fingerprint, finite_rows, stored_ids)
+from headstore.featurize.store import (MANIFEST, FeatureStore, StoreError, array_names, check_fingerprint,
+                                       finite_rows, segment_backends, stored_ids)
 from headstore.featurize.writer import StoreWriter
 
 
@@ -54,7 +54,7 @@ def fingerprint_parts(config: FeaturizeConfig, device: str | None = None) -> dic
             "dtype": config.dtype, "precision": config.resolved_precision(device),
             "code_version": CODE_VERSION,
             **({"prompts": prompts} if any(prompts.values()) else {}),  # absent: stores made before prompts
-            **numerics_part(config, device), **backend_part(config.backend)}
+            **numerics_part(config, device), **backend_part(config.backend, config.resolved_precision(device))}
 
 
 def numerics_part(config: FeaturizeConfig, device: str) -> dict:
@@ -143,6 +143,7 @@ class Plan:
         writer = self.writer = StoreWriter.open_or_create(self.store_path, self.parts, dim=self.dim,
                                                           chunk_rows=config.chunk_rows,
                                                           shard_rows=config.shard_rows)
+        writer.provenance = {"backend": config.backend}  # the local engine puts auto's choice here (run_local)
         if writer.n_texts != self.n_stored:
             for part in writer.manifest["parts"]:
                 if part["start"] >= self.n_stored:
@@ -165,6 +166,7 @@ class Plan:
                 "n_unique": self.stored.n_marked() + counts["n_encoded"],
                 "n_texts": store.n_texts if store else 0,
                 "fingerprint": store.fingerprint if store else None,
+                "rows_by_backend": segment_backends(store.manifest) if store else {},
                 "n_truncated_in_store": n_truncated, "seconds": round(time.perf_counter() - t0, 3)}
 
 
@@ -278,7 +280,9 @@ def run_local(plan: Plan, chunks: Iterable[list[str]]) -> dict:
     try:
         for prompt, new_ids, new_texts in new_windows(plan, chunks, counts):
             if committer is None:  # the first new texts: the store is locked now
-                encoder = _load(config, plan.device)
+                encoder, choice = _open_encoder(config, plan.device, sum(map(len, new_texts)))
+                plan.writer.provenance = {"backend": choice.backend}
+                counts.update(backend=choice.backend, backend_choice=choice.why)
                 committer = _Committer(plan.writer, config.commit_seconds, config.shard_rows)
                 next_row = plan.writer.n_texts
                 bar = _token_bar()
@@ -322,6 +326,9 @@ def _finish_local(plan: Plan, committer: _Committer, encoder, counts: dict, t_en
                   tokens_per_s=round(counts["real_tokens"] / max(t_encode, 1e-9), 1),
                   **_speed_parts(counts, t_encode), **encoder.path.summary(),
                   commit_seconds_total=round(committer.seconds, 3), n_commits=committer.n_commits)
+    note = bf16_note(counts["precision"], plan.device)  # fp32 on a CPU with native bf16: what bf16 would gain
+    if note:
+        counts["bf16"] = note
 
 
 def _speed_parts(counts: dict, t_encode: float) -> dict:
@@ -334,11 +341,21 @@ def _speed_parts(counts: dict, t_encode: float) -> dict:
             "encoder_tokens_per_s": round(counts["real_tokens"] / encoder_s, 1)}
 
 
-def _load(config: FeaturizeConfig, device: str):
+def _open_encoder(config: FeaturizeConfig, device: str, n_chars: int | None = None) -> tuple:
+    """(the run's encoder, its forward in the backend chosen once for the run; that Choice). auto weighs
+    `n_chars` characters of new text against building a missing export (featurize.backends.choose_backend)."""
     encoder = load_encoder(config.model, device, config.max_length)
-    prepare_encoder(encoder, config, device)
-    return use_backend(encoder, config.backend, config.layers, config.resolved_precision(device),  # torch: itself
-                       config.num_threads, config.export_cache)
+    path = prepare_encoder(encoder, config, device)
+    precision = config.resolved_precision(device)
+    choice = (choose_backend(encoder, config.layers, precision, path.packing, config.num_threads, config.export_cache,
+                             n_chars) if config.backend == AUTO else Choice(config.backend, "given (--backend)"))
+    return use_backend(encoder, choice.backend, config.layers, precision,  # torch: itself
+                       config.num_threads, config.export_cache), choice
+
+
+def _load(config: FeaturizeConfig, device: str):
+    """The encoder as a run opens it (auto: a runtime only where its export is cached)."""
+    return _open_encoder(config, device)[0]
 
 
 def encode_in_plan_order(config: FeaturizeConfig, encoder, device: str, ids: list[str], texts: list[str],

@@ -46,10 +46,10 @@ FORMAT_VERSION = 2
 FINGERPRINT_PARTS = ("model_id", "weights_hash", "tokenizer_hash", "pooling", "layers",
                      "max_length", "dtype", "precision", "code_version")
 # parts present only where they differ from what stores had before them (so those stores keep their
-# fingerprint): the model's sentence modules (featurize.sentence), the roles' prompts, and the encoder's
-# numerics where the weights are held in half precision (config.FINGERPRINTED_NUMERICS)
-OPTIONAL_PARTS = ("include_prompt", "dense", "normalize", "prompts", "numerics",
-                  "backend")  # backend: a CPU runtime (featurize.backends), absent for torch
+# fingerprint): the model's sentence modules (featurize.sentence), the roles' prompts, the encoder's
+# numerics where the weights are held in half precision (config.FINGERPRINTED_NUMERICS), and a CPU runtime
+# out of fp32 (featurize.backends.backend_part; fp32 stores made while every runtime was a part keep it)
+OPTIONAL_PARTS = ("include_prompt", "dense", "normalize", "prompts", "numerics", "backend")
 TEXTS_SCHEMA = {"text_id": pl.String, "text": pl.String, "row": pl.Int64,
                 "n_tokens": pl.Int32, "truncated": pl.Boolean}
 PLAIN_ID = f"^[0-9a-fA-F]{{{2 * TEXT_ID_BYTES}}}$"  # a text id as stored (hex of 16 bytes)
@@ -364,9 +364,29 @@ def _id_hex(text_id: str) -> str | None:
     return raw.hex() if len(raw) == TEXT_ID_BYTES else None
 
 
+def segment_backends(manifest: dict) -> dict[str, int]:
+    """Committed rows per backend that encoded them (featurize.backends): each part's `backend`; a part committed
+    before parts recorded it has the store's fingerprint part (a store of one runtime), else torch."""
+    rows: dict[str, int] = {}
+    for part in manifest.get("parts", []):
+        backend = part.get("backend") or manifest.get("backend") or "torch"
+        rows[backend] = rows.get(backend, 0) + int(part["n_rows"])
+    return rows
+
+
+def legacy_backend_matches(manifest: dict, parts: dict) -> bool:
+    """An fp32 store made while every CPU runtime was a fingerprint part (`backend` in its manifest) whose
+    fingerprint is this run's plus that part: the runtime was provably within 1e-5 of torch, so the store is
+    accepted as it is (its fingerprint kept: the heads trained on it stay valid) and takes texts from any backend."""
+    legacy = manifest.get("backend")
+    return (legacy is not None and "backend" not in parts and manifest.get("precision") == "fp32"
+            and parts.get("precision") == "fp32"
+            and manifest["fingerprint"] == fingerprint_of({**parts, "backend": legacy}))
+
+
 def check_fingerprint(path: Path, manifest: dict, parts: dict) -> None:
     """StoreError naming every differing part when the store was made with other settings."""
-    if manifest["fingerprint"] == fingerprint_of(parts):
+    if manifest["fingerprint"] == fingerprint_of(parts) or legacy_backend_matches(manifest, parts):
         return
     diffs = [f"{k}: store has {manifest.get(k)!r}, this run has {parts.get(k)!r}"
              for k in (*FINGERPRINT_PARTS, *OPTIONAL_PARTS) if manifest.get(k) != parts.get(k)]

@@ -91,6 +91,9 @@ class StoreWriter:
         self.path = path
         self.manifest = manifest
         self.lock = lock
+        # what made the rows this writer commits, within the fingerprint's bounds ({"backend": name}: featurize.
+        # backends); kept in each part's manifest entry (store.segment_backends reads it)
+        self.provenance: dict = {}
         self.arrays = {name: zarr.open_array(path / spec["path"], mode="r+")
                        for name, spec in manifest["arrays"].items()}
         self._reconcile()
@@ -175,7 +178,7 @@ class StoreWriter:
             with writing(self.path / self.manifest["arrays"][name]["path"]):
                 fsync_rows(self.path / self.manifest["arrays"][name]["path"], arr, start, stop)
         number = int(self.manifest["next_part"])
-        part = write_part(self.path / TEXTS_DIR, number, rows, start)
+        part = {**write_part(self.path / TEXTS_DIR, number, rows, start), **self.provenance}
         self.commit_manifest(parts=[*self.manifest["parts"], part], n_texts=stop,
                              next_part=number + 1)
         crash_point("committed")

@@ -1,7 +1,8 @@
 """`--backend onnx|openvino`: the encoder forward in ONNX Runtime / OpenVINO gives the torch path's stored features
 within 1e-5 (fp32) on tiny random encoders of several architectures, through the same plan and pooling (Dense,
-Normalize, prompts, several layers); the export cache is keyed by the model and rebuilt when corrupted; the backend
-is part of a store's fingerprint (torch stores keep theirs); bad options are refused in one line."""
+Normalize, prompts, several layers); the export cache is keyed by the model and rebuilt when corrupted; in fp32 the
+backend is recorded per segment, not in the fingerprint (test_backends_auto.py); bad options are refused in one
+line."""
 from __future__ import annotations
 
 import importlib.util
@@ -19,7 +20,7 @@ from headstore.featurize.backends import BACKENDS, check_backend
 from headstore.featurize.config import FeaturizeConfig
 from headstore.featurize.exported import MANIFEST, cached_export, export_key, verified
 from headstore.featurize.run import _load, featurize_texts, fingerprint_parts
-from headstore.featurize.store import FeatureStore, StoreError
+from headstore.featurize.store import FeatureStore, segment_backends
 
 RUNTIMES = ("onnx", "openvino")
 # varied lengths (padding inside batches), several past the 24-token max length, case that matters
@@ -67,7 +68,7 @@ def test_runtime_features_equal_torch_features(arch, hf_models, cache, tmp_path)
         got = stored(tmp_path / backend, TEXTS)
         assert got.shape == reference.shape
         assert np.abs(got - reference).max() <= 1e-5, (arch, backend)
-        assert FeatureStore.open(tmp_path / backend).manifest["backend"] == backend
+        assert segment_backends(FeatureStore.open(tmp_path / backend).manifest) == {backend: len(set(TEXTS))}
 
 
 def test_layers_dense_normalize_and_prompts_go_through_the_same_pooling(hf_models, cache, tmp_path):
@@ -110,25 +111,10 @@ def test_export_cache_is_keyed_by_the_model_and_corruption_is_rebuilt(backend, t
 
 
 @pytest.mark.parametrize("backend", RUNTIMES)
-def test_backend_is_in_the_fingerprint_and_torch_stores_keep_theirs(backend, tiny_model, cache, tmp_path):
-    assert "backend" not in fingerprint_parts(FeaturizeConfig(model=tiny_model))  # existing stores unchanged
-    assert fingerprint_parts(FeaturizeConfig(model=tiny_model, backend=backend))["backend"] == backend
-    needs(backend)
-    run(tiny_model, tmp_path / "s", "torch", cache)
-    with pytest.raises(StoreError, match="fingerprint mismatch") as err:
-        run(tiny_model, tmp_path / "s", backend, cache)
-    assert "backend" in str(err.value)
-
-
-def test_cli_refuses_a_runtime_into_a_torch_store(tiny_model, tmp_path):
-    needs("openvino")
-    data = tmp_path / "texts.txt"
-    data.write_text("\n".join(TEXTS) + "\n")
-    base = ["featurize", "--model", tiny_model, "--data", str(data), "--store", str(tmp_path / "s"),
-            "--export-cache", str(tmp_path / "cache")]
-    assert CliRunner().invoke(main, base).exit_code == 0
-    refused = CliRunner().invoke(main, [*base, "--backend", "openvino"])
-    assert refused.exit_code != 0 and "fingerprint mismatch" in refused.output and "backend" in refused.output
+def test_a_runtime_in_fp32_is_no_fingerprint_part_and_torch_stores_keep_theirs(backend, tiny_model):
+    torch_parts = fingerprint_parts(FeaturizeConfig(model=tiny_model, backend="torch"))
+    assert "backend" not in torch_parts  # existing stores unchanged
+    assert fingerprint_parts(FeaturizeConfig(model=tiny_model, backend=backend)) == torch_parts
 
 
 def test_cli_lists_the_valid_backends_for_an_unknown_one(tmp_path):

@@ -21,7 +21,7 @@ def fresh_cache(tmp_path, monkeypatch):
 def test_the_detector_returns_a_bool_and_a_second_call_reads_the_cache(fresh_cache, monkeypatch):
     calls = []
     real_measure = hardware.measure_matmuls
-    monkeypatch.setattr(hardware, "measure_matmuls", lambda: calls.append(1) or real_measure(n=64))
+    monkeypatch.setattr(hardware, "measure_matmuls", lambda n=64, repeats=3: calls.append(n) or real_measure(n=64))
     first = hardware.native_bf16()
     assert isinstance(first, bool)
     files = list(fresh_cache.glob("bf16-*.json"))
@@ -38,18 +38,20 @@ def test_the_detector_returns_a_bool_and_a_second_call_reads_the_cache(fresh_cac
     monkeypatch.setattr(hardware, "flags_verdict", no_more)
     assert hardware.native_bf16() is first
     assert hardware.bf16_support() == saved
-    assert len(calls) <= 1
+    # the probe where the flags do not say native (its slowdown saved), then bf16's speed where native
+    assert calls == ([64] if saved["slowdown"] is not None else []) + ([hardware.SPEED_N] if first else [])
+    assert (saved.get("bf16_speedup", 0) > 0) is first  # where native, how much faster bf16 ran (bf16_note)
 
 
 def test_another_cpu_or_torch_is_measured_again(fresh_cache, monkeypatch):
-    monkeypatch.setattr(hardware, "measure_matmuls", lambda: {"fp32_gflops": 100.0, "bf16_gflops": 1.0,
+    monkeypatch.setattr(hardware, "measure_matmuls", lambda n=0: {"fp32_gflops": 100.0, "bf16_gflops": 1.0,
                                                               "slowdown": 100.0})
     monkeypatch.setattr(hardware, "cpu_flags", lambda: {"avx2", "fma"})
     monkeypatch.setattr(hardware, "flags_verdict", lambda flags: None)  # unclear: the matmuls decide
     assert hardware.native_bf16() is False and hardware.bf16_support()["source"] == "measured"
     hardware.bf16_support.cache_clear()
     monkeypatch.setattr(hardware, "cpu_flags", lambda: {"avx2", "fma", "avx512f"})
-    monkeypatch.setattr(hardware, "measure_matmuls", lambda: {"fp32_gflops": 100.0, "bf16_gflops": 90.0,
+    monkeypatch.setattr(hardware, "measure_matmuls", lambda n=0: {"fp32_gflops": 100.0, "bf16_gflops": 90.0,
                                                               "slowdown": 1.1})
     assert hardware.native_bf16() is True
     assert len(list(fresh_cache.glob("bf16-*.json"))) == 2

@@ -35,7 +35,7 @@ def test_bf16_features_are_close_to_fp32_and_fingerprinted_apart(tiny_model, tex
 def test_auto_precision_is_fp32_on_cpu_and_bad_values_are_refused(tiny_model):
     assert fingerprint_parts(config(tiny_model))["precision"] == "fp32"
     assert config(tiny_model).resolved_precision("cuda") == "bf16"
-    with pytest.raises(ValueError, match=r"\['auto', 'fp32', 'bf16', 'fp16', 'bf16-autocast'\]"):
+    with pytest.raises(ValueError, match=r"\['auto', 'fp32', 'bf16', 'fp16', 'bf16-autocast', 'bf16-weights'\]"):
         config(tiny_model, precision="fp8")
     with pytest.raises(ValueError, match="precision fp16 needs --device cuda"):
         fingerprint_parts(config(tiny_model, precision="fp16"))

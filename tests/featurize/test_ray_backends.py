@@ -1,6 +1,7 @@
 """`--engine ray` with every backend (torch, onnx, openvino) on a real local Ray: each actor prepares the torch
 encoder (numerics) before swapping in the runtime model, and stores what the local engine stores with that
-backend (the same fingerprint, features within the backend's tolerance of the local engine's and of torch's)."""
+backend (the same fingerprint, each segment recording the backend, features within the backend's tolerance of the
+local engine's and of torch's)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from click.testing import CliRunner
 from headstore.cli import main
 from headstore.data.text_id import text_ids
 from headstore.featurize.run import featurize_texts
-from headstore.featurize.store import FeatureStore
+from headstore.featurize.store import FeatureStore, segment_backends
 from headstore.featurize.verify import verify_store
 
 from featurize_helpers import random_texts
@@ -55,7 +56,7 @@ def test_ray_engine_runs_every_backend_as_the_local_engine(backend, tiny_model, 
     assert summary["engine"] == "ray" and summary["n_encoded"] == len(set(TEXTS))
     assert verify_store(tmp / "ray") == []
     ray, local = FeatureStore.open(tmp / "ray"), FeatureStore.open(tmp / "local")
-    assert ray.fingerprint == local.fingerprint and ray.manifest.get("backend", "torch") == backend
+    assert ray.fingerprint == local.fingerprint and segment_backends(ray.manifest) == {backend: len(set(TEXTS))}
     got, same, reference = features(tmp / "ray"), features(tmp / "local"), features(torch_path)
     for name in same:
         assert np.abs(got[name] - same[name]).max() <= SAME_BACKEND[backend], name
