@@ -12,7 +12,7 @@
 # (end_to_end.sh, its featurize a no-op: 70 s), the benchmark on SciFact at 512 tokens (what is left).
 # Needs: bench/gpu_env.sh (PYTHONPATH, PATH with `cli`, HEADSTORE_DATA, HEADSTORE_MINILM) where headstore is
 # not installed; the reference REF (default .gpu/ref-cpu-minilm.parquet), made on a CPU beforehand by
-#   python bench/compare_stores.py --make-ref .gpu/ref-cpu-minilm.parquet --sample 2000
+#   python bench/parity/compare_stores.py --make-ref .gpu/ref-cpu-minilm.parquet --sample 2000
 set -uo pipefail
 cd "$(dirname "$0")/.."
 DEVICE=${GPU_CHECK_DEVICE:-cuda}  # cpu: a smoke run of this script where headstore is installed (no gpu_env.sh)
@@ -67,13 +67,13 @@ stage featurize 60 bash -c "cli featurize --model minilm --data '$D/scifact' --d
     --data '$D/cacm' --data '$D/semeval-sts-2012-2016' --data '$D/pairs-small/trecqa_pairs.parquet' \
     --store '$S' --device $DEVICE > '$OUT/featurize-summary.json'"
 stage verify-compare 30 bash -c "cli store verify '$S' && \
-    python3 bench/compare_stores.py '$S' '$REF' --bound 1e-2 --json '$OUT/compare.json'"
+    python3 bench/parity/compare_stores.py '$S' '$REF' --bound 1e-2 --json '$OUT/compare.json'"
 
 # 3. the benchmark on the main job's texts; its budget leaves room for the slowest setting and the report
 T=$(left); (( T > 220 )) && T=220
 # (the H200 run of 2026-11-26 reached BERT-base's sentence-transformers settings only in a 4th call: the check now
 # runs fewer settings per shape -- ST's best there was always its largest batch; packing off/on is gpu-smoke's)
-stage bench-main 220 python3 bench/featurize.py --device $DEVICE --texts main --shapes minilm,bert-base,bert-large \
+stage bench-main 220 python3 bench/speed/featurize.py --device $DEVICE --texts main --shapes minilm,bert-base,bert-large \
     --hs bf16,bf16-autocast,fp32 --st-precisions bf16,fp16,fp32 \
     --st-batch-sizes 256,512 --st-fp32-batch-sizes 512 --repeats 2 \
     --budget-s $(( T > 100 ? T - 55 : 30 )) --grace-s 25 --json "$OUT/bench-gpu-main.json" $BENCH_ARGS
@@ -83,7 +83,7 @@ stage e2e 70 env RUNS="$E2E" bash examples/end_to_end.sh
 
 # 5. the benchmark on SciFact at 512 tokens, with what is left
 T=$(left)
-stage bench-scifact512 "$T" python3 bench/featurize.py --device $DEVICE --texts scifact512 \
+stage bench-scifact512 "$T" python3 bench/speed/featurize.py --device $DEVICE --texts scifact512 \
     --shapes minilm,bert-base,bert-large --hs bf16,bf16:packing=off,fp32 --st-precisions bf16,fp16 \
     --st-batch-sizes 256,512 --repeats 2 --budget-s $(( T > 80 ? T - 60 : 20 )) --grace-s 25 \
     --json "$OUT/bench-gpu-scifact512.json" $BENCH_ARGS

@@ -31,7 +31,7 @@ NATIVE_FLAGS = ("amx_bf16", "avx512_bf16", "bf16")  # x86 AMX / AVX-512-BF16 til
 REPORTED_FLAGS = ("avx2", "fma", "avx512f", "avx512_vnni", "avx_vnni", "avx512_bf16", "avx512_fp16",
                   "amx_tile", "amx_bf16", "amx_int8", "amx_fp16", "asimd", "sve", "bf16")
 # measured bf16 at least this share of fp32's speed: not a trap. Native bf16 runs at 1-6x fp32 (AMX:
-# ~3x in bench/limits.py on the README's Xeon); emulated it ran at 1/70-1/300 here.
+# ~3x in bench/speed/limits.py on the README's Xeon); emulated it ran at 1/70-1/300 here.
 NATIVE_MIN_SHARE = 0.5
 PROBE_N = 256  # the probe's square matmul: 34 MFLOP, ~0.03-0.1 s in emulated bf16, well under a ms in fp32
 # where bf16 is native, the matmul whose bf16/fp32 speed an fp32 featurize run quotes (bf16_note): 2 GFLOP, big

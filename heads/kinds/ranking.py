@@ -33,7 +33,7 @@ RANK_BLOCK = 1 << 24  # energy entries (queries x documents) per top-k pass: 64 
 # epoch selection on an IR split with L1 energy: each query's exact L1 energies are computed for its
 # SELECT_CANDIDATES nearest documents by L2 (one batched matmul for all heads) instead of all documents
 # (torch.cdist p=1 has no matmul form and dominated SciFact grids); the exact L1 top 10 was inside the
-# candidates for every query, head and epoch measured (bench/grid.py reports the recall)
+# candidates for every query, head and epoch measured (bench/speed/grid.py reports the recall)
 SELECT_CANDIDATES = 100
 SELECT_BLOCK = 1 << 25  # energy entries (heads x queries x documents) per block of the selection pass
 

@@ -179,7 +179,7 @@ class NegativesConfig:
         "Largest corpus (documents) searched exactly for mining and dev ranking; above it, candidates: each "
         "query's frozen top --pool-k (an exact cosine search, done once), re-scored in head space each epoch."))
     # 20,000: SciFact (5k) and corpora of its size keep the exact search and their numbers; above ~20k an
-    # exact re-mine + dev ranking per epoch costs more than the epoch's training steps (bench/scale_heads.py)
+    # exact re-mine + dev ranking per epoch costs more than the epoch's training steps (bench/scale/scale_heads.py)
     pool_k: int = field(default=100, metadata=_opt(
         "Candidates per query above --exact-max: the frozen space's top-k documents."))  # 100: 12x the 8
     # mined negatives; the dev candidates' share of the exact top-10 is reported in metrics.json

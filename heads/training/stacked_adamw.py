@@ -9,7 +9,7 @@ under torch.optim.AdamW(lr=lr[h], weight_decay=weight_decay[h]) trained on its o
 Fused: with `fused=True` each parameter's update (and a per-head gradient scale, for clipping) runs as
 one loop compiled by `torch.compile` instead of ~10 eager passes over p, grad and the moments: the update
 of a stack of small heads is bound by memory traffic, not arithmetic, so this is 3-5x faster (measured
-on a 2-core CPU; bench/grid.py). The maths are the same; the compiled loop may round differently in the
+on a 2-core CPU; bench/speed/grid.py). The maths are the same; the compiled loop may round differently in the
 last bit. Compiling costs seconds once per process (cached on disk by torch), so heads.training.train uses it
 only for stacks with enough work (`fused_pays`); if compiling fails the eager update is used, with a warning.
 Every parameter enters the compiled loop as an (H, N) view, so one graph serves every stack of a grid.

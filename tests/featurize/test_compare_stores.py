@@ -1,4 +1,4 @@
-"""bench/compare_stores.py (the GPU check's store-vs-reference bound): rows joined by text_id, unit rows compared."""
+"""bench/parity/compare_stores.py (the GPU check's store-vs-reference bound): rows joined by text_id, unit rows compared."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from headstore.featurize.config import FeaturizeConfig
 from headstore.featurize.run import featurize_texts
 from headstore.featurize.store import FeatureStore
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench" / "parity"))
 from compare_stores import compare  # noqa: E402
 
 

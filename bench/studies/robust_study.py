@@ -1,6 +1,6 @@
 """The study of issue 20 (docs/robust.md): every lever against the frozen cosine baseline, in and out of domain.
 
-Reads the grids `examples/robust_study.sh` trains (the round-2 default head, the anchor, the soups, each under the
+Reads the grids `examples/studies/robust/robust_study.sh` trains (the round-2 default head, the anchor, the soups, each under the
 L1 and the cosine energy, 3 seeds) and, for every head, scores the strength curve a = 0, 0.1, ..., 1
 (heads.training.strength) on the in-domain dev and test splits, the out-of-domain dev sets (`--select-ood`: never test)
 and the out-of-domain test sets (reported, never selected on). The strength lever is a chosen per head on dev
@@ -8,7 +8,7 @@ by heads.training.selection's rule (the same as `--strength auto`). Writes per d
 in-domain test, each out-of-domain test; 3-seed means with the 95% CI of the in-domain mean) and JSON, and one
 picture of the in-domain vs out-of-domain trade-off (the default head's strength curve and each lever as a point).
 
-    python bench/robust_study.py --store S --runs /work/runs-robust --out docs/img/robust-tradeoff.png
+    python bench/studies/robust_study.py --store S --runs /work/runs-robust --out docs/img/robust-tradeoff.png
 """
 from __future__ import annotations
 
@@ -39,7 +39,7 @@ STUDY = {
     "stsb": ("stsb", ("semeval-sts-2012-2016",), ("semeval-sts-2012-2016",)),
     "trecqa": ("pairs-small/trecqa_pairs.parquet", (), ()),
 }
-GRIDS = ("base", "anchor", "anchorstrong", "anchorgen", "soup", "query")  # <runs>/<dataset>-<grid> (examples/robust_study.sh)
+GRIDS = ("base", "anchor", "anchorstrong", "anchorgen", "soup", "query")  # <runs>/<dataset>-<grid> (examples/studies/robust/robust_study.sh)
 
 
 class Scorer:

@@ -6,10 +6,10 @@ learning rates, the anchor on the dataset's own rows or on STS-B's, a soup), its
 L1, square cosine), a hollow marker the same heads with `--strength auto`; the table beside the picture
 gives each row's numbers. The strength curves a = 0 ... 1 are drawn when the study's JSON holds them.
 
-    python bench/robust_picture.py --json R/robust-study.json --out docs/img/robust-tradeoff.png
-    python bench/robust_picture.py --table docs/robust.md --out docs/img/robust-tradeoff.png   # points only
+    python bench/studies/robust_picture.py --json R/robust-study.json --out docs/img/robust-tradeoff.png
+    python bench/studies/robust_picture.py --table docs/robust.md --out docs/img/robust-tradeoff.png   # points only
 
-(bench/robust_study.py draws it at the end of a study with `picture`.)
+(bench/studies/robust_study.py draws it at the end of a study with `picture`.)
 """
 from __future__ import annotations
 
@@ -115,7 +115,7 @@ def results_from_table(markdown: str, heading: str) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     src = ap.add_mutually_exclusive_group(required=True)
-    src.add_argument("--json", type=Path, help="robust-study.json that bench/robust_study.py writes")
+    src.add_argument("--json", type=Path, help="robust-study.json that bench/studies/robust_study.py writes")
     src.add_argument("--table", type=Path, help="docs/robust.md: the SciFact table's points (no curves)")
     ap.add_argument("--heading", default="### SciFact (in domain) with Cranfield and CACM")
     ap.add_argument("--out", type=Path, default=Path("docs/img/robust-tradeoff.png"))

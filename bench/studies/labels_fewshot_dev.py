@@ -5,7 +5,7 @@ test run. This script picks them on the dev slice of 20 Newsgroups' train split 
 texts the shots are drawn from): every loss x epochs x lr, 16 texts per class, seeds 0-2, scored on
 dev beside the frozen probe and k-NN on the same shots. It prints the summary table and writes JSON.
 
-    python bench/labels_fewshot_dev.py --store runs/store-20ng --json runs/labels-fewshot-dev.json
+    python bench/studies/labels_fewshot_dev.py --store runs/store-20ng --json runs/labels-fewshot-dev.json
 """
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from headstore.heads.experiments.grid import run_grid  # noqa: E402
 from headstore.heads.experiments.summary import summarize, summary_table  # noqa: E402

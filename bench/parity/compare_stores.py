@@ -1,7 +1,7 @@
 """Compare the features of two stores (or reference files) text by text: max |diff| of unit rows.
 
-    python bench/compare_stores.py STORE_A STORE_B [--bound 1e-2] [--json out.json]
-    python bench/compare_stores.py --make-ref .gpu/ref-cpu-minilm.parquet [--sample 2000] [--device cpu]
+    python bench/parity/compare_stores.py STORE_A STORE_B [--bound 1e-2] [--json out.json]
+    python bench/parity/compare_stores.py --make-ref .gpu/ref-cpu-minilm.parquet [--sample 2000] [--device cpu]
 
 Each side is a feature store (a `cli featurize` folder) or a reference file: Parquet with `text_id` and
 `features` (fp32, one list per text). Rows are joined by text_id; each row is scaled to unit length (a
@@ -9,7 +9,7 @@ store may hold float16 or unnormalised features), and the line printed gives the
 and the 99.9th percentile of |a - b| over every component, and the lowest cosine. Exit status 1 when no
 text is shared or the max passes --bound.
 
---make-ref writes such a file from the main job's texts (bench/featurize_data.py: every text of
+--make-ref writes such a file from the main job's texts (bench/speed/featurize_data.py: every text of
 examples/end_to_end.sh's datasets) cut to --sample texts spread over the length order, featurized here in
 fp32 by headstore (`cli featurize`'s code path, --precision fp32, float32 store): a small file that travels
 to a GPU box, where the store `cli featurize --device cuda` made of the same datasets is compared with it.
@@ -26,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "speed"))  # featurize_data
 
 
 def read_side(path: Path) -> tuple[list[str], np.ndarray]:
@@ -101,7 +101,7 @@ def main() -> int:
     ap.add_argument("--make-ref", type=Path, default=None, help="write a reference .parquet instead")
     ap.add_argument("--sample", type=int, default=2000)
     ap.add_argument("--data", type=Path, default=Path(__import__("os").environ.get(
-        "HEADSTORE_DATA", str(Path(__file__).resolve().parents[1].parent / "shared" / "datasets"))))
+        "HEADSTORE_DATA", str(Path(__file__).resolve().parents[2].parent / "shared" / "datasets"))))
     ap.add_argument("--model", default="minilm")
     ap.add_argument("--device", default="cpu")
     args = ap.parse_args()

@@ -1,7 +1,7 @@
 """Benchmark: how far a `--pooling model` store is from `SentenceTransformer(dir).encode` of the same texts.
 
-    python bench/st_parity.py --json runs/st_parity.json            # tiny architectures + MiniLM on STS-B
-    python bench/st_parity.py --no-minilm --json /tmp/parity.json   # tiny architectures only (seconds)
+    python bench/parity/st_parity.py --json runs/st_parity.json            # tiny architectures + MiniLM on STS-B
+    python bench/parity/st_parity.py --no-minilm --json /tmp/parity.json   # tiny architectures only (seconds)
 
 For every tiny random architecture of tests/featurize/arch_models.py (BERT, RoBERTa, XLM-RoBERTa, DistilBERT,
 MPNet, ELECTRA, DeBERTa-v2, ModernBERT where transformers has it) saved as a sentence-transformers directory
@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests" / "featurize"))
 
 from arch_models import ARCHES, build_hf, build_st, has_arch  # noqa: E402

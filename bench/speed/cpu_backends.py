@@ -2,7 +2,7 @@
 sentence-transformers' `SentenceTransformer(model_dir, backend=...)` at several batch sizes, MiniLM fp32,
 on texts with a real length mix (SciFact corpus + STS-B, evenly spaced over the length order), real tokens/s.
 
-    python3 bench/cpu_backends.py --texts 1000 --rounds 3 --out /tmp/cpu_backends.json \
+    python3 bench/speed/cpu_backends.py --texts 1000 --rounds 3 --out /tmp/cpu_backends.json \
         [--st-python /path/to/venv/bin/python]
 
 Each system lives in a worker process that loads its model once, then encodes the whole text set when told

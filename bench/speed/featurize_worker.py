@@ -1,6 +1,6 @@
-"""One bench/featurize.py worker: one system and one model shape, in a fresh process.
+"""One bench/speed/featurize.py worker: one system and one model shape, in a fresh process.
 
-    python bench/featurize_worker.py SPEC.json
+    python bench/speed/featurize_worker.py SPEC.json
 
 The spec lists the settings to run (each with its text set); every setting gets a warm-up on a slice of
 its texts, then its timed runs, best kept. sentence-transformers settings that differ only in batch size

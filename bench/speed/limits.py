@@ -1,9 +1,9 @@
-"""What the machine can do, measured in the run that compares against it (bench/grid.py, bench/featurize.py).
+"""What the machine can do, measured in the run that compares against it (bench/speed/grid.py, bench/speed/featurize.py).
 
 A shared machine's speed drifts with its load, so a benchmark measures the matmul limit itself, in the same
 process, right before and after its workload, and states each result as a share of the best it measured:
 
-    python bench/limits.py            # prints the probe alone
+    python bench/speed/limits.py            # prints the probe alone
 
 `matmul_limit(precision)`: GFLOP/s of one large square matmul (2048^3 on CPU, 8192^3 on GPU; 2 FLOP per
 multiply-add), the best of a few repeats, on torch's current thread count. bf16 uses the CPU's AMX tiles
@@ -13,7 +13,7 @@ machine it was measured on: `machine()` (the CPU model, its bf16/AVX-512/AMX fla
 the GPU if any) goes into each benchmark's JSON (top level and every row) and `machine_line()` above each
 table.
 
-    python bench/limits.py --json runs/limits.json
+    python bench/speed/limits.py --json runs/limits.json
 """
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """Benchmark: a 64-head grid on stored features, against the machine's matmul limit and the peer's way.
 
 In one run, on stored MiniLM features (SciFact train pairs with 8 mined negatives, STS-B train):
-1. the matmul limit: a large fp32 and bf16 matmul (bench/limits.py), probed before and after the work;
+1. the matmul limit: a large fp32 and bf16 matmul (bench/speed/limits.py), probed before and after the work;
 2. a 64-head grid (2-layer 384->512->256 heads, l1-energy, 4 lr x 4 weight decay x 4 seeds, 5 epochs)
    trained stacked (`heads.training.train.train_stack`, what `cli grid` runs) in each --precisions: wall time, the
    head matmuls it did (training forward + backward, and the per-epoch dev embeddings), their rate and
@@ -15,8 +15,8 @@ In one run, on stored MiniLM features (SciFact train pairs with 8 mined negative
    texts are timed, then extrapolated (marked *) to the whole epoch, the 5 epochs and per head; the
    ratio is the peer's seconds per head over the stacked grid's wall time / 64 in the same precision.
 
-    python bench/grid.py --store runs/store-minilm --json runs/bench-grid.json
-    python bench/grid.py --store runs/store-minilm --quick       # ~3 min on a quiet 2-core machine
+    python bench/speed/grid.py --store runs/store-minilm --json runs/bench-grid.json
+    python bench/speed/grid.py --store runs/store-minilm --quick       # ~3 min on a quiet 2-core machine
 
 Matmul FLOPs per row through a head with layers (i_l -> o_l): forward 2 sum i_l o_l, backward 2 sum i_l o_l
 (weight gradients) + 2 sum_{l >= 2} i_l o_l (input gradients; the features need none). Other work
@@ -35,7 +35,7 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import numpy as np  # noqa: E402

@@ -5,7 +5,7 @@ Trains a stack of heads on SciFact (the default l1-energy settings, one seed per
 and test splits: the time of each way, the largest difference in nDCG@10 between them, and the share of
 (head, query) pairs whose exact L1 top 10 lies inside the candidates.
 
-    python bench/epoch_selection.py --store runs/store-minilm --heads 16 --json runs/bench-epoch-selection.json
+    python bench/speed/epoch_selection.py --store runs/store-minilm --heads 16 --json runs/bench-epoch-selection.json
 """
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from headstore.featurize.store import FeatureStore  # noqa: E402
 from headstore.heads.settings.config import TrainConfig  # noqa: E402

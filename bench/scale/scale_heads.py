@@ -1,6 +1,6 @@
 """Benchmark: heads at corpus scale -- train-head, eval, index and a grid as the corpus grows.
 
-    nice -n 5 python bench/scale_heads.py --sizes 10000,100000,1000000 --work runs/scale-heads \\
+    nice -n 5 python bench/scale/scale_heads.py --sizes 10000,100000,1000000 --work runs/scale-heads \\
         --json runs/scale_heads.json [--grid-size 1000000]
 
 A synthetic BEIR set per size: documents are unique random sentences (a 70-word vocabulary, 5-12 words,
@@ -10,7 +10,7 @@ sizes differ only by the documents added. Featurized once per size by a tiny ran
 (MiniLM's width; 1 layer, intermediate 128, 16 tokens) into a store cached under --work (featurize is
 fingerprinted: a store is reused only when what made it is unchanged). Each command runs in its own process;
 measured from outside: wall seconds and the peak RSS of the process tree (polled from /proc, as
-bench/scale.py does). Per size:
+bench/scale/scale.py does). Per size:
 
 - `train-head` with the defaults (above exact_max=20,000 documents: candidates) -- seconds per epoch
   (train_seconds / epochs run), whole wall, peak RSS, test nDCG@10, how negatives and dev were made;
@@ -36,10 +36,10 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from scale import tree_rss  # noqa: E402  (bench/scale.py: peak RSS of a process tree, from /proc)
+from scale import tree_rss  # noqa: E402  (bench/scale/scale.py: peak RSS of a process tree, from /proc)
 
 WORDS = ("alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu nu xi omicron pi rho sigma tau "
          "upsilon phi chi psi omega red green blue black white grey brown pink gold silver cold warm hot wet dry "

@@ -1,4 +1,4 @@
-"""bench/featurize.py's rows, ratios and tables: each worker result as one row of real figures."""
+"""bench/speed/featurize.py's rows, ratios and tables: each worker result as one row of real figures."""
 
 from __future__ import annotations
 

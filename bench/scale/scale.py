@@ -1,6 +1,6 @@
 """Benchmark: featurize at scale -- time per text, peak memory, store size, commit share.
 
-    python bench/scale.py --sizes 10000,100000,1000000,10000000 --engines local,ray \\
+    python bench/scale/scale.py --sizes 10000,100000,1000000,10000000 --engines local,ray \\
         --minilm --out runs/scale --json runs/scale.json
 
 A synthetic corpus (random sentences over a 70-word vocabulary, each made unique by its number,
@@ -30,7 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests" / "featurize"))  # the tests' tiny BERT builder
 
 from featurize_helpers import WORDS, build_tiny_bert  # noqa: E402

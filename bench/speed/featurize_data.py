@@ -1,4 +1,4 @@
-"""What bench/featurize.py measures on: the text sets, the model shapes, the FLOPs count and the fp32 reference.
+"""What bench/speed/featurize.py measures on: the text sets, the model shapes, the FLOPs count and the fp32 reference.
 
 Text sets (read with headstore's own dataset readers, as `cli featurize --data ...` reads them):
   main        every text of the main job (examples/end_to_end.sh: scifact, stsb, cranfield, cacm,

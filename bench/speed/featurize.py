@@ -1,21 +1,21 @@
 """Benchmark: headstore featurize against sentence-transformers at its best, on one device, in one run.
 
-    python bench/featurize.py --device cuda --json runs/bench-featurize-gpu.json
-    python bench/featurize.py --device cpu --shapes minilm --limit 2000 --json runs/bench-featurize-cpu.json
-    python bench/featurize.py --device cpu --quick --model TINY_DIR --shapes minilm   # a smoke run
+    python bench/speed/featurize.py --device cuda --json runs/bench-featurize-gpu.json
+    python bench/speed/featurize.py --device cpu --shapes minilm --limit 2000 --json runs/bench-featurize-cpu.json
+    python bench/speed/featurize.py --device cpu --quick --model TINY_DIR --shapes minilm   # a smoke run
 
 Matrix: model shapes (--shapes: minilm = the offline weights or --model DIR; bert-base, bert-large = random
 weights of those shapes with MiniLM's tokenizer) x text sets (--texts: main = the main job's 36,371 texts at
-the model's max length, scifact512 = the SciFact corpus at 512 tokens; bench/featurize_data.py) x systems:
+the model's max length, scifact512 = the SciFact corpus at 512 tokens; bench/speed/featurize_data.py) x systems:
   headstore              `featurize_texts` as `cli featurize` runs it, one setting per --hs item
                          (precision[:key=value...], keys: packing, backend, batch; settings this checkout's
                          FeaturizeConfig lacks are reported as unavailable, not failed)
   sentence-transformers  SentenceTransformer.encode, weights cast to fp16/bf16 (model.half()/.bfloat16()),
                          each --st-batch-sizes, attention per --st-attn (GPU), backend per --st-backends (CPU:
                          torch, onnx, openvino where installed); fp32 on a GPU only at --st-fp32-batch-sizes
-Every system and shape runs in a fresh process (bench/featurize_worker.py); every setting is warmed up and
+Every system and shape runs in a fresh process (bench/speed/featurize_worker.py); every setting is warmed up and
 timed --repeats times, the best kept. Per run: real tokens/s, padded/real tokens, share of the matmul ceiling
-measured in this run (bench/limits.py: bf16 on a GPU, fp32 on a CPU; probed before and after, best kept),
+measured in this run (bench/speed/limits.py: bf16 on a GPU, fp32 on a CPU; probed before and after, best kept),
 peak device memory (CPU: peak RSS), headstore's tokenizer and encoder tokens/s (its run summary), and the
 max |diff| of unit rows against an fp32 reference (plain transformers, padded, on the same device) on
 --ref-sample texts spread over the length order. --budget-s bounds the run: settings not begun by then are
@@ -182,7 +182,7 @@ def main():
     ap.add_argument("--systems", default="headstore,sentence-transformers")
     ap.add_argument("--limit", type=int, default=None, help="texts per set, spread over the length order")
     ap.add_argument("--data", default=os.environ.get(
-        "HEADSTORE_DATA", str(Path(__file__).resolve().parents[1].parent / "shared" / "datasets")))
+        "HEADSTORE_DATA", str(Path(__file__).resolve().parents[2].parent / "shared" / "datasets")))
     ap.add_argument("--hs", default=None, help="headstore settings: precision[:packing=on|off][:backend=X][:batch=N],...")
     ap.add_argument("--precisions", default=None,
                     help="shorthand (the earlier benchmark's flag): --hs and --st-precisions both these, torch only")

@@ -6,7 +6,7 @@ head outputs of a query set (stored features of the queries) in one run: the exa
 `IndexHNSWFlat` for each M and efSearch. recall@10 = mean over queries of |HNSW top-10 ∩ exact top-10|
 / 10; times are per query set, best of `--repeat`, measured in this one run (compare ratios).
 
-    python bench/search.py --store runs/store-minilm --head runs/scifact-head \\
+    python bench/scale/search.py --store runs/store-minilm --head runs/scifact-head \\
         --data ../shared/datasets/scifact --json runs/bench-search.json
 """
 from __future__ import annotations
@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from headstore.featurize.store_api import Store  # noqa: E402
 from headstore.heads.scoring.energy import pairwise_energy  # noqa: E402
