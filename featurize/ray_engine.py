@@ -16,12 +16,10 @@ which engine wrote a segment (the summary and the log do).
 
 from __future__ import annotations
 
-import contextlib
 import os
 import re
 import shutil
 import signal
-import socket
 import time
 from collections.abc import Sequence
 from dataclasses import asdict
@@ -38,6 +36,7 @@ from headstore.featurize.config import FeaturizeConfig
 from headstore.featurize.backends import use_backend
 from headstore.featurize.model import load_encoder
 from headstore.featurize.packed import prepare_encoder
+from headstore.featurize.ray_cluster import connect, ray_module
 from headstore.featurize.run import Plan, encode_in_plan_order, new_windows
 from headstore.featurize.source import all_chunks, open_sources
 from headstore.featurize.store import array_names
@@ -51,9 +50,6 @@ ATTEMPTS_SUFFIX = ".attempts"  # beside a staged segment: how many actors began 
 SEGMENT_DIED = "actors died on a segment"
 SEGMENT_TEXTS = 16384  # texts per segment: one actor call, one commit, one texts part
 STAGING = ".ray-staging"  # in the store: the new texts as segment files Ray Data reads (shared FS)
-CONNECT_TIMEOUT_S = 10.0  # a cluster's GCS port answers a TCP connect in milliseconds; 10 s allows a slow WAN
-GCS_WAIT_ENV = "RAY_gcs_server_port_wait_time_s"  # Ray's attempts (~1 s apart) at the GCS in ray.init
-GCS_CONNECT_ATTEMPTS = "1"  # the port answered: a GCS that is up answers at once (an attempt waits 30+ s; default 20)
 
 
 class SegmentEncoder:
@@ -162,20 +158,11 @@ class WorkersFailed(SystemFailure):
     """The actor pool gave up on a segment (its actors died more than ACTOR_RESTARTS times)."""
 
 
-def _ray():
-    try:
-        import ray  # here: Ray is an optional dependency (headstore[ray])
-    except ImportError:
-        raise ValueError("--engine ray needs Ray: pip install 'headstore[ray]' "
-                         "(or `python3 -m pip install ray[data]==2.60.0`)") from None
-    return ray
-
-
 def run_ray(plan: Plan, chunks, *, address: str | None = None, workers: int = 2,
             gpus_per_worker: float = 0.0, cpus_per_worker: float = 1.0,
             segment_texts: int = SEGMENT_TEXTS) -> dict:
     """Stage the new texts as segments, encode them on the actor pool, commit each when complete."""
-    ray = _ray()
+    ray = ray_module()
     t0 = time.perf_counter()
     _connect(ray, address)
     counts = {"n_input_texts": 0, "n_encoded": 0, "n_truncated": 0, "real_tokens": 0,
@@ -222,55 +209,11 @@ def _actor_error(err: Exception) -> str:
 
 
 def _connect(ray, address: str | None) -> None:
-    """Start Ray here, or join the cluster at `address` (once per process), within a bounded time.
-
-    Ray alone retries a dead address for about 14 minutes (RAY_NUM_REDIS_GET_RETRIES = 20 attempts of
-    ~40 s: 5 s GCS connect, 5 s pubsub, 30 s py_gcs_connect_timeout_s); so the address's port is first
-    asked with a TCP connect of CONNECT_TIMEOUT_S, and Ray then gets GCS_CONNECT_ATTEMPTS attempts
-    (RAY_gcs_server_port_wait_time_s, read by each ray.init; a value the user set is kept)."""
+    """Start or join Ray (featurize.ray_cluster.connect); Ray Data's progress bars off (the driver has its own)."""
     from ray.data import DataContext  # here: Ray is optional
 
-    if not ray.is_initialized():
-        if address:
-            _probe(address)
-        attempts = {} if os.environ.get(GCS_WAIT_ENV) or not address else {GCS_WAIT_ENV: GCS_CONNECT_ATTEMPTS}
-        try:
-            with _environ(attempts):
-                ray.init(address=address, log_to_driver=False, include_dashboard=False)
-        except (ConnectionError, RuntimeError, ValueError) as err:
-            raise ValueError(f"--address {address}: cannot start or join Ray ({err}); start a "
-                             "cluster with `ray start --head`, or leave --address out") from None
+    connect(ray, address)
     DataContext.get_current().enable_progress_bars = False
-
-
-def _probe(address: str, timeout: float = CONNECT_TIMEOUT_S) -> None:
-    """ValueError naming `address` when nothing accepts a TCP connection at its host:port within
-    `timeout` ('auto', 'local' and addresses without a port are left to Ray)."""
-    host, sep, port = address.removeprefix("ray://").rpartition(":")
-    if not sep or not port.isdigit():
-        return
-    try:
-        with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout):
-            pass
-    except OSError as err:
-        raise ValueError(f"--address {address}: no Ray cluster answers there (a TCP connect within "
-                         f"{timeout:g} s: {err.strerror or err}); start one with `ray start --head` and give "
-                         "the address it prints, or leave --address out to start a local Ray") from None
-
-
-@contextlib.contextmanager
-def _environ(values: dict[str, str]):
-    """`values` in os.environ for the block, the previous values restored after it."""
-    before = {k: os.environ.get(k) for k in values}
-    os.environ.update(values)
-    try:
-        yield
-    finally:
-        for k, v in before.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
 
 
 def _segment_file(staging: Path, segment: int) -> Path:
