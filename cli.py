@@ -381,18 +381,36 @@ def eval_(store, head_dir, data, data_format, unlabeled, out, exclude_overlap, s
 @score_range_option
 @overwrite_option
 @label_options
+@click.option("--engine", type=click.Choice(["local", "ray"]), default="local", show_default=True,
+              help="local: this process trains the stacks one after another; ray: each stack a task on a Ray "
+                   "cluster's workers, the features shared once per node (pip install '.[ray]'; docs/guide/gpu-ray.md).")
+@click.option("--address", default=None,
+              help="--engine ray: the Ray cluster to join ('auto': the one running here, or HOST:PORT; default: "
+                   "start a local Ray).")
+@click.option("--cpus-per-stack", type=int, default=1, show_default=True,
+              help="--engine ray: CPUs a stack asks for, and its torch threads.")
+@click.option("--gpus-per-stack", type=float, default=None,
+              help="--engine ray: GPUs a stack asks for (default: 1 with --device cuda, or auto on a cluster with "
+                   "GPUs; else 0; 0.5: two stacks share a GPU).")
 def grid(store, data, data_format, unlabeled, grid_path, out, transfer, select_ood, ood_delta, dry_run, ensembles,
-         soups, device, test_scope, score_range, overwrite, **label_settings):
+         soups, device, test_scope, score_range, overwrite, engine, address, cpus_per_stack, gpus_per_stack,
+         **label_settings):
     """Train every combination of a grid of heads (stacked by shape); write results, leaderboard and plots.
 
     On labelled texts (--format labels) the grid may sweep shots, hierarchy and per_class; each few-shot
     head is scored beside the frozen probe and k-NN on the same labelled texts (docs/labels.md)."""
     from headstore.heads.experiments.grid import run_grid
+    from headstore.heads.experiments.grid_ray import RayOptions
 
     data_format = fold_label_options(data_format, label_settings)
+    if engine == "local" and (address or cpus_per_stack != 1 or gpus_per_stack is not None):
+        raise click.BadParameter("--address, --cpus-per-stack and --gpus-per-stack are for --engine ray",
+                                 param_hint="--engine")
+    ray_options = RayOptions(address, cpus_per_stack, gpus_per_stack)
     run_grid(store, data, grid_path, out, data_format, transfer=tuple(transfer), score_range=score_range,
              overwrite=overwrite, select_ood=tuple(select_ood), ood_delta=ood_delta, ensembles=tuple(ensembles),
-             dry_run=dry_run, soups=tuple(soups), test_scope=test_scope, device=device, unlabeled=tuple(unlabeled))
+             dry_run=dry_run, soups=tuple(soups), test_scope=test_scope, device=device, unlabeled=tuple(unlabeled),
+             engine=engine, ray_options=ray_options)
 
 
 @main.command()

@@ -1,25 +1,24 @@
 """`cli grid`: train every combination of a TOML grid of head settings, stacked by shape, for every task kind.
 
-Grid file and head ids: heads.experiments.grid_spec. Heads that share everything but lr, weight decay and
-seed train together in one stack (one batched pass per step for all of them); on labelled texts `shots`
-and `seed` are ordinary keys (a few-shot stack trains on the texts its seed draws, the task kind's
-`for_training`), and each row carries the frozen baseline of the texts it trained on (`base_*`).
+The grid file and head ids: heads.experiments.grid_spec; the plan (stacks; skipped and same-objective rows):
+heads.experiments.grid_plan; the inputs, read once: heads.experiments.grid_inputs. On labelled texts `shots` and
+`seed` are ordinary keys (a few-shot stack trains on the texts its seed draws, the kind's `for_training`), and
+each row carries the frozen baseline of the texts it trained on (`base_*`). Results are written after every
+stack, so a rerun into the same output skips finished heads and a changed grid trains only what is new; every
+head is saved loadably (`GRID#rank=K`, `GRID#id=HEAD_ID`, heads.artefacts.files).
 
-Combinations that cannot apply to the dataset (a loss the data cannot train, `--hierarchy` on flat labels)
-are recorded with status `skipped` and the reason, never silently dropped. A configuration whose loss reduces
-to the same objective as an earlier one's on this data (heads.scoring.losses.objective: under `--graded pearson` on
-graded pairs, l1-energy and contrastive both train 1 + corr(E, s)), all else alike, would train the very same
-heads: it is trained once, the plan says so, and its rows have status `same-objective` and `same_as`, the
-head id of its trained twin (the leaderboard lists the objective once, under the first loss). Results are written after every
-stack, so a rerun of the same grid into the same output skips finished heads and a changed grid trains only
-what is new; every head is saved loadably (`GRID#rank=K`, `GRID#id=HEAD_ID`, heads.artefacts.files).
+Engines: `local` trains the stacks one after another in this process, `ray` on a Ray cluster's workers
+(heads.experiments.grid_ray). Either way `StackRunner.compute` trains and scores a stack (nothing written) and
+this process alone saves it (`StackRunner.save`, then results.parquet, rows in the plan's order).
 """
 from __future__ import annotations
 
+import copy
 import json
 import time
-from dataclasses import asdict, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Callable
 
 import polars as pl
 import torch
@@ -30,28 +29,32 @@ from headstore.data.outputs import prepare_output_dir
 from headstore.data.tables import read_utf8
 from headstore.featurize.hardware import warn_if_emulated_bf16
 from headstore.featurize.model import pick_device
-from headstore.featurize.store import FeatureStore
 from headstore.heads.training.anchor import anchor_rows_of
 from headstore.heads.artefacts.files import RESULTS_FILE, read_results, resume_rows, save_stack, write_results
-from headstore.heads.settings.config import TEST_SCOPES, HeadConfig, TrainConfig, stack_key
+from headstore.heads.settings.config import TEST_SCOPES, TrainConfig
 from headstore.heads.evaluation.evaluate import embedder, evaluate_split
 from headstore.heads.experiments.ensembles import score_ensembles, write_ensembles
 from headstore.heads.experiments.grid_estimate import pace_line, plan_seconds
+from headstore.heads.experiments.grid_inputs import load_inputs, transfer_split
+from headstore.heads.experiments.grid_plan import flat_settings, plan_stacks, plan_summary
+from headstore.heads.experiments.grid_ray import ray_ready, train_on_ray
 from headstore.heads.experiments.grid_scope import check_resumed_scope, heads_to_test, scored_heads
-from headstore.heads.experiments.grid_spec import GRID_VERSION, UNSET_SINCE_ID, head_id, read_grid, split_settings
+from headstore.heads.experiments.grid_spec import GRID_VERSION, read_grid
 from headstore.heads.experiments.report import write_report
 from headstore.heads.experiments.soups import score_soups
 from headstore.heads.experiments.summary import write_summary
-from headstore.heads.network.features import array_list
-from headstore.heads.kinds import PREFIX, WHOLE, Task, kind_of, load_task, task_rows, without_overlap
-from headstore.heads.kinds.labels import label_space, shots_clipped, shots_note
-from headstore.heads.kinds.unlabeled import grid_report, unlabeled_line
-from headstore.heads.scoring.losses import LOSSES, applicable, objective
+from headstore.heads.network.features import Normalizer
+from headstore.heads.network.model import StackedMLP
+from headstore.heads.kinds import PREFIX, Task, kind_of
+from headstore.heads.kinds.labels import label_space
+from headstore.heads.kinds.unlabeled import unlabeled_line
 from headstore.heads.training.run import head_shape
-from headstore.heads.training.selection import DEFAULT_DELTA, OodSelection, load_selection
-from headstore.heads.artefacts.task_features import TaskFeatures, rows_of, rows_of_datasets
+from headstore.heads.training.selection import DEFAULT_DELTA, OodSelection
+from headstore.heads.artefacts.task_features import TaskFeatures
 from headstore.heads.training import stacked_adamw
 from headstore.heads.training.train import train_stack
+
+ENGINES = ("local", "ray")  # local: this process, one stack after another; ray: heads.experiments.grid_ray
 
 
 def run_grid(store_path: str, data_path: str, grid_path: str, out_dir: str, data_format: str | None = None,
@@ -59,7 +62,7 @@ def run_grid(store_path: str, data_path: str, grid_path: str, out_dir: str, data
              overwrite: bool = False, select_ood: tuple[str, ...] = (), ood_delta: float = DEFAULT_DELTA,
              ensembles: tuple[int, ...] = (), score_split: str = "test", dry_run: bool = False,
              soups: tuple[int, ...] = (), test_scope: str = "auto", device: str = "auto",
-             unlabeled: tuple[str, ...] = ()) -> pl.DataFrame:
+             unlabeled: tuple[str, ...] = (), engine: str = "local", ray_options=None) -> pl.DataFrame:
     """Train every head of the grid (skipping finished ones); write results, leaderboard, summary and plots.
 
     `transfer`: out-of-domain datasets (texts in the store) every head is also scored on, never
@@ -74,34 +77,26 @@ def run_grid(store_path: str, data_path: str, grid_path: str, out_dir: str, data
     `soups`: sizes K of weight soups to score per seed (heads.artefacts.soup, heads.experiments.soups; soups.json).
     `dry_run`: print the plan (heads, stacks, skipped, a rough time) and return without writing anything.
     `test_scope`: which heads are ranked on test (TEST_SCOPES); the others' test columns are empty.
-    `device`: where the features and the stacks live (auto: cuda when available).
+    `device`: where the features and the stacks live (auto: cuda when available; on the ray engine see RayOptions).
     `unlabeled`: --unlabeled files (heads.kinds.unlabeled): a positives-only pairs task's corpus and impostor pool,
-    the anchor's sample; said on the terminal and in baseline.json, part of every head id."""
+    the anchor's sample; said on the terminal and in baseline.json, part of every head id.
+    `engine`: ENGINES; `ray_options`: heads.experiments.grid_ray.RayOptions (None: its defaults)."""
+    if engine not in ENGINES:
+        raise ValueError(f"engine {engine!r}; valid: {', '.join(ENGINES)}")
     combos = read_grid(grid_path)
-    device = pick_device(device)
+    where = pick_device(device) if engine == "local" else "cpu"  # ray: this process's copy; the workers' elsewhere
+    if engine == "ray" and not dry_run:  # Ray joined, a stack's resources found: before anything is written
+        ray_options = ray_ready(ray_options, device)
     if any(c.get("precision") == "bf16" for c in combos):  # one line where bf16 is emulated (a CPU without it)
-        warn_if_emulated_bf16("bf16", device, fix=f'precision = "fp32" in {grid_path}')
+        warn_if_emulated_bf16("bf16", where, fix=f'precision = "fp32" in {grid_path}')
     inputs = (data_path, grid_path, *transfer, *select_ood, *unlabeled)
     prepare_output_dir(out_dir, "grid", overwrite, resumable=True, inputs=inputs, create=False)
-    store = FeatureStore.open(store_path)
-    _check_arrays(combos, store, grid_path, store_path)
-    task = load_task(data_path, store, data_format, score_range=score_range, unlabeled=unlabeled)
-    unlabeled_rows = task.unlabeled.rows if task.unlabeled else None  # store rows: the anchor's sample
-    unlabeled_note = grid_report(task, [split_settings(c)[1] for c in combos])  # the roles they play
-    ood = _transfer_sets(task, store, transfer)
-    tf = TaskFeatures.for_task(store, task, rows_of_datasets(store, select_ood), *[rows_of(t) for t in ood.values()],
-                               *_anchor_rows(combos, store, unlabeled_rows), device=device)
-    task, ood = tf.remap(task), tf.remap(ood)  # rows -> positions of the rows read (heads.artefacts.task_features)
-    selection = load_selection(store, select_ood, task, tf.read("features")[:, :store.dim], ood_delta,
-                               remap=tf.remap)
-    ids = {"data": str(data_path), "fingerprint": store.fingerprint, "transfer": tuple(ood), "in_dim": store.dim,
-           "score_range": task.score_range, "select_ood": tuple(selection.sets), "ood_delta": ood_delta,
-           "data_format": data_format, "store_rows": store.n_texts,
-           "unlabeled": unlabeled_note.get("digest")}
+    g = load_inputs(combos, store_path, data_path, grid_path, data_format, transfer, select_ood, ood_delta,
+                    score_range, unlabeled, where)
     if dry_run:
         done = {r["head_id"] for r in (resume_rows(out_dir, GRID_VERSION)[0] if not overwrite else [])}
         n_done = len(done)  # before plan_stacks adds the planned heads to it
-        print(plan_summary(*plan_stacks(combos, task, ids, done), n_done, task, store.dim))
+        print(plan_summary(*plan_stacks(combos, g.task, g.ids, done), n_done, g.task, g.store.dim))
         return pl.DataFrame()
     if not overwrite:  # before anything is written into --out
         done = read_results(out_dir).to_dicts() if (Path(out_dir) / RESULTS_FILE).is_file() else []
@@ -109,25 +104,15 @@ def run_grid(store_path: str, data_path: str, grid_path: str, out_dir: str, data
     out = prepare_output_dir(out_dir, "grid", overwrite, resumable=True, inputs=inputs)  # data read: claim it
     atomic_write_text(out / "grid.toml", read_utf8(Path(grid_path)))
     rows, old_rows = resume_rows(out, GRID_VERSION)
-    groups, skipped = plan_stacks(combos, task, ids, {r["head_id"] for r in rows})
+    groups, skipped = plan_stacks(combos, g.task, g.ids, {r["head_id"] for r in rows})
     if progress:
-        print(plan_summary(groups, skipped, len(rows), task, store.dim))
-        if unlabeled_note:
-            print(unlabeled_line(unlabeled_note))
+        print(plan_summary(groups, skipped, len(rows), g.task, g.store.dim))
+        if g.unlabeled_note:
+            print(unlabeled_line(g.unlabeled_note))
     rows += skipped
-    runner = StackRunner(out, task, tf, store_path, data_path, data_format, ood, selection, score_split, test_scope,
-                         unlabeled_rows, unlabeled_note)
-    bar = progress_bar(total=sum(len(items) for items in groups.values()), desc="grid heads", disable=not progress)
-    modelled = plan_seconds(groups, task, store.dim)
-    for i, ((_, _, array), items) in enumerate(groups.items()):
-        t0, compiling = time.perf_counter(), stacked_adamw.compile_seconds
-        rows += runner.train(items, array, progress)
-        write_results(out, old_rows + rows)
-        bar.update(len(items))
-        if i == 0 and len(groups) > 1 and progress:  # the estimate again, at the pace this machine measured
-            compiled = stacked_adamw.compile_seconds - compiling  # once per process: not the pace of the rest
-            progress_write(pace_line(time.perf_counter() - t0 - compiled, modelled, compiled))
-    bar.close()
+    runner = StackRunner(out, g.task, g.tf, store_path, data_path, data_format, g.ood, g.selection, score_split,
+                         test_scope, g.unlabeled_rows, g.unlabeled_note)
+    rows += _train_stacks(runner, groups, old_rows + rows, progress, engine, ray_options)
     if rows or old_rows:
         write_results(out, old_rows + rows)
     frame = pl.DataFrame(rows, infer_schema_length=None) if rows else pl.DataFrame()
@@ -138,135 +123,37 @@ def run_grid(store_path: str, data_path: str, grid_path: str, out_dir: str, data
     return frame
 
 
-def _anchor_rows(combos: list[dict], store: FeatureStore, unlabeled=None) -> list:
-    """The anchor rows of every configuration with an anchor (None: the whole store), to read with the task."""
-    paths = {c.get("anchor_data", "") for c in combos if c.get("anchor_weight")}
-    return [anchor_rows_of(store, TrainConfig(anchor_weight=1.0, anchor_data=p), unlabeled) for p in sorted(paths)]
+def _train_stacks(runner: "StackRunner", groups: dict, before: list[dict], progress: bool, engine: str,
+                  ray_options) -> list[dict]:
+    """Train the plan's stacks on `engine`; after each, its files and results.parquet (`before`, then the rows of
+    the stacks finished, in the plan's order). Returns those rows."""
+    finished: dict[int, list[dict]] = {}
+    bar = progress_bar(total=sum(len(items) for items in groups.values()), desc="grid heads", disable=not progress)
 
+    def record(i: int, rows: list[dict]) -> None:
+        finished[i] = rows
+        write_results(runner.out, before + [r for k in sorted(finished) for r in finished[k]])
+        bar.update(len(rows))
 
-def _check_arrays(combos: list[dict], store: FeatureStore, grid_path: str, store_path: str) -> None:
-    missing = sorted({a for c in combos for a in array_list(c.get("array", "features"))} - set(store.arrays))
-    if missing:
-        raise ValueError(f"{grid_path}: array {missing} not in {store_path}; its arrays: {store.arrays}")
-
-
-def _transfer_sets(task: Task, store: FeatureStore, paths: tuple[str, ...]) -> dict[str, Task]:
-    """The out-of-domain sets, without any item sharing a text with the in-domain dataset (counted)."""
-    ood = {t.name: t for t in (load_task(p, store, for_eval=True) for p in paths)}
-    in_domain = task_rows(task)
-    for name in list(ood):  # an out-of-domain set never scores texts the head was trained or selected on
-        ood[name], dropped = without_overlap(ood[name], in_domain)
-        if any(dropped.values()):
-            print(f"{name}: dropped items sharing a text with {task.name}: {dropped}")
-    return ood
-
-
-def why_not(task: Task, train: TrainConfig) -> str:
-    """Why a configuration cannot train on the task ("" when it can): its loss does not take this kind of
-    data, or the data cannot serve its settings (e.g. --hierarchy on flat labels)."""
-    kind = kind_of(task)
-    reason = applicable(train.loss, kind.train_form(task), task.name, task.kind)
-    if reason:
-        return reason
     try:
-        kind.for_training(task, train)
-    except ValueError as err:
-        return str(err)
-    return ""
+        if engine == "ray":
+            train_on_ray(runner, groups, lambda i, result: record(i, runner.save(result)), ray_options, progress)
+        else:
+            _train_local(runner, groups, record, progress)
+    finally:
+        bar.close()
+    return [r for k in sorted(finished) for r in finished[k]]
 
 
-def plan_stacks(combos: list[dict], task: Task, ids: dict, done: set[str]) -> tuple[dict, list[dict]]:
-    """({(head shape, stack key, array): [(head id, head, train, array)]} of the heads still to train,
-    rows of the combinations skipped with their reason)."""
-    groups: dict[tuple, list] = {}
-    skipped = []
-    trained_as: dict[tuple, tuple[str, str]] = {}  # (objective, other settings) -> (head id, loss) trained
-    for s in combos:
-        hid = head_id(s, **ids)
-        if hid in done:
-            continue
-        done.add(hid)
-        head, train, array = split_settings(s)
-        reason = why_not(task, train)
-        if reason:
-            skipped.append({"head_id": hid, "grid_version": GRID_VERSION, **flat_settings(head, train, array),
-                            "status": "skipped", "reason": reason})
-            continue
-        twin = objective_key(task, head, train, array)
-        if twin in trained_as:
-            skipped.append(same_objective_row(hid, head, train, array, twin[0], *trained_as[twin], task))
-            continue
-        if twin is not None:
-            trained_as[twin] = (hid, train.loss)
-        key = (json.dumps(asdict(head), sort_keys=True), stack_key(train), array)
-        groups.setdefault(key, []).append((hid, head, train, array))
-    return groups, skipped
-
-
-def same_objective_row(hid: str, head: HeadConfig, train: TrainConfig, array: str, objective_name: str,
-                       twin_id: str, twin_loss: str, task: Task) -> dict:
-    """The results row of a configuration not trained because `twin_id` (loss `twin_loss`) trains the same heads."""
-    form = kind_of(task).train_form(task)
-    return {"head_id": hid, "grid_version": GRID_VERSION, **flat_settings(head, train, array),
-            "status": "same-objective", "same_as": twin_id,
-            "reason": f"{train.loss} trains what {twin_loss} trains on {form} pairs under --graded {train.graded} "
-                      f"({objective_name}): trained once, as {twin_loss} (same_as: its head id)"}
-
-
-def objective_key(task: Task, head: HeadConfig, train: TrainConfig, array: str) -> tuple | None:
-    """(the shared objective, every other setting) of a configuration whose loss reduces on this task's data to
-    an objective other losses reduce to too (heads.scoring.losses.objective); None when it trains its loss's own."""
-    kind = kind_of(task)
-    form = kind.train_form(task)
-    if objective(train.loss, form, train.graded, negatives=False) == train.loss:
-        return None  # reduces to nothing shared on this form, whatever the negatives
-    negatives = (kind.train_set(task, train.loss).negative is not None  # given, or mined from an IR corpus
-                 or bool(train.mined_k and LOSSES[train.loss].negatives and task.corpus_rows is not None))
-    name = objective(train.loss, form, train.graded, negatives)
-    if name == train.loss:
-        return None
-    rest = {k: v for k, v in train.to_dict().items() if k != "loss"}
-    return name, json.dumps(asdict(head), sort_keys=True), json.dumps(rest, sort_keys=True, default=str), array
-
-
-def plan_summary(groups: dict, skipped: list[dict], n_done: int, task: Task, store_dim: int) -> str:
-    """One paragraph on what a grid will do: heads and stacks to train, skipped and finished ones, configurations
-    trained once for two losses (the same objective), a rough time (heads.experiments.grid_estimate)."""
-    n_heads = sum(len(items) for items in groups.values())
-    same = [r for r in skipped if r["status"] == "same-objective"]
-    lines = [f"grid plan: {n_heads} head(s) to train in {len(groups)} stack(s); {len(skipped) - len(same)} skipped "
-             f"(cannot apply); {n_done} already finished (resumed)"]
-    if same:
-        lines.append(f"  trained once: {len(same)} configuration(s) train the very same heads as another loss's "
-                     f"({same[0]['reason']}); recorded as same-objective")
-    if n_heads:
-        rough = sum(plan_seconds(groups, task, store_dim))
-        lines.append(f"  rough time on a 2-core CPU: {rough / 60:.1f} min (every epoch run; early stopping shortens "
-                     "it; measured again after the first stack)")
-    for (_, _, array), items in list(groups.items())[:10]:
-        first = items[0][2]
-        lines.append(f"  stack of {len(items)}: loss {first.loss}, array {array}, epochs {first.epochs}")
-    if len(groups) > 10:
-        lines.append(f"  ... and {len(groups) - 10} more stacks")
-    lines += [f"  skipped: {r['reason']}" for r in skipped if r["status"] != "same-objective"][:5]
-    for shots in sorted({it[2].shots for items in groups.values() for it in items if it[2].shots}):
-        clipped = shots_clipped(task, shots)  # more shots than a class has: said, as train-head says it
-        if clipped:
-            lines.append(f"  note: {shots_note(shots, clipped)}")
-    return "\n".join(lines)
-
-
-def flat_settings(head: HeadConfig, train: TrainConfig, array: str) -> dict:
-    """A row's settings; those added since grid rows were first recorded (the levers of issue 20) only
-    where set, so the rows (and golden outputs) of grids that do not use them keep their columns."""
-    h = {k: v for k, v in asdict(head).items() if k != "in_dim" and UNSET_SINCE_ID.get(k, object()) != v}
-    t = {k: v for k, v in train.to_dict().items() if UNSET_SINCE_ID.get(k, object()) != v}
-    return {**h, **t, "array": array}
-
-
-def transfer_split(task: Task) -> str:
-    """The split an out-of-domain dataset is scored on: test, else the whole table, else its first split."""
-    return next((s for s in ("test", WHOLE) if s in task.eval_sets), next(iter(task.eval_sets)))
+def _train_local(runner: "StackRunner", groups: dict, record: Callable[[int, list[dict]], None], progress: bool):
+    """The local engine: the stacks one after another in this process; the pace measured after the first."""
+    modelled = plan_seconds(groups, runner.task, runner.store.dim)
+    for i, ((_, _, array), items) in enumerate(groups.items()):
+        t0, compiling = time.perf_counter(), stacked_adamw.compile_seconds
+        record(i, runner.train(items, array, progress))
+        if i == 0 and len(groups) > 1 and progress:  # the estimate again, at the pace this machine measured
+            compiled = stacked_adamw.compile_seconds - compiling  # once per process: not the pace of the rest
+            progress_write(pace_line(time.perf_counter() - t0 - compiled, modelled, compiled))
 
 
 def _finish(out: Path, frame: pl.DataFrame, runner: "StackRunner", ensembles: tuple[int, ...], progress: bool) -> None:
@@ -288,6 +175,19 @@ def _finish(out: Path, frame: pl.DataFrame, runner: "StackRunner", ensembles: tu
     write_summary(frame, runner.task, out, print_it=progress)
 
 
+@dataclass
+class StackResult:
+    """One trained and scored stack, nothing of it written yet (what a Ray worker sends back)."""
+    stack: str  # the head_id of its first head: its files' name
+    head_ids: list[str]
+    configs: list[TrainConfig]
+    array: str
+    model: StackedMLP
+    norm: Normalizer
+    context: dict  # StackRunner.stack_context: what its S.json says of the dataset and store
+    rows: list[dict]  # one results row per head
+
+
 class StackRunner:
     """Trains one stack of a grid and scores it: features and frozen baselines cached per array (and per
     training set, for few-shot stacks), each stack saved loadably, one results row per head."""
@@ -305,14 +205,33 @@ class StackRunner:
         self.test_scope = test_scope
         self.baselines: dict[str, dict] = {}  # per array: frozen features on dev/test (and transfer sets)
         self._base_rows: dict[tuple, dict] = {}  # per (array, training set): frozen test metrics, `base_*`
+        self._anchors: dict[tuple, object] = {}  # per (anchor on, anchor data): its positions (None: every row)
 
     def features(self, array: str) -> torch.Tensor:
         return self.tf.read(array)  # the rows the grid's tasks use, read once per array
 
     def anchor_positions(self, cfg: TrainConfig):
         """The anchor's rows (heads.training.anchor) as positions of the features read (None: every row)."""
-        rows = anchor_rows_of(self.store, cfg, self.unlabeled_rows)
-        return None if rows is None else self.tf.positions(rows)
+        key = (bool(cfg.anchor_weight), cfg.anchor_data)
+        if key not in self._anchors:
+            rows = anchor_rows_of(self.store, cfg, self.unlabeled_rows)
+            self._anchors[key] = None if rows is None else self.tf.positions(rows)
+        return self._anchors[key]
+
+    def detached(self, tf, store, configs: list[TrainConfig]) -> "StackRunner":
+        """A copy that trains and scores stacks elsewhere (a Ray worker): the features from `tf` (`read(array)`),
+        the store's facts from `store` (dim, fingerprint, manifest), the anchors of `configs` found here (a
+        worker need not reach the store), no output folder and no baselines (this process writes both)."""
+        for cfg in configs:
+            self.anchor_positions(cfg)
+        twin = copy.copy(self)
+        twin.out, twin.tf, twin.store, twin.baselines, twin._base_rows = None, tf, store, {}, {}
+        return twin
+
+    def ensure_baseline(self, array: str) -> None:
+        """The frozen baseline on `array`, once (baseline.json; before the array's first stack)."""
+        if array not in self.baselines:
+            self.baselines[array] = self.baseline(array)
 
     def baseline(self, array: str) -> dict:
         """Frozen features with cosine and L1: metrics and per-item values on dev and test (and OOD sets)."""
@@ -349,10 +268,19 @@ class StackRunner:
         return self._base_rows[key]
 
     def train(self, items: list[tuple], array: str, progress: bool) -> list[dict]:
-        """Train one stack, save it, and return its rows."""
+        """Train one stack, save it, and return its rows (the local engine)."""
+        self.ensure_baseline(array)
+        return self.save(self.compute(items, array, progress))
+
+    def save(self, result: StackResult) -> list[dict]:
+        """Write a stack's files (heads.artefacts.files.save_stack); its rows."""
+        save_stack(self.out, result.stack, result.model, result.norm, result.head_ids, result.configs, result.array,
+                   result.context)
+        return result.rows
+
+    def compute(self, items: list[tuple], array: str, progress: bool) -> StackResult:
+        """Train one stack and score it: its weights and rows, nothing written."""
         X = self.features(array)
-        if array not in self.baselines:
-            self.baselines[array] = self.baseline(array)
         configs = [it[2] for it in items]
         stask = self.scored_task(configs[0])
         head_cfg = head_shape(items[0][1], X, array, stask, configs[0])  # a classifier head ends in the classes
@@ -363,7 +291,6 @@ class StackRunner:
         scores, tested = self.score(stask, model, norm(X), configs[0].eval_energy, runs, configs)
         t2 = time.perf_counter()
         stack = items[0][0]
-        save_stack(self.out, stack, model, norm, [it[0] for it in items], configs, array, self.stack_context(stask))
         base = self.base_columns(stask, array, (array, configs[0].shots, configs[0].seed if configs[0].shots else 0))
         extra = kind_of(stask).grid_columns(stask)
         rows = []
@@ -377,7 +304,7 @@ class StackRunner:
             row.update(dev_ranked=runs[h].dev_candidates.get("method", "exact") if runs[h].dev_candidates else "exact",
                        test_scored=h in tested, test_scope=self.test_scope)
             rows.append(row | self.score_columns(scores, h, stask, configs[0].eval_energy) | base)
-        return rows
+        return StackResult(stack, [it[0] for it in items], configs, array, model, norm, self.stack_context(stask), rows)
 
     def score(self, stask: Task, model, Xn: torch.Tensor, energy: str, runs: list, configs: list) -> tuple[dict, set]:
         """({column prefix: (metrics per head, items per head)} on dev, test and the transfer sets, and the

@@ -35,6 +35,7 @@ PROCESSES = (  # a fault in a child while this process waits or reads (tests/fau
 RAY = (  # the Ray engine, in this process (tests/faults/test_fault_ray.py)
     ("featurize --engine ray", "parquet", "ENOSPC", None),  # the driver's second commit
     ("featurize --engine ray", "actor", "SIGKILL", None),  # every actor that reaches the segment
+    ("grid --engine ray", "parquet", "ENOSPC", None),  # the driver's first results.parquet, a stack in flight
 )
 MATRIX = WRITE + SIGNAL + PROCESSES + RAY
 

@@ -1,12 +1,13 @@
-"""The Ray engine under faults (one local Ray for the module; Ray is slow to start, so two cases): a write
+"""The Ray engines under faults (one local Ray for the module; Ray is slow to start, so three cases): a write
 error in the driver's commit ends the run with the OS error and the same command resumes; a segment that
 kills every actor it reaches ends the run once the bounded restarts are spent (Ray Data alone retries it
-forever)."""
+forever); `cli grid --engine ray`: a write error in the driver (the grid's one writer) ends the grid, and the
+same command resumes to the local engine's figures. (A grid's worker or node dying: tests/heads/test_grid_ray.py.)"""
 from __future__ import annotations
 
 import numpy as np
 import pytest
-from fault_world import bounded, random_texts
+from fault_world import assert_close, assert_ok, assert_write_error, bounded, cli, grid_rows, random_texts
 from fault_inject import Fault, injected
 
 from headstore.data.text_id import text_ids
@@ -63,3 +64,19 @@ def test_a_segment_that_kills_every_actor_ends_the_run(world, tmp_path, local_ra
                                                        segment_texts=len(TEXTS)))
     assert FeatureStore.open(store).n_texts == 0 and verify_store(store) == []
     acquire_lock(store).release()
+
+
+def test_a_write_error_in_the_ray_grid_driver_ends_the_grid_and_it_resumes(world, tmp_path, local_ray):
+    grid = tmp_path / "grid.toml"  # two stacks: the second is in flight when the first one's results fail to write
+    grid.write_text(world["grid"].read_text().replace("[fixed]", "depth = [1, 2]\n[fixed]"))
+    args = ("grid", "--store", world["store"], "--data", world["pairs"], "--grid", grid)
+    assert_ok(cli(*args, "--out", tmp_path / "local"))
+    out = tmp_path / "ray"
+    fault = Fault("parquet", "ENOSPC", 1)  # the first results.parquet: the first stack back
+    assert_write_error(cli(*args, "--out", out, "--engine", "ray", fault=fault), fault)
+    assert fault.fired and not (out / "results.parquet").exists()
+    assert_ok(cli(*args, "--out", out, "--engine", "ray"))  # the same command, the cause gone
+    rows = grid_rows(out)
+    reference = grid_rows(tmp_path / "local")
+    assert rows.keys() == reference.keys()  # every head once
+    assert_close(rows, reference)  # 1 torch thread per stack here, the local engine's default there

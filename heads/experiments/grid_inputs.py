@@ -1,0 +1,86 @@
+"""A grid's inputs, read once before any stack trains: the store, the task, the out-of-domain sets and the
+features of the rows they use.
+
+`load_inputs` reads the dataset (and its --unlabeled texts), the --transfer sets without any item that shares a
+text with it (counted), the rows every configuration's anchor draws from, and only the store rows all of these
+use (heads.artefacts.task_features: memory set by the task, not by the store); the task's rows are then rewritten
+as positions of that matrix. `ids` holds what every head id is keyed by besides its settings
+(heads.experiments.grid_spec.head_id).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from headstore.featurize.store import FeatureStore
+from headstore.heads.artefacts.task_features import TaskFeatures, rows_of, rows_of_datasets
+from headstore.heads.experiments.grid_spec import split_settings
+from headstore.heads.kinds import WHOLE, Task, load_task, task_rows, without_overlap
+from headstore.heads.kinds.unlabeled import grid_report
+from headstore.heads.network.features import array_list
+from headstore.heads.settings.config import TrainConfig
+from headstore.heads.training.anchor import anchor_rows_of
+from headstore.heads.training.selection import OodSelection, load_selection
+
+
+@dataclass
+class GridInputs:
+    store: FeatureStore
+    task: Task  # its rows rewritten as positions of tf's matrix
+    ood: dict[str, Task]  # the --transfer sets, by name (positions too)
+    tf: TaskFeatures
+    selection: OodSelection
+    ids: dict  # the head id's keys besides its settings
+    unlabeled_rows: np.ndarray | None  # store rows of the --unlabeled texts (the anchor's sample)
+    unlabeled_note: dict  # the roles they play (heads.kinds.unlabeled.grid_report)
+
+
+def load_inputs(combos: list[dict], store_path: str, data_path: str, grid_path: str, data_format: str | None,
+                transfer: tuple[str, ...], select_ood: tuple[str, ...], ood_delta: float, score_range,
+                unlabeled: tuple[str, ...], device) -> GridInputs:
+    """Everything a grid's stacks read, the features on `device`."""
+    store = FeatureStore.open(store_path)
+    _check_arrays(combos, store, grid_path, store_path)
+    task = load_task(data_path, store, data_format, score_range=score_range, unlabeled=unlabeled)
+    unlabeled_rows = task.unlabeled.rows if task.unlabeled else None  # store rows: the anchor's sample
+    unlabeled_note = grid_report(task, [split_settings(c)[1] for c in combos])  # the roles they play
+    ood = _transfer_sets(task, store, transfer)
+    tf = TaskFeatures.for_task(store, task, rows_of_datasets(store, select_ood), *[rows_of(t) for t in ood.values()],
+                               *_anchor_rows(combos, store, unlabeled_rows), device=device)
+    task, ood = tf.remap(task), tf.remap(ood)  # rows -> positions of the rows read (heads.artefacts.task_features)
+    selection = load_selection(store, select_ood, task, tf.read("features")[:, :store.dim], ood_delta,
+                               remap=tf.remap)
+    ids = {"data": str(data_path), "fingerprint": store.fingerprint, "transfer": tuple(ood), "in_dim": store.dim,
+           "score_range": task.score_range, "select_ood": tuple(selection.sets), "ood_delta": ood_delta,
+           "data_format": data_format, "store_rows": store.n_texts,
+           "unlabeled": unlabeled_note.get("digest")}
+    return GridInputs(store, task, ood, tf, selection, ids, unlabeled_rows, unlabeled_note)
+
+
+def _anchor_rows(combos: list[dict], store: FeatureStore, unlabeled=None) -> list:
+    """The anchor rows of every configuration with an anchor (None: the whole store), to read with the task."""
+    paths = {c.get("anchor_data", "") for c in combos if c.get("anchor_weight")}
+    return [anchor_rows_of(store, TrainConfig(anchor_weight=1.0, anchor_data=p), unlabeled) for p in sorted(paths)]
+
+
+def _check_arrays(combos: list[dict], store: FeatureStore, grid_path: str, store_path: str) -> None:
+    missing = sorted({a for c in combos for a in array_list(c.get("array", "features"))} - set(store.arrays))
+    if missing:
+        raise ValueError(f"{grid_path}: array {missing} not in {store_path}; its arrays: {store.arrays}")
+
+
+def _transfer_sets(task: Task, store: FeatureStore, paths: tuple[str, ...]) -> dict[str, Task]:
+    """The out-of-domain sets, without any item sharing a text with the in-domain dataset (counted)."""
+    ood = {t.name: t for t in (load_task(p, store, for_eval=True) for p in paths)}
+    in_domain = task_rows(task)
+    for name in list(ood):  # an out-of-domain set never scores texts the head was trained or selected on
+        ood[name], dropped = without_overlap(ood[name], in_domain)
+        if any(dropped.values()):
+            print(f"{name}: dropped items sharing a text with {task.name}: {dropped}")
+    return ood
+
+
+def transfer_split(task: Task) -> str:
+    """The split an out-of-domain dataset is scored on: test, else the whole table, else its first split."""
+    return next((s for s in ("test", WHOLE) if s in task.eval_sets), next(iter(task.eval_sets)))
