@@ -12,13 +12,11 @@ train-head's: the normaliser fitted on the training texts, dev scored each epoch
 from __future__ import annotations
 
 import math
-import time
 from typing import Optional
 
 import numpy as np
 import torch
 
-from headstore.data.progress import progress_bar
 from headstore.heads.kinds import Task
 from headstore.heads.network.features import Normalizer
 from headstore.heads.network.model import StackedMLP
@@ -28,7 +26,7 @@ from headstore.heads.settings.config import HeadConfig, TrainConfig, stack_key
 from headstore.heads.settings.distill import DistillConfig
 from headstore.heads.training.batches import epoch_batches, forward_rows
 from headstore.heads.training.distill_targets import Targets
-from headstore.heads.training.train import StackTraining, TrainingDiverged
+from headstore.heads.training.train import StackTraining, TrainingDiverged, run_epochs
 from headstore.heads.training.tracker import HeadRun
 
 
@@ -92,15 +90,8 @@ def distill_stack(task: Task, features: torch.Tensor, head_cfg: HeadConfig, conf
     if "dev" not in task.eval_sets:
         raise ValueError(f"{task.name}: no dev split to select the distilled head's epoch on")
     run = DistillTraining(task, features, head_cfg, configs, dcfg, targets, anchor_rows, in_place)
-    bar = progress_bar(total=run.total, desc=f"{run.H} head(s) distilled ({dcfg.distill_loss})",
-                       disable=not progress, leave=False)
-    t0 = time.perf_counter()
-    for epoch in range(configs[0].epochs):
-        if not bool(run.tracker.alive.any()):
-            break
-        run.epoch(epoch, bar)
-    bar.close()
-    model, norm, runs = run.finish(time.perf_counter() - t0)
+    model, norm, runs = run_epochs(run, configs[0].epochs, f"{run.H} head(s) distilled ({dcfg.distill_loss})",
+                                   progress)
     failed = [r for r in runs if r.status == "failed"]
     if failed:
         raise TrainingDiverged(f"{task.name}: distillation stopped: {failed[0].reason}; lower --lr or the "

@@ -58,9 +58,14 @@ def train_stack(task: Task, features: torch.Tensor, head_cfg: HeadConfig, config
     `in_place`: `features` are normalised in place (batches.prepare_data) and hold the head's inputs after."""
     assert len({stack_key(c) for c in configs}) == 1, "a stack mixes settings that must be shared"
     run = StackTraining(task, features, head_cfg, configs, select_split, selection, init, anchor_rows, in_place)
-    bar = progress_bar(total=run.total, desc=f"{run.H} head(s) {configs[0].loss}", disable=not progress, leave=False)
+    return run_epochs(run, configs[0].epochs, f"{run.H} head(s) {configs[0].loss}", progress)
+
+
+def run_epochs(run, epochs: int, desc: str, progress: bool):
+    """`run`'s epochs (a StackTraining) while any head of the stack is alive, under one progress bar; its finish."""
+    bar = progress_bar(total=run.total, desc=desc, disable=not progress, leave=False)
     t0 = time.perf_counter()
-    for epoch in range(configs[0].epochs):
+    for epoch in range(epochs):
         if not bool(run.tracker.alive.any()):
             break
         run.epoch(epoch, bar)
