@@ -32,6 +32,8 @@ NODE = {"num_cpus": 1, "object_store_memory": 80 * 2**20}
 def cluster():
     c = Cluster(initialize_head=True, head_node_args={**NODE, "include_dashboard": False})
     c.add_node(**NODE)
+    if ray.is_initialized():  # an earlier test of the run (featurize's Ray engine) left this process connected
+        ray.shutdown()
     ray.init(address=c.address, log_to_driver=False)
     yield c
     ray.shutdown()
