@@ -164,6 +164,11 @@ class TaskKind:
     statistic = "mean"  # the bootstrap statistic of the primary metric from its per-item values
     # (heads.scoring.metrics: "mean" of per-query / per-text values, or "spearman" / "auc" against the gold)
 
+    def defaults_for(self, loss: str) -> dict:
+        """train-head's defaults for the settings left unset when `loss` trains (labelled texts: the classifier
+        head has its own); here the kind's `defaults` whatever the loss."""
+        return self.defaults
+
     # --- metrics ---------------------------------------------------------------------------------
     def primary_metric(self, energy: str) -> str:
         raise NotImplementedError

@@ -45,7 +45,7 @@ def parse_strength(value: str) -> Optional[float]:
     return a
 # settings whose default depends on the kind of data (each kind's `defaults`, heads.kinds); the command
 # line leaves them unset so the kind can fill them in, and config.json "defaults" says which applied
-KIND_DEPENDENT = ("depth", "lr", "epochs", "anchor_weight", "loss", "normalize")  # normalize: also the loss's
+KIND_DEPENDENT = ("depth", "lr", "epochs", "anchor_weight", "loss", "normalize", "hidden")  # normalize: also the loss's
 
 # cli grid --test-scope: which heads of a stack are ranked on test (heads.experiments.grid_scope says why)
 TEST_SCOPES = ("auto", "all", "selected")
@@ -60,7 +60,9 @@ def _opt(help: str = "", choices=None, cli: bool = True, flag: str | None = None
 class HeadConfig:
     depth: int = field(default=2, metadata=_opt("Linear layers (0 = identity)."))  # 2: SciFact's dev choice
     # (round 2); graded (STS) tables take 1 (heads.kinds.sts)
-    hidden: int = field(default=512, metadata=_opt())  # width of hidden layers; ~1.3x MiniLM's 384 keeps heads small
+    hidden: int = field(default=512, metadata={**_opt(), "kind_help": (
+        "train-head's default: 512; a classifier head (ce) on labelled texts 1024 (docs/labels.md); cli grid: 512 "
+        "unless set.")})  # width of hidden layers; ~1.3x MiniLM's 384 keeps heads small
     out_dim: Optional[int] = field(default=None, metadata=_opt())  # None -> in_dim (what a residual head needs)
     activation: str = field(default="gelu", metadata=_opt(choices=ACTIVATION_NAMES))  # GELU as in the encoder
     dropout: float = field(default=0.0, metadata=_opt())  # 0 so stacked and separate training agree exactly

@@ -194,14 +194,17 @@ def strength_report(run, cfg: TrainConfig, selection) -> dict:
 
 def defaults_for_kind(task: Task, head_cfg: HeadConfig, cfg: TrainConfig, unset: tuple[str, ...]):
     """(head config, train config, note): the task kind's `defaults` fill the settings left unset (graded STS
-    tables, labelled texts); kinds without their own keep the dataclass defaults (the SciFact study's). An unset
+    tables, labelled texts; the kind's `defaults_for` the loss that trains); kinds without their own keep the
+    dataclass defaults (the SciFact study's). An unset
     --normalize takes the loss's own where its registry entry names one (`LossSpec.normalize`: ce standardises)."""
     if not unset:
         return head_cfg, cfg, "every kind-dependent setting given"
     kind = kind_of(task)
-    assert set(kind.defaults) <= set(KIND_DEPENDENT), "a kind's defaults cover kind-dependent settings only"
-    values = {k: kind.defaults[k] for k in unset if k in kind.defaults}  # the others: the dataclass defaults
-    preferred = LOSSES[values.get("loss", cfg.loss)].normalize  # a loss's own input (ce: standardised features)
+    loss = kind.defaults.get("loss", cfg.loss) if "loss" in unset else cfg.loss
+    defaults = kind.defaults_for(loss)
+    assert set(defaults) <= set(KIND_DEPENDENT), "a kind's defaults cover kind-dependent settings only"
+    values = {k: defaults[k] for k in unset if k in defaults}  # the others: the dataclass defaults
+    preferred = LOSSES[loss].normalize  # a loss's own input (ce: standardised features)
     if "normalize" in unset and preferred:
         values["normalize"] = preferred
     if not values:

@@ -134,6 +134,8 @@ def test_exported_classifier_predicts_like_head_predict(world, tmp_path, hierarc
     config = json.loads((out / "config.json").read_text())
     metrics = json.loads((out / "metrics.json").read_text())
     assert config["train"]["loss"] == "ce" and "'loss': 'ce'" in config["defaults"]  # labelled texts' default
+    assert (config["train"]["lr"], config["train"]["normalize"]) == (3e-3, "standardize")  # a ce head's own defaults
+    assert config["head"]["hidden"] == 16 and "'hidden': 1024" not in config["defaults"]  # a given setting wins
     assert metrics["primary"] == "classifier_accuracy" and len(metrics["ci"]["head"]) == 2
     assert {"probe_accuracy", "probe_C", "probe_standardize"} <= set(metrics["baseline"]) & set(metrics["head"])
     head = headstore.Head.load(out)
@@ -154,6 +156,18 @@ def test_exported_classifier_predicts_like_head_predict(world, tmp_path, hierarc
     np.testing.assert_array_equal(headstore.Head.load(tmp_path / "h").predict(features), want)
     with pytest.raises(ValueError, match="classifier head"):
         head.energy(features[:2], features)
+
+
+def test_energy_heads_keep_their_defaults_on_labelled_texts(world, tmp_path):
+    """The classifier head's own defaults (width, rate, standardised inputs) do not reach an energy head."""
+    root, store, _ = world
+    r = CliRunner().invoke(main, ["train-head", "--store", str(store), "--data", str(root / "topics.parquet"),
+                                  "--loss", "supcon-kl", "--out", str(tmp_path / "e"), "--epochs", "1"])
+    assert r.exit_code == 0, r.output
+    config = json.loads((tmp_path / "e" / "config.json").read_text())
+    assert (config["head"]["hidden"], config["train"]["lr"], config["train"]["normalize"]) == (512, 1e-3, "l2")
+    assert config["head"]["residual"] and json.loads((tmp_path / "e" / "metrics.json").read_text())["primary"] == \
+        "manhattan_knn_accuracy"
 
 
 def test_grid_trains_ce_beside_energy_heads_and_its_best_head_predicts(world):
