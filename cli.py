@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import errno
 import json
-import math
 import os
 import sys
 
@@ -38,10 +37,7 @@ from headstore.data.dataset import FORMATS
 from headstore.data.errors import SystemFailure
 from headstore.featurize.backends import CHOICES as BACKEND_CHOICES
 from headstore.featurize.config import DEVICES, PACKINGS, POOLING_NAMES, PRECISIONS
-from headstore.data.options import PATH, fold_label_options, format_option, label_options, unlabeled_option
-from headstore.heads.settings.config import TEST_SCOPES
-from headstore.heads.settings.options import configs_from_options, head_and_train_options, named_as_typed
-from headstore.heads.apply.tunings import TUNINGS
+from headstore.data.options import PATH, fold_label_options, label_options, named_as_typed, unlabeled_option
 
 
 # exceptions that mean "the input (files, options, paths) is wrong", never "headstore has a bug"
@@ -106,48 +102,6 @@ class HeadstoreGroup(click.Group):
         except KeyboardInterrupt:
             click.echo("\ninterrupted (what was committed is kept; run the same command again to go on)", err=True)
             raise click.exceptions.Exit(INTERRUPTED_EXIT) from None
-
-
-class ScoreRange(click.ParamType):
-    """`LO,HI`, two finite numbers with LO < HI (the scale of an STS table's scores)."""
-
-    name = "LO,HI"
-
-    def convert(self, value, param, ctx):
-        if isinstance(value, tuple):
-            return value
-        try:
-            lo, hi = (float(v) for v in str(value).split(","))
-        except ValueError:
-            self.fail(f"{value!r} is not LO,HI (two numbers, e.g. 0,5)", param, ctx)
-        if not (math.isfinite(lo) and math.isfinite(hi) and lo < hi):
-            self.fail(f"{value!r}: need finite LO < HI", param, ctx)
-        return lo, hi
-
-
-score_range_option = click.option(
-    "--score-range", type=ScoreRange(), default=None,
-    help="Scale of an STS table's scores, e.g. 0,5 (default: detected as 0-1 or 0-5); "
-         "a score outside it is an error naming its row.")
-
-
-def select_ood_options(f):
-    """--select-ood D (repeatable) and --ood-delta: out-of-domain dev splits in the selection rule."""
-    f = click.option("--ood-delta", type=float, default=0.01, show_default=True,
-                     help="Largest out-of-domain dev loss (frozen cosine minus head) a selected head may have.")(f)
-    return click.option("--select-ood", type=PATH, multiple=True,
-                        help="Out-of-domain dataset whose dev split (else train split, never test) takes part in "
-                             "selection: the best dev head within --ood-delta of the frozen baseline on it, else "
-                             "the least-losing (repeatable).")(f)
-
-
-overwrite_option = click.option(
-    "--overwrite", is_flag=True,
-    help="Replace what --out already holds (a head, an eval, a grid); a feature store is never replaced.")
-
-heads_device_option = click.option(
-    "--device", type=click.Choice(DEVICES), default="auto", show_default=True,
-    help="Where the task's features and the heads live while training and evaluating (auto: cuda when available).")
 
 
 @click.group(cls=HeadstoreGroup)
@@ -295,209 +249,18 @@ def compact(path, target_rows):
     click.echo(json.dumps(summary, indent=2))
 
 
-@main.command("train-head")
-@click.option("--store", type=PATH, required=True, help="Feature store written by `cli featurize`.")
-@click.option("--data", type=PATH, required=True, help="Dataset (BEIR folder, STS or pairs table) whose texts are in the store.")
-@format_option
-@unlabeled_option
-@click.option("--out", type=PATH, required=True, help="Output directory for head.safetensors, config.json, metrics.json, curve.png.")
-@click.option("--array", default="features", show_default=True, help="Store array (another layer) to train on.")
-@select_ood_options
-@score_range_option
-@overwrite_option
-@heads_device_option
-@head_and_train_options
-@label_options
-def train_head(store, data, data_format, unlabeled, out, array, select_ood, ood_delta, score_range, overwrite,
-               device, **settings):
-    """Train one siamese energy head on stored features: train on train, select on dev, report test once."""
-    from headstore.heads.training.run import train_head as run_train_head
-
-    head_cfg, cfg, unset, label_settings = configs_from_options(settings)  # unset: left to the data's kind
-    data_format = fold_label_options(data_format, label_settings)
-    metrics = run_train_head(store, data, out, head_cfg, cfg, data_format, array, score_range=score_range,
-                             overwrite=overwrite, select_ood=tuple(select_ood), ood_delta=ood_delta,
-                             kind_defaults=unset, device=device, unlabeled=tuple(unlabeled))
-    _echo_metrics(metrics, out)
-
-
-def _echo_metrics(metrics: dict, out: str) -> None:
-    """A short table on the terminal (baseline vs head per split); the full JSON is in OUT's files."""
-    from headstore.heads.artefacts.summary import metrics_table
-
-    click.echo(metrics_table(metrics))
-    click.echo(f"full metrics: {out}/metrics.json")
-    warning = metrics.get("guard", {}).get("warning")
-    if warning:
-        bar = "!" * 78
-        click.secho(f"{bar}\nWARNING: {warning}\n{bar}", fg="red", bold=True, err=True)
-
-
-@main.command("eval")
-@click.option("--store", type=PATH, required=True, help="Feature store holding the dataset's texts.")
-@click.option("--head", "head_dir", type=PATH, required=True, help="A `cli train-head --out` directory.")
-@click.option("--data", type=PATH, required=True, help="Dataset to evaluate on (its test split; a table without a split column whole).")
-@format_option
-@unlabeled_option
-@click.option("--out", type=PATH, required=True, help="Directory for metrics.json.")
-@click.option("--exclude-overlap", type=PATH, default=None,
-              help="Dataset whose texts must not be scored (drop evaluation items that use them), e.g. the training set.")
-@score_range_option
-@overwrite_option
-@heads_device_option
-@label_options
-def eval_(store, head_dir, data, data_format, unlabeled, out, exclude_overlap, score_range, overwrite, device,
-          **label_settings):
-    """Evaluate a trained head (and the frozen baseline beside it) on any dataset whose texts are in the store.
-
-    Scores the dataset's test split; a table without a split column is scored whole."""
-    from headstore.heads.training.run import eval_head
-
-    data_format = fold_label_options(data_format, label_settings)
-    metrics = eval_head(store, head_dir, data, out, data_format, exclude_overlap, score_range=score_range,
-                        overwrite=overwrite, device=device, unlabeled=tuple(unlabeled))
-    _echo_metrics(metrics, out)
-
-
-@main.command()
-@click.option("--store", type=PATH, required=True, help="Feature store written by `cli featurize`.")
-@click.option("--data", type=PATH, required=True, help="Dataset whose texts are in the store.")
-@format_option
-@unlabeled_option
-@click.option("--grid", "grid_path", type=PATH, required=True, help="TOML grid file ([grid] lists, [fixed] values).")
-@click.option("--out", type=PATH, required=True, help="Results directory (rerunning into it skips finished heads).")
-@click.option("--transfer", type=PATH, multiple=True, help="Out-of-domain dataset every head is also scored on (repeatable).")
-@select_ood_options
-@click.option("--dry-run", is_flag=True, help="Print the plan (heads, stacks, skipped, a rough time) and exit.")
-@click.option("--ensemble", "ensembles", multiple=True, type=click.IntRange(min=1),
-              help="Also score ensembles (mean L1 energy) of the K best l1 configurations, one per seed (repeatable).")
-@click.option("--soup", "soups", multiple=True, type=click.IntRange(min=1),
-              help="Also score soups (mean weights) of K heads sharing their start, one per seed (repeatable; "
-                   "GRID#soup=K loads one).")
-@heads_device_option
-@click.option("--test-scope", type=click.Choice(TEST_SCOPES), default="auto", show_default=True,
-              help="Heads ranked on test: all; selected (each stack's dev-best configuration, every seed); auto: "
-                   "all, but selected where dev was ranked on candidates (an IR corpus above --exact-max documents).")
-@score_range_option
-@overwrite_option
-@label_options
-@click.option("--engine", type=click.Choice(["local", "ray"]), default="local", show_default=True,
-              help="local: this process trains the stacks one after another; ray: each stack a task on a Ray "
-                   "cluster's workers, the features shared once per node (pip install '.[ray]'; docs/guide/gpu-ray.md).")
-@click.option("--address", default=None,
-              help="--engine ray: the Ray cluster to join ('auto': the one running here, or HOST:PORT; default: "
-                   "start a local Ray).")
-@click.option("--cpus-per-stack", type=int, default=1, show_default=True,
-              help="--engine ray: CPUs a stack asks for, and its torch threads.")
-@click.option("--gpus-per-stack", type=float, default=None,
-              help="--engine ray: GPUs a stack asks for (default: 1 with --device cuda, or auto on a cluster with "
-                   "GPUs; else 0; 0.5: two stacks share a GPU).")
-def grid(store, data, data_format, unlabeled, grid_path, out, transfer, select_ood, ood_delta, dry_run, ensembles,
-         soups, device, test_scope, score_range, overwrite, engine, address, cpus_per_stack, gpus_per_stack,
-         **label_settings):
-    """Train every combination of a grid of heads (stacked by shape); write results, leaderboard and plots.
-
-    On labelled texts (--format labels) the grid may sweep shots, hierarchy and per_class; each few-shot
-    head is scored beside the frozen probe and k-NN on the same labelled texts (docs/labels.md)."""
-    from headstore.heads.experiments.grid import run_grid
-    from headstore.heads.experiments.grid_ray import RayOptions
-
-    data_format = fold_label_options(data_format, label_settings)
-    if engine == "local" and (address or cpus_per_stack != 1 or gpus_per_stack is not None):
-        raise click.BadParameter("--address, --cpus-per-stack and --gpus-per-stack are for --engine ray",
-                                 param_hint="--engine")
-    ray_options = RayOptions(address, cpus_per_stack, gpus_per_stack)
-    run_grid(store, data, grid_path, out, data_format, transfer=tuple(transfer), score_range=score_range,
-             overwrite=overwrite, select_ood=tuple(select_ood), ood_delta=ood_delta, ensembles=tuple(ensembles),
-             dry_run=dry_run, soups=tuple(soups), test_scope=test_scope, device=device, unlabeled=tuple(unlabeled),
-             engine=engine, ray_options=ray_options)
-
-
-@main.command()
-@click.option("--head", "head_dir", type=PATH, required=True, help="A `cli train-head --out` directory to start from.")
-@click.option("--out", type=PATH, required=True, help="Output: encoder/ (HF checkpoint for --model), head/, finetune.json.")
-@click.option("--store", type=PATH, default=None, help="The head's feature store (default: the one in its config.json).")
-@click.option("--data", type=PATH, default=None, help="Training dataset (default: the head's).")
-@click.option("--model", "encoder", type=PATH, default=None,
-              help="Encoder the store was featurized with (default: the store's model id, e.g. minilm).")
-@click.option("--setup", type=click.Choice(sorted(TUNINGS)), default="full", show_default=True,
-              help="What trains in the encoder: full (every weight), adapters (bottleneck adapters, the base "
-                   "frozen), lora (LoRA on the query/value projections, saved merged).")
-@click.option("--adapter-size", type=int, default=64, show_default=True, help="--setup adapters: bottleneck width.")
-@click.option("--lora-rank", type=int, default=8, show_default=True, help="--setup lora: the rank r.")
-@click.option("--lora-alpha", type=int, default=16, show_default=True, help="--setup lora: updates scaled by alpha/r.")
-@click.option("--unfreeze", type=click.Choice(["all", "top-k", "gradual"]), default="all", show_default=True)
-@click.option("--top-k", type=int, default=2, show_default=True, help="Layers trained with --unfreeze top-k.")
-@click.option("--unfreeze-interval", type=int, default=10, show_default=True,
-              help="--unfreeze gradual: steps between unfreezing one more block, top-down.")
-@click.option("--encoder-lr", type=float, default=None,
-              help="Encoder-side peak lr. Default: the setup's (full 2e-5, adapters 1e-3, lora 5e-4).")
-@click.option("--head-lr", type=float, default=None, help="Default: the head's training lr.")
-@click.option("--layer-lr-decay", type=float, default=1.0, show_default=True,
-              help="Discriminative lrs: encoder-lr x decay^(depth from top).")
-@click.option("--batch-size", type=int, default=None, help="Default: the head's batch size.")
-@click.option("--max-epochs", type=int, default=None,
-              help="Cap on the epochs (default: the head's); dev stops the run sooner (--patience).")
-@click.option("--patience", type=int, default=2, show_default=True,
-              help="Epochs without a dev improvement before stopping.")
-@click.option("--dev-docs", type=int, default=1000, show_default=True,
-              help="IR dev: corpus documents scored each epoch beside every document judged for a dev query.")
-@click.option("--mined-k", type=int, default=None, help="Mined hard negatives per pair (default: the head's).")
-@click.option("--max-steps", type=int, default=None, help="Cap on the steps of the whole run (smoke runs).")
-@click.option("--keep", type=click.Choice(["best", "last"]), default="best", show_default=True,
-              help="The state written: the best dev epoch's (the start included) or the last.")
-@click.option("--gradient-checkpointing/--no-gradient-checkpointing", default=False, show_default=True)
-@click.option("--device", type=click.Choice(DEVICES), default="auto", show_default=True)
-@click.option("--seed", type=int, default=0, show_default=True)
-def finetune(head_dir, out, store, data, encoder, **settings):
-    """Unfreeze the encoder under a trained head and train both end to end until dev stops improving."""
-    from headstore.heads.apply.finetune import FinetuneConfig, finetune as run_finetune
-
-    with named_as_typed():  # --top-k 0: the option named as typed
-        cfg = FinetuneConfig(**settings)
-    summary = run_finetune(head_dir, out, cfg, store, data, encoder)
-    click.echo(json.dumps({k: v for k, v in summary.items() if k != "history"}, indent=2, default=float))
-
-
-@main.command()
-@click.option("--config", "config_path", type=PATH, default=None, help="TOML file (see examples/compare.toml).")
-@click.option("--out", type=PATH, required=True, help="Output directory (rerunning reuses finished steps).")
-@click.option("--in-domain", type=PATH, default=None, help="Dataset the heads train on (its test split is reported).")
-@click.option("--ood", "out_of_domain", type=PATH, multiple=True, help="Out-of-domain dataset; repeat for several.")
-@click.option("--model", type=PATH, default=None, help="Base encoder (default minilm).")
-@click.option("--base-store", type=PATH, default=None, help="Reuse this store for the base encoder's features.")
-@click.option("--adapt-steps", type=int, default=None, help="MLM adaptation steps.")
-@click.option("--finetune-steps", type=int, default=None, help="Cap on finetune steps (default: one epoch).")
-@click.option("--mlm/--no-mlm", default=None, help="Measure MLM loss on held-out text (forgetting).")
-@click.option("--seeds", default=None, help="Comma-separated seeds, e.g. 0,1,2 (head init, batch order, tuning runs).")
-@click.option("--setups", default=None, help="Comma-separated rows (default: all): "
-              "frozen-cosine, frozen-head, adapted-*, adapters-*, lora-*, finetuned-* (*: cosine or head).")
-@click.option("--device", type=click.Choice(DEVICES), default=None,
-              help="cpu | cuda: every part there (stores, heads, MLM, tuning, evaluation), the device in every "
-                   "step's key. Default: [compare] device, else auto (each part's own: cuda when available).")
-def compare(config_path, out, seeds, setups, **overrides):
-    """Every setup (frozen, MLM-adapted, adapters, LoRA, fine-tuned; with and without a head) over seeds, in and
-    out of domain, with 95% CIs and paired differences: compare.md, compare.json, compare.png."""
-    from headstore.heads.experiments.compare import load_compare_config, run_compare, split_list
-
-    config = load_compare_config(config_path, seeds=split_list(seeds, int, "--seeds"),
-                                 setups=split_list(setups, str, "--setups"), **overrides)
-    table = run_compare(config, out)
-    click.echo(table)
-
-
 from headstore.featurize.tuning.adapt_cli import adapt_command  # noqa: E402
-
-main.add_command(adapt_command)
-
 from headstore.heads.apply.export_cli import export_command, index_command, search_command  # noqa: E402
-
-for _command in (export_command, index_command, search_command):
-    main.add_command(_command)
+from headstore.heads.apply.finetune_cli import finetune_command  # noqa: E402
+from headstore.heads.experiments.compare_cli import compare_command  # noqa: E402
+from headstore.heads.experiments.heads_cli import eval_command, grid_command, train_head_command  # noqa: E402
 from headstore.heads.experiments.labels_cli import forgetting_command, setfit_command  # noqa: E402
 
-main.add_command(forgetting_command)
-main.add_command(setfit_command)
+# the other commands live beside the library they drive, a thin click layer each (`<area>_cli.py`)
+for _command in (train_head_command, eval_command, grid_command, finetune_command, compare_command, adapt_command,
+                 export_command, index_command, search_command, forgetting_command, setfit_command):
+    main.add_command(_command)
+
 from headstore.heads.experiments.distill_cli import distill_command  # noqa: E402
 
 main.add_command(distill_command)

@@ -1,8 +1,10 @@
 """Command-line options for reading a dataset: `--format` (choices from the FORMATS registry) and the
 options of labelled texts, shared by every command that reads datasets (featurize, train-head, eval, grid,
-index, forgetting, setfit-compare), and `--unlabeled` (featurize, train-head, eval, grid, index)."""
+index, forgetting, setfit-compare), `--unlabeled` (featurize, train-head, eval, grid, index) and
+`--score-range` (train-head, eval, grid)."""
 from __future__ import annotations
 
+import math
 from contextlib import contextmanager
 
 import click
@@ -64,6 +66,29 @@ def unlabeled_option(f):
                         help="Unlabeled texts (.txt one per line, JSONL with text, Parquet text column, a BEIR corpus; "
                              "repeatable): for positive pairs the corpus each anchor ranks its positives against "
                              "(dev, test), the pool impostors are mined from and the anchor's sample.")(f)
+
+
+class ScoreRange(click.ParamType):
+    """`LO,HI`, two finite numbers with LO < HI (the scale of an STS table's scores)."""
+
+    name = "LO,HI"
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, tuple):
+            return value
+        try:
+            lo, hi = (float(v) for v in str(value).split(","))
+        except ValueError:
+            self.fail(f"{value!r} is not LO,HI (two numbers, e.g. 0,5)", param, ctx)
+        if not (math.isfinite(lo) and math.isfinite(hi) and lo < hi):
+            self.fail(f"{value!r}: need finite LO < HI", param, ctx)
+        return lo, hi
+
+
+score_range_option = click.option(
+    "--score-range", type=ScoreRange(), default=None,
+    help="Scale of an STS table's scores, e.g. 0,5 (default: detected as 0-1 or 0-5); "
+         "a score outside it is an error naming its row.")
 
 
 def label_options(f):

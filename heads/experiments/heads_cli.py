@@ -1,0 +1,148 @@
+"""`cli train-head`, `cli eval` and `cli grid`: thin click layers over heads.training.run and
+heads.experiments.grid (registered on the main group in cli.py), and the options they share."""
+from __future__ import annotations
+
+import click
+
+from headstore.data.options import (PATH, fold_label_options, format_option, label_options, score_range_option,
+                                    unlabeled_option)
+from headstore.featurize.config import DEVICES
+from headstore.heads.settings.config import TEST_SCOPES
+from headstore.heads.settings.options import configs_from_options, head_and_train_options
+
+
+def select_ood_options(f):
+    """--select-ood D (repeatable) and --ood-delta: out-of-domain dev splits in the selection rule."""
+    f = click.option("--ood-delta", type=float, default=0.01, show_default=True,
+                     help="Largest out-of-domain dev loss (frozen cosine minus head) a selected head may have.")(f)
+    return click.option("--select-ood", type=PATH, multiple=True,
+                        help="Out-of-domain dataset whose dev split (else train split, never test) takes part in "
+                             "selection: the best dev head within --ood-delta of the frozen baseline on it, else "
+                             "the least-losing (repeatable).")(f)
+
+
+overwrite_option = click.option(
+    "--overwrite", is_flag=True,
+    help="Replace what --out already holds (a head, an eval, a grid); a feature store is never replaced.")
+
+heads_device_option = click.option(
+    "--device", type=click.Choice(DEVICES), default="auto", show_default=True,
+    help="Where the task's features and the heads live while training and evaluating (auto: cuda when available).")
+
+
+@click.command("train-head")
+@click.option("--store", type=PATH, required=True, help="Feature store written by `cli featurize`.")
+@click.option("--data", type=PATH, required=True, help="Dataset (BEIR folder, STS or pairs table) whose texts are in the store.")
+@format_option
+@unlabeled_option
+@click.option("--out", type=PATH, required=True, help="Output directory for head.safetensors, config.json, metrics.json, curve.png.")
+@click.option("--array", default="features", show_default=True, help="Store array (another layer) to train on.")
+@select_ood_options
+@score_range_option
+@overwrite_option
+@heads_device_option
+@head_and_train_options
+@label_options
+def train_head_command(store, data, data_format, unlabeled, out, array, select_ood, ood_delta, score_range,
+                       overwrite, device, **settings):
+    """Train one siamese energy head on stored features: train on train, select on dev, report test once."""
+    from headstore.heads.training.run import train_head as run_train_head
+
+    head_cfg, cfg, unset, label_settings = configs_from_options(settings)  # unset: left to the data's kind
+    data_format = fold_label_options(data_format, label_settings)
+    metrics = run_train_head(store, data, out, head_cfg, cfg, data_format, array, score_range=score_range,
+                             overwrite=overwrite, select_ood=tuple(select_ood), ood_delta=ood_delta,
+                             kind_defaults=unset, device=device, unlabeled=tuple(unlabeled))
+    _echo_metrics(metrics, out)
+
+
+def _echo_metrics(metrics: dict, out: str) -> None:
+    """A short table on the terminal (baseline vs head per split); the full JSON is in OUT's files."""
+    from headstore.heads.artefacts.summary import metrics_table
+
+    click.echo(metrics_table(metrics))
+    click.echo(f"full metrics: {out}/metrics.json")
+    warning = metrics.get("guard", {}).get("warning")
+    if warning:
+        bar = "!" * 78
+        click.secho(f"{bar}\nWARNING: {warning}\n{bar}", fg="red", bold=True, err=True)
+
+
+@click.command("eval")
+@click.option("--store", type=PATH, required=True, help="Feature store holding the dataset's texts.")
+@click.option("--head", "head_dir", type=PATH, required=True, help="A `cli train-head --out` directory.")
+@click.option("--data", type=PATH, required=True, help="Dataset to evaluate on (its test split; a table without a split column whole).")
+@format_option
+@unlabeled_option
+@click.option("--out", type=PATH, required=True, help="Directory for metrics.json.")
+@click.option("--exclude-overlap", type=PATH, default=None,
+              help="Dataset whose texts must not be scored (drop evaluation items that use them), e.g. the training set.")
+@score_range_option
+@overwrite_option
+@heads_device_option
+@label_options
+def eval_command(store, head_dir, data, data_format, unlabeled, out, exclude_overlap, score_range, overwrite,
+                 device, **label_settings):
+    """Evaluate a trained head (and the frozen baseline beside it) on any dataset whose texts are in the store.
+
+    Scores the dataset's test split; a table without a split column is scored whole."""
+    from headstore.heads.training.run import eval_head
+
+    data_format = fold_label_options(data_format, label_settings)
+    metrics = eval_head(store, head_dir, data, out, data_format, exclude_overlap, score_range=score_range,
+                        overwrite=overwrite, device=device, unlabeled=tuple(unlabeled))
+    _echo_metrics(metrics, out)
+
+
+@click.command("grid")
+@click.option("--store", type=PATH, required=True, help="Feature store written by `cli featurize`.")
+@click.option("--data", type=PATH, required=True, help="Dataset whose texts are in the store.")
+@format_option
+@unlabeled_option
+@click.option("--grid", "grid_path", type=PATH, required=True, help="TOML grid file ([grid] lists, [fixed] values).")
+@click.option("--out", type=PATH, required=True, help="Results directory (rerunning into it skips finished heads).")
+@click.option("--transfer", type=PATH, multiple=True, help="Out-of-domain dataset every head is also scored on (repeatable).")
+@select_ood_options
+@click.option("--dry-run", is_flag=True, help="Print the plan (heads, stacks, skipped, a rough time) and exit.")
+@click.option("--ensemble", "ensembles", multiple=True, type=click.IntRange(min=1),
+              help="Also score ensembles (mean L1 energy) of the K best l1 configurations, one per seed (repeatable).")
+@click.option("--soup", "soups", multiple=True, type=click.IntRange(min=1),
+              help="Also score soups (mean weights) of K heads sharing their start, one per seed (repeatable; "
+                   "GRID#soup=K loads one).")
+@heads_device_option
+@click.option("--test-scope", type=click.Choice(TEST_SCOPES), default="auto", show_default=True,
+              help="Heads ranked on test: all; selected (each stack's dev-best configuration, every seed); auto: "
+                   "all, but selected where dev was ranked on candidates (an IR corpus above --exact-max documents).")
+@score_range_option
+@overwrite_option
+@label_options
+@click.option("--engine", type=click.Choice(["local", "ray"]), default="local", show_default=True,
+              help="local: this process trains the stacks one after another; ray: each stack a task on a Ray "
+                   "cluster's workers, the features shared once per node (pip install '.[ray]'; docs/guide/gpu-ray.md).")
+@click.option("--address", default=None,
+              help="--engine ray: the Ray cluster to join ('auto': the one running here, or HOST:PORT; default: "
+                   "start a local Ray).")
+@click.option("--cpus-per-stack", type=int, default=1, show_default=True,
+              help="--engine ray: CPUs a stack asks for, and its torch threads.")
+@click.option("--gpus-per-stack", type=float, default=None,
+              help="--engine ray: GPUs a stack asks for (default: 1 with --device cuda, or auto on a cluster with "
+                   "GPUs; else 0; 0.5: two stacks share a GPU).")
+def grid_command(store, data, data_format, unlabeled, grid_path, out, transfer, select_ood, ood_delta, dry_run,
+                 ensembles, soups, device, test_scope, score_range, overwrite, engine, address, cpus_per_stack,
+                 gpus_per_stack, **label_settings):
+    """Train every combination of a grid of heads (stacked by shape); write results, leaderboard and plots.
+
+    On labelled texts (--format labels) the grid may sweep shots, hierarchy and per_class; each few-shot
+    head is scored beside the frozen probe and k-NN on the same labelled texts (docs/labels.md)."""
+    from headstore.heads.experiments.grid import run_grid
+    from headstore.heads.experiments.grid_ray import RayOptions
+
+    data_format = fold_label_options(data_format, label_settings)
+    if engine == "local" and (address or cpus_per_stack != 1 or gpus_per_stack is not None):
+        raise click.BadParameter("--address, --cpus-per-stack and --gpus-per-stack are for --engine ray",
+                                 param_hint="--engine")
+    ray_options = RayOptions(address, cpus_per_stack, gpus_per_stack)
+    run_grid(store, data, grid_path, out, data_format, transfer=tuple(transfer), score_range=score_range,
+             overwrite=overwrite, select_ood=tuple(select_ood), ood_delta=ood_delta, ensembles=tuple(ensembles),
+             dry_run=dry_run, soups=tuple(soups), test_scope=test_scope, device=device, unlabeled=tuple(unlabeled),
+             engine=engine, ray_options=ray_options)
