@@ -15,10 +15,11 @@ from typing import Callable
 
 import polars as pl
 
+from headstore.data.beir import BeirData, read_beir
 from headstore.data.hf import is_hf_dataset_dir
 from headstore.data.labels import LabelSpec, is_label_format, read_labels_counted
-from headstore.data.readers import (TEXT_FILE_SUFFIXES, BeirData, pair_columns, read_beir, read_pairs,
-                                    read_sts_ranged, read_text_counted, string_columns)
+from headstore.data.readers import (TEXT_FILE_SUFFIXES, pair_columns, read_pairs, read_sts_ranged, read_text_counted,
+                                    string_columns)
 from headstore.data.tables import TABLE_SUFFIXES, table_columns
 from headstore.data.text_id import doc_text
 
