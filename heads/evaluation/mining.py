@@ -13,7 +13,7 @@ import torch
 
 from headstore.heads.network.candidates import pooled_negatives
 from headstore.heads.scoring.energy import pairwise_energy
-from headstore.heads.scoring.metrics import topk_ranking
+from headstore.heads.scoring.ir_metrics import topk_ranking
 
 CHUNK = 512  # anchors per block of the (chunk, N) energy matrix
 

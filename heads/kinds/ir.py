@@ -18,7 +18,7 @@ from headstore.data.text_id import doc_text, text_id
 from headstore.heads.kinds.base import PREFIX, PairSet, Task, TaskKind, carve_dev, store_rows
 from headstore.heads.kinds.ranking import (IR_TOPK, IRSplit, RunningTopK, candidate_split, doc_blocks, ir_metrics_of,
                                            ranked_lists, run_lines, selection_ndcg, trec_lines, write_trec_run)
-from headstore.heads.scoring.metrics import trec_tie_order
+from headstore.heads.scoring.ir_metrics import trec_tie_order
 
 EVALUATION = "retrieval: each query ranks the whole corpus (IR metrics, nDCG@10)"
 

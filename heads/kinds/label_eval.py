@@ -30,7 +30,7 @@ from headstore.heads.scoring.energy import pairwise_energy
 from headstore.heads.kinds.base import PREFIX
 from headstore.heads.kinds.label_probe import ProbeChoice, tuned_probe
 from headstore.heads.scoring.losses import CLASSES
-from headstore.heads.scoring.metrics import ndcg_and_ap
+from headstore.heads.scoring.ir_metrics import ndcg_and_ap
 
 KNN_K = 10  # neighbours voting in k-NN accuracy (the k)
 CHUNK = 512  # queries per energy block: (512, N) energies and their ranking in memory at once

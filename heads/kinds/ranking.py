@@ -23,7 +23,7 @@ from headstore.heads.scoring.energy import candidate_energy, pairwise_energy
 from headstore.heads.network.candidates import DOC_BLOCK, candidate_docs, frozen_topk  # DOC_BLOCK: documents embedded and
 # ranked at a time, so a corpus is never one (N, d) matrix of head outputs
 from headstore.heads.kinds.base import PREFIX
-from headstore.heads.scoring.metrics import ir_metrics_per_query, topk_ranking, trec_tie_order
+from headstore.heads.scoring.ir_metrics import ir_metrics_per_query, topk_ranking, trec_tie_order
 from headstore.heads.network.model import autocast
 
 IR_TOPK = 100  # one top-k pass serves every cutoff (1, 10, 100)

@@ -1,1 +1,1 @@
-"""The scoring layer: energies (energy), metrics (metrics) and the losses (losses/)."""
+"""The scoring layer: energies (energy), metrics (ir_metrics, metrics, bootstrap) and the losses (losses/)."""

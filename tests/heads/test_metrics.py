@@ -6,8 +6,8 @@ import torch
 from scipy import stats
 from sklearn.metrics import ndcg_score
 
-from headstore.heads.scoring.metrics import (bootstrap_ci, ir_metrics_per_query, ndcg_and_ap, pair_metrics, sts_metrics,
-                                     topk_ranking)
+from headstore.heads.scoring.ir_metrics import ir_metrics_per_query, ndcg_and_ap, topk_ranking
+from headstore.heads.scoring.metrics import bootstrap_ci, pair_metrics, sts_metrics
 
 
 def ir_means(ranked, qrels, ks=(1, 10, 100), **kw) -> dict[str, float]:

@@ -9,7 +9,7 @@ from click.testing import CliRunner
 import headstore
 from headstore.cli import main
 from headstore.heads.scoring.energy import pairwise_energy
-from headstore.heads.scoring.metrics import topk_ranking
+from headstore.heads.scoring.ir_metrics import topk_ranking
 from headstore.heads.settings.config import HeadConfig
 from headstore.heads.apply.search import SearchIndex, build_index, corpus_items, recall_at_k
 

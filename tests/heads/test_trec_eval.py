@@ -6,7 +6,7 @@ import torch
 
 from headstore.data.dataset import load_dataset
 from headstore.data.text_id import doc_text
-from headstore.heads.scoring.metrics import ir_metrics_per_query, topk_ranking, trec_tie_order
+from headstore.heads.scoring.ir_metrics import ir_metrics_per_query, topk_ranking, trec_tie_order
 
 pytrec_eval = pytest.importorskip("pytrec_eval")
 
