@@ -1,13 +1,13 @@
 """Settings of a head: small frozen dataclasses of plain values, saved beside every head (torch-free).
 
 - `HeadConfig`: the head's shape.
-- `TrainConfig`: how it is trained, in five sections: `OptimConfig` (optimiser, schedule, seed, maths),
-  `ObjectiveConfig` (the loss and its constants), `NegativesConfig` (mined hard negatives),
-  `SelectionConfig` (choosing the kept weights on dev) and `DataConfig` (how training texts are drawn and
-  presented). Every setting has one name across the sections, so on disk (config.json "train", grid
-  results columns, head ids) and on the command line the settings stay one flat set of plain values:
-  `TrainConfig(lr=1e-3, loss="mnr")`, `cfg.lr`, `cfg.to_dict()`, `TrainConfig.from_dict(d)`,
-  `cfg.replace(seed=1)`.
+- `TrainConfig`: how it is trained, in five sections (heads.settings.train_sections): `OptimConfig`
+  (optimiser, schedule, seed, maths), `ObjectiveConfig` (the loss and its constants), `NegativesConfig`
+  (mined hard negatives), `SelectionConfig` (choosing the kept weights on dev) and `DataConfig` (how
+  training texts are drawn and presented). Every setting has one name across the sections, so on disk
+  (config.json "train", grid results columns, head ids) and on the command line the settings stay one flat
+  set of plain values: `TrainConfig(lr=1e-3, loss="mnr")`, `cfg.lr`, `cfg.to_dict()`,
+  `TrainConfig.from_dict(d)`, `cfg.replace(seed=1)`.
 The command-line options of these settings are generated from the fields (heads.settings.options), so a
 setting's default, choices and help live here once.
 """
@@ -15,17 +15,17 @@ from __future__ import annotations
 
 import math
 import typing
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field
 from typing import Optional
 
 from headstore.data.errors import SettingError
 from headstore.featurize.tuning.schedule import SCHEDULES
 from headstore.heads.scoring.losses import LOSSES, LossConfig, scoring_energy
-from headstore.heads.scoring.losses.settings import DEFAULT_IMPOSTORS, GRADED_MODES, IMPOSTOR_MODES
+from headstore.heads.scoring.losses.settings import GRADED_MODES, IMPOSTOR_MODES
+from headstore.heads.settings.train_sections import (  # noqa: F401  (the sections: importable from here too)
+    ENERGY_NAMES, NORMALIZATIONS, PRECISIONS, SECTION_OF, SECTIONS, DataConfig, NegativesConfig, ObjectiveConfig,
+    OptimConfig, SelectionConfig, option_meta)
 
-PRECISIONS = ("fp32", "bf16")  # head training maths (heads.training.train): fp32, or bf16 autocast for the matmuls
-NORMALIZATIONS = ("none", "center", "l2", "center-l2", "standardize")
-ENERGY_NAMES = ("cosine", "l1", "l2")  # heads.scoring.energy.ENERGIES implements each
 ACTIVATION_NAMES = ("gelu", "identity", "relu", "tanh")  # heads.network.model implements each
 INITS = ("default", "identity")
 SIDES = ("both", "query")  # which texts pass through a head: every text, or queries only (heads.network.model.encode)
@@ -51,32 +51,27 @@ KIND_DEPENDENT = ("depth", "lr", "epochs", "anchor_weight", "loss", "normalize",
 TEST_SCOPES = ("auto", "all", "selected")
 
 
-def _opt(help: str = "", choices=None, cli: bool = True, flag: str | None = None):
-    """Field metadata the command-line options are generated from (heads.settings.options)."""
-    return {"help": help, "choices": choices, "cli": cli, "flag": flag}
-
-
 @dataclass(frozen=True)
 class HeadConfig:
-    depth: int = field(default=2, metadata=_opt("Linear layers (0 = identity)."))  # 2: SciFact's dev choice
+    depth: int = field(default=2, metadata=option_meta("Linear layers (0 = identity)."))  # 2: SciFact's dev choice
     # (round 2); graded (STS) tables take 1 (heads.kinds.sts)
-    hidden: int = field(default=512, metadata={**_opt(), "kind_help": (
+    hidden: int = field(default=512, metadata={**option_meta(), "kind_help": (
         "train-head's default: 512; a classifier head (ce) on labelled texts 1024 (docs/labels.md); cli grid: 512 "
         "unless set.")})  # width of hidden layers; ~1.3x MiniLM's 384 keeps heads small
-    out_dim: Optional[int] = field(default=None, metadata=_opt())  # None -> in_dim (what a residual head needs)
-    activation: str = field(default="gelu", metadata=_opt(choices=ACTIVATION_NAMES))  # GELU as in the encoder
-    dropout: float = field(default=0.0, metadata=_opt())  # 0 so stacked and separate training agree exactly
-    layer_norm: bool = field(default=False, metadata=_opt())  # off: features are already pooled
-    residual: bool = field(default=True, metadata=_opt(
+    out_dim: Optional[int] = field(default=None, metadata=option_meta())  # None -> in_dim (what a residual head needs)
+    activation: str = field(default="gelu", metadata=option_meta(choices=ACTIVATION_NAMES))  # GELU as in the encoder
+    dropout: float = field(default=0.0, metadata=option_meta())  # 0 so stacked and separate training agree exactly
+    layer_norm: bool = field(default=False, metadata=option_meta())  # off: features are already pooled
+    residual: bool = field(default=True, metadata=option_meta(
         "f(x) = x + g(x), starting exactly at the frozen features (needs out-dim = feature dim)."))
     # g's last layer zero-initialised: training moves away from the baseline only as far as the data asks
-    init: str = field(default="default", metadata=_opt(choices=INITS, cli=False))  # "identity": W = I (depth 1)
-    in_dim: Optional[int] = field(default=None, metadata=_opt(cli=False))  # the store's feature dim, set from it
-    mix: int = field(default=1, metadata=_opt(cli=False))  # stored arrays mixed into the input (set from --array)
-    mix_init: float = field(default=0.8, metadata=_opt(
+    init: str = field(default="default", metadata=option_meta(choices=INITS, cli=False))  # "identity": W = I (depth 1)
+    in_dim: Optional[int] = field(default=None, metadata=option_meta(cli=False))  # the store's feature dim, set from it
+    mix: int = field(default=1, metadata=option_meta(cli=False))  # arrays mixed into the input (set from --array)
+    mix_init: float = field(default=0.8, metadata=option_meta(
         "With --array A+B+...: the starting softmax weight of the first array in the head's layer mix."))
     # near the one-layer head; lower layers add 0.003 Spearman on STS-B dev (docs/l1-energy.md)
-    sides: str = field(default="both", metadata=_opt(
+    sides: str = field(default="both", metadata=option_meta(
         "Which texts pass through the head: both (queries and documents), or query (documents keep their frozen "
         "normalised features, E(q, d) = ||f(q) - n(d)||: a corpus index serves every such head).", choices=SIDES))
     # both: the siamese head of the method (and the ids of every earlier head); query: issue 20's lever 3
@@ -112,119 +107,6 @@ class HeadConfig:
         return [self.in_dim] + [self.hidden] * (self.depth - 1) + [self.out_features]
 
 
-@dataclass(frozen=True)
-class OptimConfig:
-    lr: float = field(default=3e-3, metadata=_opt())  # AdamW on a small MLP over fixed features; SciFact's dev
-    # choice with the 2-layer residual head (round 2); graded tables and labelled texts take 1e-3 (their kinds)
-    weight_decay: float = field(default=0.01, metadata=_opt())  # AdamW's usual decoupled decay
-    decay_to_init: float = field(default=0.0, metadata=_opt(
-        "L2-SP pull of the weights toward their initial values."))  # 0 = off
-    epochs: int = field(default=15, metadata=_opt("Early stopping on dev either way."))  # few labelled pairs
-    # (SciFact ~800): 15 passes with early stopping (graded tables: 10, their best epochs are 1-5)
-    batch_size: int = field(default=64, metadata=_opt())  # in-batch impostors per anchor = batch_size - 1
-    schedule: str = field(default="cosine", metadata=_opt(choices=SCHEDULES))  # decay after the warm-up
-    warmup_ratio: float = field(default=0.1, metadata=_opt())  # linear warm-up over the first 10% of steps
-    grad_clip: float = field(default=1.0, metadata=_opt())  # per-head clip; guards the exp() of the energy loss
-    seed: int = field(default=0, metadata=_opt())  # head init, batch order, dropout
-    precision: str = field(default="fp32", metadata=_opt(
-        "Training maths: fp32, or bf16 autocast for the matmuls (fp32 master weights and losses; faster on "
-        "CPUs with AMX and on GPUs; emulated and far slower on CPUs without AMX/AVX-512-BF16, which warns).",
-        choices=PRECISIONS))  # fp32 stays the default so results and head
-    # ids of earlier runs do not move; bf16 test metrics lie within the fp32 run's 95% CI (README). No
-    # `auto`: a head's numbers, and a grid's head ids, would then depend on the CPU that trained it (a grid
-    # resumed on another machine would train its heads again under other ids)
-
-
-@dataclass(frozen=True)
-class ObjectiveConfig:
-    loss: str = field(default="l1-energy", metadata={**_opt(choices=tuple(sorted(LOSSES))), "kind_help": (
-        "train-head's default per kind of data: labelled texts ce (a classifier head, docs/labels.md), other "
-        "kinds l1-energy; cli grid: l1-energy unless set.")})  # heads.scoring.losses
-    energy: str = field(default="l1", metadata=_opt(
-        "E(a, b) between head outputs (mnr is cosine by definition).", choices=ENERGY_NAMES))  # the premise
-    q: Optional[float] = field(default=None, metadata=_opt(
-        "Energy bound Q of l1-energy (default per energy)."))  # None: the per-energy default (heads.scoring.losses)
-    tau: Optional[float] = field(default=None, metadata=_opt("Temperature of l1-ce (default per energy)."))
-    margin: Optional[float] = field(default=None, metadata=_opt(
-        "Margin of contrastive/triplet (default per energy)."))
-    impostors: str = field(default=DEFAULT_IMPOSTORS, metadata=_opt(choices=IMPOSTOR_MODES))  # the mean over
-    # all impostors is dominated by easy ones; the semi-hard one per anchor trains (docs/l1-energy.md)
-    genuine_weight: float = field(default=1.0, metadata=_opt())  # genuine vs impostor balance
-    label_smoothing: float = field(default=0.1, metadata=_opt(
-        "ce: the share of each class target spread evenly over the classes."))  # Szegedy et al. 2016's 0.1
-    graded: str = field(default="pearson", metadata=_opt(
-        "How graded (STS) or 0/1 labels enter l1-energy / contrastive: weight (s and 1 - s), regress (E toward "
-        "Q (1 - s)), pearson (1 + corr(E, s) per batch).", choices=GRADED_MODES))  # pearson: the one form
-    # that beats the frozen features on STS-B (the others overfit; docs/l1-energy.md)
-    q_start: Optional[float] = field(default=None, metadata=_opt(
-        "A Q schedule: l1-energy's Q goes linearly from this to --q over training."))  # None: a fixed Q
-    anchor_weight: float = field(default=0.0, metadata={**_opt(
-        "Anchor on the unlabeled store: + lambda * mean ||f(x) - x||_1 over store rows that are not training "
-        "texts, sampled each step (--anchor-data names the rows)."), "kind_help": (
-        "train-head's default per kind of data: IR and positive pairs 2 (docs/robust.md), other kinds 0 "
-        "(off); cli grid: 0 unless set.")})  # 0 here (grids, and the ids of their heads, do not move); the
-    # IR kind's train-head default is the SciFact study's (heads.kinds.ir, docs/robust.md)
-
-
-@dataclass(frozen=True)
-class NegativesConfig:
-    mined_k: int = field(default=8, metadata=_opt(
-        "Hard negatives per pair mined from the stored corpus (IR)."))  # 8 beat 0 for every loss on SciFact
-    # and matched 16 (docs/l1-energy.md); 0 = none
-    remine: bool = field(default=True, metadata=_opt(
-        "Re-mine hard negatives each epoch in the head's own space."))  # SciFact dev: +0.004 mean
-    remine_every: int = field(default=1, metadata=_opt(
-        "With --remine: re-mine in head space at epochs N, 2N, ... (the negatives of the last re-mine in between)."))
-    # 1: every epoch, what the studies measured; on a large corpus a re-mine of a stack of H heads embeds H x
-    # every pooled document (~200k at 1M documents), so N trades the negatives' freshness for time
-    exact_max: int = field(default=20_000, metadata=_opt(
-        "Largest corpus (documents) searched exactly for mining and dev ranking; above it, candidates: each "
-        "query's frozen top --pool-k (an exact cosine search, done once), re-scored in head space each epoch."))
-    # 20,000: SciFact (5k) and corpora of its size keep the exact search and their numbers; above ~20k an
-    # exact re-mine + dev ranking per epoch costs more than the epoch's training steps (bench/scale/scale_heads.py)
-    pool_k: int = field(default=100, metadata=_opt(
-        "Candidates per query above --exact-max: the frozen space's top-k documents."))  # 100: 12x the 8
-    # mined negatives; the dev candidates' share of the exact top-10 is reported in metrics.json
-
-    def on_candidates(self, n_docs: int) -> bool:
-        """Whether a corpus of `n_docs` documents is mined and dev-ranked on candidates (above exact_max)."""
-        return n_docs > self.exact_max
-
-
-@dataclass(frozen=True)
-class SelectionConfig:
-    patience: int = field(default=3, metadata=_opt())  # epochs without a dev improvement before a head stops
-    guard: bool = field(default=True, metadata=_opt(
-        "Keep the starting point (the identity head) as a candidate: a head that never beats it on dev is "
-        "returned as it; a head worse than the frozen features is reported."))  # never worse than no head
-    strength: str = field(default="1", metadata=_opt(
-        "Strength a of the trained update, after training: f_a(x) = x + a g(x) for a residual head (other "
-        "heads: a of the way from their starting weights). A number in [0, 1], or 'auto': chosen on dev (the "
-        "in-domain dev split and the --select-ood sets, the rule in docs/robust.md)."))  # 1: the trained head as
-    # it is (earlier heads and figures do not move); the study's choice is in docs/robust.md
-
-
-@dataclass(frozen=True)
-class DataConfig:
-    normalize: str = field(default="l2", metadata={**_opt(choices=NORMALIZATIONS), "kind_help": (
-        "train-head's default: l2; standardize for a classifier head (ce), whose MLP learns slowly on unit-norm "
-        "rows; cli grid: l2 unless set.")})  # features before the head: L2
-    # puts every L1 energy on one scale (~10-20 for MiniLM), so one energy bound Q fits all data
-    shots: int = field(default=0, metadata=_opt(
-        "Labelled texts: texts per class drawn with --seed (few-shot); 0 = all of train."))
-    per_class: int = field(default=4, metadata=_opt(
-        "Labelled texts: K texts per class in a batch of batch-size // K classes."))  # 3 partners per anchor
-    hierarchy: bool = field(default=False, metadata=_opt(
-        "Labelled texts: targets from the label tree (shared-prefix depth / depth)."))
-    anchor_data: str = field(default="", metadata=_opt(
-        "With --anchor-weight: a dataset whose texts in the store are the anchor rows (training texts left "
-        "out); empty = every row of the store."))  # the whole store: the unlabeled corpus it holds
-
-
-SECTIONS = {"optimizer": OptimConfig, "objective": ObjectiveConfig, "negatives": NegativesConfig,
-            "selection": SelectionConfig, "data": DataConfig}
-SECTION_OF = {f.name: name for name, cls in SECTIONS.items() for f in fields(cls)}  # setting -> its section
-assert len(SECTION_OF) == sum(len(fields(c)) for c in SECTIONS.values()), "a setting name is in two sections"
 
 
 @dataclass(frozen=True, init=False)
