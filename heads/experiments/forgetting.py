@@ -154,6 +154,85 @@ def _continue_head(cfg: ForgettingConfig, head_dir: Path, data: str, data_format
     return {"best_epoch": run.best_epoch}
 
 
+class ForgettingSteps:
+    """The steps of one forgetting run, each cached by its settings (`compare.Steps`): the heads and their scores,
+    the stores featurized with a tuned encoder, and the two ways an encoder tuning meets task B (`TUNING_ROWS`)."""
+
+    def __init__(self, cfg: ForgettingConfig, steps: Steps):
+        self.cfg, self.steps = cfg, steps
+        self.tasks = {"A": (cfg.task_a, cfg.format_a), "B": (cfg.task_b, cfg.format_b)}
+        self.common = {"store": cfg.store, "head": asdict(cfg.head), "train": cfg.train.to_dict()}
+        self.head_a, self.head_b = self.head("head-A", "A", cfg.store), self.head("head-B", "B", cfg.store)
+
+    def head(self, name: str, tag: str, store, extra=None) -> Path:
+        """A head trained on task `tag`'s texts in `store` (train-head with the run's settings)."""
+        cfg, (data, fmt) = self.cfg, self.tasks[tag]
+        settings = {**self.common, "store": str(store), "data": data, "format": fmt, **(extra or {})}
+        folder, _ = self.steps.run(name, settings, lambda d: {"primary": train_head(
+            str(store), data, str(d / "head"), cfg.head, cfg.train, fmt, progress=False)["primary"]})
+        return folder / "head"
+
+    def score(self, store, head, tag: str) -> dict:
+        return _score(store, head, self.tasks[tag][0], self.tasks[tag][1], self.cfg.train)
+
+    def frozen_rows(self) -> list[dict]:
+        """Rows 1 (one head per task) and 2 (one shared head: A, then on from A's weights on B)."""
+        cfg, store, head_a = self.cfg, self.cfg.store, self.head_a
+        a_before = self.score(store, head_a, "A")
+        rows = [{"setup": "1: frozen encoder + per-task heads", "A_before": a_before,
+                 "A_after": self.score(store, head_a, "A"), "B": self.score(store, self.head_b, "B"),
+                 "encoder_after": "base"}]
+        shared, _ = self.steps.run("shared-head-AB", {**self.common, "from": str(head_a), "data": cfg.task_b,
+                                                      "format": cfg.format_b},
+                                   lambda d: _continue_head(cfg, head_a, cfg.task_b, cfg.format_b, d / "head"))
+        rows.append({"setup": "2: frozen encoder + shared head (A then B)", "A_before": a_before,
+                     "A_after": self.score(store, shared / "head", "A"), "B": self.score(store, shared / "head", "B"),
+                     "encoder_after": "base"})
+        return rows
+
+    def featurized(self, name: str, encoder, key: dict) -> Path:
+        """Both tasks' texts featurized with `encoder` (a tuned encoder folder): the store."""
+        tasks = self.tasks
+        fcfg = dataclasses.replace(self.cfg.featurize, model=str(encoder))
+        folder, _ = self.steps.run(name, {"encoder": key, "featurize": asdict(fcfg), "data": list(tasks.values())},
+                                   lambda d: {"n_encoded": featurize(fcfg, [t[0] for t in tasks.values()], d / "store",
+                                                                     [t[1] for t in tasks.values()])["n_encoded"]})
+        return folder / "store"
+
+    def sequential(self, prefix: str, fcfg: FinetuneConfig):
+        """Encoder (+ head) tuned on A, a head for B on its features, encoder + that head tuned on B: the stores
+        and tuned folders; `prefix` names the steps ("" keeps the fine-tuning steps' first names)."""
+        cfg, head_a = self.cfg, self.head_a
+        key = {**self.common, "finetune": asdict(fcfg)}
+        tag = prefix or "finetune-"
+        ft_a, _ = self.steps.run(f"{tag}A", {**key, "head": str(head_a), "data": cfg.task_a},
+                                 lambda d: _ft(finetune(str(head_a), str(d), fcfg, cfg.store, cfg.task_a, cfg.model)))
+        store_a = self.featurized(f"featurize-{prefix}A", ft_a / "encoder", {f"{tag}A": str(ft_a)})
+        head_b_on_a = self.head(f"head-B-on-{prefix}A", "B", store_a, {"encoder": str(ft_a)})
+        ft_ab, _ = self.steps.run(f"{tag}AB", {**key, "head": str(head_b_on_a), "data": cfg.task_b},
+                                  lambda d: _ft(finetune(str(head_b_on_a), str(d), fcfg, str(store_a), cfg.task_b,
+                                                         str(ft_a / "encoder"))))
+        store_ab = self.featurized(f"featurize-{prefix}AB", ft_ab / "encoder", {f"{tag}AB": str(ft_ab)})
+        return {"A_before": self.score(store_a, ft_a / "head", "A"),
+                "A_after": self.score(store_ab, ft_a / "head", "A"),
+                "B": self.score(store_ab, ft_ab / "head", "B")}, ft_a / "encoder", ft_ab / "encoder"
+
+    def per_task(self, prefix: str, fcfg: FinetuneConfig):
+        """A tuning that keeps the base weights, one per task (adapters): A's set never sees B."""
+        cfg, tasks = self.cfg, self.tasks
+        key = {**self.common, "finetune": asdict(fcfg)}
+        tuned = {}
+        for tag, head in (("A", self.head_a), ("B", self.head_b)):
+            folder, _ = self.steps.run(f"{prefix}{tag}", {**key, "head": str(head), "data": tasks[tag][0]},
+                                       lambda d, head=head, tag=tag: _ft(finetune(str(head), str(d), fcfg, cfg.store,
+                                                                                  tasks[tag][0], cfg.model)))
+            tuned[tag] = (folder, self.featurized(f"featurize-{prefix}{tag}", folder / "encoder",
+                                                  {f"{prefix}{tag}": str(folder)}))
+        (fa, sa), (fb, sb) = tuned["A"], tuned["B"]
+        return {"A_before": self.score(sa, fa / "head", "A"), "A_after": self.score(sa, fa / "head", "A"),
+                "B": self.score(sb, fb / "head", "B")}, fa / "encoder", fa / "encoder"
+
+
 def run_forgetting(cfg: ForgettingConfig, out_dir: str, log=print) -> str:
     """Run (or reuse) every step; write forgetting.json and forgetting.md; return the table."""
     out = Path(out_dir)
@@ -163,74 +242,15 @@ def run_forgetting(cfg: ForgettingConfig, out_dir: str, log=print) -> str:
     missing = missing_mlm_text_note(cfg.mlm, cfg.mlm_text)
     if missing:  # said now and in the table's notes, never dropped silently
         log(f"[forgetting] WARNING: {missing}")
-    tasks = {"A": (cfg.task_a, cfg.format_a), "B": (cfg.task_b, cfg.format_b)}
-    common = {"store": cfg.store, "head": asdict(cfg.head), "train": cfg.train.to_dict()}
-
-    def head_step(name, tag, store, extra=None):
-        data, fmt = tasks[tag]
-        settings = {**common, "store": str(store), "data": data, "format": fmt, **(extra or {})}
-        folder, _ = steps.run(name, settings, lambda d: {"primary": train_head(
-            str(store), data, str(d / "head"), cfg.head, cfg.train, fmt, progress=False)["primary"]})
-        return folder / "head"
-
-    def score(store, head, tag):
-        return _score(store, head, tasks[tag][0], tasks[tag][1], cfg.train)
-
-    # 1. frozen encoder, one head per task
-    head_a, head_b = head_step("head-A", "A", cfg.store), head_step("head-B", "B", cfg.store)
-    a_before = score(cfg.store, head_a, "A")
-    rows = [{"setup": "1: frozen encoder + per-task heads", "A_before": a_before,
-             "A_after": score(cfg.store, head_a, "A"), "B": score(cfg.store, head_b, "B"), "encoder_after": "base"}]
-    # 2. frozen encoder, one shared head: A, then on from A's weights on B
-    shared, _ = steps.run("shared-head-AB", {**common, "from": str(head_a), "data": cfg.task_b, "format": cfg.format_b},
-                          lambda d: _continue_head(cfg, head_a, cfg.task_b, cfg.format_b, d / "head"))
-    rows.append({"setup": "2: frozen encoder + shared head (A then B)", "A_before": a_before,
-                 "A_after": score(cfg.store, shared / "head", "A"), "B": score(cfg.store, shared / "head", "B"),
-                 "encoder_after": "base"})
-    # 3. encoder fine-tuned on A, then on B
-    def feat(name, encoder, key):
-        fcfg = dataclasses.replace(cfg.featurize, model=str(encoder))
-        folder, _ = steps.run(name, {"encoder": key, "featurize": asdict(fcfg), "data": list(tasks.values())},
-                              lambda d: {"n_encoded": featurize(fcfg, [t[0] for t in tasks.values()], d / "store",
-                                                                [t[1] for t in tasks.values()])["n_encoded"]})
-        return folder / "store"
-
-    def sequential(prefix: str, fcfg: FinetuneConfig):
-        """Encoder (+ head) tuned on A, a head for B on its features, encoder + that head tuned on B: the stores
-        and tuned folders; `prefix` names the steps ("" keeps the fine-tuning steps' first names)."""
-        key = {**common, "finetune": asdict(fcfg)}
-        tag = prefix or "finetune-"
-        ft_a, _ = steps.run(f"{tag}A", {**key, "head": str(head_a), "data": cfg.task_a},
-                            lambda d: _ft(finetune(str(head_a), str(d), fcfg, cfg.store, cfg.task_a, cfg.model)))
-        store_a = feat(f"featurize-{prefix}A", ft_a / "encoder", {f"{tag}A": str(ft_a)})
-        head_b_on_a = head_step(f"head-B-on-{prefix}A", "B", store_a, {"encoder": str(ft_a)})
-        ft_ab, _ = steps.run(f"{tag}AB", {**key, "head": str(head_b_on_a), "data": cfg.task_b},
-                             lambda d: _ft(finetune(str(head_b_on_a), str(d), fcfg, str(store_a), cfg.task_b,
-                                                    str(ft_a / "encoder"))))
-        store_ab = feat(f"featurize-{prefix}AB", ft_ab / "encoder", {f"{tag}AB": str(ft_ab)})
-        return {"A_before": score(store_a, ft_a / "head", "A"), "A_after": score(store_ab, ft_a / "head", "A"),
-                "B": score(store_ab, ft_ab / "head", "B")}, ft_a / "encoder", ft_ab / "encoder"
-
-    def per_task(prefix: str, fcfg: FinetuneConfig):
-        """A tuning that keeps the base weights, one per task (adapters): A's set never sees B."""
-        key = {**common, "finetune": asdict(fcfg)}
-        tuned = {}
-        for tag, head in (("A", head_a), ("B", head_b)):
-            folder, _ = steps.run(f"{prefix}{tag}", {**key, "head": str(head), "data": tasks[tag][0]},
-                                  lambda d, head=head, tag=tag: _ft(finetune(str(head), str(d), fcfg, cfg.store,
-                                                                             tasks[tag][0], cfg.model)))
-            tuned[tag] = (folder, feat(f"featurize-{prefix}{tag}", folder / "encoder", {f"{prefix}{tag}": str(folder)}))
-        (fa, sa), (fb, sb) = tuned["A"], tuned["B"]
-        return {"A_before": score(sa, fa / "head", "A"), "A_after": score(sa, fa / "head", "A"),
-                "B": score(sb, fb / "head", "B")}, fa / "encoder", fa / "encoder"
-
+    run = ForgettingSteps(cfg, steps)
+    rows = run.frozen_rows()  # 1 and 2: the frozen encoder
     encoders = {"base": None}
-    for n, tuning in enumerate(cfg.tunings, start=3):
+    for n, tuning in enumerate(cfg.tunings, start=3):  # 3, 4, 5: the encoder tuned (TUNING_ROWS)
         if tuning not in TUNING_ROWS:
             raise ValueError(f"tunings: unknown {tuning!r}; valid: {list(TUNING_ROWS)}")
         label, prefix, how = TUNING_ROWS[tuning]
         fcfg = _tuning_config(cfg.finetune, tuning)
-        scores, before, after = (sequential if how == "sequential" else per_task)(prefix, fcfg)
+        scores, before, after = (run.sequential if how == "sequential" else run.per_task)(prefix, fcfg)
         name = prefix.rstrip("-") or "finetuned"
         encoders[f"{name}-A"], encoders[f"{name}-{'AB' if how == 'sequential' else 'A'}"] = before, after
         rows.append({"setup": f"{n}: {label}", **scores, "encoder_before": f"{name}-A",
