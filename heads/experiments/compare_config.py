@@ -21,7 +21,7 @@ from headstore.heads.network.model import HeadConfig
 class CompareConfig:
     in_domain: str  # dataset the heads train on; its test split is the in-domain figure
     out_of_domain: tuple[str, ...] = ()  # datasets evaluated with the in-domain heads (test split; a table
-    # without a split column is scored whole, see heads.training.run.eval_split)
+    # without a split column is scored whole, see heads.training.eval_run.eval_split)
     model: str = "minilm"  # the base encoder
     base_store: str | None = None  # reuse a store of the base encoder's features (else OUT/featurize-base-*)
     featurize: FeaturizeConfig = FeaturizeConfig()  # its `model` is replaced per encoder

@@ -22,7 +22,7 @@ import shutil
 from pathlib import Path
 
 from headstore.heads.experiments.compare_config import device_key, mlm_loss_device
-from headstore.heads.training.run import eval_head
+from headstore.heads.training.eval_run import eval_head
 
 GENERAL_MIN_CHARS = 50  # wikitext lines shorter than this are headings / fragments
 MLM_MASKS = {"seed": 0, "n_masks": 2}  # the same masks for every model: two draws of them per text

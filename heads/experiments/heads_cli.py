@@ -86,7 +86,7 @@ def eval_command(store, head_dir, data, data_format, unlabeled, out, exclude_ove
     """Evaluate a trained head (and the frozen baseline beside it) on any dataset whose texts are in the store.
 
     Scores the dataset's test split; a table without a split column is scored whole."""
-    from headstore.heads.training.run import eval_head
+    from headstore.heads.training.eval_run import eval_head
 
     data_format = fold_label_options(data_format, label_settings)
     metrics = eval_head(store, head_dir, data, out, data_format, exclude_overlap, score_range=score_range,

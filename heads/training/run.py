@@ -1,4 +1,5 @@
-"""`cli train-head` and `cli eval`: train one head on a dataset's stored features, evaluate, write the artefacts.
+"""`cli train-head`: train one head on a dataset's stored features, evaluate, write the artefacts (`cli eval`,
+a trained head scored again: heads.training.eval_run).
 
 Output directory:
 - `head.safetensors` (+ `normalizer.safetensors`): the head, loadable by `heads.training.run.load_head`;
@@ -19,7 +20,6 @@ from __future__ import annotations
 
 from dataclasses import asdict, fields, replace
 
-import numpy as np
 import torch
 
 from headstore.data.memory import trim_heap
@@ -34,9 +34,9 @@ from headstore.heads.artefacts.files import write_head_dir
 from headstore.heads.settings.config import KIND_DEPENDENT, STRENGTH_AUTO, HeadConfig, TrainConfig
 from headstore.heads.artefacts.curve import plot_curve
 from headstore.heads.evaluation.evaluate import TEST_SPLIT, embedder, evaluate_baseline, evaluate_head
-from headstore.heads.network.features import Normalizer, array_list
+from headstore.heads.network.features import array_list
 from headstore.heads.artefacts.head import Head
-from headstore.heads.kinds import WHOLE, Task, kind_of, load_task, task_rows, without_overlap
+from headstore.heads.kinds import Task, kind_of, load_task
 from headstore.heads.kinds.labels import classifier_width, label_space, shots_note
 from headstore.heads.scoring.losses import LOSSES
 from headstore.heads.kinds.unlabeled import unlabeled_report
@@ -119,13 +119,8 @@ def train_head(store_path: str, data_path: str, out_dir: str, head_cfg: HeadConf
     task = kind_of(task).for_training(task, cfg)  # labelled texts: shots, hierarchy
     if getattr(task, "report", {}).get("shots_clipped"):  # more --shots than a class has: said on the terminal
         progress_write(f"note: {shots_note(cfg.shots, task.report['shots_clipped'])}")
-    anchor = anchor_rows_of(store, cfg, task.unlabeled.rows if task.unlabeled else None)  # None: the whole store
-    tf = TaskFeatures.for_task(store, task, rows_of_datasets(store, select_ood),
-                               *([anchor] if cfg.anchor_weight else []), device=device)
-    task, features = tf.remap(task), tf.read(array)  # only the rows the task uses (heads.artefacts.task_features)
-    selection = load_selection(store, select_ood, task, features[:, :store.dim], ood_delta, remap=tf.remap)
+    task, features, selection, anchor = training_features(store, task, cfg, array, select_ood, ood_delta, device)
     head_cfg = head_shape(head_cfg, features, array, task, cfg)
-    anchor = None if anchor is None else tf.positions(anchor)
     baseline = evaluate_baseline(task, features, splits, dim=store.dim)  # before the features are normalised
     trim_heap()
     model, norm, run = train_one(task, features, head_cfg, cfg, progress, selection, anchor, in_place=True)
@@ -135,13 +130,11 @@ def train_head(store_path: str, data_path: str, out_dir: str, head_cfg: HeadConf
     begin_output(out, "head")  # an interrupted write (a full disk) is replaced by the same command's rerun
     config = {"head": asdict(head_cfg), "train": cfg.to_dict(), "data": str(data_path), "format": data_format,
               "task": task.name, "kind": task.kind, "dev": task.dev_note or "the dataset's dev split",
-              **({"unlabeled": list(unlabeled)} if unlabeled else {}),
-              **_data_notes(task),
+              **({"unlabeled": list(unlabeled)} if unlabeled else {}), **_data_notes(task),
               "store": str(store_path), "store_fingerprint": store.fingerprint, "array": array, "array_layer": layer,
               "store_manifest": {k: v for k, v in store.manifest.items() if k != "arrays"},
               "best_epoch": run.best_epoch, "train_seconds": run.seconds, "defaults": defaults_note, "device": device,
-              **label_space(task),
-              **({"selection": selection.describe()} if selection else {})}
+              **label_space(task), **({"selection": selection.describe()} if selection else {})}
     write_head_dir(out, model, norm, config)
     rankings: dict = {}  # the head's rankings of dev and test, kept for the run files and the candidate share
     metrics = evaluate_head(task, features, model, None, cfg.eval_energy, splits, dim=store.dim, baseline=baseline,
@@ -149,19 +142,7 @@ def train_head(store_path: str, data_path: str, out_dir: str, head_cfg: HeadConf
     metrics.update(_data_notes(task))
     if unlabeled_note:
         metrics["unlabeled"] = unlabeled_note
-    metrics["guard"] = guard_report(task, metrics, run, cfg, head_cfg)
-    if selection:
-        metrics["selection"] = {**selection.describe(), "ood_dev_loss": run.best_sel_loss,
-                                "within_delta": run.best_sel_loss is not None and run.best_sel_loss <= ood_delta}
-    if TEST_SPLIT not in task.eval_sets:
-        metrics["split"] = "dev"
-        metrics["note"] = f"{data_path} has no test split: only dev figures are reported"
-    metrics["history"] = run.history
-    metrics.update(scale_report(task, run, rankings))
-    if cfg.strength != "1":
-        metrics["strength"] = strength_report(run, cfg, selection)
-    if getattr(task, "report", None):  # labelled texts: unseen labels, skipped texts, duplicates
-        metrics["data_report"] = task.report
+    metrics.update(training_notes(task, metrics, run, cfg, head_cfg, selection, ood_delta, rankings, data_path))
     atomic_write_json(out / "metrics.json", metrics, sort_keys=True)
     write_runs(task, features, model, None, cfg.eval_energy, splits, out, rankings)
     plot_curve(run.history, out / "curve.png", title=f"{task.name}: {cfg.loss} ({cfg.eval_energy})")
@@ -170,6 +151,40 @@ def train_head(store_path: str, data_path: str, out_dir: str, head_cfg: HeadConf
                       title=f"{task.name}: strength a (chosen {run.strength:g})")
     end_output(out)
     return metrics
+
+
+def training_features(store: FeatureStore, task: Task, cfg: TrainConfig, array: str, select_ood: tuple[str, ...],
+                      ood_delta: float, device: str):
+    """(task, features, selection, anchor): the store rows the task, the --select-ood sets and the anchor use, read
+    once onto `device` (heads.artefacts.task_features), the task remapped to them; the out-of-domain selection
+    sets (None without --select-ood) and the anchor rows' positions (None: no anchor rows, the whole store)."""
+    anchor = anchor_rows_of(store, cfg, task.unlabeled.rows if task.unlabeled else None)  # None: the whole store
+    tf = TaskFeatures.for_task(store, task, rows_of_datasets(store, select_ood),
+                               *([anchor] if cfg.anchor_weight else []), device=device)
+    task, features = tf.remap(task), tf.read(array)  # only the rows the task uses (heads.artefacts.task_features)
+    selection = load_selection(store, select_ood, task, features[:, :store.dim], ood_delta, remap=tf.remap)
+    return task, features, selection, None if anchor is None else tf.positions(anchor)
+
+
+def training_notes(task: Task, metrics: dict, run, cfg: TrainConfig, head_cfg: HeadConfig, selection,
+                   ood_delta: float, rankings: dict, data_path: str) -> dict:
+    """What train-head's metrics.json says beside the scores in `metrics`: the guard against the frozen
+    features, the out-of-domain selection, a missing test split, the history, how negatives were mined and dev
+    ranked, the strength, and what was read of labelled texts."""
+    notes = {"guard": guard_report(task, metrics, run, cfg, head_cfg)}
+    if selection:
+        notes["selection"] = {**selection.describe(), "ood_dev_loss": run.best_sel_loss,
+                              "within_delta": run.best_sel_loss is not None and run.best_sel_loss <= ood_delta}
+    if TEST_SPLIT not in task.eval_sets:
+        notes["split"] = "dev"
+        notes["note"] = f"{data_path} has no test split: only dev figures are reported"
+    notes["history"] = run.history
+    notes.update(scale_report(task, run, rankings))
+    if cfg.strength != "1":
+        notes["strength"] = strength_report(run, cfg, selection)
+    if getattr(task, "report", None):  # labelled texts: unseen labels, skipped texts, duplicates
+        notes["data_report"] = task.report
+    return notes
 
 
 def scale_report(task: Task, run, rankings: dict) -> dict:
@@ -266,74 +281,6 @@ def check_same_features(head_dir: str, config: dict, store: FeatureStore, array:
         raise ValueError(f"{head_dir} was trained on features that differ from {store.path} in "
                          f"{'; '.join(differs)} (a head only makes sense on the features it was trained on: "
                          "featurize the dataset with the head's settings)")
-
-
-def eval_split(task: Task) -> str:
-    """The split `cli eval` scores: test; else the whole table (no split column); else dev; else train."""
-    for split in (TEST_SPLIT, WHOLE, "dev", "train"):
-        if split in task.eval_sets:
-            return split
-    raise ValueError(f"{task.name}: nothing to evaluate (no split with judgements or pairs)")
-
-
-def eval_head(store_path: str, head_dir: str, data_path: str, out_dir: str, data_format: str | None = None,
-              exclude_overlap: str | None = None, score_range=None, overwrite: bool = False,
-              device: str = "auto", items: dict | None = None, unlabeled: tuple[str, ...] = ()) -> dict:
-    """Evaluate a trained head on any dataset whose texts are in the store; write metrics.json.
-
-    Scores the test split, or the whole table when it has no split column (`eval_split`).
-    `exclude_overlap`: a dataset (e.g. the one the head was trained on) whose texts must not be scored:
-    evaluation pairs / queries that use one of its texts are dropped (counted in metrics.json).
-    `items`: filled with the scored split's per-item values ("baseline": cosine, "head") as lists, and
-    "gold" (the gold scores / labels where the kind has them, else None): what bootstrap CIs resample.
-    `unlabeled`: --unlabeled files, the distractors a positives-only pairs table's anchors rank
-    (heads.kinds.unlabeled)."""
-    inputs = (data_path, head_dir, exclude_overlap, *unlabeled)
-    prepare_output_dir(out_dir, "eval", overwrite, inputs=inputs, create=False)  # refuse before the work
-    device = pick_device(device)  # where the features and the head are held (auto: cuda when available)
-    store = FeatureStore.open(store_path)
-    model, norm, config = load_head(head_dir)
-    model, norm = model.to(device), norm.to(device)
-    array = config.get("array", "features")
-    check_same_features(head_dir, config, store, array)
-    task = load_task(data_path, store, data_format, score_range=score_range, for_eval=True, unlabeled=unlabeled)
-    unlabeled_note = unlabeled_report(task, None, (eval_split(task),))
-    dropped = None
-    if exclude_overlap:
-        task, dropped = without_overlap(task, task_rows(load_task(exclude_overlap, store, for_eval=True)))
-        split = eval_split(task)
-        if dropped.get(split) and not kind_of(task).n_items(task.eval_sets[split]):
-            raise ValueError(f"--exclude-overlap {exclude_overlap}: every one of the {dropped[split]} "
-                             f"{kind_of(task).items_name} of {data_path} split {split!r} uses a text of it, so "
-                             "nothing is left to score (exclude another dataset, or leave --exclude-overlap out)")
-    tf = TaskFeatures.for_task(store, task, device=device)
-    task, features = tf.remap(task), tf.read(array)  # only the rows the task uses (heads.artefacts.task_features)
-    train_cfg = TrainConfig.from_dict(config["train"])
-    task = kind_of(task).for_eval(task, train_cfg)  # labelled texts: the labelled set k-NN / probe use
-    energy = train_cfg.eval_energy
-    split = eval_split(task)
-    rankings: dict = {}
-    per_item: dict = {}
-    metrics = evaluate_head(task, features, model, norm, energy, (split,), dim=store.dim, rankings=rankings,
-                            items=per_item)
-    if items is not None:
-        gold = getattr(task.eval_sets[split], "labels", None)
-        items.update({k: np.asarray(v, dtype=np.float64).tolist() for k, v in per_item[split].items()})
-        items["gold"] = None if gold is None else np.asarray(gold, dtype=np.float64).tolist()
-    if split != TEST_SPLIT:  # report the split there is under the usual keys
-        only = metrics.pop(split)
-        metrics.update({"baseline": only["baseline"], "head": only["head"], "ci": only["ci"]})
-    metrics["split"] = split
-    metrics.update(_data_notes(task))
-    metrics["head_dir"], metrics["data"], metrics["device"] = str(head_dir), str(data_path), device
-    if unlabeled_note:
-        metrics["unlabeled"] = unlabeled_note
-    if dropped is not None:
-        metrics["overlap_dropped"] = {"with": str(exclude_overlap), **dropped}
-    out = prepare_output_dir(out_dir, "eval", overwrite, inputs=inputs)
-    atomic_write_json(out / "metrics.json", metrics, sort_keys=True)
-    write_runs(task, features, model, norm, energy, (split,), out, rankings)
-    return metrics
 
 
 def write_runs(task: Task, features: torch.Tensor, model, norm, energy: str, splits: tuple[str, ...], out_dir,
