@@ -137,31 +137,50 @@ def leaderboard_markdown(agg: pl.DataFrame, varied: list[str], task: Task, basel
                      *[_fmt(r.get(c)) for c in ood]])
     lines.append(_markdown(rows, headers))
     if ensembles:
-        lines += ["", "## Ensembles (mean L1 energy of the K best l1 configurations, one ensemble per seed)", "",
-                  "Ensemble K of seed s averages the seed-s heads of the K best configurations above (dev only); "
-                  "`<this dir>#ensemble=K` loads the best-dev seed of each.", ""]
-        erows = [[e["config"], e["seeds"], _fmt(e.get("dev_mean")), *([_fmt(e.get("sel_loss"))] if sel else []),
-                  _mean_std(e), _ci_text(e),
-                  *[_fmt(e.get(c)) for c in ood]] for e in ensembles]
-        lines.append(_markdown(erows, ["ensemble", "seeds", "dev", *(["OOD dev loss"] if sel else []),
-                                       "test mean ± std", "test 95% CI", *[f"OOD {c[4:]}" for c in ood]]))
+        lines += _ensembles_section(ensembles, sel, ood)
     if "loss" in agg.columns and agg["loss"].n_unique() > 1:
-        lines += ["", "## Best configuration of each loss (selected on dev)", ""]
-        best = []
-        for loss in sorted(agg["loss"].unique().to_list()):
-            r = agg.filter(pl.col("loss") == loss).row(0, named=True)
-            s = ", ".join(f"{v}={r[v]}" for v in varied if v != "loss")
-            best.append([loss, _fmt(r.get("dev_mean")), _mean_std(r),
-                         _ci_text(r), *[_fmt(r.get(c)) for c in ood], s])
-        lines.append(_markdown(best, ["loss", "dev", "test mean ± std", "test 95% CI",
-                                      *[f"OOD {c[4:]}" for c in ood], "settings"]))
-    failed = frame.filter(pl.col("status") != "ok")
-    if failed.height:
-        lines += ["", f"## Not trained / failed ({failed.height})", ""]
-        for r in failed.select("head_id", "loss", "status", "reason").unique("reason").iter_rows(named=True):
-            n = failed.filter(pl.col("reason") == r["reason"]).height
-            lines.append(f"- {r['status']} ×{n}: {r['reason']}")
+        lines += _best_per_loss_section(agg, varied, ood)
+    lines += _failed_section(frame)
     return "\n".join(lines) + "\n"
+
+
+def _ensembles_section(ensembles: list[dict], sel: bool, ood: list[str]) -> list[str]:
+    """The leaderboard's ensembles (`--ensemble K`) as a table, with the OOD columns of the heads' table."""
+    lines = ["", "## Ensembles (mean L1 energy of the K best l1 configurations, one ensemble per seed)", "",
+             "Ensemble K of seed s averages the seed-s heads of the K best configurations above (dev only); "
+             "`<this dir>#ensemble=K` loads the best-dev seed of each.", ""]
+    erows = [[e["config"], e["seeds"], _fmt(e.get("dev_mean")), *([_fmt(e.get("sel_loss"))] if sel else []),
+              _mean_std(e), _ci_text(e),
+              *[_fmt(e.get(c)) for c in ood]] for e in ensembles]
+    lines.append(_markdown(erows, ["ensemble", "seeds", "dev", *(["OOD dev loss"] if sel else []),
+                                   "test mean ± std", "test 95% CI", *[f"OOD {c[4:]}" for c in ood]]))
+    return lines
+
+
+def _best_per_loss_section(agg: pl.DataFrame, varied: list[str], ood: list[str]) -> list[str]:
+    """The dev-best configuration of each loss of the grid (`agg` is ranked: its first row per loss)."""
+    lines = ["", "## Best configuration of each loss (selected on dev)", ""]
+    best = []
+    for loss in sorted(agg["loss"].unique().to_list()):
+        r = agg.filter(pl.col("loss") == loss).row(0, named=True)
+        s = ", ".join(f"{v}={r[v]}" for v in varied if v != "loss")
+        best.append([loss, _fmt(r.get("dev_mean")), _mean_std(r),
+                     _ci_text(r), *[_fmt(r.get(c)) for c in ood], s])
+    lines.append(_markdown(best, ["loss", "dev", "test mean ± std", "test 95% CI",
+                                  *[f"OOD {c[4:]}" for c in ood], "settings"]))
+    return lines
+
+
+def _failed_section(frame: pl.DataFrame) -> list[str]:
+    """The heads not trained or failed, one line per reason with its count (none: no lines)."""
+    failed = frame.filter(pl.col("status") != "ok")
+    if not failed.height:
+        return []
+    lines = ["", f"## Not trained / failed ({failed.height})", ""]
+    for r in failed.select("head_id", "loss", "status", "reason").unique("reason").iter_rows(named=True):
+        n = failed.filter(pl.col("reason") == r["reason"]).height
+        lines.append(f"- {r['status']} ×{n}: {r['reason']}")
+    return lines
 
 
 def write_report(frame: pl.DataFrame, task: Task, baselines: dict, out: Path, print_it: bool = True,
