@@ -17,7 +17,6 @@ an ensemble of one (distil its head, or name it), a classifier teacher, a temper
 from __future__ import annotations
 
 import hashlib
-import time
 from dataclasses import asdict
 from pathlib import Path
 
@@ -29,7 +28,9 @@ from headstore.featurize.store import FeatureStore
 from headstore.heads.artefacts.curve import plot_curve
 from headstore.heads.artefacts.files import write_head_dir
 from headstore.heads.artefacts.head import EnsembleHead, Head
-from headstore.heads.evaluation.evaluate import TEST_SPLIT, evaluate_baseline, evaluate_head
+from headstore.heads.experiments.distill_report import (SPLITS, Beside, best_member, n_parameters, read_stored,
+                                                        to_device, transfer_tasks)
+from headstore.heads.experiments.distill_tuned import TunedTeacherStore, tuned_head_dir
 from headstore.heads.kinds import load_task
 from headstore.heads.kinds.unlabeled import unlabeled_report
 from headstore.heads.artefacts.task_features import TaskFeatures
@@ -40,29 +41,42 @@ from headstore.heads.training.distill_targets import (HeadTeacher, Targets, anch
                                                        read_targets, targets_key, targets_path, write_targets)
 from headstore.heads.training.run import _array_layer, _data_notes, check_same_features, defaults_for_kind, head_shape
 
-SPLITS = ("dev", TEST_SPLIT)
-
-
-def load_teacher(ref: str, store: FeatureStore) -> Head:
-    """The teacher `ref` names (Head.load), checked against the student's store (module doc)."""
+def load_teacher(ref: str, store: FeatureStore, what: str = "--teacher") -> Head:
+    """The teacher (or `what`: the --single head) `ref` names (Head.load), checked against the student's store."""
     teacher = Head.load(ref)
-    if isinstance(teacher, EnsembleHead) and len(teacher.members) == 1:
+    if isinstance(teacher, EnsembleHead) and len(teacher.members) == 1 and what == "--teacher":
         raise ValueError(f"--teacher {ref}: an ensemble of one head is that head; name it ({teacher.members[0].source}) "
                          "or give an ensemble of at least 2 (GRID#ensemble=K, K >= 2)")
     if teacher.is_classifier:
-        raise ValueError(f"--teacher {ref}: a classifier head (loss ce) scores classes, not pairs: it has no energies "
+        raise ValueError(f"{what} {ref}: a classifier head (loss ce) scores classes, not pairs: it has no energies "
                          "to distil")
     if teacher.store_fingerprint != store.fingerprint:
-        raise ValueError(f"--teacher {ref} was trained over another store (fingerprint {teacher.store_fingerprint[:12]}"
+        raise ValueError(f"{what} {ref} was trained over another store (fingerprint {teacher.store_fingerprint[:12]}"
                          f" vs {store.fingerprint[:12]} of {store.path}): a head teacher scores the student's stored "
                          "features; give a teacher trained on this store")
     check_same_features(ref, teacher.config, store, teacher.array)
     return teacher
 
 
+def open_teacher(ref: str, store: FeatureStore, teacher_store: str | None, device) -> tuple[Head, object]:
+    """(the teacher, `read(tf, array)` of the features it scores): a head over the store reads the store's; a
+    tuned-encoder teacher (heads.experiments.distill_tuned) its own store's, at the same texts."""
+    tuned = tuned_head_dir(ref)
+    if tuned is None:
+        if teacher_store:
+            raise ValueError(f"--teacher-store {teacher_store}: only for a tuned-encoder teacher (the output of "
+                             f"cli finetune); {ref} is a head over the student's store")
+        return to_device(load_teacher(ref, store), device), read_stored
+    head = Head.load(tuned)
+    if head.is_classifier:
+        raise ValueError(f"--teacher {ref}: a classifier head (loss ce) has no energies to distil")
+    reader = TunedTeacherStore(head, store, teacher_store)
+    return to_device(head, device), lambda tf, array: reader.read(tf.rows, array).to(device)
+
+
 def teacher_key(teacher: Head) -> str:
-    """sha256 of the teacher's weights, normalisers and energy: what its energies are a function of."""
-    h = hashlib.sha256(teacher.energy_name.encode())
+    """sha256 of the teacher's weights, normalisers, energy and store (a tuned encoder's: its weights' too)."""
+    h = hashlib.sha256((teacher.energy_name + teacher.store_fingerprint).encode())
     for member in getattr(teacher, "members", [teacher]):
         for name, t in sorted(member.model.state_dict().items()):
             h.update(name.encode())
@@ -74,64 +88,54 @@ def teacher_key(teacher: Head) -> str:
     return h.hexdigest()
 
 
-def n_parameters(head: Head) -> int:
-    return sum(p.numel() for m in getattr(head, "members", [head]) for p in m.model.parameters())
-
-
 def distill(store_path: str, data_path: str, teacher_ref: str, out_dir: str, head_cfg: HeadConfig = HeadConfig(),
             cfg: TrainConfig = TrainConfig(), dcfg: DistillConfig = DistillConfig(), data_format: str | None = None,
             array: str = "features", progress: bool = True, overwrite: bool = False,
-            kind_defaults: tuple[str, ...] = (), device: str = "auto", unlabeled: tuple[str, ...] = ()) -> dict:
-    """Distil `teacher_ref` into one head on `data_path`'s stored features; write `out_dir`; returns metrics."""
-    inputs = (data_path, teacher_ref.rpartition("#")[0] or teacher_ref, *unlabeled)
+            kind_defaults: tuple[str, ...] = (), device: str = "auto", unlabeled: tuple[str, ...] = (),
+            transfer: tuple[str, ...] = (), single: str | None = None, items: dict | None = None,
+            teacher_store: str | None = None) -> dict:
+    """Distil `teacher_ref` into one head on `data_path`'s stored features; write `out_dir`; returns metrics.
+    transfer: out-of-domain datasets every column is also scored on; single: the best single head to show
+    beside (default: an ensemble teacher's best-dev member); items: filled with per-item test values."""
+    refs = [r.rpartition("#")[0] or r for r in (teacher_ref, *([single] if single else []))]
+    inputs = (data_path, *refs, *unlabeled, *transfer)
     device = pick_device(device)
     prepare_output_dir(out_dir, "head", overwrite, inputs=inputs, create=False)  # refuse before any work
     store = FeatureStore.open(store_path)
     layer = _array_layer(store, array)
-    teacher = load_teacher(teacher_ref, store)
+    teacher, read_teacher = open_teacher(teacher_ref, store, teacher_store, device)
     task = load_task(data_path, store, data_format, unlabeled=unlabeled)
     head_cfg, cfg, defaults_note = defaults_for_kind(task, head_cfg, cfg, kind_defaults)
     anchors, corpus, anchors_note = anchor_and_corpus_rows(task, dcfg.unlabeled_anchors, dcfg.sample_seed)
+    ood = transfer_tasks(task, store, transfer, device)  # before the task's rows become positions
     tf = TaskFeatures.for_task(store, task, anchors, corpus, device=device)
     task, features = tf.remap(task), tf.read(array)
-    teacher_features = tf.read(teacher.array)
     tkey = teacher_key(teacher)
-    key = targets_key(tkey, store.fingerprint, (array, teacher.array), anchors, corpus,
-                      dcfg.target_settings())
-    targets, made = _targets(out_dir, key, teacher, teacher_features, features[:, :store.dim], tf, anchors, corpus,
-                             dcfg, progress, device)
-    baseline = evaluate_baseline(task, features, SPLITS, dim=store.dim)
-    for m in getattr(teacher, "members", [teacher]):
-        m.model, m.normalizer = m.model.to(device), m.normalizer.to(device)
-    t0 = time.perf_counter()
-    teacher_metrics = evaluate_head(task, teacher_features, teacher.model, teacher.normalizer, teacher.energy_name,
-                                    SPLITS, dim=store.dim, baseline=baseline)
-    teacher_seconds = time.perf_counter() - t0
+    key = targets_key(tkey, store.fingerprint, (array, teacher.array), anchors, corpus, dcfg.target_settings())
+    targets, made = _targets(out_dir, key, teacher, read_teacher(tf, teacher.array), features[:, :store.dim], tf,
+                             anchors, corpus, dcfg, progress)
+    single_head = load_teacher(single, store, what="--single") if single else best_member(
+        teacher, task, read_teacher(tf, teacher.array), store.dim)
+    beside = Beside(task, store, tf, array, teacher, single_head, ood, (tf.positions(anchors), tf.positions(corpus)),
+                    device, items, read_teacher)
     head_cfg = head_shape(head_cfg, features, array, task, cfg)
     model, norm, (run,) = distill_stack(task, features, head_cfg, [cfg], dcfg, targets.mapped(tf.positions),
                                         progress, in_place=True)  # the raw features' last use was above
     out = prepare_output_dir(out_dir, "head", overwrite, inputs=inputs)
     begin_output(out, "head")
-    note = {**dcfg.to_dict(), "teacher": str(teacher_ref), "teacher_key": tkey,
-            "teacher_energy": teacher.energy_name, "teacher_array": teacher.array, "targets": targets_path(out, key).name,
-            "targets_key": key, "targets_made": made, "anchors": anchors_note,
-            "candidates_per_anchor": int(targets.candidates.shape[1])}
+    note = {**dcfg.to_dict(), "teacher": str(teacher_ref), "teacher_key": tkey, "teacher_energy": teacher.energy_name,
+            "teacher_array": teacher.array, "targets": targets_path(out, key).name, "targets_key": key,
+            "targets_made": made, "anchors": anchors_note, "candidates_per_anchor": int(targets.candidates.shape[1])}
     config = {"head": asdict(head_cfg), "train": cfg.to_dict(), "data": str(data_path), "format": data_format,
               "task": task.name, "kind": task.kind, "dev": task.dev_note or "the dataset's dev split",
               **({"unlabeled": list(unlabeled)} if unlabeled else {}), **_data_notes(task),
-              "store": str(store_path), "store_fingerprint": store.fingerprint, "array": array, "array_layer": layer,
-              "store_manifest": {k: v for k, v in store.manifest.items() if k != "arrays"},
-              "best_epoch": run.best_epoch, "train_seconds": run.seconds, "defaults": defaults_note, "device": device,
-              "distill": note}
-    write_head_dir(out, model, norm, config)
-    t0 = time.perf_counter()
-    metrics = evaluate_head(task, features, model, None, cfg.eval_energy, SPLITS, dim=store.dim, baseline=baseline)
-    student_seconds = time.perf_counter() - t0
-    metrics.update(_data_notes(task))
-    metrics["teacher"] = _teacher_block(teacher_metrics, teacher, teacher_ref, teacher_seconds)
-    metrics["distill"] = {**note, "student_parameters": sum(p.numel() for p in model.parameters()),
-                          "student_eval_seconds": student_seconds, "best_epoch": run.best_epoch,
-                          "start_dev": run.start_dev}
+              "store": str(store_path), "array": array, "array_layer": layer, "best_epoch": run.best_epoch,
+              "train_seconds": run.seconds, "defaults": defaults_note, "device": device, "distill": note}
+    write_head_dir(out, model, norm, {**config, **_store_notes(store)})
+    metrics = beside.student(model, norm, cfg.eval_energy, features)
+    metrics.update(_data_notes(task), **{k: v for k, v in beside.columns.items() if k != "distilled"})
+    metrics["distill"] = {**note, **beside.columns["distilled"], "student_parameters": n_parameters(model),
+                          "best_epoch": run.best_epoch, "start_dev": run.start_dev, "train_seconds": run.seconds}
     unlabeled_note = _unlabeled_note(task, cfg, anchors_note)
     if unlabeled_note:
         metrics["unlabeled"] = unlabeled_note
@@ -142,16 +146,19 @@ def distill(store_path: str, data_path: str, teacher_ref: str, out_dir: str, hea
     return metrics
 
 
+def _store_notes(store: FeatureStore) -> dict:
+    return {"store_fingerprint": store.fingerprint,
+            "store_manifest": {k: v for k, v in store.manifest.items() if k != "arrays"}}
+
+
 def _targets(out_dir, key: str, teacher: Head, teacher_features, search_features, tf: TaskFeatures,
-             anchors, corpus, dcfg: DistillConfig, progress: bool, device) -> tuple[Targets, bool]:
+             anchors, corpus, dcfg: DistillConfig, progress: bool) -> tuple[Targets, bool]:
     """(the targets in store rows, whether they were made now): the cache in OUT when it holds this key's."""
     path = targets_path(Path(out_dir), key)
     cached = read_targets(path, key)
     if cached is not None:
         progress_write(f"teacher targets: reused {path} ({len(cached)} anchors)")
         return cached, False
-    for m in getattr(teacher, "members", [teacher]):
-        m.model, m.normalizer = m.model.to(device), m.normalizer.to(device)
     made = make_targets(HeadTeacher(teacher, teacher_features), search_features, tf.positions(anchors),
                         tf.positions(corpus), dcfg.target_settings(), progress)
     rows = (lambda p: p) if tf.rows is None else (lambda p: tf.rows[p])
@@ -159,15 +166,6 @@ def _targets(out_dir, key: str, teacher: Head, teacher_features, search_features
     Path(out_dir).mkdir(parents=True, exist_ok=True)
     write_targets(path, key, targets)
     return targets, True
-
-
-def _teacher_block(m: dict, teacher: Head, ref: str, seconds: float) -> dict:
-    """metrics.json "teacher": its test and dev figures in the same shape as the head's, its CI and its cost."""
-    block = {"ref": str(ref), "primary": m["primary"], "head": m.get("head"), "ci": m.get("ci", {}).get("head"),
-             "parameters": n_parameters(teacher), "eval_seconds": seconds}
-    if "dev" in m:
-        block["dev"] = m["dev"]["head"]
-    return block
 
 
 def _unlabeled_note(task, cfg: TrainConfig, anchors_note: dict) -> dict:

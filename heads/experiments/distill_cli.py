@@ -48,16 +48,24 @@ def distill_options(f):
 @format_option
 @unlabeled_option
 @click.option("--teacher", type=PATH, required=True, help="A head or ensemble folder, GRID#rank=K, GRID#ensemble=K "
-              "(K >= 2) trained over this store.")
+              "(K >= 2) trained over this store, or a tuned encoder with its head (a `cli finetune` output).")
+@click.option("--teacher-store", type=PATH, default=None, help="A tuned-encoder teacher's own store of the same texts "
+              "(default: FINETUNE_OUT/store-<its fingerprint>); texts it lacks are encoded into it first (said, with "
+              "an estimated time).")
 @click.option("--out", type=PATH, required=True, help="Output: the distilled head (as train-head's) and the "
               "teacher's targets cache (a rerun reuses it).")
+@click.option("--transfer", type=PATH, multiple=True, help="Out-of-domain dataset (texts in the store) every column "
+              "is also scored on (repeatable; its items sharing a text with --data dropped, counted).")
+@click.option("--single", type=PATH, default=None, help="The best single pair-trained head to show beside (default: an "
+              "ensemble teacher's member with the best dev figure).")
 @click.option("--array", default="features", show_default=True, help="Store array the student trains on.")
 @click.option("--overwrite", is_flag=True, help="Replace a head --out already holds (the targets cache is kept: keyed).")
 @click.option("--device", type=click.Choice(DEVICES), default="auto", show_default=True,
               help="Where the features, the teacher and the student live (auto: cuda when available).")
 @distill_options
 @head_and_train_options
-def distill_command(store, data, data_format, unlabeled, teacher, out, array, overwrite, device, **settings):
+def distill_command(store, data, data_format, unlabeled, teacher, teacher_store, out, transfer, single, array,
+                    overwrite, device, **settings):
     """Distil a teacher's energies into one head on the frozen features: soft targets over each anchor's
     candidate set (the teacher's top-k of the frozen search plus random texts), selected on dev, test once."""
     from headstore.heads.experiments.distill import distill
@@ -68,7 +76,8 @@ def distill_command(store, data, data_format, unlabeled, teacher, out, array, ov
         dcfg = DistillConfig(**{k: settings.pop(k) for k in names})
     head_cfg, cfg, unset, _ = configs_from_options(settings)
     metrics = distill(store, data, teacher, out, head_cfg, cfg, dcfg, data_format, array, overwrite=overwrite,
-                      kind_defaults=unset, device=device, unlabeled=tuple(unlabeled))
+                      kind_defaults=unset, device=device, unlabeled=tuple(unlabeled), transfer=tuple(transfer),
+                      single=single, teacher_store=teacher_store)
     click.echo(distill_table(metrics))
     click.echo(f"full metrics: {out}/metrics.json")
 
@@ -79,27 +88,50 @@ def _fmt(value, ci=None) -> str:
     return f"{value:.4f}" + (f" [{ci[0]:.4f}, {ci[1]:.4f}]" if ci and len(ci) == 2 else "")
 
 
+def _columns(metrics: dict) -> list[tuple[str, dict]]:
+    """(header, column) of frozen, the best single head (when any), the teacher and the distilled head."""
+    d, base = metrics["distill"], metrics["baseline_primary"]
+    student = {"primary": metrics["primary"], "head": metrics.get("head"), "ci": metrics.get("ci", {}).get("head"),
+               "dev": metrics.get("dev", {}).get("head"), **d}
+    frozen = {**metrics.get("frozen", {}), "primary": base, "head": metrics.get("baseline"),
+              "ci": metrics.get("ci", {}).get("baseline"), "dev": metrics.get("dev", {}).get("baseline")}
+    cols = [(f"frozen {base}", frozen)]
+    if metrics.get("single"):
+        cols.append((f"best single {metrics['single']['primary']}", metrics["single"]))
+    return cols + [(f"teacher {metrics['teacher']['primary']}", metrics["teacher"]), (f"distilled {metrics['primary']}",
+                                                                                      student)]
+
+
 def distill_table(metrics: dict) -> str:
-    """frozen | teacher | distilled per split (95% CIs on test), with the teacher's and the student's cost."""
+    """frozen | best single | teacher | distilled: dev, test (95% CIs), each --transfer set, parameters and the
+    seconds to score 1,000 queries against the corpus; then the share of the teacher's gain kept."""
     from tabulate import tabulate
 
-    primary, base = metrics["primary"], metrics["baseline_primary"]
-    teacher, d = metrics["teacher"], metrics["distill"]
-    rows = []
-    if "dev" in metrics:
-        rows.append(("dev", _fmt(metrics["dev"]["baseline"][base]), _fmt(teacher.get("dev", {}).get(teacher["primary"])),
-                     _fmt(metrics["dev"]["head"][primary])))
+    cols = _columns(metrics)
+    rows = [("dev", *(_fmt((c.get("dev") or {}).get(c["primary"])) for _, c in cols))] if "dev" in metrics else []
     if "head" in metrics:
-        ci = metrics.get("ci", {})
-        rows.append(("test", _fmt(metrics["baseline"][base], ci.get("baseline")),
-                     _fmt((teacher.get("head") or {}).get(teacher["primary"]), teacher.get("ci")),
-                     _fmt(metrics["head"][primary], ci.get("head"))))
-    rows.append(("parameters", "0", f"{teacher['parameters']:,}", f"{d['student_parameters']:,}"))
-    rows.append(("eval seconds (dev + test)", "–", f"{teacher['eval_seconds']:.2f}", f"{d['student_eval_seconds']:.2f}"))
-    table = tabulate(rows, headers=["", f"frozen {base}", f"teacher {teacher['primary']}", f"distilled {primary}"],
-                     disable_numparse=True)
+        rows.append(("test", *(_fmt((c.get("head") or {}).get(c["primary"]), c.get("ci")) for _, c in cols)))
+    for name in metrics["distill"].get("transfer", {}):
+        rows.append((f"{name} (out of domain)", *(_fmt(c.get("transfer", {}).get(name)) for _, c in cols)))
+    rows.append(("parameters", *(f"{c.get('parameters', 0):,}" for _, c in cols)))
+    rows.append(("s / 1,000 queries", *(f"{c['seconds_per_1000']:.3f}" if "seconds_per_1000" in c else "–"
+                                        for _, c in cols)))
+    table = tabulate(rows, headers=["", *(h for h, _ in cols)], disable_numparse=True)
+    d = metrics["distill"]
     a = d["anchors"]
-    line = (f"anchors: {a['task_anchors']} of the task, {a['unlabeled_anchors']} from {a['unlabeled_from']}; "
-            f"{d['candidates_per_anchor']} candidates each; teacher targets "
-            f"{'made' if d['targets_made'] else 'reused'} ({d['targets']}); {d['distill_loss']}, T {d['temperature']:g}")
-    return "\n".join([table, line, *(f"WARNING: {w}" for w in metrics.get("warnings", []))])
+    lines = [table, f"anchors: {a['task_anchors']} of the task, {a['unlabeled_anchors']} from {a['unlabeled_from']}; "
+             f"{d['candidates_per_anchor']} candidates each (corpus {a['corpus']:,}); teacher targets "
+             f"{'made' if d['targets_made'] else 'reused'} ({d['targets']}); {d['distill_loss']}, T {d['temperature']:g}"]
+    share = gain_share(metrics)
+    if share is not None:
+        lines.append(f"the distilled head keeps {share:.0%} of the teacher's test gain over the best single head")
+    return "\n".join([*lines, *(f"WARNING: {w}" for w in metrics.get("warnings", []))])
+
+
+def gain_share(metrics: dict) -> float | None:
+    """(distilled - single) / (teacher - single) on test; None without a single head or a teacher gain."""
+    single, teacher = metrics.get("single"), metrics["teacher"]
+    if not single or "head" not in metrics or not single.get("head"):
+        return None
+    s, t = single["head"][single["primary"]], teacher["head"][teacher["primary"]]
+    return None if t <= s else (metrics["head"][metrics["primary"]] - s) / (t - s)

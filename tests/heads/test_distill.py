@@ -229,3 +229,52 @@ def test_an_ensemble_teacher_with_the_pairs_own_loss_and_the_cache_keyed_by_what
     r = cli(*args[:-1], "12", "--out", out, "--overwrite")  # other anchors: other targets, beside the first
     assert r.exit_code == 0 and "made" in r.output, r.output
     assert len(list(out.glob("teacher-targets-*.npz"))) == 2
+
+
+# --- the columns beside the student: best single head, out of domain, cost ----------------------------------
+def test_the_single_head_the_transfer_sets_and_the_cost_beside_the_student(data_world, tmp_path):
+    """An ensemble teacher of two STS heads: the best single column is its member with the best dev figure, and
+    every out-of-domain figure equals `cli eval --exclude-overlap` of that head (an independent pipeline)."""
+    import polars as pl
+
+    from headstore.heads.artefacts.head import EnsembleHead
+
+    store, sts, pos = data_world["store"], data_world["sts05"], data_world["pos"]
+    members = []
+    for i, lr in enumerate(("1e-2", "1e-4")):
+        r = cli("train-head", "--store", store, "--data", sts, "--out", tmp_path / f"m{i}", "--hidden", "16",
+                "--epochs", "3", "--lr", lr, "--no-guard", "--seed", str(i))
+        assert r.exit_code == 0, r.output
+        members.append(Head.load(tmp_path / f"m{i}"))
+    teacher = EnsembleHead(members).save(tmp_path / "teacher")
+    out = tmp_path / "out"
+    r = cli("distill", "--store", store, "--data", sts, "--teacher", teacher, "--out", out, "--transfer", pos,
+            "--hidden", "16", "--epochs", "2", "--teacher-k", "5", "--random-k", "3", "--search-k", "10")
+    assert r.exit_code == 0, r.output
+    metrics = json.loads((out / "metrics.json").read_text())
+    frame = pl.read_parquet(sts)  # dev as a table of its own, scored by cli eval as its test split
+    dev_only = tmp_path / "dev.parquet"
+    frame.filter(pl.col("split") == "dev").with_columns(pl.lit("test").alias("split")).write_parquet(dev_only)
+
+    def evaluated(head, data, *extra):
+        e = tmp_path / f"eval-{len(list(tmp_path.glob('eval-*')))}"
+        r = cli("eval", "--store", store, "--head", head, "--data", data, "--out", e, *extra)
+        assert r.exit_code == 0, r.output
+        return json.loads((e / "metrics.json").read_text())
+
+    dev = [evaluated(tmp_path / f"m{i}", dev_only) for i in range(2)]
+    best = max(range(2), key=lambda i: dev[i]["head"][dev[i]["primary"]])
+    assert metrics["single"]["ref"] == str(tmp_path / "teacher" / f"member-{best + 1}")  # the saved ensemble's copy
+    assert metrics["single"]["dev"][metrics["single"]["primary"]] == pytest.approx(
+        dev[best]["head"][dev[best]["primary"]], abs=1e-6)
+    name = metrics["distill"]["transfer"] and next(iter(metrics["distill"]["transfer"]))
+    for column, head in (("distill", out), ("teacher", teacher), ("single", tmp_path / f"m{best}")):
+        want = evaluated(head, pos, "--exclude-overlap", sts)
+        assert metrics[column]["transfer"][name] == pytest.approx(want["head"][want["primary"]], abs=1e-6), column
+    assert metrics["frozen"]["transfer"][name] == pytest.approx(want["baseline"][want["baseline_primary"]], abs=1e-6)
+    assert metrics["teacher"]["parameters"] == sum(p.numel() for m in members for p in m.model.parameters())
+    assert metrics["single"]["parameters"] == sum(p.numel() for p in members[best].model.parameters())
+    for block in ("frozen", "single", "teacher", "distill"):
+        assert metrics[block]["seconds_per_1000"] > 0
+    for words in ("best single", f"{name} (out of domain)", "s / 1,000 queries"):
+        assert words in r.output
