@@ -17,6 +17,7 @@ an ensemble of one (distil its head, or name it), a classifier teacher, a temper
 from __future__ import annotations
 
 import hashlib
+import shutil
 from dataclasses import asdict
 from pathlib import Path
 
@@ -38,7 +39,8 @@ from headstore.heads.settings.config import HeadConfig, TrainConfig
 from headstore.heads.settings.distill import DistillConfig
 from headstore.heads.training.distill import distill_stack
 from headstore.heads.training.distill_targets import (HeadTeacher, Targets, anchor_and_corpus_rows, make_targets,
-                                                       read_targets, targets_key, targets_path, write_targets)
+                                                       parts_path, read_targets, targets_key, targets_path,
+                                                       write_targets)
 from headstore.heads.training.run import _array_layer, _data_notes, check_same_features, defaults_for_kind, head_shape
 
 def load_teacher(ref: str, store: FeatureStore, what: str = "--teacher") -> Head:
@@ -72,6 +74,20 @@ def open_teacher(ref: str, store: FeatureStore, teacher_store: str | None, devic
         raise ValueError(f"--teacher {ref}: a classifier head (loss ce) has no energies to distil")
     reader = TunedTeacherStore(head, store, teacher_store)
     return to_device(head, device), lambda tf, array: reader.read(tf.rows, array).to(device)
+
+
+def student_start(dcfg: DistillConfig, single: Head | None, head_cfg: HeadConfig, array: str):
+    """(the student's shape, its init): train-head's fresh head, or the best single head's shape and weights."""
+    if dcfg.student_init == "fresh":
+        return head_cfg, None
+    if single is None:
+        raise ValueError("--student-init single: no single head to start from; give --single HEAD (or an ensemble "
+                         "teacher, whose best-dev member is the single head)")
+    if single.array != array or single.query_side:
+        raise ValueError(f"--student-init single: {single.source} reads array {single.array!r}"
+                         f"{' as a query-side head' if single.query_side else ''}; the student reads {array!r} "
+                         "on both sides")
+    return single.head_config, (single.model, single.normalizer)
 
 
 def teacher_key(teacher: Head) -> str:
@@ -118,9 +134,9 @@ def distill(store_path: str, data_path: str, teacher_ref: str, out_dir: str, hea
         teacher, task, read_teacher(tf, teacher.array), store.dim)
     beside = Beside(task, store, tf, array, teacher, single_head, ood, (tf.positions(anchors), tf.positions(corpus)),
                     device, items, read_teacher)
-    head_cfg = head_shape(head_cfg, features, array, task, cfg)
+    head_cfg, init = student_start(dcfg, single_head, head_shape(head_cfg, features, array, task, cfg), array)
     model, norm, (run,) = distill_stack(task, features, head_cfg, [cfg], dcfg, targets.mapped(tf.positions),
-                                        progress, in_place=True)  # the raw features' last use was above
+                                        progress, in_place=True, init=init)  # the raw features' last use was above
     out = prepare_output_dir(out_dir, "head", overwrite, inputs=inputs)
     begin_output(out, "head")
     note = {**dcfg.to_dict(), "teacher": str(teacher_ref), "teacher_key": tkey, "teacher_energy": teacher.energy_name,
@@ -159,12 +175,14 @@ def _targets(out_dir, key: str, teacher: Head, teacher_features, search_features
     if cached is not None:
         progress_write(f"teacher targets: reused {path} ({len(cached)} anchors)")
         return cached, False
+    parts = parts_path(Path(out_dir), key, tf.rows)
     made = make_targets(HeadTeacher(teacher, teacher_features), search_features, tf.positions(anchors),
-                        tf.positions(corpus), dcfg.target_settings(), progress)
+                        tf.positions(corpus), dcfg.target_settings(), progress, parts)
     rows = (lambda p: p) if tf.rows is None else (lambda p: tf.rows[p])
     targets = made.mapped(rows)
     Path(out_dir).mkdir(parents=True, exist_ok=True)
     write_targets(path, key, targets)
+    shutil.rmtree(parts, ignore_errors=True)  # the whole file holds them now
     return targets, True
 
 

@@ -6,7 +6,7 @@ import click
 from headstore.data.options import PATH, format_option, unlabeled_option
 from headstore.featurize.config import DEVICES
 from headstore.heads.scoring.losses import DISTILL_LOSSES, DISTILL_SEPARATOR
-from headstore.heads.settings.distill import DistillConfig
+from headstore.heads.settings.distill import STUDENT_INITS, DistillConfig
 from headstore.heads.settings.options import configs_from_options, head_and_train_options, named_as_typed
 
 D = DistillConfig()
@@ -32,6 +32,9 @@ def distill_options(f):
         click.option("--unlabeled-anchors", type=int, default=D.unlabeled_anchors, show_default=True,
                      help="Anchors drawn from the unlabeled texts (--unlabeled, else a BEIR corpus) beside the "
                           "task's own training texts."),
+        click.option("--student-init", type=click.Choice(STUDENT_INITS), default=D.student_init, show_default=True,
+                     help="fresh: a new head of the shape options; single: start from the best single head beside "
+                          "(its shape and weights; the guard keeps it where distillation loses on dev)."),
         click.option("--sample-seed", type=int, default=D.sample_seed, show_default=True,
                      help="Seed of the unlabeled anchors and random candidates (not the head's --seed: seeds of "
                           "the student share one set of targets)."),
@@ -71,7 +74,7 @@ def distill_command(store, data, data_format, unlabeled, teacher, teacher_store,
     from headstore.heads.experiments.distill import distill
 
     names = ("distill_loss", "temperature", "pair_weight", "teacher_k", "random_k", "search_k", "unlabeled_anchors",
-             "sample_seed")
+             "sample_seed", "student_init")
     with named_as_typed():
         dcfg = DistillConfig(**{k: settings.pop(k) for k in names})
     head_cfg, cfg, unset, _ = configs_from_options(settings)

@@ -14,6 +14,7 @@ from headstore.heads.scoring.losses import distill_losses
 
 # the settings that make the teacher's targets (the targets cache's key holds them; the others train only)
 TARGET_SETTINGS = ("teacher_k", "random_k", "search_k", "unlabeled_anchors", "sample_seed")
+STUDENT_INITS = ("fresh", "single")  # a new head (train-head's init), or the best single head's weights
 
 
 @dataclass(frozen=True)
@@ -36,6 +37,9 @@ class DistillConfig:
     unlabeled_anchors: int = 2000
     # fixed, not the head's seed: every seed of the student shares one set of targets (one cache)
     sample_seed: int = 0
+    # fresh: a new head of train-head's init; single: start from the best single head beside (its shape, weights
+    # and normaliser), so distillation moves it toward the teacher and the guard keeps it where that loses on dev
+    student_init: str = "fresh"
 
     def __post_init__(self):
         try:
@@ -51,6 +55,8 @@ class DistillConfig:
                                f"{self.teacher_k}, {self.random_k}, {self.unlabeled_anchors}")
         if self.teacher_k + self.random_k < 2:
             raise SettingError("teacher_k", "an anchor needs at least two candidates (teacher_k + random_k >= 2)")
+        if self.student_init not in STUDENT_INITS:
+            raise SettingError("student_init", f"{self.student_init!r}; valid: {list(STUDENT_INITS)}")
         if self.search_k < self.teacher_k:
             raise SettingError("search_k", f"must be >= teacher_k ({self.teacher_k}): the teacher's top-k is taken "
                                f"from the search's {self.search_k}")

@@ -35,7 +35,7 @@ class DistillTraining(StackTraining):
 
     def __init__(self, task: Task, features: torch.Tensor, head_cfg: HeadConfig, configs: list[TrainConfig],
                  dcfg: DistillConfig, targets: Targets, anchor_rows: Optional[np.ndarray] = None,
-                 in_place: bool = False):
+                 in_place: bool = False, init: Optional[tuple[StackedMLP, Normalizer]] = None):
         self.dcfg, self.U = dcfg, len(targets)
         dev = features.device
         self.t_anchor = torch.as_tensor(targets.anchors, dtype=torch.long, device=dev)  # (U,)
@@ -43,7 +43,7 @@ class DistillTraining(StackTraining):
         self.t_energy = torch.as_tensor(targets.energies, dtype=torch.float32, device=dev)  # (U, C)
         self.t_valid = torch.as_tensor(targets.valid, dtype=torch.bool, device=dev)  # (U, C)
         self.losses = [(spec.function(), spec.name) for spec in distill_losses(dcfg.distill_loss)]
-        super().__init__(task, features, head_cfg, configs, "dev", None, None,
+        super().__init__(task, features, head_cfg, configs, "dev", None, init,
                          anchor_rows if dcfg.pair_weight else None, in_place)
         self.pair_gens = [torch.Generator().manual_seed(c.seed + 1) for c in configs]
         self.pair_blocks: list[torch.Tensor] = []
@@ -83,13 +83,14 @@ class DistillTraining(StackTraining):
 
 def distill_stack(task: Task, features: torch.Tensor, head_cfg: HeadConfig, configs: list[TrainConfig],
                   dcfg: DistillConfig, targets: Targets, progress: bool = True,
-                  anchor_rows: Optional[np.ndarray] = None,
-                  in_place: bool = False) -> tuple[StackedMLP, Normalizer, list[HeadRun]]:
-    """Distil into len(configs) heads of one shape (seeds, lrs) together: train_stack's loop on the targets."""
+                  anchor_rows: Optional[np.ndarray] = None, in_place: bool = False,
+                  init: Optional[tuple[StackedMLP, Normalizer]] = None) -> tuple[StackedMLP, Normalizer, list[HeadRun]]:
+    """Distil into len(configs) heads of one shape (seeds, lrs) together: train_stack's loop on the targets;
+    `init`: the heads' starting weights and normaliser (a stack of len(configs) heads of head_cfg)."""
     assert len({stack_key(c) for c in configs}) == 1, "a stack mixes settings that must be shared"
     if "dev" not in task.eval_sets:
         raise ValueError(f"{task.name}: no dev split to select the distilled head's epoch on")
-    run = DistillTraining(task, features, head_cfg, configs, dcfg, targets, anchor_rows, in_place)
+    run = DistillTraining(task, features, head_cfg, configs, dcfg, targets, anchor_rows, in_place, init)
     model, norm, runs = run_epochs(run, configs[0].epochs, f"{run.H} head(s) distilled ({dcfg.distill_loss})",
                                    progress)
     failed = [r for r in runs if r.status == "failed"]

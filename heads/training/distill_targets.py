@@ -14,7 +14,11 @@ energies over it, made once and cached in the output folder.
 The cache, `OUT/teacher-targets-<key>.npz`, holds store rows (not task positions) and is keyed by
 everything that made it (`targets_key`: the teacher's weights, the store's fingerprint, the arrays, the
 anchors, the corpus and the settings that make targets): a rerun with the same key reuses it, any change
-makes another. It is written whole (a temporary `.incomplete` file, then a rename) or not at all.
+makes another. It is written whole (a temporary `.incomplete` file, then a rename) or not at all. The teacher's
+pass keeps each finished chunk of anchors in `OUT/teacher-targets-<key>.parts/` (each written whole), so a pass
+killed part way goes on from its last finished chunk; the random candidates of a chunk are drawn from a stream
+of (sample_seed, chunk), so a resumed pass gives the same targets as one never stopped. The parts go once the
+whole file is written.
 """
 from __future__ import annotations
 
@@ -28,11 +32,11 @@ import numpy as np
 import torch
 
 from headstore.data.files import atomic_write_bytes
-from headstore.data.progress import progress_bar
+from headstore.data.progress import progress_bar, progress_write
 from headstore.heads.network.candidates import frozen_topk
 from headstore.heads.scoring.energy import candidate_energy
 
-TARGETS_FORMAT = "headstore.distill-targets/1"
+TARGETS_FORMAT = "headstore.distill-targets/2"  # 2: random candidates drawn per chunk (resumable pass)
 CHUNK = 256  # anchors scored at a time: 256 x (search_k + random_k) teacher energies, the chunk's texts embedded
 EMBED_BATCH = 8192  # texts per teacher forward pass
 
@@ -95,6 +99,12 @@ def targets_path(out: Path, key: str) -> Path:
     return Path(out) / f"teacher-targets-{key[:16]}.npz"
 
 
+def parts_path(out: Path, key: str, positions_of: np.ndarray | None) -> Path:
+    """The folder of a pass's finished chunks: keyed as the targets and by the rows its positions stand for."""
+    rows = "all" if positions_of is None else rows_digest(positions_of)[:8]
+    return Path(out) / f"teacher-targets-{key[:16]}-{rows}.parts"
+
+
 def read_targets(path: Path, key: str) -> Targets | None:
     """The cached targets at `path` if they are whole and of `key`; None when absent."""
     if not path.is_file():
@@ -139,29 +149,49 @@ class HeadTeacher:
 
 
 def make_targets(teacher, search_features: torch.Tensor, anchors: np.ndarray, corpus: np.ndarray, settings: dict,
-                 progress: bool = True) -> Targets:
+                 progress: bool = True, parts_dir: Path | None = None) -> Targets:
     """Targets of `anchors` over `corpus` (task positions; module doc). `search_features`: the frozen features the
-    candidate search ranks by cosine; `settings`: DistillConfig.target_settings()."""
-    k, r, s = settings["teacher_k"], settings["random_k"], settings["search_k"]
-    rng = np.random.default_rng(settings["sample_seed"] + 1)
-    parts = []
+    candidate search ranks by cosine; `settings`: DistillConfig.target_settings(); `parts_dir`: where finished
+    chunks are kept (a rerun reuses them; the caller keys the folder by everything that made them)."""
+    parts, reused = [], 0
     bar = progress_bar(total=len(anchors), desc="teacher targets (texts)", disable=not progress, leave=False)
-    for start in range(0, len(anchors), CHUNK):
+    for i, start in enumerate(range(0, len(anchors), CHUNK)):
         a = anchors[start:start + CHUNK]
-        pool = corpus[frozen_topk(search_features, a, corpus, s + 1)]  # (b, s + 1): room for the anchor itself
-        E = teacher.energies(a, pool).masked_fill_(torch.as_tensor(pool == a[:, None]), torch.inf)
-        kk = min(k, pool.shape[1] - 1)
-        top = torch.topk(E, kk, dim=1, largest=False, sorted=True)
-        top_rows = np.take_along_axis(pool, top.indices.numpy(), axis=1)
-        rand = corpus[rng.integers(0, len(corpus), size=(len(a), r))]
-        rand_E = teacher.energies(a, rand) if r else torch.zeros(len(a), 0)
-        cand = np.concatenate([top_rows, rand], axis=1)
-        energies = torch.cat([top.values, rand_E], dim=1).numpy().astype(np.float32)
-        parts.append((cand, energies, _valid(cand, a, np.isfinite(energies))))
+        part = None if parts_dir is None else Path(parts_dir) / f"chunk-{i:06d}-{len(a)}.npz"
+        if part is not None and part.is_file():
+            with np.load(part) as z:
+                parts.append((z["candidates"], z["energies"], z["valid"]))
+            reused += len(a)
+        else:
+            parts.append(_chunk(teacher, search_features, a, corpus, settings, i))
+            if part is not None:
+                buf = io.BytesIO()
+                np.savez(buf, candidates=parts[-1][0], energies=parts[-1][1], valid=parts[-1][2])
+                part.parent.mkdir(parents=True, exist_ok=True)
+                atomic_write_bytes(part, buf.getvalue())
         bar.update(len(a))
     bar.close()
+    if reused:
+        progress_write(f"teacher targets: {reused} of {len(anchors)} anchors' targets reused from {parts_dir} "
+                       "(an earlier pass stopped part way)")
     cands, energies, valid = (np.concatenate(x) for x in zip(*parts))
     return Targets(anchors, cands, np.where(valid, energies, 0.0).astype(np.float32), valid)
+
+
+def _chunk(teacher, search_features, a: np.ndarray, corpus: np.ndarray, settings: dict, index: int):
+    """(candidates, energies, valid) of the anchors `a`, chunk `index` of the pass (its own random stream)."""
+    k, r, s = settings["teacher_k"], settings["random_k"], settings["search_k"]
+    rng = np.random.default_rng([settings["sample_seed"] + 1, index])
+    pool = corpus[frozen_topk(search_features, a, corpus, s + 1)]  # (b, s + 1): room for the anchor itself
+    E = teacher.energies(a, pool).masked_fill_(torch.as_tensor(pool == a[:, None]), torch.inf)
+    kk = min(k, pool.shape[1] - 1)
+    top = torch.topk(E, kk, dim=1, largest=False, sorted=True)
+    top_rows = np.take_along_axis(pool, top.indices.numpy(), axis=1)
+    rand = corpus[rng.integers(0, len(corpus), size=(len(a), r))]
+    rand_E = teacher.energies(a, rand) if r else torch.zeros(len(a), 0)
+    cand = np.concatenate([top_rows, rand], axis=1)
+    energies = torch.cat([top.values, rand_E], dim=1).numpy().astype(np.float32)
+    return cand, energies, _valid(cand, a, np.isfinite(energies))
 
 
 def _valid(cand: np.ndarray, anchors: np.ndarray, finite: np.ndarray) -> np.ndarray:

@@ -278,3 +278,55 @@ def test_the_single_head_the_transfer_sets_and_the_cost_beside_the_student(data_
         assert metrics[block]["seconds_per_1000"] > 0
     for words in ("best single", f"{name} (out of domain)", "s / 1,000 queries"):
         assert words in r.output
+
+
+def test_a_teacher_pass_stopped_part_way_goes_on_from_its_last_chunk(world, taught, tmp_path, monkeypatch):
+    """make_targets keeps each finished chunk: a pass killed after two chunks, run again, computes only the rest
+    and gives the targets of a pass never stopped (each chunk's random candidates its own stream)."""
+    from headstore.heads.training import distill_targets as dt
+
+    monkeypatch.setattr(dt, "CHUNK", 7)
+    teacher = Head.load(taught["teacher"])
+    X = torch.as_tensor(np.concatenate([taught["fq"], taught["fd"]]))
+    anchors, corpus = np.arange(len(taught["fq"])), len(taught["fq"]) + np.arange(len(taught["fd"]))
+    settings = {"teacher_k": 5, "random_k": 4, "search_k": 10, "unlabeled_anchors": 0, "sample_seed": 3}
+
+    class Counting(dt.HeadTeacher):
+        calls, fail_after = 0, None
+
+        def energies(self, a, c):
+            if self.fail_after is not None and self.calls >= self.fail_after:
+                raise KeyboardInterrupt  # the kill
+            type(self).calls += 1
+            return super().energies(a, c)
+
+    whole = dt.make_targets(dt.HeadTeacher(teacher, X), X, anchors, corpus, settings, progress=False)
+    parts = tmp_path / "parts"
+    Counting.fail_after = 4  # two chunks of two teacher calls each
+    with pytest.raises(KeyboardInterrupt):
+        dt.make_targets(Counting(teacher, X), X, anchors, corpus, settings, progress=False, parts_dir=parts)
+    assert len(list(parts.glob("chunk-*.npz"))) == 2
+    Counting.calls, Counting.fail_after = 0, None
+    again = dt.make_targets(Counting(teacher, X), X, anchors, corpus, settings, progress=False, parts_dir=parts)
+    n_chunks = -(-len(anchors) // 7)
+    assert Counting.calls == 2 * (n_chunks - 2)  # only the chunks not kept
+    for name in ("anchors", "candidates", "energies", "valid"):
+        np.testing.assert_array_equal(getattr(again, name), getattr(whole, name), err_msg=name)
+
+
+def test_a_student_started_from_its_own_teacher_stays_there(world, taught, tmp_path):
+    """--student-init single with the teacher as the single head: the student starts equal to its teacher, so its
+    distillation loss is 0 up to float rounding (a known answer) and, at a learning rate too small for AdamW's
+    rounding-noise steps to add up, its weights come out where they started, its normaliser the teacher's."""
+    out = tmp_path / "fixed"
+    metrics, output = _distil(world, taught, out, "--single", taught["teacher"], "--student-init", "single",
+                              "--distill-loss", "kl+margin-mse", "--epochs", "2", "--lr", "1e-7")
+    assert metrics["history"][0]["loss"] < 1e-6, metrics["history"][0]
+    start, end = Head.load(taught["teacher"]), Head.load(out)
+    for (name, a), (_, b) in zip(sorted(start.model.state_dict().items()), sorted(end.model.state_dict().items())):
+        torch.testing.assert_close(b, a, rtol=0, atol=1e-4, msg=name)
+    assert torch.equal(start.normalizer.center, end.normalizer.center)
+    assert metrics["head"][metrics["primary"]] == pytest.approx(metrics["teacher"]["head"][metrics["primary"]])
+    bad = cli("distill", "--store", world.store, "--data", taught["beir"], "--teacher", taught["teacher"],
+              "--student-init", "single", *SHAPE, "--epochs", "1", "--out", tmp_path / "none")
+    assert_bad_input(bad, "--student-init single", "--single")
