@@ -13,7 +13,16 @@
 
     python bench/scale/grid_ray.py --store /tmp/store-stsb --data ../shared/datasets/stsb --json runs/bench-grid-ray.json
 
-The machine's load average is printed beside every figure: on a shared machine it moves them.
+A large task (the 1 M-document synthetic BEIR set of bench/scale/scale_heads.py): one cluster, no local run, an
+object store per node large enough for the features (1M x 384 float32: 1.5 GB) and the results:
+
+    python bench/scale/grid_ray.py --store S --data BEIR --grid G --clusters 2x1 --no-local --units '' \
+        --node-store-mb 2500
+
+Memory, polled every 0.2 s over this process's tree (the cluster's processes, the `cli grid` child): the peak RSS of
+the driver and of the largest worker (each counts the node's shared copy it maps), and the peak of the tree's
+private memory (RssAnon) plus /dev/shm in use (where the object stores keep their objects). The machine's load
+average is printed beside every figure: on a shared machine it moves them.
 """
 from __future__ import annotations
 
@@ -23,6 +32,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections import deque
 from pathlib import Path
@@ -33,30 +43,85 @@ from featurize import device_name  # noqa: E402
 
 CLI = "import sys; from headstore.cli import main; sys.exit(main())"
 TIMING = ("train_seconds", "eval_seconds")
-NODE = {"object_store_memory": 256 * 2**20}  # STS-B's features are ~26 MB; the store holds them and the results
+NODE_STORE_MB = 256  # STS-B's features are ~26 MB; the store holds them and the results (--node-store-mb)
 
 
 def start_cluster(nodes: int, cpus: int):
     from ray.cluster_utils import Cluster
 
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": cpus, "include_dashboard": False, **NODE})
+    node = {"object_store_memory": NODE_STORE_MB * 2**20}
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": cpus, "include_dashboard": False, **node})
     for _ in range(nodes - 1):
-        cluster.add_node(num_cpus=cpus, **NODE)
+        cluster.add_node(num_cpus=cpus, **node)
     cluster.wait_for_nodes()
     return cluster
 
 
+def _status(pid: int) -> dict:
+    """A process's /proc status lines in kB (VmRSS, RssAnon, ...), its command line under "cmd"."""
+    out = {}
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            key, _, value = line.partition(":")
+            if value.strip().endswith("kB"):
+                out[key] = int(value.split()[0]) * 1024
+        out["cmd"] = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return {}
+    return out
+
+
+def _tree(root: int) -> list[int]:
+    children: dict[int, list[int]] = {}
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            ppid = int(Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        children.setdefault(ppid, []).append(int(entry))
+    pids, todo = [], [root]
+    while todo:
+        pids.append(todo.pop())
+        todo += children.get(pids[-1], [])
+    return pids
+
+
+def poll_memory(driver: int, stop: threading.Event, peaks: dict) -> None:
+    """Until `stop`: the peak RSS of the driver (pid `driver`) and of the largest Ray worker running a stack, and
+    the peak of this tree's private memory plus /dev/shm in use (module doc)."""
+    while not stop.is_set():
+        anon = 0
+        for pid in _tree(os.getpid()):
+            st = _status(pid)
+            anon += st.get("RssAnon", 0)
+            if pid == driver:
+                peaks["driver_rss"] = max(peaks.get("driver_rss", 0), st.get("VmRSS", 0))
+            elif "run_stack" in st.get("cmd", ""):
+                peaks["worker_rss"] = max(peaks.get("worker_rss", 0), st.get("VmRSS", 0))
+        shm = os.statvfs("/dev/shm")
+        peaks["private_plus_shm"] = max(peaks.get("private_plus_shm", 0),
+                                        anon + (shm.f_blocks - shm.f_bfree) * shm.f_frsize)
+        stop.wait(0.2)
+
+
 def run_cli(args: argparse.Namespace, out: Path, *extra: str) -> dict:
-    """`cli grid` in a child process; its seconds and the load average around it."""
+    """`cli grid` in a child process; its seconds, the load average around it and the peak memory (poll_memory)."""
     load = os.getloadavg()[0]
     t0 = time.perf_counter()
-    child = subprocess.run([sys.executable, "-c", CLI, "grid", "--store", args.store, "--data", args.data,
-                            "--grid", args.grid, "--out", str(out), *extra],
-                           capture_output=True, text=True, env={**os.environ, "HEADSTORE_PROGRESS": "off"})
+    child = subprocess.Popen([sys.executable, "-c", CLI, "grid", "--store", args.store, "--data", args.data,
+                              "--grid", args.grid, "--out", str(out), *extra], stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True, env={**os.environ, "HEADSTORE_PROGRESS": "off"})
+    stop, peaks = threading.Event(), {}
+    poller = threading.Thread(target=poll_memory, args=(child.pid, stop, peaks), daemon=True)
+    poller.start()
+    _, stderr = child.communicate()
     seconds = time.perf_counter() - t0
+    stop.set()
+    poller.join()
     if child.returncode:
-        raise SystemExit(f"cli grid {' '.join(extra)} failed:\n{child.stderr[-3000:]}")
-    return {"seconds": round(seconds, 1), "load_before": round(load, 2), "load_after": round(os.getloadavg()[0], 2)}
+        raise SystemExit(f"cli grid {' '.join(extra)} failed:\n{stderr[-3000:]}")
+    return {"seconds": round(seconds, 1), "load_before": round(load, 2), "load_after": round(os.getloadavg()[0], 2),
+            "peak_mb": {k: round(v / 2**20) for k, v in peaks.items()}}
 
 
 def same_rows(out: Path, reference: Path) -> dict:
@@ -78,17 +143,23 @@ def ray_figures(out: Path) -> dict:
                                    "overhead_share", "features_bytes", "object_store_bytes_per_node")} | {
         "stacks": len(stacks), "fetch_seconds_max": max(s["fetch_seconds"] for s in stacks),
         "runner_seconds_max": max(s["runner_seconds"] for s in stacks),
-        "cpu_seconds": sum(s["cpu_seconds"] for s in stacks), "compute_seconds": sum(s["compute_seconds"] for s in stacks)}
+        "cpu_seconds": sum(s["cpu_seconds"] for s in stacks), "compute_seconds": sum(s["compute_seconds"] for s in stacks),
+        "slots": report.get("slots"), "speedup_bound": report.get("speedup_bound"),
+        "submission_order": report.get("submission_order"),
+        "per_stack": [{k: s.get(k) for k in ("index", "node", "compute_seconds", "modelled_seconds", "overhead_seconds",
+                                             "runner_seconds", "fetch_seconds", "cpu_seconds")} for s in stacks]}
 
 
 def scaling(args: argparse.Namespace, root: Path) -> list[dict]:
-    """The local engine (once: a kept folder's earlier run is reused), then 1x1 and 2x1 clusters in turn."""
+    """The local engine (once: a kept folder's earlier run is reused; none with --no-local), then the clusters
+    of --clusters in turn."""
     local, saved = root / "local", root / "local" / "bench-local.json"
-    if not saved.is_file():
+    if not args.no_local and not saved.is_file():
         row = {"run": "local engine", "nodes": 1, "cpus": os.cpu_count(), **run_cli(args, local)}
         saved.write_text(json.dumps(row))
-    rows = [json.loads(saved.read_text())]
-    for nodes, cpus in ((1, 1), (2, 1)) * args.repeats:
+    rows = [] if args.no_local else [json.loads(saved.read_text())]
+    clusters = [tuple(int(x) for x in c.split("x")) for c in args.clusters.split(",")]
+    for nodes, cpus in clusters * args.repeats:
         cluster = start_cluster(nodes, cpus)
         try:
             out = root / f"ray-{nodes}x{cpus}-{len(rows)}"
@@ -96,8 +167,10 @@ def scaling(args: argparse.Namespace, root: Path) -> list[dict]:
                    **run_cli(args, out, "--engine", "ray", "--address", cluster.address)}
         finally:
             cluster.shutdown()
-        row |= {"ray": ray_figures(out), "same_as_local": same_rows(out, local)}
-        if nodes > 1 and rows[-1].get("nodes") == 1 and "ray" in rows[-1]:  # against the 1x1 run just before
+        row["ray"] = ray_figures(out)
+        if not args.no_local:
+            row["same_as_local"] = same_rows(out, local)
+        if nodes > 1 and rows and rows[-1].get("nodes") == 1 and "ray" in rows[-1]:  # against the 1x1 run before
             row["speedup"] = rows[-1]["seconds"] / row["seconds"]
             row["stack_speedup"] = rows[-1]["ray"]["seconds"] / row["ray"]["seconds"]
         rows.append(row)
@@ -113,10 +186,10 @@ class StackActor:
         return run_stack(*args)
 
 
-def actor_run_all(ray, remote, stacks, shared, call, save, slots, retries):
+def actor_run_all(ray, remote, stacks, order, shared, call, save, slots, retries):
     """grid_ray._run_all with one actor per slot instead of a task per stack."""
     actors = deque(ray.remote(StackActor).options(num_cpus=call["threads"]).remote() for _ in range(slots()))
-    queue, pending, timings = deque(range(len(stacks))), {}, []
+    queue, pending, timings = deque(order), {}, []
     while queue or pending:
         while queue and actors:
             actor, i = actors.popleft(), queue.popleft()
@@ -159,16 +232,16 @@ def units(args: argparse.Namespace, root: Path) -> list[dict]:
     return rows
 
 
-def scaling_line(r: dict, local: dict) -> str:
+def scaling_line(r: dict, local: dict | None) -> str:
     """A row of the scaling table."""
-    ray_, same = r.get("ray"), r.get("same_as_local")
+    ray_, same = r.get("ray"), r.get("same_as_local", {"rows_equal": "-", "rows": "-", "max_abs_diff": float("nan")})
     load = f"{r['load_before']:.1f} -> {r['load_after']:.1f}"
     if not ray_:
         return f"| {r['run']} | {r['seconds']:.1f} | | | | 1.00 | | | | | {load} |"
     speed = f"{r['speedup']:.2f}x ({r['stack_speedup']:.2f}x)" if "speedup" in r else ""
     per_node = ", ".join(f"{b / 1e6:.1f}" for b in ray_["object_store_bytes_per_node"].values())
     return (f"| {r['run']} | {r['seconds']:.1f} | {ray_['seconds']:.1f} | {ray_['cpu_seconds']:.0f} | {speed} | "
-            f"{r['seconds'] / local['seconds']:.2f} | {ray_['overhead_seconds_median']:.3f} s, "
+            f"{r['seconds'] / local['seconds'] if local else float('nan'):.2f} | {ray_['overhead_seconds_median']:.3f} s, "
             f"{100 * ray_['overhead_share']:.1f}% | {sum(ray_['features_bytes'].values()) / 1e6:.1f} | {per_node} | "
             f"{same['rows_equal']}/{same['rows']} (max diff {same['max_abs_diff']:.1e}) | {load} |")
 
@@ -179,7 +252,8 @@ def table(scale: list[dict], unit_rows: list[dict]) -> str:
         lines += ["| run | seconds (command) | seconds (stacks) | stacks' CPU seconds | speed-up vs 1x1 before "
                   "(stacks) | time vs local | overhead per stack (median, share) | features MB | object store MB "
                   "per node | rows = local | load |", "|---|---|---|---|---|---|---|---|---|---|---|"]
-        lines += [scaling_line(r, scale[0]) for r in scale]
+        local = scale[0] if "ray" not in scale[0] else None
+        lines += [scaling_line(r, local) for r in scale]
     if unit_rows:
         lines += ["", "| unit of work (short grid, 2 nodes x 1 CPU) | stacks | overhead per stack: median | mean | "
                       "share | seconds | load |", "|---|---|---|---|---|---|---|"]
@@ -190,16 +264,21 @@ def table(scale: list[dict], unit_rows: list[dict]) -> str:
 
 
 def main() -> None:
+    global NODE_STORE_MB
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--store", required=True, help="a store holding the dataset's texts (MiniLM for the main job)")
     parser.add_argument("--data", required=True, help="the dataset (the main job: ../shared/datasets/stsb)")
     parser.add_argument("--grid", default="examples/grid.toml")
     parser.add_argument("--units", default="task,actor", help="units of work to compare ('' skips it)")
     parser.add_argument("--skip-scaling", action="store_true")
+    parser.add_argument("--clusters", default="1x1,2x1", help="the clusters run, NODESxCPUS each, in this order")
+    parser.add_argument("--no-local", action="store_true", help="no local engine run (nor rows compared with it)")
+    parser.add_argument("--node-store-mb", type=int, default=NODE_STORE_MB, help="each node's object store")
     parser.add_argument("--repeats", type=int, default=1, help="ray runs of 1x1 then 2x1, this many times over")
     parser.add_argument("--json", default=None)
     parser.add_argument("--keep", default=None, help="a folder to keep the grids in (default: a temporary one)")
     args = parser.parse_args()
+    NODE_STORE_MB = args.node_store_mb
     root = Path(args.keep or tempfile.mkdtemp(prefix="bench-grid-ray-"))
     root.mkdir(parents=True, exist_ok=True)
     t0 = time.time()

@@ -9,6 +9,14 @@ manifest). Each stack is one Ray task (heads.experiments.grid_worker.run_stack) 
 whatever the number of stacks it runs, and its workers map the node's copy read-only (a worker process keeps what
 it fetched for the grid's later stacks). At most as many stacks are in flight as the cluster has slots for.
 
+Longest first: with more than one slot the stacks are sent in the order of their modelled seconds, longest first
+(heads.experiments.grid_estimate.stack_seconds: epochs x steps x the stack's head parameters, dev scoring and
+re-mining; LPT scheduling), so that no slot is left training a long stack at the end while the others idle; ties
+keep the plan's order. One slot keeps the plan's order: the local engine's, so one worker takes the local engine's
+path through the compiled optimiser; on several nodes a worker that compiled for a long stack runs its later small
+ones compiled too, where the local engine ran them eager (the same answer, docs/guide/gpu-ray.md: HEADSTORE_COMPILE
+fixes the path). Either way the driver writes the rows in the plan's order.
+
 One writer: a worker returns the stack's weights and rows; the driver alone writes the grid folder, the stack's
 files then results.parquet (rows in the plan's order), as the local engine does, so a rerun skips finished stacks
 whichever engine trained them. A worker or node that dies mid-stack has the stack run again by Ray (elsewhere if the
@@ -30,12 +38,14 @@ import statistics
 import time
 from collections import deque
 from dataclasses import dataclass, replace
+from functools import partial
 from typing import Callable
 
 from headstore.data.errors import SystemFailure
 from headstore.data.files import atomic_write_json
 from headstore.featurize.config import DEVICES
 from headstore.featurize.ray_cluster import connect, ray_module
+from headstore.heads.experiments.grid_estimate import plan_seconds
 from headstore.heads.experiments.grid_worker import CRASH_ENV, CRASH_MARKER_ENV, SharedFeatures, StoreFacts, run_stack
 from headstore.heads.training.stacked_adamw import COMPILE_ENV
 
@@ -98,9 +108,17 @@ def train_on_ray(runner, groups: dict, save: Callable[[int, object], None], opti
             "crash_at": os.environ.get(CRASH_ENV), "crash_marker": os.environ.get(CRASH_MARKER_ENV)}
     remote = ray.remote(run_stack).options(num_cpus=cpus, num_gpus=gpus, max_retries=options.retries,
                                            retry_exceptions=False)
+    modelled = plan_seconds(groups, runner.task, runner.store.dim)
+    slots = partial(_slots, ray, cpus, gpus)  # asked again as nodes come and go
+    n_slots = slots()
+    order = submission_order(modelled, n_slots)
     t0 = time.perf_counter()
-    timings = _run_all(ray, remote, stacks, shared, call, save, lambda: _slots(ray, cpus, gpus), options.retries)
+    timings = _run_all(ray, remote, stacks, order, shared, call, save, slots, options.retries)
+    for t in timings:
+        t["modelled_seconds"] = modelled[t["index"]]
     report = _report(ray, shared, timings, options, time.perf_counter() - t0)
+    bound = speedup_bound([t["compute_seconds"] for t in timings], n_slots)
+    report |= {"submission_order": order, "slots": n_slots, "speedup_bound": bound}
     atomic_write_json(runner.out / REPORT_FILE, report)
     if progress:
         print(_report_line(report))
@@ -118,6 +136,21 @@ def _gpus_per_stack(ray, options: RayOptions, device: str) -> float:
     if device == "cuda" and not gpus:
         raise ValueError("--device cuda with --gpus-per-stack 0: the stacks would have no GPU")
     return float(gpus)
+
+
+def submission_order(modelled: list[float], slots: int) -> list[int]:
+    """The plan's stack indices in the order they go to the cluster: longest modelled first (ties in the plan's
+    order) when `slots` > 1; the plan's order on one slot, where the order cannot shorten the grid (module doc)."""
+    if slots <= 1:
+        return list(range(len(modelled)))
+    return sorted(range(len(modelled)), key=lambda i: (-modelled[i], i))
+
+
+def speedup_bound(seconds: list[float], slots: int) -> float:
+    """The most `slots` slots can speed up stacks taking `seconds` each over one slot, no stack split: their sum
+    over the longer of the longest stack and an even share of the sum."""
+    total = sum(seconds)
+    return total / max(max(seconds), total / max(1, slots)) if total else 1.0
 
 
 def _slots(ray, cpus: int, gpus: float) -> int:
@@ -148,10 +181,11 @@ def _share(ray, runner, stacks: list, device: str) -> _Shared:
     return _Shared(ray.put(twin), arrays, sizes)
 
 
-def _run_all(ray, remote, stacks: list, shared: _Shared, call: dict, save, slots, retries: int) -> list[dict]:
-    """Keep the cluster's slots busy with the plan's stacks; save each as it returns. Any exception (a failed
-    stack, Ctrl-C) cancels the stacks in flight before it goes on up."""
-    queue, pending, timings = deque(range(len(stacks))), {}, []
+def _run_all(ray, remote, stacks: list, order: list[int], shared: _Shared, call: dict, save, slots,
+             retries: int) -> list[dict]:
+    """Keep the cluster's slots busy with the plan's stacks, sent in `order`; save each as it returns. Any
+    exception (a failed stack, Ctrl-C) cancels the stacks in flight before it goes on up."""
+    queue, pending, timings = deque(order), {}, []
     try:
         while queue or pending:
             while queue and len(pending) < max(1, slots()):
@@ -216,7 +250,9 @@ def _report(ray, shared: _Shared, timings: list[dict], options: RayOptions, seco
 def _report_line(report: dict) -> str:
     mb = sum(report["features_bytes"].values()) / 1e6
     copies = max(len(o["nodes"]) for name, o in report["objects"].items() if name != "runner")
-    return (f"ray: {len(report['stacks'])} stack(s) on {report['nodes']} node(s) in {report['seconds']:.1f} s; "
-            f"features {mb:.1f} MB put once, held by {copies} node(s); overhead per stack "
+    order = "longest first" if report["slots"] > 1 else "in the plan's order"
+    return (f"ray: {len(report['stacks'])} stack(s) on {report['nodes']} node(s) in {report['seconds']:.1f} s, sent "
+            f"{order} to {report['slots']} slot(s) (at most {report['speedup_bound']:.2f}x faster than one slot, "
+            f"whole stacks); features {mb:.1f} MB put once, held by {copies} node(s); overhead per stack "
             f"{report['overhead_seconds_median']:.3f} s median ({100 * report['overhead_share']:.1f}% of the stacks' "
             f"time); {REPORT_FILE}")

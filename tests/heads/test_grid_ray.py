@@ -103,6 +103,42 @@ def test_the_ray_engine_gives_the_local_engines_grid_bit_for_bit(runs):
         assert size == held["bytes"] + report["objects"]["runner"]["bytes"], node
 
 
+def test_the_stacks_go_to_two_slots_longest_first_the_rows_in_the_plans_order(runs):
+    report = json.loads((runs["ray"] / "ray.json").read_text())
+    plan = list(dict.fromkeys(pl.read_parquet(runs["local"] / "results.parquet")["stack"]))  # the local order
+    by_index = {s["index"]: s for s in report["stacks"]}
+    assert [by_index[i]["stack"] for i in range(len(plan))] == plan
+    order = report["submission_order"]
+    assert report["slots"] == 2 and sorted(order) == list(range(4))
+    # the reference: a stack of depth 2 (one more 16 x 16 layer per head, all else alike) costs more than its depth-1
+    # twin, so both depth-2 stacks go first; the plan has them 2nd and 4th, so this grid ran out of the plan's order
+    depth = {row["stack"]: row["depth"] for row in results(runs["local"]).iter_rows(named=True)}
+    assert [depth[plan[i]] for i in order] == [2, 2, 1, 1] and order != sorted(order)
+    modelled = [by_index[i]["modelled_seconds"] for i in order]
+    assert modelled == sorted(modelled, reverse=True)
+    # (the same rows, leaderboard and weights as the local engine's: the bit-for-bit test above, on this run)
+
+
+def test_one_slot_keeps_the_plans_order_and_ties_keep_it_too():
+    assert grid_ray.submission_order([1.0, 5.0, 3.0], 1) == [0, 1, 2]
+    assert grid_ray.submission_order([1.0, 5.0, 3.0, 5.0, 1.0], 2) == [1, 3, 2, 0, 4]
+
+
+def test_the_speedup_bound_is_never_beaten_by_any_split_of_whole_stacks():
+    import itertools
+    import random
+
+    rng = random.Random(0)
+    for _ in range(200):
+        seconds = [rng.choice([0.5, 1.0, 3.0, 10.0]) * rng.random() for _ in range(rng.randint(1, 7))]
+        slots = rng.randint(1, 3)
+        best = min(max(sum(s for s, k in zip(seconds, assign) if k == j) for j in range(slots))  # every assignment
+                   for assign in itertools.product(range(slots), repeat=len(seconds)))
+        assert grid_ray.speedup_bound(seconds, slots) >= sum(seconds) / best - 1e-9
+    assert grid_ray.speedup_bound([30.0, 5.0, 5.0], 2) == pytest.approx(40 / 30)  # one stack longer than the rest
+    assert grid_ray.speedup_bound([1.0] * 6, 2) == pytest.approx(2.0)
+
+
 def test_eval_reads_a_grid_trained_on_ray_as_one_trained_locally(runs, data_world, tmp_path):
     metrics = {}
     for engine in ("local", "ray"):
