@@ -19,6 +19,9 @@ object store per node large enough for the features (1M x 384 float32: 1.5 GB) a
     python bench/scale/grid_ray.py --store S --data BEIR --grid G --clusters 2x1 --no-local --units '' \
         --node-store-mb 2500
 
+--fetch-rows N also times, alone, the first fetch of an (N, 384) float32 matrix on the second of 2 nodes (1002700: the
+1 M-document set's features, 1.54 GB; --node-store-mb 2000), where a run of the whole grid would not fit in memory.
+
 Memory, polled every 0.2 s over this process's tree (the cluster's processes, the `cli grid` child): the peak RSS of
 the driver and of the largest worker (each counts the node's shared copy it maps), and the peak of the tree's
 private memory (RssAnon) plus /dev/shm in use (where the object stores keep their objects). The machine's load
@@ -232,6 +235,46 @@ def units(args: argparse.Namespace, root: Path) -> list[dict]:
     return rows
 
 
+def _fetch(refs) -> float:
+    """Seconds a task takes to get its matrix (a Ray task, bench only)."""
+    import ray
+
+    t0 = time.perf_counter()
+    ray.get(refs[0])
+    return time.perf_counter() - t0
+
+
+def fetch_check(rows: int) -> list[dict]:
+    """The first fetch of a (rows, 384) float32 matrix (a task's features) by a task on the other node of a 2-node
+    cluster, then again there and on the head node (both map a copy already there): seconds, and the load."""
+    import numpy as np
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    cluster = start_cluster(2, 1)
+    ray.init(address=cluster.address, log_to_driver=False)
+    try:
+        matrix = np.random.default_rng(0).standard_normal((rows, 384), dtype=np.float32)
+        t0 = time.perf_counter()
+        ref = ray.put(matrix)
+        put_seconds = time.perf_counter() - t0
+        del matrix  # the store's copy only
+        fetch = ray.remote(num_cpus=1)(_fetch)
+        head = ray.get_runtime_context().get_node_id()
+        other = next(n["NodeID"] for n in ray.nodes() if n["Alive"] and n["NodeID"] != head)
+        out = []
+        for k, (where, node) in enumerate((("other node", other), ("other node", other), ("head node", head))):
+            load = os.getloadavg()[0]
+            strategy = NodeAffinitySchedulingStrategy(node, soft=False)
+            seconds = ray.get(fetch.options(scheduling_strategy=strategy).remote([ref]))
+            out.append({"where": where, "try": k, "bytes": rows * 384 * 4, "put_seconds": round(put_seconds, 3),
+                        "fetch_seconds": round(seconds, 3), "load": round(load, 1)})
+        return out
+    finally:
+        ray.shutdown()
+        cluster.shutdown()
+
+
 def scaling_line(r: dict, local: dict | None) -> str:
     """A row of the scaling table."""
     ray_, same = r.get("ray"), r.get("same_as_local", {"rows_equal": "-", "rows": "-", "max_abs_diff": float("nan")})
@@ -274,6 +317,8 @@ def main() -> None:
     parser.add_argument("--clusters", default="1x1,2x1", help="the clusters run, NODESxCPUS each, in this order")
     parser.add_argument("--no-local", action="store_true", help="no local engine run (nor rows compared with it)")
     parser.add_argument("--node-store-mb", type=int, default=NODE_STORE_MB, help="each node's object store")
+    parser.add_argument("--fetch-rows", type=int, default=0, help="also time the cross-node fetch of a (rows, 384) "
+                        "float32 matrix alone (1002700: the 1 M-document set's features; needs --node-store-mb 2000)")
     parser.add_argument("--repeats", type=int, default=1, help="ray runs of 1x1 then 2x1, this many times over")
     parser.add_argument("--json", default=None)
     parser.add_argument("--keep", default=None, help="a folder to keep the grids in (default: a temporary one)")
@@ -284,11 +329,16 @@ def main() -> None:
     t0 = time.time()
     scale = [] if args.skip_scaling else scaling(args, root)
     unit_rows = units(args, root) if args.units else []
+    fetches = fetch_check(args.fetch_rows) if args.fetch_rows else []
     print(table(scale, unit_rows))
+    for f in fetches:
+        print(f"fetch of {f['bytes'] / 1e6:.0f} MB on the {f['where']} (try {f['try']}): {f['fetch_seconds']:.3f} s "
+              f"(put {f['put_seconds']:.2f} s; load {f['load']})")
     print(f"{device_name('cpu')}; {time.time() - t0:.0f} s in all; grids in {root}")
     if args.json:
         Path(args.json).write_text(json.dumps({"machine": device_name("cpu"), "grid": args.grid, "data": args.data,
-                                               "scaling": scale, "units": unit_rows}, indent=2))
+                                               "scaling": scale, "units": unit_rows,
+                                               "fetches": fetches}, indent=2))
 
 
 if __name__ == "__main__":
