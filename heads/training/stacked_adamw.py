@@ -34,7 +34,9 @@ PerHead = Union[float, Sequence[float], torch.Tensor]
 
 # parameter updates (parameters x steps) from which compiling the fused update pays for its compile time:
 # eager costs ~5-10 ns per parameter update more (2 cores), compiling ~3-10 s from torch's disk cache
-# (a minute when the cache is cold); once compiled in a process, every later stack uses it
+# (a minute when the cache is cold). Decided per stack from its own work only, never from what ran before it in
+# the process: the two updates round differently, so a stack's numbers must not depend on the stacks before it
+# (a grid's axis order, the Ray engine's longest-first submission)
 FUSED_MIN_UPDATES = 1e9
 COMPILE_ENV = "HEADSTORE_COMPILE"  # "0": never compile, "1": always, unset: by the amount of work
 
@@ -44,7 +46,7 @@ def fused_pays(n_params: int, steps: int) -> bool:
     setting = os.environ.get(COMPILE_ENV, "")
     if setting in ("0", "1"):
         return setting == "1"
-    return _compiled_ok or n_params * steps >= FUSED_MIN_UPDATES
+    return n_params * steps >= FUSED_MIN_UPDATES
 
 
 def _adamw_update(p, g, m, v, grad_scale, decay, step_size, bc2_sqrt, beta1: float, beta2: float, eps: float):
@@ -58,7 +60,6 @@ def _adamw_update(p, g, m, v, grad_scale, decay, step_size, bc2_sqrt, beta1: flo
 
 
 _compiled_update = None  # torch.compile(_adamw_update), built on first use; False after a failed compile
-_compiled_ok = False  # the compiled update ran in this process (compiling again costs nothing)
 compile_seconds = 0.0  # time this process spent in calls that compiled a graph (a grid's time estimate leaves it out)
 # graphs the compiled update may keep: (H, N) views make one graph serve every parameter shape; a few more
 # come from sizes torch specialises (a stack of one head, a float64 or CUDA stack)
@@ -82,7 +83,7 @@ def _fused_update(p, g, m, v, grad_scale, decay, step_size, bc2_sqrt, beta1: flo
     parameter shape of every stack: compiled on the stacked shapes, each new shape was a new graph, and a
     grid of a dozen stacks hit dynamo's recompile limit. Duck shaping (two sizes that happen to be equal
     taken as one symbol) is off for the same reason; the maths are unchanged (elementwise)."""
-    global _compiled_update, _compiled_ok, compile_seconds
+    global _compiled_update, compile_seconds
     if _compiled_update is None:
         _compiled_update = _compile()
     if _compiled_update is False or not all(t.is_contiguous() for t in (p, g, m, v)):
@@ -103,7 +104,6 @@ def _fused_update(p, g, m, v, grad_scale, decay, step_size, bc2_sqrt, beta1: flo
         return False
     if _graphs() != graphs:
         compile_seconds += time.perf_counter() - t0
-    _compiled_ok = True
     return True
 
 
