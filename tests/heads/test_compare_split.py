@@ -1,4 +1,4 @@
-"""A compare table built in parts (bench/gpu_compare.sh's split: the base rows, then each tuned family with
+"""A compare table built in parts (bench/gpu/compare.sh's split: the base rows, then each tuned family with
 --setups, then the whole table) is the table one run gives: every step is keyed by its settings alone, never by
 the rows asked for, so the parts share the step cache and the last run reuses every step."""
 import json

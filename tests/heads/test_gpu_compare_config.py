@@ -1,6 +1,6 @@
-"""bench/gpu_compare_config.py (the configs bench/gpu_compare.sh runs): the shipped compare configs with their
+"""bench/gpu/compare_config.py (the configs bench/gpu/compare.sh runs): the shipped compare configs with their
 dataset paths under another root load as the same CompareConfig but for those paths; overrides replace, add
-and remove keys; bench/gpu_compare_summary.py reads a compare.json back."""
+and remove keys; bench/gpu/compare_summary.py reads a compare.json back."""
 from __future__ import annotations
 
 import dataclasses
@@ -13,9 +13,9 @@ import pytest
 from headstore.heads.experiments.compare_config import load_compare_config
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "bench"))
-from gpu_compare_config import families, main, merged, rewrite_paths, run_config  # noqa: E402
-from gpu_compare_summary import in_domain_table, split_line  # noqa: E402
+sys.path.insert(0, str(ROOT / "bench" / "gpu"))
+from compare_config import families, main, merged, rewrite_paths, run_config  # noqa: E402
+from compare_summary import in_domain_table, split_line  # noqa: E402
 
 
 @pytest.mark.parametrize("shipped", ["examples/compare.toml", "examples/compare-stsb.toml"])
@@ -46,7 +46,7 @@ def test_overrides_replace_add_and_remove_keys(tmp_path):
         merged(config, {"seeds": [0]})
     rehearsal = tmp_path / "r.toml"
     rehearsal.write_text(run_config(str(ROOT / "examples/compare.toml"), "/d",
-                                    str(ROOT / "bench/gpu_compare_rehearsal.toml")))
+                                    str(ROOT / "bench/gpu/compare_rehearsal.toml")))
     cfg = load_compare_config(str(rehearsal))
     assert cfg.seeds == (0, 1) and cfg.max_docs == 150 and cfg.finetune.max_steps == 6 and cfg.train.mined_k == 2
     assert cfg.lr_grid == (0.5, 1.0, 2.0) and cfg.head.out_dim == 384  # the rest as shipped

@@ -1,9 +1,9 @@
-"""The config bench/gpu_compare.sh runs: a shipped `cli compare` TOML with its dataset paths pointed at another
+"""The config bench/gpu/compare.sh runs: a shipped `cli compare` TOML with its dataset paths pointed at another
 datasets root (the copies carried to the GPU box), and for a rehearsal a few settings overridden.
 
-    python bench/gpu_compare_config.py examples/compare.toml --data .gpu/datasets [--overrides FILE] > run.toml
-    python bench/gpu_compare_config.py --tiny-model DIR --like minilm   # the rehearsal's tiny encoder
-    python bench/gpu_compare_config.py --families run.toml   # its tuned families: adapted finetuned ...
+    python bench/gpu/compare_config.py examples/compare.toml --data .gpu/datasets [--overrides FILE] > run.toml
+    python bench/gpu/compare_config.py --tiny-model DIR --like minilm   # the rehearsal's tiny encoder
+    python bench/gpu/compare_config.py --families run.toml   # its tuned families: adapted finetuned ...
 
 Every string value that starts with `../shared/datasets/` (the shipped configs' paths, relative to the
 repository root) is rewritten to DATA/...; `--overrides` is a TOML file whose [section] keys replace or add
@@ -102,7 +102,7 @@ def tiny_model(folder: Path, like: str) -> Path:
 
 def families(path: str) -> list[str]:
     """The encoders of a config's rows other than the frozen one (compare_setups.ENCODERS' order): the
-    processes bench/gpu_compare.sh runs side by side, one `--setups <family>-cosine,<family>-head` each."""
+    processes bench/gpu/compare.sh runs side by side, one `--setups <family>-cosine,<family>-head` each."""
     from headstore.heads.experiments.compare_config import load_compare_config
     from headstore.heads.experiments.compare_setups import ENCODERS, SETUPS
 

@@ -2,7 +2,7 @@
 {fp32, bf16} x {off, on}; per setting the real tokens/s, padded/real tokens, the tokenizer's tokens/s, the
 attention kernel that ran, and max |diff| of unit rows against the fp32 padded features.
 
-    python bench/gpu_featurize_smoke.py [--device cuda] [--n 2000] [--model minilm] [--json out.json]
+    python bench/gpu/featurize_smoke.py [--device cuda] [--n 2000] [--model minilm] [--json out.json]
 
 Texts: SciFact abstracts and STS-B sentences from /work/shared/datasets (or --data) when present (a real
 mix of long and short texts), else synthetic sentences of 3-300 words. Uses only the package: the same

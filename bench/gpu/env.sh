@@ -1,6 +1,6 @@
-# Sourced ON THE GPU BOX after bench/gpu_bootstrap.sh: headstore importable from the working tree (the repository
+# Sourced ON THE GPU BOX after bench/gpu/bootstrap.sh: headstore importable from the working tree (the repository
 # root is the package `headstore`), the carried wheels, the MiniLM weights and the datasets.
-_root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+_root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 mkdir -p "$_root/.gpu/pkg" "$_root/.gpu/bin"
 ln -sfn "$_root" "$_root/.gpu/pkg/headstore"
 export PYTHONPATH="$_root/.gpu/pkg:$_root/.gpu/site${PYTHONPATH:+:$PYTHONPATH}"

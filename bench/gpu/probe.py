@@ -1,7 +1,7 @@
 """What the GPU box offers for packed (varlen) attention: versions, kernels, and a packed tiny-BERT forward
 against the padded one (no headstore imports: runs before anything is installed there).
 
-    python3 bench/gpu_probe.py
+    python3 bench/gpu/probe.py
 """
 
 from __future__ import annotations

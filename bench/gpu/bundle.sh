@@ -3,15 +3,15 @@
 # each small enough for one device call (a call carries at most 64 MiB with the working tree). The GPU box has
 # python 3.12, torch, transformers, sentence-transformers, pyarrow, scipy, ... but not polars, zarr (+ codecs),
 # the offline MiniLM weights (88 MB: split over two calls), nor the datasets; peft is there, but maybe not the
-# version pyproject pins (LoRA, bench/gpu_compare.sh): it travels too. Then, on the GPU box, three calls:
-#   bash bench/gpu_bootstrap.sh w1      (carry .gpu/w1)
-#   bash bench/gpu_bootstrap.sh w2      (carry .gpu/w2)
-#   bash bench/gpu_bootstrap.sh w3 && bash bench/gpu_check.sh   (carry .gpu/w3)
-# (or, in the third call, bash bench/gpu_compare.sh: the compare tables; docs/setups.md, "On a GPU").
+# version pyproject pins (LoRA, bench/gpu/compare.sh): it travels too. Then, on the GPU box, three calls:
+#   bash bench/gpu/bootstrap.sh w1      (carry .gpu/w1)
+#   bash bench/gpu/bootstrap.sh w2      (carry .gpu/w2)
+#   bash bench/gpu/bootstrap.sh w3 && bash bench/gpu/check.sh   (carry .gpu/w3)
+# (or, in the third call, bash bench/gpu/compare.sh: the compare tables; docs/setups.md, "On a GPU").
 # Each folder and the working tree must stay under 64 MiB together (the last line prints the sizes).
 # Unpacked parts land in .gpu/site, .gpu/parts (ignored paths, kept on a warm machine between calls).
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 D=${HEADSTORE_DATA:-../shared/datasets}
 rm -rf .gpu/w1 .gpu/w2 .gpu/w3 && mkdir -p .gpu/w1 .gpu/w2 .gpu/w3/datasets
 ver() { python3 -c "import importlib.metadata as m; print(m.version('$1'))"; }

@@ -1,6 +1,6 @@
-"""The short summary that ends bench/gpu_check.sh: stages, tests, the main job on the card, the benchmark.
+"""The short summary that ends bench/gpu/check.sh: stages, tests, the main job on the card, the benchmark.
 
-    python bench/gpu_check_summary.py OUT_FOLDER
+    python bench/gpu/check_summary.py OUT_FOLDER
 
 Reads what the check wrote (stages.tsv, *.log, featurize-summary.json, compare.json, bench-gpu-*.json) and
 prints a few lines and small tables: the check's output is read from its end.

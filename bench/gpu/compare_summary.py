@@ -1,11 +1,11 @@
-"""The short summary that ends bench/gpu_compare.sh: per table, whether it finished, its wall time (this call
+"""The short summary that ends bench/gpu/compare.sh: per table, whether it finished, its wall time (this call
 and summed over the calls that built it), compare.json's time split, the in-domain table and the chosen
 learning rates; the card's mean utilisation where nvidia-smi was sampled.
 
-    python bench/gpu_compare_summary.py RUNS OUT TABLE...
+    python bench/gpu/compare_summary.py RUNS OUT TABLE...
 
 Reads RUNS/<table>/compare.json, RUNS/<table>.seconds, RUNS/<table>[.<family>].log, RUNS/smi.csv and
-OUT/stages.tsv, env.log (what bench/gpu_compare.sh wrote).
+OUT/stages.tsv, env.log (what bench/gpu/compare.sh wrote).
 """
 from __future__ import annotations
 

@@ -3,20 +3,20 @@
 # reference made beforehand), the featurize benchmark on the card, the rest of the main job on the card.
 # Every log and JSON goes to one folder, $OUT (default runs/gpu-check); a short summary ends the output.
 #
-#   bash bench/gpu_bootstrap.sh && bash bench/gpu_check.sh     # on the GPU box (the lead's bootstrap first)
+#   bash bench/gpu/bootstrap.sh && bash bench/gpu/check.sh     # on the GPU box (the lead's bootstrap first)
 #
 # Time box: GPU_CHECK_SECONDS (default 405 s) for the whole check; every stage runs under `timeout` with at
 # most its own cap and at most what is left, so one hung stage cannot eat the others' time. Order (most
-# wanted first): tests (cap 60 s), bench/gpu_featurize_smoke.py (40 s), featurize the main job with --device cuda (60 s), verify + compare with
+# wanted first): tests (cap 60 s), bench/gpu/featurize_smoke.py (40 s), featurize the main job with --device cuda (60 s), verify + compare with
 # the CPU reference (30 s), the benchmark on the main job's texts (220 s), the main job's heads on the card
 # (end_to_end.sh, its featurize a no-op: 70 s), the benchmark on SciFact at 512 tokens (what is left).
-# Needs: bench/gpu_env.sh (PYTHONPATH, PATH with `cli`, HEADSTORE_DATA, HEADSTORE_MINILM) where headstore is
+# Needs: bench/gpu/env.sh (PYTHONPATH, PATH with `cli`, HEADSTORE_DATA, HEADSTORE_MINILM) where headstore is
 # not installed; the reference REF (default .gpu/ref-cpu-minilm.parquet), made on a CPU beforehand by
 #   python bench/parity/compare_stores.py --make-ref .gpu/ref-cpu-minilm.parquet --sample 2000
 set -uo pipefail
-cd "$(dirname "$0")/.."
-DEVICE=${GPU_CHECK_DEVICE:-cuda}  # cpu: a smoke run of this script where headstore is installed (no gpu_env.sh)
-if [ "$DEVICE" = cuda ] && [ -f bench/gpu_env.sh ]; then source bench/gpu_env.sh; fi
+cd "$(dirname "$0")/../.."
+DEVICE=${GPU_CHECK_DEVICE:-cuda}  # cpu: a smoke run of this script where headstore is installed (no bench/gpu/env.sh)
+if [ "$DEVICE" = cuda ] && [ -f bench/gpu/env.sh ]; then source bench/gpu/env.sh; fi
 OUT=${OUT:-runs/gpu-check}
 REF=${REF:-.gpu/ref-cpu-minilm.parquet}
 D=${HEADSTORE_DATA:-../shared/datasets}
@@ -57,7 +57,7 @@ if (( ${#GPU_TESTS[@]} )); then
     stage tests 60 python3 -m pytest -q -s -p no:cacheprovider -m gpu "${GPU_TESTS[@]}" --junitxml="$OUT/gpu-tests.xml"
 fi
 # the GPU path's own smoke check: MiniLM on 2,000 texts, {fp32, bf16} x packing {off, on}, kernels and diffs
-stage gpu-smoke 40 python3 bench/gpu_featurize_smoke.py --device $DEVICE --data "$D" --json "$OUT/gpu-smoke.json"
+stage gpu-smoke 40 python3 bench/gpu/featurize_smoke.py --device $DEVICE --data "$D" --json "$OUT/gpu-smoke.json"
 
 # 2. the main job's featurize on the card (end_to_end.sh's own command; device auto = cuda here)
 E2E=$OUT/e2e
@@ -88,5 +88,5 @@ stage bench-scifact512 "$T" python3 bench/speed/featurize.py --device $DEVICE --
     --st-batch-sizes 256,512 --repeats 2 --budget-s $(( T > 80 ? T - 60 : 20 )) --grace-s 25 \
     --json "$OUT/bench-gpu-scifact512.json" $BENCH_ARGS
 
-python3 bench/gpu_check_summary.py "$OUT" 2>&1 | tee "$OUT/summary.md"
+python3 bench/gpu/check_summary.py "$OUT" 2>&1 | tee "$OUT/summary.md"
 echo "check: $(( SECONDS - START ))s in all; every log and JSON in $OUT"

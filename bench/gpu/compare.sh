@@ -4,10 +4,10 @@
 # store, the MLM probe and adaptation, the tuning, heads and evaluation on the card; the configs' bf16 there is
 # bf16 weights for the stores and bf16 autocast for training), in a time box, then a short summary.
 #
-#   bash bench/gpu_bootstrap.sh w3 && bash bench/gpu_compare.sh      # on the GPU box (docs/setups.md, "On a GPU")
-#   GPU_COMPARE_DEVICE=cpu GPU_COMPARE_REHEARSAL=1 bash bench/gpu_compare.sh   # the CPU rehearsal, here
+#   bash bench/gpu/bootstrap.sh w3 && bash bench/gpu/compare.sh      # on the GPU box (docs/setups.md, "On a GPU")
+#   GPU_COMPARE_DEVICE=cpu GPU_COMPARE_REHEARSAL=1 bash bench/gpu/compare.sh   # the CPU rehearsal, here
 #
-# Each table runs from a generated config (bench/gpu_compare_config.py: the shipped file with its
+# Each table runs from a generated config (bench/gpu/compare_config.py: the shipped file with its
 # ../shared/datasets/ paths pointed at $HEADSTORE_DATA, the carried copies) into RUNS/<table>, its step cache:
 # a call cut by the time box leaves every finished step there, and the same command again (on the same warm
 # machine: runs/ is an ignored path, kept between calls) continues where it stopped. Time box: the whole
@@ -31,12 +31,12 @@
 # record (seconds, peak memory, result) and, on a GPU, nvidia-smi's utilisation samples.
 # Other settings: GPU_COMPARE_RUNS (default runs/gpu-compare, rehearsal runs/gpu-compare-rehearsal),
 # GPU_COMPARE_TABLES ("scifact=examples/compare.toml stsb=examples/compare-stsb.toml"), GPU_COMPARE_ARGS (more
-# `cli compare` options, e.g. "--seeds 0"), GPU_COMPARE_REHEARSAL=1 (bench/gpu_compare_rehearsal.toml laid over
+# `cli compare` options, e.g. "--seeds 0"), GPU_COMPARE_REHEARSAL=1 (bench/gpu/compare_rehearsal.toml laid over
 # each config and --model a tiny random encoder: every part runs once, small).
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 DEVICE=${GPU_COMPARE_DEVICE:-cuda}
-if [ "$DEVICE" = cuda ] && [ -f bench/gpu_env.sh ]; then source bench/gpu_env.sh; fi
+if [ "$DEVICE" = cuda ] && [ -f bench/gpu/env.sh ]; then source bench/gpu/env.sh; fi
 REHEARSAL=${GPU_COMPARE_REHEARSAL:-0}
 RUNS=${GPU_COMPARE_RUNS:-runs/gpu-compare$([ "$REHEARSAL" = 1 ] && echo -rehearsal)}
 OUT=${OUT:-$RUNS/out}
@@ -68,10 +68,10 @@ left() { echo $(( LIMIT_S - (SECONDS - START) )); }
 
 MODEL_ARGS=()
 OVERRIDES=()
-if [ "$REHEARSAL" = 1 ]; then  # the tiny encoder and the small settings of bench/gpu_compare_rehearsal.toml
-    TINY=$(python3 bench/gpu_compare_config.py --tiny-model "$RUNS/tiny-model") || exit 2
+if [ "$REHEARSAL" = 1 ]; then  # the tiny encoder and the small settings of bench/gpu/compare_rehearsal.toml
+    TINY=$(python3 bench/gpu/compare_config.py --tiny-model "$RUNS/tiny-model") || exit 2
     MODEL_ARGS=(--model "$TINY")
-    OVERRIDES=(--overrides bench/gpu_compare_rehearsal.toml)
+    OVERRIDES=(--overrides bench/gpu/compare_rehearsal.toml)
 fi
 
 # the tiny-model test of --device on this device (tests/heads/test_compare_device.py): seconds, before minutes
@@ -121,13 +121,13 @@ run_table() {
         printf '%s\tskipped\t0\t(no time left)\n' "$name" >> "$OUT/stages.tsv"; return 0
     fi
     deadline=$(( SECONDS + cap ))
-    python3 bench/gpu_compare_config.py "$config" --data "$D" "${OVERRIDES[@]}" > "$gen" || return 0
+    python3 bench/gpu/compare_config.py "$config" --data "$D" "${OVERRIDES[@]}" > "$gen" || return 0
     local args=(--config "$gen" --out "$RUNS/$name")
     echo "== $name (cap ${cap}s, $(( SECONDS - START ))s in, split $SPLIT): cli compare ${args[*]}"
     if [ "$SPLIT" = 1 ]; then
         compare_run "$log" "$deadline" "${args[@]}" --setups frozen-cosine,frozen-head || rc=$?
         if [ "$rc" = 0 ]; then
-            for f in $(python3 bench/gpu_compare_config.py --families "$gen"); do
+            for f in $(python3 bench/gpu/compare_config.py --families "$gen"); do
                 compare_run "$RUNS/$name.$f.log" "$deadline" "${args[@]}" --setups "$f-cosine,$f-head" &
                 pids+=($!)
             done
@@ -166,5 +166,5 @@ for name in "${NAMES[@]}"; do  # what comes back: one archive per table
     [ -f "$RUNS/smi.csv" ] && files+=(smi.csv)
     (cd "$RUNS" && tar czf - "${files[@]}" $(ls -d "$name"/*/step.json 2>/dev/null)) > "$OUT/$name.tgz"
 done
-python3 bench/gpu_compare_summary.py "$RUNS" "$OUT" "${NAMES[@]}" 2>&1 | tee "$OUT/summary.md"
+python3 bench/gpu/compare_summary.py "$RUNS" "$OUT" "${NAMES[@]}" 2>&1 | tee "$OUT/summary.md"
 echo "gpu_compare: $(( SECONDS - START ))s in all; every log and record in $OUT"

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# Run ON THE GPU BOX, once per carried bundle (bench/gpu_bundle.sh made them here): w1 and w2 install wheels into
+# Run ON THE GPU BOX, once per carried bundle (bench/gpu/bundle.sh made them here): w1 and w2 install wheels into
 # .gpu/site; w2 and w3 hold the two halves of MiniLM's weights, joined (and checked by sha256) into .gpu/minilm;
 # w3 brings the datasets to .gpu/datasets.
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 part=$1
 mkdir -p .gpu/site .gpu/parts
 src=.gpu/$part
