@@ -13,7 +13,7 @@ __version__ = "0.2.0"
 # The public API, imported on first use so that `import headstore.cli` stays cheap (and the command line's
 # environment, set at its import, precedes torch's): headstore.Store, headstore.Head, headstore.Pipeline.
 _API = {
-    "Store": "headstore.featurize.store_api",
+    "Store": "headstore.featurize.store.api",
     "Head": "headstore.heads.artefacts.head",
     "Pipeline": "headstore.heads.apply.pipeline",
     "distill": "headstore.heads.experiments.distill",  # a teacher (head, ensemble, GRID#ensemble=K) into one head

@@ -35,8 +35,8 @@ import click  # noqa: E402  (every import below may load torch or polars)
 
 from headstore.data.dataset import FORMATS
 from headstore.data.errors import SystemFailure
-from headstore.featurize.backends import CHOICES as BACKEND_CHOICES
-from headstore.featurize.config import DEVICES, PACKINGS, POOLING_NAMES, PRECISIONS
+from headstore.featurize.encoder.backends import CHOICES as BACKEND_CHOICES
+from headstore.featurize.encoder.config import DEVICES, PACKINGS, POOLING_NAMES, PRECISIONS
 from headstore.data.options import PATH, fold_label_options, label_options, named_as_typed, unlabeled_option
 
 
@@ -168,9 +168,9 @@ def featurize(model, data_paths, unlabeled, formats, store, pooling, query_promp
               address, workers, gpus_per_worker, **label_settings):
     """Encode every text of the datasets (and --unlabeled texts) that STORE does not hold yet (a no-op when none
     are new)."""
-    from headstore.featurize.config import FeaturizeConfig, parse_layers
-    from headstore.featurize.model import pick_device
-    from headstore.featurize.run import featurize as run_featurize
+    from headstore.featurize.encoder.config import FeaturizeConfig, parse_layers
+    from headstore.featurize.encoder.model import pick_device
+    from headstore.featurize.run.local import featurize as run_featurize
 
     if batch_tokens is None:
         on_gpu = gpus_per_worker > 0 if engine == "ray" else pick_device(device) == "cuda"
@@ -183,7 +183,7 @@ def featurize(model, data_paths, unlabeled, formats, store, pooling, query_promp
     if any(label_settings.values()):  # labelled texts: the options apply to every --data
         formats = [fold_label_options(f, dict(label_settings)) for f in (list(formats) or [None])]
     if engine == "ray":
-        from headstore.featurize.ray_engine import featurize_ray
+        from headstore.featurize.run.ray_engine import featurize_ray
 
         summary = featurize_ray(config, data_paths, store, formats=list(formats) or None,
                                 address=address, workers=workers,
@@ -202,7 +202,7 @@ def store():
 @click.argument("path", type=PATH)
 def verify(path):
     """Check PATH's integrity; exit 1 listing every problem found."""
-    from headstore.featurize.verify import verify_store
+    from headstore.featurize.store.verify import verify_store
 
     problems = verify_store(path)
     if problems:
@@ -217,7 +217,7 @@ def verify(path):
 @click.argument("path", type=PATH)
 def info(path):
     """Summarise PATH: model, dims, dtype, number of texts, arrays, truncation, size on disk."""
-    from headstore.featurize.verify import store_info
+    from headstore.featurize.store.verify import store_info
 
     summary = store_info(path)
     click.echo(json.dumps(summary, indent=2))
@@ -231,7 +231,7 @@ def migrate(path, model):
     """Bring PATH up to date in place: store format 1 (one texts.parquet) to format 2 (segments, checksums); a
     mean-pooled store of a model whose own modules are mean pooling then Normalize (MiniLM) gets that
     Normalize recorded (applied on read), so `--pooling model` (the default) can add texts to it."""
-    from headstore.featurize.maintain import migrate_store
+    from headstore.featurize.store.maintain import migrate_store
 
     summary = migrate_store(path, model)
     click.echo(json.dumps(summary, indent=2))
@@ -243,7 +243,7 @@ def migrate(path, model):
               help="Rows per merged texts part at most.")
 def compact(path, target_rows):
     """Merge PATH's small texts parts (optional: reads are correct without it)."""
-    from headstore.featurize.maintain import compact_store
+    from headstore.featurize.store.maintain import compact_store
 
     summary = compact_store(path, target_rows)
     click.echo(json.dumps(summary, indent=2))

@@ -86,7 +86,7 @@ def tiny_model(folder: Path, like: str) -> Path:
     import torch
     from transformers import AutoConfig, AutoTokenizer, BertConfig, BertModel
 
-    from headstore.featurize.model import resolve_model
+    from headstore.featurize.encoder.model import resolve_model
 
     source = resolve_model(like)
     base = AutoConfig.from_pretrained(source)

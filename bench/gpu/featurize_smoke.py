@@ -25,7 +25,7 @@ SETTINGS = [("fp32", "off"), ("fp32", "on"), ("bf16", "off"), ("bf16", "on")]
 
 def load_texts(data: Path, n: int) -> tuple[list[str], str]:
     """n unique texts: half SciFact abstracts (long), half STS-B sentences (short), else synthetic."""
-    from headstore.featurize.source import all_chunks, open_sources
+    from headstore.featurize.run.source import all_chunks, open_sources
 
     paths = [data / "scifact", data / "stsb"]
     if all(p.exists() for p in paths):
@@ -42,10 +42,10 @@ def run_setting(model: str, device: str, precision: str, packing: str, texts: li
     import torch
 
     from headstore.data.text_id import text_ids
-    from headstore.featurize.config import FeaturizeConfig
-    from headstore.featurize.model import load_encoder
-    from headstore.featurize.packed import prepare_encoder
-    from headstore.featurize.run import encode_in_plan_order
+    from headstore.featurize.encoder.config import FeaturizeConfig
+    from headstore.featurize.encoder.model import load_encoder
+    from headstore.featurize.encoder.packed import prepare_encoder
+    from headstore.featurize.run.windows import encode_in_plan_order
 
     config = FeaturizeConfig(model=model, device=device, precision=precision, packing=packing, dtype="float32",
                              batch_tokens=65536 if device == "cuda" else 4096)

@@ -32,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "speed"))  # featur
 def read_side(path: Path) -> tuple[list[str], np.ndarray]:
     """(text ids, (N, D) float32 features) of a store folder or a Parquet reference file."""
     if path.is_dir():
-        from headstore.featurize.store import FeatureStore
+        from headstore.featurize.store.reader import FeatureStore
 
         store = FeatureStore.open(path)
         texts = store.texts.sort("row")
@@ -71,9 +71,9 @@ def make_ref(out: Path, sample: int, data: Path, model: str, device: str) -> dic
     import pyarrow.parquet as pq
 
     import featurize_data as fd
-    from headstore.featurize.config import FeaturizeConfig
-    from headstore.featurize.model import model_identity, resolve_model
-    from headstore.featurize.run import featurize_texts
+    from headstore.featurize.encoder.config import FeaturizeConfig
+    from headstore.featurize.encoder.model import model_identity, resolve_model
+    from headstore.featurize.run.local import featurize_texts
 
     texts = fd.read_text_set("main", data)
     n_tokens, _ = fd.tokenizer_counts(resolve_model(model), texts, model_identity(model).max_length)

@@ -35,9 +35,9 @@ SETUPS = {"cls+dense+normalize": ("cls", 16, True), "lasttoken+normalize": ("las
 
 def stored_rows(model: str, texts: list[str], store: Path, pooling: str = "model") -> np.ndarray:
     from headstore.data.text_id import text_ids
-    from headstore.featurize.config import FeaturizeConfig
-    from headstore.featurize.run import featurize_texts
-    from headstore.featurize.store import FeatureStore
+    from headstore.featurize.encoder.config import FeaturizeConfig
+    from headstore.featurize.run.local import featurize_texts
+    from headstore.featurize.store.reader import FeatureStore
 
     featurize_texts(FeaturizeConfig(model=model, pooling=pooling, dtype="float32", device="cpu"), texts, store)
     opened = FeatureStore.open(store)
@@ -66,7 +66,7 @@ def minilm_rows(work: Path, stsb: Path) -> list[dict]:
     from sentence_transformers import SentenceTransformer
 
     from headstore.data.dataset import load_dataset
-    from headstore.featurize.model import resolve_model
+    from headstore.featurize.encoder.model import resolve_model
 
     texts = load_dataset(stsb).texts()
     t0 = time.perf_counter()

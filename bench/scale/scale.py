@@ -131,8 +131,8 @@ def synthetic(out: Path, sizes: list[int], engines: list[str], workers: int) -> 
 
 def minilm(out: Path, data: Path, workers: int) -> list[dict]:
     from headstore.data.text_id import text_ids
-    from headstore.featurize.source import all_chunks, open_sources
-    from headstore.featurize.store import FeatureStore
+    from headstore.featurize.run.source import all_chunks, open_sources
+    from headstore.featurize.store.reader import FeatureStore
 
     rows, stores = [], {}
     for engine in ("local", "ray"):

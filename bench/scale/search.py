@@ -21,7 +21,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from headstore.featurize.store_api import Store  # noqa: E402
+from headstore.featurize.store.api import Store  # noqa: E402
 from headstore.heads.scoring.energy import pairwise_energy  # noqa: E402
 from headstore.heads.artefacts.head import Head  # noqa: E402
 from headstore.heads.scoring.ir_metrics import topk_ranking  # noqa: E402

@@ -36,7 +36,7 @@ MAX_LENGTH = 256
 
 def text_set(data_root: Path, k: int) -> list[str]:
     """k unique texts of SciFact (corpus and queries) and STS-B, evenly spaced over their length order."""
-    from headstore.featurize.source import all_chunks, open_sources
+    from headstore.featurize.run.source import all_chunks, open_sources
 
     texts = list(dict.fromkeys(t for _, chunk in all_chunks(open_sources([data_root / d for d in DATA], None))
                                for t in chunk))
@@ -52,10 +52,11 @@ def unit_rows(x: np.ndarray) -> np.ndarray:
 # ---- workers: each reads {"system": ...} lines on stdin, answers one JSON line per request -------------
 
 def headstore_worker(texts: list[str], cache: str) -> None:
-    from headstore.featurize.config import FeaturizeConfig
-    from headstore.featurize.model import encoding_settings
-    from headstore.featurize.backends import AUTO_MIN_CHARS
-    from headstore.featurize.run import _open_encoder, encode_in_plan_order
+    from headstore.featurize.encoder.config import FeaturizeConfig
+    from headstore.featurize.encoder.model import encoding_settings
+    from headstore.featurize.encoder.backends import AUTO_MIN_CHARS
+    from headstore.featurize.run.local import _open_encoder
+    from headstore.featurize.run.windows import encode_in_plan_order
 
     loaded = {}
 
@@ -131,7 +132,7 @@ def main() -> None:
     parser.add_argument("--worker", choices=("headstore", "st"), help=argparse.SUPPRESS)
     parser.add_argument("--cache", default="/tmp/headstore-bench-exports", help="the export cache (headstore)")
     args = parser.parse_args()
-    from headstore.featurize.model import resolve_model
+    from headstore.featurize.encoder.model import resolve_model
 
     model_dir = resolve_model("minilm")
     texts = text_set(args.data_root, args.texts)
@@ -143,8 +144,8 @@ def main() -> None:
 
 
 def run(args, model_dir: str, texts: list[str]) -> None:
-    from headstore.featurize.encode import tokenize
-    from headstore.featurize.hardware import cpu_info
+    from headstore.featurize.encoder.encode import tokenize
+    from headstore.featurize.encoder.hardware import cpu_info
     from transformers import AutoTokenizer
 
     load_at_start = list(__import__("os").getloadavg())

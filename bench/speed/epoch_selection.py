@@ -20,7 +20,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from headstore.featurize.store import FeatureStore  # noqa: E402
+from headstore.featurize.store.reader import FeatureStore  # noqa: E402
 from headstore.heads.settings.config import TrainConfig  # noqa: E402
 from headstore.heads.scoring.energy import pairwise_energy  # noqa: E402
 from headstore.heads.evaluation.evaluate import embedder, evaluate_split, selection_scores  # noqa: E402

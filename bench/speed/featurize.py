@@ -157,7 +157,7 @@ def device_name(device: str) -> str:
 
 def prepare_text_sets(args, minilm_dir: str, max_len: int) -> dict:
     """Per text set: texts (cut by --limit over the length order), n_tokens, the reference sample."""
-    from headstore.featurize.model import position_limit
+    from headstore.featurize.encoder.model import position_limit
 
     cells = {}
     for name in args.texts.split(","):
@@ -208,8 +208,8 @@ def main():
     import limits
     import torch
 
-    from headstore.featurize.hardware import native_bf16
-    from headstore.featurize.model import model_identity, resolve_model
+    from headstore.featurize.encoder.hardware import native_bf16
+    from headstore.featurize.encoder.model import model_identity, resolve_model
 
     t_start = time.time()
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")

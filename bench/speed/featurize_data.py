@@ -27,7 +27,7 @@ SHAPES = {"minilm": None, "bert-base": (12, 768, 3072, 12), "bert-large": (24, 1
 
 def read_text_set(name: str, data_root: Path) -> list[str]:
     """The texts of a text set, unique, in input order (as a store rows them: no prompts for these models)."""
-    from headstore.featurize.source import all_chunks, open_sources
+    from headstore.featurize.run.source import all_chunks, open_sources
 
     if name not in TEXT_SETS:
         raise ValueError(f"text set {name!r} not valid; choose one of {list(TEXT_SETS)}")
@@ -57,7 +57,7 @@ def tokenizer_counts(model_dir: str, texts: list[str], max_length: int) -> tuple
     """(n_tokens per text, tokens/s of headstore's tokenizer alone on these texts, one call)."""
     from transformers import AutoTokenizer
 
-    from headstore.featurize.encode import tokenize
+    from headstore.featurize.encoder.encode import tokenize
 
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     t0 = time.perf_counter()

@@ -38,7 +38,7 @@ from pathlib import Path  # noqa: E402
 
 import numpy as np  # noqa: E402
 
-GPU_BATCH_TOKENS = 65536  # cli featurize's default on a GPU (unless featurize.config names its own)
+GPU_BATCH_TOKENS = 65536  # cli featurize's default on a GPU (unless featurize.encoder.config names its own)
 
 
 class PeakMemory:
@@ -79,7 +79,7 @@ class PeakMemory:
 
 def headstore_config(setting: dict, model_dir: str, device: str, max_length: int):
     """The FeaturizeConfig of a setting, or a string saying why this checkout cannot run it."""
-    from headstore.featurize import config as config_module
+    from headstore.featurize.encoder import config as config_module
 
     fields = {f.name for f in dataclasses.fields(config_module.FeaturizeConfig)}
     missing = [k for k in ("packing", "backend") if k in setting and k not in fields]
@@ -98,8 +98,8 @@ def headstore_config(setting: dict, model_dir: str, device: str, max_length: int
 
 def run_headstore(config, texts: list[str], sample: list[str] | None, device: str) -> tuple[dict, np.ndarray | None]:
     from headstore.data.text_id import text_ids
-    from headstore.featurize.run import featurize_texts
-    from headstore.featurize.store import FeatureStore
+    from headstore.featurize.run.local import featurize_texts
+    from headstore.featurize.store.reader import FeatureStore
 
     folder = Path(tempfile.mkdtemp(prefix="bench-store-"))
     try:

@@ -42,7 +42,7 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 import limits  # noqa: E402
-from headstore.featurize.store import FeatureStore  # noqa: E402
+from headstore.featurize.store.reader import FeatureStore  # noqa: E402
 from headstore.heads.settings.config import TrainConfig  # noqa: E402
 from headstore.heads.network.features import load_features  # noqa: E402
 from headstore.heads.settings.config import HeadConfig  # noqa: E402

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import torch
 
-from headstore.featurize.hardware import cpu_info, native_bf16
+from headstore.featurize.encoder.hardware import cpu_info, native_bf16
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
@@ -68,7 +68,7 @@ def best_of(*probes: dict[str, float]) -> dict[str, float]:
 
 def machine(device: str = "cpu") -> dict:
     """What the figures hold for: the CPU model and its bf16-relevant flags (AVX-512, AVX-512-BF16, AMX),
-    whether bf16 is native here (featurize.hardware), torch's CPU capability and threads, the GPU if used."""
+    whether bf16 is native here (featurize.encoder.hardware), torch's CPU capability and threads, the GPU if used."""
     cpu = cpu_info()
     m = {"cpu": cpu["model"], "cpu_flags": cpu["flags"], "bf16_native_on_cpu": native_bf16(),
          "torch_cpu_capability": cpu["torch_cpu_capability"], "torch": cpu["torch"],

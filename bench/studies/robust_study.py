@@ -20,7 +20,7 @@ import numpy as np
 import polars as pl
 import torch
 
-from headstore.featurize.store import FeatureStore
+from headstore.featurize.store.reader import FeatureStore
 from headstore.heads.artefacts.files import load_safetensors, read_results, stack_paths
 from headstore.heads.evaluation.evaluate import PREFIX, embedder, evaluate_split
 from headstore.heads.experiments.datasets_root import datasets_root

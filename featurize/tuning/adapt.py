@@ -32,8 +32,8 @@ import torch
 
 from headstore.data.progress import progress_bar
 from headstore.data.files import atomic_write_json
-from headstore.featurize.config import AdaptConfig
-from headstore.featurize.model import pick_device
+from headstore.featurize.encoder.config import AdaptConfig
+from headstore.featurize.encoder.model import pick_device
 from headstore.featurize.tuning.checkpoint import checkpoint_state, copy_sidecars, read_checkpoint, write_checkpoint
 from headstore.featurize.tuning.mlm_head import head_parameters, load_mlm_model, masked_lm_loss, save_encoder, save_head
 from headstore.featurize.tuning.packing import MLMCollator, load_texts, pack_texts, split_holdout, texts_fingerprint
@@ -213,7 +213,7 @@ def _next_blocks(run: _Run) -> list[dict]:
 def _autocast_bf16(cfg: AdaptConfig, device: torch.device) -> bool:
     """bf16 autocast (fp32 master weights) on CUDA and on a CPU that runs bf16 natively (AVX-512-BF16, AMX:
     MiniLM's forward + backward ran ~2x fp32's tokens/s on a 2-core Zen 4); never where it is emulated."""
-    from headstore.featurize.hardware import native_bf16
+    from headstore.featurize.encoder.hardware import native_bf16
 
     return cfg.bf16 and (device.type == "cuda" or (device.type == "cpu" and native_bf16()))
 
@@ -284,7 +284,7 @@ def adapt(config: AdaptConfig, data_paths: list[str | Path], out_dir: str | Path
     `stop_after_steps` ends this call after that many steps with a checkpoint, as an interruption
     would (the next call resumes); the final model is written only when the run completes.
     """
-    from headstore.featurize.model import resolve_model
+    from headstore.featurize.encoder.model import resolve_model
     from transformers import AutoTokenizer
 
     model_dir = Path(resolve_model(config.model))

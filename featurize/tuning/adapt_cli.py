@@ -7,7 +7,7 @@ import logging
 import click
 
 from headstore.data.options import PATH, NonEmptyPath, named_as_typed
-from headstore.featurize.config import AdaptConfig
+from headstore.featurize.encoder.config import AdaptConfig
 
 _DEFAULTS = AdaptConfig()
 

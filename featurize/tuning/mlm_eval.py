@@ -36,8 +36,8 @@ HEAD_NOTES = {
 
 
 def _load(model_path: str | Path, head_seed: int, device: str):
-    from headstore.featurize.adapters import attach_saved, has_adapters
-    from headstore.featurize.model import resolve_model
+    from headstore.featurize.encoder.adapters import attach_saved, has_adapters
+    from headstore.featurize.encoder.model import resolve_model
     from transformers import AutoTokenizer
 
     model_dir = Path(resolve_model(str(model_path)))

@@ -37,10 +37,10 @@ import torch
 
 from headstore.data.outputs import PARTIAL, begin_output, clear_partial, end_output
 from headstore.data.files import atomic_write_json, writing
-from headstore.featurize.adapters import has_adapters
-from headstore.featurize.model import model_identity
-from headstore.featurize.sentence import SentenceSpec
-from headstore.featurize.store import array_names
+from headstore.featurize.encoder.adapters import has_adapters
+from headstore.featurize.encoder.model import model_identity
+from headstore.featurize.encoder.sentence import SentenceSpec
+from headstore.featurize.store.layout import array_names
 from headstore.heads.apply.pipeline import check_encoder, encoder_source
 from headstore.heads.artefacts.head import Head
 from headstore.heads.apply.formats import EXPORT_FORMATS

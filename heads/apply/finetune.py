@@ -45,12 +45,12 @@ import torch
 from transformers import AutoModel, AutoTokenizer
 
 from headstore.data.errors import SettingError
-from headstore.featurize.adapters import has_adapters
-from headstore.featurize.architectures import layer_blocks
-from headstore.featurize.model import model_identity, pick_device, resolve_model
-from headstore.featurize.pooling import Pooler
-from headstore.featurize.sentence import SentenceSpec
-from headstore.featurize.store import FeatureStore
+from headstore.featurize.encoder.adapters import has_adapters
+from headstore.featurize.encoder.architectures import layer_blocks
+from headstore.featurize.encoder.model import model_identity, pick_device, resolve_model
+from headstore.featurize.encoder.pooling import Pooler
+from headstore.featurize.encoder.sentence import SentenceSpec
+from headstore.featurize.store.reader import FeatureStore
 from headstore.heads.apply.finetune_dev import DevScorer, dev_task
 from headstore.heads.apply.finetune_outputs import write_outputs
 from headstore.heads.apply.finetune_negatives import RowEncoder, mined_negatives
@@ -143,7 +143,7 @@ class FinetuneConfig:
 def encoder_blocks(model) -> list[list[tuple[str, torch.nn.Parameter]]]:
     """The encoder's trainable blocks, top first: [layer L-1, ..., layer 0, embeddings and the rest].
 
-    Each architecture's layer list comes from featurize.architectures (one table); the pooler is never
+    Each architecture's layer list comes from featurize.encoder.architectures (one table); the pooler is never
     trained (mean pooling does not use it)."""
     return layer_blocks(model)
 

@@ -6,7 +6,7 @@ import json
 import click
 
 from headstore.data.options import PATH, named_as_typed
-from headstore.featurize.config import DEVICES
+from headstore.featurize.encoder.config import DEVICES
 from headstore.heads.apply.tunings import TUNINGS
 
 

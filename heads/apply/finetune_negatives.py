@@ -21,8 +21,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from headstore.featurize.encode import plan_batches
-from headstore.featurize.pooling import Pooler
+from headstore.featurize.encoder.encode import plan_batches
+from headstore.featurize.encoder.pooling import Pooler
 from headstore.heads.apply.row_inputs import RowInputs, sentence_embeddings
 from headstore.heads.evaluation.mining import mine_negatives
 from headstore.heads.network.features import load_features
@@ -31,7 +31,7 @@ from headstore.heads.scoring.losses import LOSSES
 # padded tokens per no-grad forward batch: featurize's CPU default (a batch's activations stay in cache);
 # a GPU wants far more (featurize's cli uses 65536 there)
 BATCH_TOKENS = {"cpu": 4096, "cuda": 65536}
-# modelled cost of one forward call in padded tokens (featurize.encode.plan_batches): featurize's CPU figure for
+# modelled cost of one forward call in padded tokens (featurize.encoder.encode.plan_batches): featurize's CPU figure for
 # bf16 (a call costs ~100 fp32 tokens of work, ~3x that in bf16); on a GPU the budget itself (calls are dear)
 BATCH_OVERHEAD = {"cpu": 512}
 MAX_BATCH = 512  # texts per no-grad batch whatever their length
@@ -109,7 +109,7 @@ class RowEncoder:
 
     def _batches(self, rows: list[int]):
         """(rows, (b, D) embeddings) of `rows` in batches of at most BATCH_TOKENS padded tokens (longest first,
-        featurize.encode.plan_batches)."""
+        featurize.encoder.encode.plan_batches)."""
         texts, prompt_lengths = self.inputs(rows)
         n_tokens = np.fromiter((len(x) for x in self.tokenizer(texts, truncation=True, max_length=self.max_length)
                                 ["input_ids"]), dtype=np.int64, count=len(texts))

@@ -10,8 +10,8 @@ from pathlib import Path
 import numpy as np
 
 from headstore.data.files import atomic_write_json
-from headstore.featurize.model import model_identity
-from headstore.featurize.store import fingerprint_of
+from headstore.featurize.encoder.model import model_identity
+from headstore.featurize.store.layout import fingerprint_of
 from headstore.featurize.tuning.checkpoint import copy_sidecars
 from headstore.featurize.tuning.mlm_head import HEAD_FILE
 from headstore.heads.artefacts.files import write_head_dir

@@ -8,7 +8,7 @@
 Texts go through the same steps as `cli featurize`: `encode.tokenize` (truncation at the store's max
 length), `encode.collate`, `encode.encode_batch` (the one encode-and-pool step, `pooling.pooled_forward`,
 in the store's numerics: its encoder's weights held in bf16/fp16 where the store's were, else fp32 weights
-under the store's precision; featurize.packed.store_numerics, hold_numerics), a round trip through the
+under the store's precision; featurize.encoder.packed.store_numerics, hold_numerics), a round trip through the
 store's dtype (float16 stores round there), then the head's normaliser and MLP. So a text's `encode`
 equals the head applied to its stored features up to batch-composition rounding (~1e-6 in fp32; within
 the store's half precision for a bf16/fp16 store).
@@ -28,13 +28,13 @@ import torch
 
 from headstore.data.progress import progress_bar
 from headstore.data.text_id import ROLES
-from headstore.featurize.encode import CODE_VERSION, Batch, collate, encode_batch, prompt_length, tokenize
-from headstore.featurize.model import load_encoder, model_identity
-from headstore.featurize.packed import hold_numerics, store_numerics
-from headstore.featurize.pooling import Pooler
-from headstore.featurize.sentence import SentenceSpec
-from headstore.featurize.rows import unit_rows
-from headstore.featurize.store import array_names, fingerprint_of
+from headstore.featurize.encoder.encode import CODE_VERSION, Batch, collate, encode_batch, prompt_length, tokenize
+from headstore.featurize.encoder.model import load_encoder, model_identity
+from headstore.featurize.encoder.packed import hold_numerics, store_numerics
+from headstore.featurize.encoder.pooling import Pooler
+from headstore.featurize.encoder.sentence import SentenceSpec
+from headstore.featurize.store.rows import unit_rows
+from headstore.featurize.store.layout import array_names, fingerprint_of
 from headstore.heads.scoring.energy import pairwise_energy
 from headstore.heads.network.features import array_list
 from headstore.heads.artefacts.head import Head

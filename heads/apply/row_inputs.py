@@ -2,10 +2,10 @@
 
 A store made with prompts (E5/BGE-style models, `cli featurize --query-prompt`) holds each text once per role,
 encoded as prompt + text, and a model whose Pooling leaves the prompt out (`include_prompt: false`) pools
-without the prompt's tokens (featurize.run.encode_in_plan_order). Fine-tuning re-encodes store rows with the
+without the prompt's tokens (featurize.run.windows.encode_in_plan_order). Fine-tuning re-encodes store rows with the
 encoder it trains, so it must give the encoder the same inputs: the row's prompt is found from the row id
 itself (`row_id(text, prompt)`, data.text_id), one of the store's role prompts (its manifest's `prompts`),
-and its length counted as featurize counts it (featurize.encode.prompt_length). `sentence_embeddings` is
+and its length counted as featurize counts it (featurize.encoder.encode.prompt_length). `sentence_embeddings` is
 what featurize stores for such inputs, through the encoder being trained (gradients flow), in the precision
 `tuning_precision` picks from the store's numerics.
 """
@@ -14,12 +14,12 @@ from __future__ import annotations
 import torch
 
 from headstore.data.text_id import row_id
-from headstore.featurize.config import NUMERICS
-from headstore.featurize.encode import prompt_length
-from headstore.featurize.hardware import warn_if_emulated_bf16
-from headstore.featurize.packed import store_numerics
-from headstore.featurize.pooling import Pooler, pooled_forward
-from headstore.featurize.store import StoreError
+from headstore.featurize.encoder.config import NUMERICS
+from headstore.featurize.encoder.encode import prompt_length
+from headstore.featurize.encoder.hardware import warn_if_emulated_bf16
+from headstore.featurize.encoder.packed import store_numerics
+from headstore.featurize.encoder.pooling import Pooler, pooled_forward
+from headstore.featurize.store.layout import StoreError
 
 
 class RowInputs:

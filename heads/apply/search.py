@@ -34,7 +34,7 @@ from headstore.data.dataset import load_dataset
 from headstore.data.outputs import begin_output, clear_partial, end_output
 from headstore.data.files import atomic_write_json, atomic_write_parquet, writing
 from headstore.data.text_id import doc_text, text_ids
-from headstore.featurize.store_api import Store
+from headstore.featurize.store.api import Store
 from headstore.heads.apply.pipeline import Pipeline
 from headstore.heads.network.features import read_features
 from headstore.heads.artefacts.head import Head

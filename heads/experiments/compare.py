@@ -106,7 +106,7 @@ def _earlier_seconds(result) -> float:
 
 def _featurize(steps: Steps, name: str, cfg: CompareConfig, model: str, parent_key: dict,
                store: str | None = None) -> tuple[Path, dict]:
-    from headstore.featurize.run import featurize
+    from headstore.featurize.run.local import featurize
 
     fcfg = dataclasses.replace(cfg.featurize, model=model)
     datasets = [cfg.in_domain, *cfg.out_of_domain]
@@ -171,7 +171,7 @@ def _adapt_step(cfg: CompareConfig, steps: Steps, probe_key: dict):
 def run_compare(cfg: CompareConfig, out_dir: str, log=print) -> str:
     """Run (or reuse) every step at every seed, evaluate every setup; write compare.json, compare.md and
     compare.png; return the terminal table."""
-    from headstore.featurize.model import pick_device, resolve_model
+    from headstore.featurize.encoder.model import pick_device, resolve_model
     from headstore.heads.experiments.compare_report import evaluate_built, mlm_losses
     from headstore.heads.experiments.compare_table import write_report
 

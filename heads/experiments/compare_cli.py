@@ -4,7 +4,7 @@ from __future__ import annotations
 import click
 
 from headstore.data.options import PATH
-from headstore.featurize.config import DEVICES
+from headstore.featurize.encoder.config import DEVICES
 
 
 @click.command("compare")

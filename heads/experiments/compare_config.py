@@ -8,8 +8,8 @@ import math
 import tomllib
 from dataclasses import asdict, dataclass, field, fields
 
-from headstore.featurize.config import AdaptConfig
-from headstore.featurize.config import DEVICES, FeaturizeConfig
+from headstore.featurize.encoder.config import AdaptConfig
+from headstore.featurize.encoder.config import DEVICES, FeaturizeConfig
 from headstore.heads.settings.config import setting_hints, TrainConfig
 from headstore.heads.apply.finetune import FinetuneConfig
 from headstore.heads.experiments.compare_setups import SETUPS

@@ -97,9 +97,9 @@ def _meta_encoder(model_dir: str):
 
 def count_parameters(model_dir: str) -> int:
     """Parameters of the encoder in `model_dir` that train when the whole encoder does: its blocks
-    (featurize.architectures.layer_blocks, as finetune and adapt train them: not the pooler, which mean pooling
+    (featurize.encoder.architectures.layer_blocks, as finetune and adapt train them: not the pooler, which mean pooling
     never uses); every parameter of an architecture outside that table."""
-    from headstore.featurize.architectures import layer_blocks
+    from headstore.featurize.encoder.architectures import layer_blocks
 
     model = _meta_encoder(model_dir)
     try:

@@ -24,8 +24,8 @@ from pathlib import Path
 from headstore.data.files import atomic_write_json
 from headstore.data.outputs import begin_output, end_output, prepare_output_dir
 from headstore.data.progress import progress_write
-from headstore.featurize.model import pick_device
-from headstore.featurize.store import FeatureStore
+from headstore.featurize.encoder.model import pick_device
+from headstore.featurize.store.reader import FeatureStore
 from headstore.heads.artefacts.curve import plot_curve
 from headstore.heads.artefacts.files import write_head_dir
 from headstore.heads.artefacts.head import EnsembleHead, Head

@@ -4,7 +4,7 @@ from __future__ import annotations
 import click
 
 from headstore.data.options import PATH, format_option, unlabeled_option
-from headstore.featurize.config import DEVICES
+from headstore.featurize.encoder.config import DEVICES
 from headstore.heads.scoring.losses import DISTILL_LOSSES, DISTILL_SEPARATOR
 from headstore.heads.settings.distill import STUDENT_INITS, DistillConfig
 from headstore.heads.settings.options import configs_from_options, head_and_train_options, named_as_typed

@@ -22,10 +22,10 @@ import numpy as np
 import torch
 
 from headstore.data.progress import progress_write
-from headstore.featurize.config import FeaturizeConfig
-from headstore.featurize.hardware import measure_matmuls
-from headstore.featurize.run import featurize_texts
-from headstore.featurize.store import FeatureStore
+from headstore.featurize.encoder.config import FeaturizeConfig
+from headstore.featurize.encoder.hardware import measure_matmuls
+from headstore.featurize.run.local import featurize_texts
+from headstore.featurize.store.reader import FeatureStore
 from headstore.heads.artefacts.head import Head
 
 
@@ -52,7 +52,7 @@ def featurize_config(store: FeatureStore, encoder_dir: str) -> FeaturizeConfig:
 
 
 def estimated_seconds(encoder_dir: str, tokens: int, precision: str) -> float:
-    """~2 x parameters x tokens over this CPU's measured matmul rate (featurize.hardware): a forward pass's FLOPs."""
+    """~2 x parameters x tokens over this CPU's measured matmul rate (featurize.encoder.hardware): a forward pass's FLOPs."""
     size = sum(f.stat().st_size for f in Path(encoder_dir).glob("*.safetensors"))
     params = size / 4  # fp32 weights
     rate = measure_matmuls()["bf16_gflops" if precision.startswith("bf16") else "fp32_gflops"] * 1e9

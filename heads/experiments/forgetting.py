@@ -35,10 +35,10 @@ import polars as pl
 
 from headstore.data.dataset import load_dataset
 from headstore.data.files import atomic_write_json, atomic_write_text
-from headstore.featurize.config import FeaturizeConfig
-from headstore.featurize.run import featurize
-from headstore.featurize.store import FeatureStore
-from headstore.featurize.config import AdaptConfig
+from headstore.featurize.encoder.config import FeaturizeConfig
+from headstore.featurize.run.local import featurize
+from headstore.featurize.store.reader import FeatureStore
+from headstore.featurize.encoder.config import AdaptConfig
 from headstore.featurize.tuning.adapt import adapt
 from headstore.heads.apply.finetune import FinetuneConfig, finetune
 from headstore.featurize.tuning.mlm_eval import mlm_loss

@@ -24,8 +24,8 @@ from headstore.data.progress import progress_bar, progress_write
 from headstore.data.files import atomic_write_json, atomic_write_text
 from headstore.data.outputs import prepare_output_dir
 from headstore.data.tables import read_utf8
-from headstore.featurize.hardware import warn_if_emulated_bf16
-from headstore.featurize.model import pick_device
+from headstore.featurize.encoder.hardware import warn_if_emulated_bf16
+from headstore.featurize.encoder.model import pick_device
 from headstore.heads.artefacts.files import RESULTS_FILE, read_results, resume_rows, write_results
 from headstore.heads.experiments.ensembles import score_ensembles, write_ensembles
 from headstore.heads.experiments.grid_estimate import pace_line, plan_seconds

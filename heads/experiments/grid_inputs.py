@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from headstore.featurize.store import FeatureStore
+from headstore.featurize.store.reader import FeatureStore
 from headstore.heads.artefacts.task_features import TaskFeatures, rows_of, rows_of_datasets
 from headstore.heads.experiments.grid_spec import split_settings
 from headstore.heads.kinds import WHOLE, Task, load_task, task_rows, without_overlap

@@ -43,8 +43,8 @@ from typing import Callable
 
 from headstore.data.errors import SystemFailure
 from headstore.data.files import atomic_write_json
-from headstore.featurize.config import DEVICES
-from headstore.featurize.ray_cluster import connect, ray_module
+from headstore.featurize.encoder.config import DEVICES
+from headstore.featurize.run.ray_cluster import connect, ray_module
 from headstore.heads.experiments.grid_estimate import plan_seconds
 from headstore.heads.experiments.grid_worker import CRASH_ENV, CRASH_MARKER_ENV, SharedFeatures, StoreFacts, run_stack
 from headstore.heads.training.stacked_adamw import COMPILE_ENV

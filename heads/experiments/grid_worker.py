@@ -22,7 +22,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 import torch
 
-from headstore.featurize.ray_cluster import environ
+from headstore.featurize.run.ray_cluster import environ
 
 CRASH_ENV = "HEADSTORE_CRASH_AT"  # test hook (read by the driver, passed to the workers): see _maybe_crash
 CRASH_MARKER_ENV = "HEADSTORE_CRASH_MARKER"

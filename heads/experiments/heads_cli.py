@@ -6,7 +6,7 @@ import click
 
 from headstore.data.options import (PATH, fold_label_options, format_option, label_options, score_range_option,
                                     unlabeled_option)
-from headstore.featurize.config import DEVICES
+from headstore.featurize.encoder.config import DEVICES
 from headstore.heads.settings.config import TEST_SCOPES
 from headstore.heads.settings.options import configs_from_options, head_and_train_options
 

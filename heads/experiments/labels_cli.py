@@ -33,7 +33,7 @@ def forgetting_command(store, out, task_a, task_b, data, train_per_class, test_p
                        epochs, batch_size, encoder_lr, finetune_steps, finetune_batch_size, precision, mlm,
                        **label_settings):
     """Train task A then task B; measure what A loses for per-task heads, a shared head and a fine-tuned encoder."""
-    from headstore.featurize.config import FeaturizeConfig
+    from headstore.featurize.encoder.config import FeaturizeConfig
     from headstore.heads.apply.finetune import FinetuneConfig
     from headstore.heads.settings.config import TrainConfig
     from headstore.heads.experiments.forgetting import (FORGETTING_TRAIN, ForgettingConfig, run_forgetting,

@@ -15,7 +15,7 @@ or a fixed stratified sample of `test_per_class` per class drawn with seed 0). M
 - `SetFit (b) contrastive body`: SetFit's `Trainer` with default `TrainingArguments` (one epoch of
   contrastive body fine-tuning on generated pairs, then the head), optionally capped at
   `setfit_max_steps` (reported, with the default epoch's step count).
-SetFit loads the local MiniLM directory (`featurize.model.resolve_model`), never the Hub
+SetFit loads the local MiniLM directory (`featurize.encoder.model.resolve_model`), never the Hub
 (HF_HUB_OFFLINE is set). Seconds are wall time on this machine, measured in one run: headstore's
 exclude featurization (done once for every head, seed and shot count; the `featurize_note` gives the
 encoding time of the test texts, which SetFit (a) pays too); SetFit (a)'s body is frozen, so its
@@ -54,7 +54,7 @@ class SetFitCompareConfig:
 
 
 def _task(cfg: SetFitCompareConfig):
-    from headstore.featurize.store import FeatureStore
+    from headstore.featurize.store.reader import FeatureStore
     from headstore.heads.kinds.labels import few_shot_indices
     from headstore.heads.kinds import load_task
 
@@ -136,7 +136,7 @@ class _SetFit:
         except ImportError:
             raise ImportError("SetFit is an optional extra: python3 -m pip install 'setfit==1.2.0' "
                               "(or the [setfit] extra)") from None
-        from headstore.featurize.model import resolve_model
+        from headstore.featurize.encoder.model import resolve_model
 
         self.cfg, self.model_dir = cfg, str(resolve_model(cfg.model))
         self.test_texts, self.test_classes, self.work_dir = test_texts, test_classes, work_dir

@@ -10,7 +10,7 @@ import torch
 from safetensors.torch import load_file, save
 
 from headstore.data.files import atomic_write_bytes
-from headstore.featurize.store import FeatureStore
+from headstore.featurize.store.reader import FeatureStore
 
 
 MIX_SEP = "+"  # `features+features_layer-4`: several stored arrays (layers), concatenated, for a mixing head

@@ -8,8 +8,8 @@ import numpy as np
 
 from headstore.data.files import atomic_write_json
 from headstore.data.outputs import prepare_output_dir
-from headstore.featurize.model import pick_device
-from headstore.featurize.store import FeatureStore
+from headstore.featurize.encoder.model import pick_device
+from headstore.featurize.store.reader import FeatureStore
 from headstore.heads.artefacts.task_features import TaskFeatures
 from headstore.heads.evaluation.evaluate import TEST_SPLIT, evaluate_head
 from headstore.heads.kinds import WHOLE, Task, kind_of, load_task, task_rows, without_overlap

@@ -26,9 +26,9 @@ from headstore.data.memory import trim_heap
 from headstore.data.progress import progress_write
 from headstore.data.files import atomic_write_json
 from headstore.data.outputs import begin_output, end_output, prepare_output_dir
-from headstore.featurize.hardware import warn_if_emulated_bf16
-from headstore.featurize.model import pick_device
-from headstore.featurize.store import FeatureStore
+from headstore.featurize.encoder.hardware import warn_if_emulated_bf16
+from headstore.featurize.encoder.model import pick_device
+from headstore.featurize.store.reader import FeatureStore
 from headstore.heads.training.anchor import anchor_rows_of
 from headstore.heads.artefacts.files import write_head_dir
 from headstore.heads.settings.config import KIND_DEPENDENT, STRENGTH_AUTO, HeadConfig, TrainConfig
@@ -48,7 +48,7 @@ from headstore.heads.training.train import train_one
 # fingerprint parts that change the numbers of a feature (the layer of the head's array is checked apart)
 FEATURE_PARTS = ("model_id", "weights_hash", "tokenizer_hash", "pooling", "max_length", "dtype", "precision",
                  "code_version")
-# parts a store has only where set (featurize.sentence, prompts): absent on both sides = equal
+# parts a store has only where set (featurize.encoder.sentence, prompts): absent on both sides = equal
 SENTENCE_PARTS = ("include_prompt", "dense", "normalize", "prompts")
 
 

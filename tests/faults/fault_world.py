@@ -21,8 +21,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "featurize"))
 from featurize_helpers import build_tiny_bert, random_texts  # noqa: E402
 
 from headstore.cli import main  # noqa: E402
-from headstore.featurize.store import FeatureStore  # noqa: E402
-from headstore.featurize.verify import verify_store  # noqa: E402
+from headstore.featurize.store.reader import FeatureStore  # noqa: E402
+from headstore.featurize.store.verify import verify_store  # noqa: E402
 from fault_child import Child  # noqa: E402
 from fault_inject import Fault, injected  # noqa: E402
 

@@ -9,8 +9,8 @@ from fault_world import (BOUND_S, TRAIN, assert_close, assert_ok, assert_store_e
                          cli_child, counted,
                          featurize_args, grid_rows, metrics_of, store_snapshot)
 
-from headstore.featurize.store import FeatureStore
-from headstore.featurize.verify import verify_store
+from headstore.featurize.store.reader import FeatureStore
+from headstore.featurize.store.verify import verify_store
 
 
 def _featurize_calls(world, tmp_path) -> dict:

@@ -11,11 +11,11 @@ from fault_world import assert_close, assert_ok, assert_write_error, bounded, cl
 from fault_inject import Fault, injected
 
 from headstore.data.text_id import text_ids
-from headstore.featurize.config import FeaturizeConfig
-from headstore.featurize.run import featurize_texts
-from headstore.featurize.store import FeatureStore
-from headstore.featurize.verify import verify_store
-from headstore.featurize.writer import acquire_lock
+from headstore.featurize.encoder.config import FeaturizeConfig
+from headstore.featurize.run.local import featurize_texts
+from headstore.featurize.store.reader import FeatureStore
+from headstore.featurize.store.verify import verify_store
+from headstore.featurize.store.writer import acquire_lock
 
 ray = pytest.importorskip("ray")
 TEXTS = random_texts(60, seed=13, max_words=12)
@@ -33,7 +33,7 @@ def small(model) -> FeaturizeConfig:
 
 
 def test_a_write_error_in_the_driver_commit_ends_the_ray_run_and_it_resumes(world, tmp_path, local_ray):
-    from headstore.featurize.ray_engine import featurize_texts_ray
+    from headstore.featurize.run.ray_engine import featurize_texts_ray
 
     store = tmp_path / "s"
     # parquet writes: the 3 staged segments, then one texts part per commit: the 5th is the second commit's
@@ -52,7 +52,7 @@ def test_a_write_error_in_the_driver_commit_ends_the_ray_run_and_it_resumes(worl
 
 
 def test_a_segment_that_kills_every_actor_ends_the_run(world, tmp_path, local_ray, monkeypatch):
-    import headstore.featurize.ray_engine as ray_engine
+    import headstore.featurize.run.ray_engine as ray_engine
 
     monkeypatch.setattr(ray_engine, "ACTOR_RESTARTS", 0)  # 3 in use; 0 (one actor dies, no retry) keeps it short
     monkeypatch.setenv("HEADSTORE_CRASH_AT", "actor_segment_always:1")

@@ -11,7 +11,7 @@ from fault_world import (TRAIN, assert_close, assert_ok, assert_store_equal, ass
                          featurize_args, grid_rows, metrics_of, pick, sigint_or_kill_ok, store_snapshot)
 from fault_matrix import SIGNAL, cases
 
-from headstore.featurize.verify import verify_store
+from headstore.featurize.store.verify import verify_store
 
 
 def _featurize_counts(world, tmp_path):

@@ -11,12 +11,12 @@ import torch
 from fault_world import assert_ok, cli, random_texts
 from fault_inject import Fault, injected
 
-from headstore.featurize.config import FeaturizeConfig
-from headstore.featurize.encode import Tokenized, prefetch_batches
-from headstore.featurize.run import featurize_texts
-from headstore.featurize.store import FeatureStore
-from headstore.featurize.verify import verify_store
-from headstore.featurize.writer import acquire_lock
+from headstore.featurize.encoder.config import FeaturizeConfig
+from headstore.featurize.encoder.encode import Tokenized, prefetch_batches
+from headstore.featurize.run.local import featurize_texts
+from headstore.featurize.store.reader import FeatureStore
+from headstore.featurize.store.verify import verify_store
+from headstore.featurize.store.writer import acquire_lock
 
 TEXTS = random_texts(30, seed=3, max_words=12)
 

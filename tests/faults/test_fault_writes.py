@@ -12,8 +12,8 @@ from fault_world import (TRAIN, assert_close, assert_ok, assert_store_equal, ass
 from fault_inject import Fault
 from fault_matrix import WRITE, cases
 
-from headstore.featurize.store import FeatureStore
-from headstore.featurize.verify import verify_store
+from headstore.featurize.store.reader import FeatureStore
+from headstore.featurize.store.verify import verify_store
 
 @pytest.mark.parametrize("site,what,seed", cases(WRITE, "featurize"))
 def test_featurize(world, tmp_path, site, what, seed):

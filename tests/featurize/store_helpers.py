@@ -8,7 +8,7 @@ import shutil
 import polars as pl
 import zarr
 
-from headstore.featurize.config import FeaturizeConfig
+from headstore.featurize.encoder.config import FeaturizeConfig
 
 
 def config(model, **kw) -> FeaturizeConfig:

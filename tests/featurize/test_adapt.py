@@ -10,9 +10,9 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoModel, BertConfig, BertForMaskedLM, BertModel, BertTokenizerFast
 
-from headstore.featurize.config import AdaptConfig
+from headstore.featurize.encoder.config import AdaptConfig
 from headstore.featurize.tuning.adapt import CHECKPOINT, adapt, lr_at
-from headstore.featurize.model import weights_hash
+from headstore.featurize.encoder.model import weights_hash
 from headstore.featurize.tuning.mlm_eval import mlm_loss, pseudo_perplexity
 from headstore.featurize.tuning.mlm_head import HEAD_FILE, load_mlm_model, masked_lm_loss
 
@@ -232,9 +232,10 @@ def test_cli_command_runs_and_resumes(tmp_path, corpus):
 def test_adapt_then_featurize_changes_the_store_fingerprint(tmp_path, corpus):
     """Adapted and base features never mix: the adapted encoder's store has another fingerprint, and
     featurizing it into the base encoder's store is refused."""
-    from headstore.featurize.config import FeaturizeConfig
-    from headstore.featurize.run import featurize_texts
-    from headstore.featurize.store import FeatureStore, StoreError
+    from headstore.featurize.encoder.config import FeaturizeConfig
+    from headstore.featurize.run.local import featurize_texts
+    from headstore.featurize.store.reader import FeatureStore
+    from headstore.featurize.store.layout import StoreError
 
     model_dir = save_tiny_model(tmp_path / "tiny")
     out = tmp_path / "adapted"

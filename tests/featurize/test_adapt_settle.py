@@ -9,7 +9,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from headstore.featurize.config import AdaptConfig
+from headstore.featurize.encoder.config import AdaptConfig
 from headstore.featurize.tuning.adapt import CHECKPOINT, _Run, adapt
 from headstore.featurize.tuning.settle import settled
 

@@ -16,11 +16,13 @@ from featurize_helpers import random_texts
 
 from headstore.cli import main
 from headstore.data.text_id import text_id
-from headstore.featurize.backends import BACKENDS, check_backend
-from headstore.featurize.config import FeaturizeConfig
-from headstore.featurize.exported import MANIFEST, cached_export, export_key, verified
-from headstore.featurize.run import _load, featurize_texts, fingerprint_parts
-from headstore.featurize.store import FeatureStore, segment_backends
+from headstore.featurize.encoder.backends import BACKENDS, check_backend
+from headstore.featurize.encoder.config import FeaturizeConfig
+from headstore.featurize.encoder.exported import MANIFEST, cached_export, export_key, verified
+from headstore.featurize.run.local import _load, featurize_texts
+from headstore.featurize.run.plan import fingerprint_parts
+from headstore.featurize.store.reader import FeatureStore
+from headstore.featurize.store.layout import segment_backends
 
 RUNTIMES = ("onnx", "openvino")
 # varied lengths (padding inside batches), several past the 24-token max length, case that matters

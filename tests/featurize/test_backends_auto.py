@@ -15,13 +15,15 @@ from test_backends import needs
 
 from headstore.cli import main
 from headstore.data.text_id import text_ids
-from headstore.featurize import backends, hardware
-from headstore.featurize.config import FeaturizeConfig
-from headstore.featurize.exported import MANIFEST, cached_export, export_folder
-from headstore.featurize.maintain import compact_store
-from headstore.featurize.run import _load, featurize_texts, fingerprint_parts
-from headstore.featurize.store import FeatureStore, fingerprint_of
-from headstore.featurize.verify import verify_store
+from headstore.featurize.encoder import backends, hardware
+from headstore.featurize.encoder.config import FeaturizeConfig
+from headstore.featurize.encoder.exported import MANIFEST, cached_export, export_folder
+from headstore.featurize.store.maintain import compact_store
+from headstore.featurize.run.local import _load, featurize_texts
+from headstore.featurize.run.plan import fingerprint_parts
+from headstore.featurize.store.reader import FeatureStore
+from headstore.featurize.store.layout import fingerprint_of
+from headstore.featurize.store.verify import verify_store
 
 TEXTS = random_texts(30, seed=11, max_words=40)  # varied lengths, several cut at the tiny model's 24 tokens
 FIRST, SECOND = TEXTS[:18], TEXTS[18:]

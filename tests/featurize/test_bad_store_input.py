@@ -16,8 +16,9 @@ import zarr
 from click.testing import CliRunner
 
 from headstore.cli import main
-from headstore.featurize.run import featurize_texts
-from headstore.featurize.store import FeatureStore, StoreError
+from headstore.featurize.run.local import featurize_texts
+from headstore.featurize.store.reader import FeatureStore
+from headstore.featurize.store.layout import StoreError
 from headstore.heads.network.features import load_features
 
 from store_helpers import config
@@ -66,7 +67,7 @@ def test_verify_and_readers_name_a_zeroed_region(store):
 
 @pytest.mark.parametrize("block", [1 << 16, 7, 1])  # one block; blocks splitting the store's rows; row by row
 def test_verify_and_training_loader_name_nan_rows(store, monkeypatch, block):
-    from headstore.featurize import store as store_module
+    from headstore.featurize.store import reader as store_module
     monkeypatch.setattr(store_module, "FINITE_BLOCK", block)
     arr = zarr.open_array(store / "features.zarr", mode="r+")
     arr[7, 3] = np.nan

@@ -10,7 +10,7 @@ import random
 import numpy as np
 import pytest
 
-from headstore.featurize.encode import plan_batches
+from headstore.featurize.encoder.encode import plan_batches
 
 
 def plan_cost(lengths, batches, overhead, width):

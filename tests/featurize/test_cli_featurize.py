@@ -8,7 +8,7 @@ import polars as pl
 from click.testing import CliRunner
 
 from headstore.cli import main
-from headstore.featurize.store import FeatureStore
+from headstore.featurize.store.reader import FeatureStore
 
 
 def test_cli_round_trip(tiny_model, texts, tmp_path):

@@ -11,9 +11,9 @@ import pyarrow.parquet as pq
 from featurize_helpers import random_texts
 
 from headstore.data.text_id import text_ids
-from headstore.featurize.config import FeaturizeConfig
-from headstore.featurize.run import featurize_texts
-from headstore.featurize.store import FeatureStore
+from headstore.featurize.encoder.config import FeaturizeConfig
+from headstore.featurize.run.local import featurize_texts
+from headstore.featurize.store.reader import FeatureStore
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench" / "parity"))
 from compare_stores import compare  # noqa: E402

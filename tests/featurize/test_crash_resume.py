@@ -14,10 +14,10 @@ import numpy as np
 import pytest
 
 from headstore.data.text_id import text_ids
-from headstore.featurize.config import FeaturizeConfig
-from headstore.featurize.run import featurize_texts
-from headstore.featurize.store import FeatureStore
-from headstore.featurize.verify import verify_store
+from headstore.featurize.encoder.config import FeaturizeConfig
+from headstore.featurize.run.local import featurize_texts
+from headstore.featurize.store.reader import FeatureStore
+from headstore.featurize.store.verify import verify_store
 
 SETTINGS = dict(dtype="float32", batch_tokens=128, commit_seconds=0, chunk_rows=4, shard_rows=16,
                 device="cpu", layers=(-1, -2), window_texts=25)  # 3 windows of the 60 texts
@@ -40,8 +40,8 @@ CHILD = textwrap.dedent("""
                         os.kill(os.getpid(), signal.SIGKILL)
             return real_put(path, value, exclusive)
         local._put = dying_put
-    from headstore.featurize.config import FeaturizeConfig
-    from headstore.featurize.run import featurize_texts
+    from headstore.featurize.encoder.config import FeaturizeConfig
+    from headstore.featurize.run.local import featurize_texts
     config = FeaturizeConfig(**{**args["config"], "layers": tuple(args["config"]["layers"])})
     featurize_texts(config, args["texts"], args["store"])
 """)

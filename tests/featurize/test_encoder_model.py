@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from headstore.featurize.model import (default_max_length, load_encoder, model_identity, resolve_model,
+from headstore.featurize.encoder.model import (default_max_length, load_encoder, model_identity, resolve_model,
                              tokenizer_hash, weights_hash)
 
 

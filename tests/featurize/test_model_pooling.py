@@ -11,9 +11,10 @@ from arch_models import ARCHES, build_hf, build_st, has_arch
 from featurize_helpers import random_texts
 
 from headstore.data.text_id import text_id
-from headstore.featurize.config import FeaturizeConfig
-from headstore.featurize.run import featurize_texts
-from headstore.featurize.store import FeatureStore, StoreError
+from headstore.featurize.encoder.config import FeaturizeConfig
+from headstore.featurize.run.local import featurize_texts
+from headstore.featurize.store.reader import FeatureStore
+from headstore.featurize.store.layout import StoreError
 
 pytest.importorskip("sentence_transformers")
 

@@ -1,4 +1,4 @@
-"""Unpadded ("packed") batches (featurize.packed) give the padded batches' features: on the CPU in fp32
+"""Unpadded ("packed") batches (featurize.encoder.packed) give the padded batches' features: on the CPU in fp32
 within 1e-5, for every architecture that packs (the others keep padded batches and say why), several
 poolings, prompts left out of the pooling, several layers, texts of very different lengths and a batch of
 one; the packed plan fills its token budget and resumes exactly; packing is no fingerprint part."""
@@ -10,12 +10,14 @@ from arch_models import ARCHES, build_hf, build_st, has_arch
 from featurize_helpers import random_texts
 
 from headstore.data.text_id import text_ids
-from headstore.featurize.config import FeaturizeConfig
-from headstore.featurize.encode import plan_batches
-from headstore.featurize.model import load_encoder
-from headstore.featurize.packed import CPU_KERNELS, PACKABLE, prepare_encoder
-from headstore.featurize.run import encode_in_plan_order, featurize_texts
-from headstore.featurize.store import FeatureStore
+from headstore.featurize.encoder.config import FeaturizeConfig
+from headstore.featurize.encoder.encode import plan_batches
+from headstore.featurize.encoder.model import load_encoder
+from headstore.featurize.encoder.varlen import CPU_KERNELS
+from headstore.featurize.encoder.packed import PACKABLE, prepare_encoder
+from headstore.featurize.run.windows import encode_in_plan_order
+from headstore.featurize.run.local import featurize_texts
+from headstore.featurize.store.reader import FeatureStore
 
 pytest.importorskip("sentence_transformers")
 

@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from headstore.featurize.pooling import POOLINGS, cls_pool, max_pool, mean_pool
+from headstore.featurize.encoder.pooling import POOLINGS, cls_pool, max_pool, mean_pool
 
 
 @pytest.fixture
@@ -51,8 +51,8 @@ def test_poolings_are_float32_under_half_inputs(batch):
 
 
 def test_registry_names():
-    from headstore.featurize.config import POOLING_NAMES
-    from headstore.featurize.sentence import POOLING_MODES
+    from headstore.featurize.encoder.config import POOLING_NAMES
+    from headstore.featurize.encoder.sentence import POOLING_MODES
 
     assert set(POOLINGS) == set(POOLING_MODES)  # every sentence-transformers Pooling mode
     assert set(POOLING_NAMES) == {"mean", "cls", "max", "model"}  # --pooling: the model's own, or an override

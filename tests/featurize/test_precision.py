@@ -7,9 +7,11 @@ import numpy as np
 import pytest
 
 from headstore.data.text_id import text_ids
-from headstore.featurize.config import FeaturizeConfig
-from headstore.featurize.run import Plan, featurize_texts, fingerprint_parts
-from headstore.featurize.store import FeatureStore, StoreError
+from headstore.featurize.encoder.config import FeaturizeConfig
+from headstore.featurize.run.plan import Plan, fingerprint_parts
+from headstore.featurize.run.local import featurize_texts
+from headstore.featurize.store.reader import FeatureStore
+from headstore.featurize.store.layout import StoreError
 
 
 def config(model, **kw) -> FeaturizeConfig:

@@ -13,9 +13,10 @@ from click.testing import CliRunner
 
 from headstore.cli import main
 from headstore.data.text_id import row_id, text_id
-from headstore.featurize.config import FeaturizeConfig
-from headstore.featurize.run import featurize
-from headstore.featurize.store import FeatureStore, StoreError
+from headstore.featurize.encoder.config import FeaturizeConfig
+from headstore.featurize.run.local import featurize
+from headstore.featurize.store.reader import FeatureStore
+from headstore.featurize.store.layout import StoreError
 from headstore.heads.kinds import load_task
 
 pytest.importorskip("sentence_transformers")

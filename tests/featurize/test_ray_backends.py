@@ -13,9 +13,10 @@ from click.testing import CliRunner
 
 from headstore.cli import main
 from headstore.data.text_id import text_ids
-from headstore.featurize.run import featurize_texts
-from headstore.featurize.store import FeatureStore, segment_backends
-from headstore.featurize.verify import verify_store
+from headstore.featurize.run.local import featurize_texts
+from headstore.featurize.store.reader import FeatureStore
+from headstore.featurize.store.layout import segment_backends
+from headstore.featurize.store.verify import verify_store
 
 from featurize_helpers import random_texts
 from store_helpers import config
@@ -65,10 +66,10 @@ def test_ray_engine_runs_every_backend_as_the_local_engine(backend, tiny_model, 
 
 def test_a_failed_actor_is_reported_by_its_own_exception():
     """WorkersFailed names what the actor raised (in the traceback Ray forwards), not Ray's wrapper line."""
-    from headstore.featurize.ray_engine import SEGMENT_DIED, _actor_error
+    from headstore.featurize.run.ray_engine import SEGMENT_DIED, _actor_error
 
     wrapped = ("\x1b[36mray::MapWorker(MapBatches(SegmentEncoder)).submit()\x1b[39m (pid=5395, ip=192.0.2.2)\n"
-               '  File "featurize/packed.py", line 229, in prepare_encoder\n'
+               '  File "featurize/encoder/packed.py", line 229, in prepare_encoder\n'
                "AttributeError: 'RuntimeModel' object has no attribute 'forward'\n\n"
                "The above exception was the direct cause of the following exception:\n\n"
                "ray.exceptions.UserCodeException: UDF failed to process a data block.\n")

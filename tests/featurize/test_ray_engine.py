@@ -16,9 +16,10 @@ from click.testing import CliRunner
 
 from headstore.cli import main
 from headstore.data.text_id import text_ids
-from headstore.featurize.run import featurize_texts
-from headstore.featurize.store import FeatureStore, StoreError
-from headstore.featurize.verify import verify_store
+from headstore.featurize.run.local import featurize_texts
+from headstore.featurize.store.reader import FeatureStore
+from headstore.featurize.store.layout import StoreError
+from headstore.featurize.store.verify import verify_store
 
 from featurize_helpers import random_texts
 from store_helpers import config
@@ -67,7 +68,7 @@ def test_cli_ray_engine_equals_local_and_refuses_another_fingerprint(tiny_model,
 
 def test_a_killed_actor_is_replaced_and_every_text_lands_once(tiny_model, tmp_path, ray_address,
                                                               local_store, monkeypatch):
-    from headstore.featurize.ray_engine import featurize_texts_ray
+    from headstore.featurize.run.ray_engine import featurize_texts_ray
 
     marker = tmp_path / "crashed"
     monkeypatch.setenv("HEADSTORE_CRASH_AT", "actor_segment:2")
@@ -84,8 +85,8 @@ CHILD = textwrap.dedent("""
     import ray
     args = json.loads(sys.argv[1])
     ray.init(address=args["address"], log_to_driver=False)
-    from headstore.featurize.config import FeaturizeConfig
-    from headstore.featurize.ray_engine import featurize_texts_ray
+    from headstore.featurize.encoder.config import FeaturizeConfig
+    from headstore.featurize.run.ray_engine import featurize_texts_ray
     config = FeaturizeConfig(**{**args["config"], "layers": tuple(args["config"]["layers"])})
     featurize_texts_ray(config, args["texts"], args["store"], workers=2, segment_texts=15)
 """)
@@ -93,7 +94,7 @@ CHILD = textwrap.dedent("""
 
 def test_a_killed_job_resumes_by_skipping_committed_segments(tiny_model, tmp_path, ray_address,
                                                              local_store):
-    from headstore.featurize.ray_engine import featurize_texts_ray
+    from headstore.featurize.run.ray_engine import featurize_texts_ray
 
     cfg = config(tiny_model, layers=(-1, -2))
     args = {"address": ray_address, "texts": TEXTS, "store": str(tmp_path / "s"),
@@ -116,8 +117,8 @@ def test_ray_engine_encodes_each_role_under_its_prompt_as_local(tmp_path, ray_ad
     from arch_models import build_hf, build_st
     from test_prompts_roles import PROMPTS, beir
 
-    from headstore.featurize.config import FeaturizeConfig
-    from headstore.featurize.run import featurize
+    from headstore.featurize.encoder.config import FeaturizeConfig
+    from headstore.featurize.run.local import featurize
 
     st_dir = build_st(tmp_path / "st", build_hf(tmp_path / "hf", "bert"), "mean", None, True,
                       include_prompt=False, prompts=PROMPTS)

@@ -12,15 +12,16 @@ import pytest
 import zarr
 from click.testing import CliRunner
 
-import headstore.featurize.maintain as maintain
+import headstore.featurize.store.maintain as maintain
 from headstore.cli import main
 from headstore.data.dataset import load_dataset
 from headstore.data.text_id import text_ids
-from headstore.featurize.ids import IdSet, SortedIds, keys_of_hex
-from headstore.featurize.run import featurize, featurize_texts
-from headstore.featurize.source import open_sources
-from headstore.featurize.store import FeatureStore, StoreError
-from headstore.featurize.verify import verify_store
+from headstore.featurize.store.ids import IdSet, SortedIds, keys_of_hex
+from headstore.featurize.run.local import featurize, featurize_texts
+from headstore.featurize.run.source import open_sources
+from headstore.featurize.store.reader import FeatureStore
+from headstore.featurize.store.layout import StoreError
+from headstore.featurize.store.verify import verify_store
 
 from featurize_helpers import random_texts
 from store_helpers import config, make_format1_copy

@@ -9,9 +9,9 @@ import polars as pl
 import pytest
 import zarr
 
-from headstore.featurize.config import FeaturizeConfig
-from headstore.featurize.run import featurize_texts
-from headstore.featurize.verify import store_info, verify_store
+from headstore.featurize.encoder.config import FeaturizeConfig
+from headstore.featurize.run.local import featurize_texts
+from headstore.featurize.store.verify import store_info, verify_store
 
 
 @pytest.fixture

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import torch
 
-from headstore.featurize.config import FeaturizeConfig
-from headstore.featurize.run import featurize
+from headstore.featurize.encoder.config import FeaturizeConfig
+from headstore.featurize.run.local import featurize
 from headstore.heads.settings.config import TrainConfig
 from headstore.heads.network.features import Normalizer
 from headstore.heads.artefacts.head import Head

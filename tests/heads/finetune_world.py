@@ -58,8 +58,8 @@ def tiny_sts(path: Path, seed: int = 0, n: int = 40) -> Path:
 def trained_head_world(root: Path, layers: int, epochs: int, **beir_sizes) -> tuple:
     """(root, model, beir, store, head): a tiny BERT, a tiny BEIR folder featurized in fp32 and a small head
     trained on it, the starting point of every finetune test."""
-    from headstore.featurize.config import FeaturizeConfig
-    from headstore.featurize.run import featurize
+    from headstore.featurize.encoder.config import FeaturizeConfig
+    from headstore.featurize.run.local import featurize
     from headstore.heads.settings.config import HeadConfig, TrainConfig
     from headstore.heads.training.run import train_head
 

@@ -6,7 +6,7 @@ import shutil
 import polars as pl
 import pytest
 
-from headstore.featurize.store import fingerprint_of
+from headstore.featurize.store.layout import fingerprint_of
 
 from .conftest import FAST, assert_bad_input, cli
 

@@ -6,7 +6,7 @@ import pytest
 from click.testing import CliRunner
 
 from headstore.cli import main
-from headstore.featurize import hardware
+from headstore.featurize.encoder import hardware
 
 EMULATED = {"native": False, "source": "cpu flags", "slowdown": 81.0, "fp32_gflops": 103.6, "bf16_gflops": 1.28,
             "cpu": {"model": "AMD EPYC", "flags": ["avx2", "fma"], "torch_cpu_capability": "AVX2"}}

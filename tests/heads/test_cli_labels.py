@@ -32,7 +32,7 @@ def world(tmp_path_factory):
     r = CliRunner().invoke(main, ["featurize", "--model", str(model), "--data", str(root / "news.parquet"),
                                   "--text-column", "body", "--store", str(store), "--dtype", "float32"])
     assert r.exit_code == 0, r.output
-    from headstore.featurize.store import FeatureStore
+    from headstore.featurize.store.reader import FeatureStore
 
     assert FeatureStore.open(store).n_texts == 60  # the bodies, not the texts with their headers
     return root, store, model

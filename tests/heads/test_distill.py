@@ -15,7 +15,7 @@ import torch
 from scipy.stats import spearmanr
 
 from headstore.data.text_id import doc_text
-from headstore.featurize.store import FeatureStore
+from headstore.featurize.store.reader import FeatureStore
 from headstore.heads.artefacts.head import Head
 from headstore.heads.scoring.losses.distill import kl_distill_loss, margin_mse_loss
 from headstore.heads.settings.config import HeadConfig

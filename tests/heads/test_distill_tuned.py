@@ -10,7 +10,7 @@ import json
 import numpy as np
 import pytest
 
-from headstore.featurize.store import FeatureStore
+from headstore.featurize.store.reader import FeatureStore
 from headstore.heads.apply.finetune import FinetuneConfig, finetune
 from headstore.heads.artefacts.head import Head
 

@@ -78,7 +78,7 @@ def l1_grid(world, tmp_path_factory):
 
 
 def test_grid_scores_ensembles_per_seed(world, l1_grid):
-    from headstore.featurize.store import FeatureStore
+    from headstore.featurize.store.reader import FeatureStore
     from headstore.heads.evaluation.evaluate import embedder, evaluate_split
     from headstore.heads.network.features import load_features
     from headstore.heads.kinds import load_task

@@ -8,7 +8,7 @@ from click.testing import CliRunner
 from safetensors.torch import load_file
 
 from headstore.cli import main
-from headstore.featurize.store import FeatureStore
+from headstore.featurize.store.reader import FeatureStore
 from headstore.heads.settings.config import TrainConfig
 from headstore.heads.apply.finetune import FinetuneConfig, build_optimizer, encoder_blocks, finetune, n_unfrozen
 from headstore.heads.settings.config import HeadConfig

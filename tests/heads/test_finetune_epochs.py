@@ -6,9 +6,9 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from headstore.featurize.config import FeaturizeConfig
-from headstore.featurize.run import featurize
-from headstore.featurize.store import FeatureStore
+from headstore.featurize.encoder.config import FeaturizeConfig
+from headstore.featurize.run.local import featurize
+from headstore.featurize.store.reader import FeatureStore
 from headstore.heads.apply.finetune import FinetuneConfig, finetune, prepare
 from headstore.heads.apply.finetune_dev import dev_task
 from headstore.heads.apply.finetune_negatives import mined_negatives

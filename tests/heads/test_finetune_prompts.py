@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 import torch
 
-from headstore.featurize.config import FeaturizeConfig
-from headstore.featurize.run import featurize
-from headstore.featurize.store import FeatureStore
+from headstore.featurize.encoder.config import FeaturizeConfig
+from headstore.featurize.run.local import featurize
+from headstore.featurize.store.reader import FeatureStore
 from headstore.heads.apply.finetune import FinetuneConfig, finetune
 from headstore.heads.apply.finetune_negatives import RowEncoder
 from headstore.heads.apply.row_inputs import sentence_embeddings
@@ -92,8 +92,8 @@ def test_the_bare_texts_would_differ_from_the_rows(prompted):
     features = FeatureStore.open(store)
     rows = features.texts.sort("row")["row"].to_list()[:6]
     texts = features.texts.sort("row")["text"].to_list()[:6]
-    from headstore.featurize.pooling import Pooler
-    from headstore.featurize.sentence import SentenceSpec
+    from headstore.featurize.encoder.pooling import Pooler
+    from headstore.featurize.encoder.sentence import SentenceSpec
     from transformers import AutoModel, AutoTokenizer
 
     encoder, tokenizer = AutoModel.from_pretrained(model).eval(), AutoTokenizer.from_pretrained(model)

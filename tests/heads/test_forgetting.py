@@ -7,8 +7,8 @@ import json
 
 import pytest
 
-from headstore.featurize.config import FeaturizeConfig
-from headstore.featurize.run import featurize
+from headstore.featurize.encoder.config import FeaturizeConfig
+from headstore.featurize.run.local import featurize
 from headstore.heads.apply.finetune import FinetuneConfig
 from headstore.heads.settings.config import TrainConfig
 from headstore.heads.experiments.forgetting import ForgettingConfig, run_forgetting, split_classes

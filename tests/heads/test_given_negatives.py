@@ -8,7 +8,7 @@ import polars as pl
 import pytest
 import torch
 
-from headstore.featurize.store import FeatureStore
+from headstore.featurize.store.reader import FeatureStore
 from headstore.heads.kinds import load_task
 from headstore.heads.artefacts.task_features import TaskFeatures
 

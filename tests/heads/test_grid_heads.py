@@ -10,7 +10,7 @@ from click.testing import CliRunner
 
 import headstore
 from headstore.cli import main
-from headstore.featurize.store import FeatureStore
+from headstore.featurize.store.reader import FeatureStore
 from headstore.heads.evaluation.evaluate import embedder, evaluate_split, primary_metric
 from headstore.heads.network.features import load_features
 from headstore.heads.kinds import load_task

@@ -153,7 +153,7 @@ def test_eval_reads_a_grid_trained_on_ray_as_one_trained_locally(runs, data_worl
 def test_no_stack_writes_to_the_shared_features(runs, data_world, cluster):
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-    from headstore.featurize.store import FeatureStore
+    from headstore.featurize.store.reader import FeatureStore
     from headstore.heads.artefacts.task_features import TaskFeatures
     from headstore.heads.kinds import load_task
 

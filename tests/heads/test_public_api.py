@@ -7,9 +7,9 @@ import pytest
 import torch
 
 import headstore
-from headstore.featurize.config import FeaturizeConfig
-from headstore.featurize.run import featurize
-from headstore.featurize.store import FeatureStore
+from headstore.featurize.encoder.config import FeaturizeConfig
+from headstore.featurize.run.local import featurize
+from headstore.featurize.store.reader import FeatureStore
 from headstore.heads.scoring.energy import l1_energy
 
 from .finetune_world import tiny_bert

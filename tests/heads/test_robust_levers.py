@@ -221,7 +221,7 @@ def test_train_head_ir_default_anchors_and_a_given_weight_wins(world, tmp_path):
 
 def test_whole_store_anchor_is_a_fixed_bounded_sample_of_a_large_store(world, monkeypatch):
     import headstore.heads.training.anchor as anchor
-    from headstore.featurize.store import FeatureStore
+    from headstore.featurize.store.reader import FeatureStore
 
     store = FeatureStore.open(world.store)
     cfg = TrainConfig(anchor_weight=1.0)

@@ -13,8 +13,8 @@ import torch
 from safetensors import safe_open
 
 import headstore
-from headstore.featurize.config import FeaturizeConfig
-from headstore.featurize.run import featurize_texts
+from headstore.featurize.encoder.config import FeaturizeConfig
+from headstore.featurize.run.local import featurize_texts
 from headstore.heads.apply.finetune import FinetuneConfig, finetune
 from headstore.heads.apply.row_inputs import tuning_precision
 from headstore.heads.settings.config import HeadConfig, TrainConfig

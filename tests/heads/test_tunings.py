@@ -11,9 +11,9 @@ from click.testing import CliRunner
 from safetensors.torch import load_file
 
 from headstore.cli import main
-from headstore.featurize.adapters import ADAPTER_CONFIG, ADAPTER_WEIGHTS, attach_adapters, save_adapters
-from headstore.featurize.model import load_encoder, model_identity
-from headstore.featurize.store import FeatureStore
+from headstore.featurize.encoder.adapters import ADAPTER_CONFIG, ADAPTER_WEIGHTS, attach_adapters, save_adapters
+from headstore.featurize.encoder.model import load_encoder, model_identity
+from headstore.featurize.store.reader import FeatureStore
 from headstore.heads.apply.finetune import FinetuneConfig, finetune
 from headstore.heads.apply.pipeline import Pipeline
 from headstore.heads.apply.tunings import TUNINGS

@@ -9,11 +9,11 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from headstore.featurize.adapters import attach_adapters
-from headstore.featurize.architectures import ARCHITECTURES
-from headstore.featurize.config import FeaturizeConfig
-from headstore.featurize.model import load_encoder
-from headstore.featurize.run import featurize
+from headstore.featurize.encoder.adapters import attach_adapters
+from headstore.featurize.encoder.architectures import ARCHITECTURES
+from headstore.featurize.encoder.config import FeaturizeConfig
+from headstore.featurize.encoder.model import load_encoder
+from headstore.featurize.run.local import featurize
 from headstore.heads.apply.finetune import FinetuneConfig, finetune
 from headstore.heads.apply.tunings import TUNINGS
 from headstore.heads.settings.config import HeadConfig, TrainConfig

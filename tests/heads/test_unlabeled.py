@@ -8,7 +8,7 @@ import polars as pl
 import pytest
 
 from headstore.data.text_id import doc_text, text_id
-from headstore.featurize.store import FeatureStore
+from headstore.featurize.store.reader import FeatureStore
 from headstore.heads.kinds import load_task
 from headstore.heads.kinds.ir import KIND as IR
 from headstore.heads.settings.config import HeadConfig, TrainConfig

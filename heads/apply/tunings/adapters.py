@@ -1,7 +1,7 @@
-"""Setup "adapters": Houlsby bottleneck adapters (featurize.adapters) trained inside the frozen encoder.
+"""Setup "adapters": Houlsby bottleneck adapters (featurize.encoder.adapters) trained inside the frozen encoder.
 
 The encoder folder it writes holds the base model's config and weights byte for byte, plus the adapters'
-weights and settings; `cli featurize --model` attaches them (featurize.model.load_encoder), and its
+weights and settings; `cli featurize --model` attaches them (featurize.encoder.model.load_encoder), and its
 weights_hash covers them, so the stores it makes carry their own fingerprint.
 """
 from __future__ import annotations
@@ -18,13 +18,13 @@ class Adapters(Tuning):
     default_lr = 1e-3
 
     def attach(self, model) -> Blocks:
-        from headstore.featurize.adapters import attach_adapters  # here: it imports torch
+        from headstore.featurize.encoder.adapters import attach_adapters  # here: it imports torch
 
         pairs = attach_adapters(model, self.cfg.adapter_size)  # bottom first
         return [list(pair.named_parameters()) for pair in reversed(pairs)]
 
     def save(self, model, enc_dir: Path, base_dir: Path) -> None:
-        from headstore.featurize.adapters import save_adapters
+        from headstore.featurize.encoder.adapters import save_adapters
 
         copy_base_weights(base_dir, enc_dir)
         save_adapters(model, enc_dir, self.cfg.adapter_size)

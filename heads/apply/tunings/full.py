@@ -11,7 +11,7 @@ class Full(Tuning):
     default_lr = 2e-5  # the usual BERT fine-tuning rate; the head's 1e-3 would wreck pre-training
 
     def attach(self, model) -> Blocks:
-        from headstore.featurize.architectures import layer_blocks  # here: it imports torch
+        from headstore.featurize.encoder.architectures import layer_blocks  # here: it imports torch
 
         return layer_blocks(model)  # [layer L-1, ..., layer 0, embeddings]
 

@@ -1,5 +1,5 @@
 """Setup "lora": LoRA (Hu et al. 2021) through PEFT on each layer's query and value projections
-(featurize.architectures names them per architecture), the rest of the encoder frozen.
+(featurize.encoder.architectures names them per architecture), the rest of the encoder frozen.
 
 The encoder folder it writes holds the MERGED weights (W + alpha/r * B A, PEFT's merge_and_unload): a stock
 model folder that transformers, sentence-transformers and `cli featurize --model` load unchanged, with
@@ -20,7 +20,7 @@ class Lora(Tuning):
     default_lr = 5e-4  # Hu et al. 2021's rate for RoBERTa-base (4e-4..5e-4); B starts at zero, so step 0 = base
 
     def attach(self, model) -> Blocks:
-        from headstore.featurize.architectures import layout_of, transformer_layers  # here: it imports torch
+        from headstore.featurize.encoder.architectures import layout_of, transformer_layers  # here: it imports torch
 
         try:  # here: peft is the optional extra headstore[tuning]
             from peft import LoraConfig, get_peft_model

@@ -16,10 +16,10 @@ import numpy as np
 import polars as pl
 import zarr
 
-from headstore.featurize.ids import IdSet, digests, keys_of_digests, keys_of_hex
-from headstore.featurize.store import (FINGERPRINT_PARTS, FORMAT_VERSION, LEGACY_TEXTS, MANIFEST,
-                                       TEXTS_DIR, TEXTS_SCHEMA, FeatureStore, fingerprint_of,
-                                       shard_file, shard_rows_of)
+from headstore.featurize.store.ids import IdSet, digests, keys_of_digests, keys_of_hex
+from headstore.featurize.store.layout import (FINGERPRINT_PARTS, FORMAT_VERSION, LEGACY_TEXTS, MANIFEST, TEXTS_DIR,
+                                              TEXTS_SCHEMA, fingerprint_of, shard_file, shard_rows_of)
+from headstore.featurize.store.reader import FeatureStore
 
 RERUN = "an interrupted featurize: rerunning featurize into this store completes it"
 

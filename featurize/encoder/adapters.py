@@ -1,7 +1,7 @@
 """Bottleneck adapters (Houlsby et al. 2019) inside a frozen encoder, inserted with forward hooks.
 
 Each transformer layer gets two adapters: one on the attention's output projection and one on the
-feed-forward's output projection (featurize.architectures names both per architecture), each
+feed-forward's output projection (featurize.encoder.architectures names both per architecture), each
 `x + up(relu(down(x)))` with down: Linear(d, m), up: Linear(m, d), applied before the sublayer's residual
 and LayerNorm, as in Houlsby's placement. `up` starts at zero, so an encoder with fresh adapters computes
 exactly what the base computes.
@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-from headstore.featurize.architectures import layout_of, transformer_layers
+from headstore.featurize.encoder.architectures import layout_of, transformer_layers
 
 ADAPTER_WEIGHTS = "headstore_adapters.safetensors"
 ADAPTER_CONFIG = "headstore_adapters.json"

@@ -16,7 +16,7 @@ same numbers).
 
 Compact first checks every committed part (size and sha256, store.check_part) and refuses a damaged
 store naming the file; it then rewrites runs of small consecutive parts of one backend (the provenance each part
-records, featurize.backends) as one part each, commits the manifest listing the
+records, featurize.encoder.backends) as one part each, commits the manifest listing the
 merged parts, then deletes the old files (a crash in between leaves unlisted files, which the next
 writer removes). Reads are correct with or without it; it only bounds the number of files.
 """
@@ -33,11 +33,11 @@ import polars as pl
 import zarr
 
 from headstore.data.files import fsync_dir, writing
-from headstore.featurize.model import model_identity
-from headstore.featurize.sentence import SentenceSpec, read_model_spec
-from headstore.featurize.store import (LEGACY_TEXTS, MANIFEST, TEXTS_DIR, TEXTS_SCHEMA, StoreError,
-                                       check_part, fingerprint_of, format_version, read_manifest, shard_rows_of)
-from headstore.featurize.writer import (StoreWriter, acquire_lock, create_array, fsync_rows,
+from headstore.featurize.encoder.model import model_identity
+from headstore.featurize.encoder.sentence import SentenceSpec, read_model_spec
+from headstore.featurize.store.layout import (LEGACY_TEXTS, MANIFEST, TEXTS_DIR, TEXTS_SCHEMA, StoreError, check_part,
+                                              fingerprint_of, format_version, read_manifest, shard_rows_of)
+from headstore.featurize.store.writer import (StoreWriter, acquire_lock, create_array, fsync_rows,
                                         new_manifest, write_manifest, write_part)
 
 STAGING, READY, OLD = ".migrate.incomplete", ".migrate.ready", ".migrate.old"
@@ -75,7 +75,7 @@ def migrate_store(path: str | Path, model: str | None = None) -> dict:
 
 
 def _record_normalize(path: Path, manifest: dict, model: str | None) -> tuple[bool, str | None]:
-    """Record a model's final Normalize (applied on read, featurize.sentence) in a store of its plain
+    """Record a model's final Normalize (applied on read, featurize.encoder.sentence) in a store of its plain
     mean-pooled features: only when the model the store names (`model`, else its config.json `model`, else its
     model id) has the store's weights and tokenizer and its modules are exactly mean pooling then Normalize. The
     stored numbers stay; the manifest (and so the fingerprint) changes, atomically. (recorded, a note): a model

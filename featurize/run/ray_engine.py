@@ -32,15 +32,16 @@ import torch
 from headstore.data.progress import progress_bar
 from headstore.data.errors import SystemFailure
 from headstore.data.files import writing
-from headstore.featurize.config import FeaturizeConfig
-from headstore.featurize.backends import use_backend
-from headstore.featurize.model import load_encoder
-from headstore.featurize.packed import prepare_encoder
-from headstore.featurize.ray_cluster import connect, ray_module
-from headstore.featurize.run import Plan, encode_in_plan_order, new_windows
-from headstore.featurize.source import all_chunks, open_sources
-from headstore.featurize.store import array_names
-from headstore.featurize.writer import StoreWriter
+from headstore.featurize.encoder.config import FeaturizeConfig
+from headstore.featurize.encoder.backends import use_backend
+from headstore.featurize.encoder.model import load_encoder
+from headstore.featurize.encoder.packed import prepare_encoder
+from headstore.featurize.run.ray_cluster import connect, ray_module
+from headstore.featurize.run.plan import Plan
+from headstore.featurize.run.windows import encode_in_plan_order, new_windows
+from headstore.featurize.run.source import all_chunks, open_sources
+from headstore.featurize.store.layout import array_names
+from headstore.featurize.store.writer import StoreWriter
 
 # a segment is retried on a new actor this many times after the actor encoding it died (an OOM kill, a lost
 # node); Ray Data alone restarts actors and retries without limit (its only knob, ray_remote_args, is deprecated),
@@ -209,7 +210,7 @@ def _actor_error(err: Exception) -> str:
 
 
 def _connect(ray, address: str | None) -> None:
-    """Start or join Ray (featurize.ray_cluster.connect); Ray Data's progress bars off (the driver has its own)."""
+    """Start or join Ray (featurize.run.ray_cluster.connect); Ray Data's progress bars off (the driver has its own)."""
     from ray.data import DataContext  # here: Ray is optional
 
     connect(ray, address)

@@ -1,32 +1,28 @@
 """Unpadded ("packed") batches and the encoder's numerics: the GPU featurize path.
 
-A packed batch is its texts' real tokens concatenated into one (1, T) sequence, with position ids that
-restart at 0 in each text and cumulative offsets `cu_seqlens` (B+1,). The encoder's attention is kept
-within each text by an attention function registered with transformers (ATTENTION_NAME) that reads the
-batch's offsets from a thread-local set around the forward (so it does not depend on which keyword
-arguments a transformers version passes down) and runs the first varlen kernel (KERNELS) that works on the
-device and dtype: torch's varlen_attn, the flash-attn package, SDPA on jagged nested tensors, or an SDPA
-per text. The hidden states are scattered back to (B, S, D) in fp32 and pooled by the same Pooler as a
-padded batch. `prepare_encoder` casts the weights (config.NUMERICS), checks the architecture, picks the
-kernel and proves packed == padded on a probe batch before any text is encoded; where anything fails the
-run keeps padded batches and says why (EncodePath.packing_reason).
+A packed batch is its texts' real tokens concatenated into one (1, T) sequence, with position ids that restart
+at 0 in each text and cumulative offsets `cu_seqlens` (B+1,). The encoder's attention is kept within each text
+by an attention function registered with transformers (varlen.py: ATTENTION_NAME) that runs the first varlen
+kernel (KERNELS) that works on the device and dtype. The hidden states are scattered back to (B, S, D) in fp32
+and pooled by the same Pooler as a padded batch. `prepare_encoder` casts the weights (config.NUMERICS), checks
+the architecture, picks the kernel and proves packed == padded on a probe batch before any text is encoded;
+where anything fails the run keeps padded batches and says why (EncodePath.packing_reason).
 """
 
 from __future__ import annotations
 
 import contextlib
 import inspect
-import threading
 from dataclasses import dataclass, field
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
-from headstore.featurize.config import NUMERICS, FeaturizeConfig
-from headstore.featurize.pooling import Pooler, pool_states
+from headstore.featurize.encoder.config import NUMERICS, FeaturizeConfig
+from headstore.featurize.encoder.pooling import Pooler, pool_states
+from headstore.featurize.encoder.varlen import (ATTENTION_NAME, CPU_KERNELS, KERNELS, Pack, active_pack, kernel_works,
+                                                register_attention, use_attention)
 
-ATTENTION_NAME = "headstore_varlen"
 # model types whose packed forward equals the padded one (tests/featurize/test_packed.py), and where their
 # position ids start: 0, or after the padding index (RoBERTa family: padding_idx + 1 + position)
 PACKABLE = {"bert": "zero", "electra": "zero", "distilbert": "zero", "roberta": "after_padding",
@@ -34,7 +30,6 @@ PACKABLE = {"bert": "zero", "electra": "zero", "distilbert": "zero", "roberta": 
 REFUSED = {"mpnet": "its attention adds a relative-position bias outside transformers' attention functions",
            "deberta-v2": "its disentangled attention does not use transformers' attention functions",
            "modernbert": "its sliding-window local attention and own unpadding are not handled here"}
-_ACTIVE = threading.local()  # .pack: the _Pack of the forward running in this thread, else None
 
 
 @dataclass
@@ -63,114 +58,6 @@ def collate_packed(ids: list[np.ndarray], pin: bool) -> tuple[torch.Tensor, Pack
         tensors = [t.pin_memory() for t in tensors]
     input_ids, lengths_t, positions_t, cu_t, scatter_t = tensors
     return input_ids, PackedLayout(lengths_t, positions_t, cu_t, scatter_t, cu.tolist(), longest)
-
-
-# ---- varlen attention kernels: (T, H, d) q, k, v and a _Pack -> (T, H, d) ----
-
-@dataclass
-class _Pack:
-    kernel: str
-    cu_seqlens: torch.Tensor  # (B+1,) int32 on the device
-    offsets: list[int]
-    max_length: int
-    calls: int = 0  # attention layers that ran packed (the probe checks every layer did)
-
-
-def _sdpa_loop(q, k, v, pack: _Pack, scale):
-    out = torch.empty_like(q)
-    for a, b in zip(pack.offsets[:-1], pack.offsets[1:]):
-        out[a:b] = F.scaled_dot_product_attention(q[a:b].transpose(0, 1), k[a:b].transpose(0, 1),
-                                                  v[a:b].transpose(0, 1), scale=scale).transpose(0, 1)
-    return out
-
-
-def _nested_sdpa(q, k, v, pack: _Pack, scale):
-    offsets = pack.cu_seqlens.to(torch.int64)
-    lengths = np.diff(pack.offsets)
-
-    def jagged(x):  # (T, H, d) -> (B, H, j, d)
-        return torch.nested.nested_tensor_from_jagged(x, offsets, min_seqlen=int(lengths.min()),
-                                                      max_seqlen=pack.max_length).transpose(1, 2)
-
-    return F.scaled_dot_product_attention(jagged(q), jagged(k), jagged(v), scale=scale).transpose(1, 2).values()
-
-
-def _torch_varlen(q, k, v, pack: _Pack, scale):
-    from torch.nn.attention.varlen import varlen_attn  # torch >= 2.9; its keywords changed between releases
-
-    params = inspect.signature(varlen_attn).parameters
-    kwargs = {"scale": scale} if "scale" in params else {}
-    if "scale" not in params and scale is not None:
-        q = q * (scale * q.shape[-1] ** 0.5)  # its fixed scale is 1/sqrt(d)
-    out = varlen_attn(q, k, v, pack.cu_seqlens, pack.cu_seqlens, pack.max_length, pack.max_length, **kwargs)
-    return out[0] if isinstance(out, tuple) else out
-
-
-def _flash_attn(q, k, v, pack: _Pack, scale):
-    from flash_attn import flash_attn_varlen_func
-
-    return flash_attn_varlen_func(q, k, v, pack.cu_seqlens, pack.cu_seqlens, pack.max_length, pack.max_length,
-                                  dropout_p=0.0, softmax_scale=scale, causal=False)
-
-
-# in order of preference; sdpa_loop (exact, slow) is the CPU's and the last resort
-KERNELS = {"varlen_attn": _torch_varlen, "flash_attn": _flash_attn, "nested_sdpa": _nested_sdpa,
-           "sdpa_loop": _sdpa_loop}
-CPU_KERNELS = ("sdpa_loop",)  # on the CPU: nested SDPA computes the same per-text maths, with more overhead
-
-
-def varlen_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
-    """transformers' attention-function signature; query (1, H, T, d) inside a packed forward, else SDPA."""
-    pack = getattr(_ACTIVE, "pack", None)
-    if pack is None:
-        from transformers.integrations.sdpa_attention import sdpa_attention_forward
-
-        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
-                                      scaling=scaling, **kwargs)
-    if attention_mask is not None or query.shape[0] != 1:
-        raise RuntimeError("packed forward got an attention mask or a batch dimension")  # the probe refuses
-    q, k, v = (x[0].transpose(0, 1) for x in (query, key, value))  # (T, H, d)
-    pack.calls += 1
-    return KERNELS[pack.kernel](q, k, v, pack, scaling).unsqueeze(0), None  # (1, T, H, d)
-
-
-@contextlib.contextmanager
-def _packed(pack: _Pack):
-    _ACTIVE.pack = pack
-    try:
-        yield pack
-    finally:
-        _ACTIVE.pack = None
-
-
-def varlen_mask(*args, **kwargs):
-    """The mask function of ATTENTION_NAME: none inside a packed forward (whatever a transformers version
-    would build from packed position ids: a (T, T) mask is what packing avoids), else SDPA's."""
-    if getattr(_ACTIVE, "pack", None) is not None:
-        return None
-    from transformers.masking_utils import sdpa_mask
-
-    return sdpa_mask(*args, **kwargs)
-
-
-def register_attention() -> None:
-    """ATTENTION_NAME in transformers' attention and mask registries."""
-    from transformers import AttentionInterface
-    from transformers.masking_utils import AttentionMaskInterface
-
-    AttentionInterface.register(ATTENTION_NAME, varlen_attention)
-    AttentionMaskInterface.register(ATTENTION_NAME, varlen_mask)
-
-
-def _use_attention(model, name: str) -> None:
-    """The model's attention implementation, by transformers' setter where it takes the name, else the
-    config attribute every attention module reads."""
-    try:
-        model.set_attn_implementation(name)
-    except Exception:  # absent, or a version that refuses a registered name
-        model.config._attn_implementation = name
-    if model.config._attn_implementation != name:
-        raise RuntimeError(f"could not set the attention implementation to {name}")
 
 
 @dataclass
@@ -204,22 +91,6 @@ def refusal(encoder) -> str | None:
     return None
 
 
-def _kernel_works(name: str, device: torch.device, dtype: torch.dtype) -> bool:
-    """The kernel runs here and matches the per-text SDPA (on random q, k, v of three texts)."""
-    generator = torch.Generator().manual_seed(0)
-    lengths = [5, 12, 3]
-    q, k, v = (torch.randn(sum(lengths), 2, 16, generator=generator).to(device, dtype) for _ in range(3))
-    offsets = np.concatenate([[0], np.cumsum(lengths)]).tolist()
-    pack = _Pack(name, torch.tensor(offsets, dtype=torch.int32, device=device), offsets, max(lengths))
-    try:
-        out = KERNELS[name](q, k, v, pack, 0.25)
-    except Exception:  # not installed, not on this device or dtype, another signature
-        return False
-    reference = _sdpa_loop(q.float(), k.float(), v.float(), pack, 0.25)
-    tolerance = 1e-5 if dtype == torch.float32 else 3e-2
-    return out.shape == reference.shape and float((out.float() - reference).abs().max()) <= tolerance
-
-
 def prepare_encoder(encoder, config: FeaturizeConfig, device: str, kernels: tuple[str, ...] | None = None):
     """Hold the weights in the numerics' dtype, and switch to packed batches where the config asks for them
     and this encoder, device and transformers version give the padded path's features (a probe batch).
@@ -235,7 +106,7 @@ def prepare_encoder(encoder, config: FeaturizeConfig, device: str, kernels: tupl
         if path.packing_reason is not None:
             path.packing, path.attention_kernel = False, "padded"
             with contextlib.suppress(Exception):  # best effort: outside a packed forward ours is SDPA anyway
-                _use_attention(encoder.model, encoder.attn_implementation)
+                use_attention(encoder.model, encoder.attn_implementation)
     if weights != "float32":
         encoder.model.to(getattr(torch, weights))
     return path
@@ -273,13 +144,13 @@ def _switch_to_packing(encoder, path: EncodePath, kernels, dtype: torch.dtype) -
     model = encoder.model
     device = next(model.parameters()).device
     candidates = kernels or (CPU_KERNELS if device.type == "cpu" else tuple(KERNELS))
-    kernel = next((name for name in candidates if _kernel_works(name, device, dtype)), None)
+    kernel = next((name for name in candidates if kernel_works(name, device, dtype)), None)
     if kernel is None:
         return f"no varlen attention kernel of {list(candidates)} runs on {device.type} in {dtype}"
     if "position_ids" not in path.forward_args:
         return f"{model.config.model_type}: its forward takes no position_ids"
     register_attention()
-    _use_attention(model, ATTENTION_NAME)
+    use_attention(model, ATTENTION_NAME)
     after_padding = PACKABLE[model.config.model_type] == "after_padding"
     path.position_offset = int(model.config.pad_token_id) + 1 if after_padding else 0
     path.packing, path.attention_kernel = True, "sdpa_loop"
@@ -326,9 +197,9 @@ def _packed_states(encoder, path: EncodePath, input_ids: torch.Tensor, layout: P
     if "token_type_ids" in path.forward_args:  # explicit: some versions slice a buffer of max_positions
         args["token_type_ids"] = torch.zeros_like(input_ids)
     want_hidden = tuple(layers) != (-1,)
-    pack = _Pack(path.attention_kernel, layout.cu_seqlens.to(device, non_blocking=non_blocking),
+    pack = Pack(path.attention_kernel, layout.cu_seqlens.to(device, non_blocking=non_blocking),
                  layout.offsets, layout.max_length)
-    with _packed(pack):
+    with active_pack(pack):
         out = model(input_ids=input_ids, attention_mask=None, output_hidden_states=want_hidden, return_dict=True,
                     **args)
     hidden = [out.hidden_states[layer][0] for layer in layers] if want_hidden else [out.last_hidden_state[0]]
@@ -340,7 +211,7 @@ def packed_forward(encoder, input_ids: torch.Tensor, layout: PackedLayout, poole
     """pooling.pooled_forward for a packed batch: one float32 (B, D) tensor per layer. The states are
     scattered back to (B, S, D) in fp32 and pooled as a padded batch is (the same maths, deterministic on a
     GPU, where a segment sum by index_add_ is not: a resumed run must give bit-identical rows)."""
-    from headstore.featurize.pooling import compute_context
+    from headstore.featurize.encoder.pooling import compute_context
 
     path = encoder.path
     device_type = next(encoder.model.parameters()).device.type

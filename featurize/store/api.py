@@ -4,7 +4,7 @@
     rows = store.rows_for(["a text", "another text"])   # texts or their text_ids
     X = store.features(rows)                             # (2, D) float32, only those rows read
 
-It wraps `featurize.store.FeatureStore` (the layout and commit protocol live there) and adds what a
+It wraps `featurize.store.reader.FeatureStore` (the layout and commit protocol live there) and adds what a
 user outside the CLI needs: rows looked up by text or by text_id, and row subsets read without
 loading the whole array.
 """
@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
-from headstore.featurize.store import FeatureStore
+from headstore.featurize.store.reader import FeatureStore
 
 TEXT_ID = re.compile(r"[0-9a-f]{32}")  # data.text_id: 16 bytes of blake2b, hex
 

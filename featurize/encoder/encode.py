@@ -19,8 +19,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from headstore.featurize.packed import PackedLayout, collate_packed, packed_forward
-from headstore.featurize.pooling import pooled_forward
+from headstore.featurize.encoder.packed import PackedLayout, collate_packed, packed_forward
+from headstore.featurize.encoder.pooling import pooled_forward
 
 # bump when the encoding logic changes the numbers stored (pooling maths, truncation, dtypes)
 CODE_VERSION = 2  # 2: cost-model batch plan (fp32 features move by ~1e-6), precision part
@@ -89,7 +89,7 @@ def plan_batches(n_tokens: np.ndarray, text_ids: list[str], batch_tokens: int, m
     order, so the plan from any batch start onwards depends only on the texts from there on: a
     resumed run (whose texts to encode are a suffix of the order) plans the same batches.
 
-    packed: batches are unpadded (featurize.packed), so a batch holds texts while the sum of their
+    packed: batches are unpadded (featurize.encoder.packed), so a batch holds texts while the sum of their
     lengths fits batch_tokens, and costs the sum of its texts' own costs (n * (1 + n / attention_width))
     plus the overhead: the same texts cost the same in any cut, and the plan is the fewest batches that
     fill the budget (smallest first batch among equals), resumable as above.
@@ -177,7 +177,7 @@ def collate(ids: list[np.ndarray], pad_id: int, pin: bool) -> tuple[torch.Tensor
 
 def prefetch_batches(tok: Tokenized, order: np.ndarray, batches: list[tuple[int, int]],
                      pad_id: int, pin: bool, depth: int = 4, packed: bool = False) -> Iterator[Batch]:
-    """Collate batches (padded, or packed: featurize.packed), `depth` ahead of the consumer in a background
+    """Collate batches (padded, or packed: featurize.encoder.packed), `depth` ahead of the consumer in a background
     thread (depth 0: inline).
 
     On a GPU the thread overlaps padding and pinning with the forward; on a CPU every core is
@@ -239,7 +239,7 @@ def encode_batch(encoder, batch: Batch, pooling, layers: tuple[int, ...], precis
                  prompt_lengths: torch.Tensor | None = None) -> list[torch.Tensor]:
     """Pooled features of one batch, one float32 (B, D) tensor per layer, on the model's device.
     `pooling`: a pooling.Pooler (or a mode name); `prompt_lengths` (B,): prompt tokens per text, left out
-    of the pooling where the model's Pooling says so. A packed batch goes through featurize.packed."""
+    of the pooling where the model's Pooling says so. A packed batch goes through featurize.encoder.packed."""
     if batch.packed is not None:
         with torch.inference_mode():
             return packed_forward(encoder, batch.input_ids, batch.packed, pooling, layers,

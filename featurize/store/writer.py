@@ -26,10 +26,10 @@ from filelock import FileLock, Timeout
 from zarr.codecs import Crc32cCodec
 
 from headstore.data.files import atomic_write_bytes, atomic_write_parquet, fsync_dir, writing
-from headstore.featurize.store import (FINGERPRINT_PARTS, FORMAT_VERSION, LOCK, MANIFEST, OPTIONAL_PARTS, TEXTS_DIR,
-                                       TEXTS_SCHEMA, StoreError, array_names, check_fingerprint,
-                                       crash_point, fingerprint_of, format_version, read_manifest,
-                                       shard_file, shard_rows_of)
+from headstore.featurize.store.layout import (FINGERPRINT_PARTS, FORMAT_VERSION, LOCK, MANIFEST, OPTIONAL_PARTS,
+                                              TEXTS_DIR, TEXTS_SCHEMA, StoreError, array_names, check_fingerprint,
+                                              crash_point, fingerprint_of, format_version, read_manifest, shard_file,
+                                              shard_rows_of)
 
 
 def create_array(path: Path, dim: int, dtype: str, chunk_rows: int, shard_rows: int) -> zarr.Array:

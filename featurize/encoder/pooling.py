@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load
 
-from headstore.featurize.sentence import POOLING_MODES, SentenceSpec
+from headstore.featurize.encoder.sentence import POOLING_MODES, SentenceSpec
 
 
 def pooling_mask(mask: torch.Tensor, prompt_lengths: torch.Tensor | None) -> torch.Tensor:
@@ -72,10 +72,10 @@ def max_pool(hidden: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return hidden.masked_fill(padding, float("-inf")).amax(dim=1)  # (B, D)
 
 
-# sentence-transformers' Pooling modes (featurize.sentence.POOLING_MODES names them, torch-free)
+# sentence-transformers' Pooling modes (featurize.encoder.sentence.POOLING_MODES names them, torch-free)
 POOLINGS = {"mean": mean_pool, "cls": cls_pool, "max": max_pool, "mean_sqrt_len_tokens": mean_sqrt_len_pool,
             "weightedmean": weighted_mean_pool, "lasttoken": last_token_pool}
-assert sorted(POOLINGS) == sorted(POOLING_MODES), "featurize.sentence lists the pooling modes implemented here"
+assert sorted(POOLINGS) == sorted(POOLING_MODES), "featurize.encoder.sentence lists the pooling modes implemented here"
 ACTIVATION_FUNCTIONS = {"identity": lambda x: x, "tanh": torch.tanh, "relu": torch.relu,
                         "gelu": torch.nn.functional.gelu, "sigmoid": torch.sigmoid, "silu": torch.nn.functional.silu}
 

@@ -12,7 +12,7 @@ import json
 from dataclasses import dataclass
 
 from headstore.data.errors import SettingError
-from headstore.featurize.backends import AUTO, CHOICES
+from headstore.featurize.encoder.backends import AUTO, CHOICES
 
 DTYPES = ("float16", "float32")
 DEVICES = ("auto", "cpu", "cuda")
@@ -24,7 +24,7 @@ PACKINGS = ("auto", "on", "off")
 NUMERICS = {"fp32": ("float32", None), "bf16-autocast": ("float32", "bfloat16"),
             "bf16-weights": ("bfloat16", None), "fp16-weights": ("float16", None)}
 FINGERPRINTED_NUMERICS = ("bf16-weights", "fp16-weights")
-POOLING_NAMES = ("cls", "max", "mean", "model")  # model: the model's own modules (featurize.sentence); the rest override
+POOLING_NAMES = ("cls", "max", "mean", "model")  # model: the model's own modules (sentence.py); the rest override
 
 
 @dataclass(frozen=True)
@@ -32,9 +32,9 @@ class FeaturizeConfig:
     # `minilm` (the offline all-MiniLM-L6-v2), a local HF model dir, or a Hub id.
     model: str = "minilm"
     # model: the sentence embedding the model's authors configured (modules.json: Pooling, Dense, Normalize),
-    # mask-aware mean pooling for a plain checkpoint; mean|cls|max override it (featurize.sentence).
+    # mask-aware mean pooling for a plain checkpoint; mean|cls|max override it (featurize.encoder.sentence).
     pooling: str = "model"
-    # prompts prepended to the texts of each role (None: the model's own prompts, featurize.sentence.resolve_prompts);
+    # prompts prepended to the texts of each role (None: the model's own prompts, sentence.resolve_prompts);
     # a text under another prompt is another row. prompt_name: one of the model's named prompts, for both roles.
     query_prompt: str | None = None
     document_prompt: str | None = None
@@ -59,12 +59,12 @@ class FeaturizeConfig:
     # compute precision of the encoder. auto: fp32 on every CPU (the reference maths), bf16 autocast
     # on GPU (tensor cores). bf16 on CPU uses AMX/AVX512-BF16 where present (1.0-1.7x fp32's tokens/s
     # on MiniLM on the README's AMX Xeon, within its +-30% noise) at ~1e-2 absolute error; where the
-    # CPU lacks them it is emulated and 5-300x slower, and an explicit bf16 warns (featurize.hardware).
+    # CPU lacks them it is emulated and 5-300x slower, and an explicit bf16 warns (featurize.encoder.hardware).
     # Pooling is fp32 either way; precision is part of the fingerprint. bf16-weights: the weights held in bf16 on any
     # device (on CPU too: no per-matmul cast), in the fingerprint's numerics part (resolved_numerics).
     precision: str = "auto"
     # unpadded batches: a batch's real tokens as one sequence, attention kept within each text (varlen;
-    # featurize.packed). auto: on for cuda where the architecture supports it (no padding computed, one
+    # featurize.encoder.packed). auto: on for cuda where the architecture supports it (no padding computed, one
     # varlen kernel per layer), off on CPU: there the length-sorted plan pads only 1-3% and the per-text
     # attention loop cost more than that (MiniLM fp32, 80 texts: 62-82 vs 162-192 real tokens/s; docs/speed.md).
     packing: str = "auto"
@@ -84,13 +84,13 @@ class FeaturizeConfig:
     shard_rows: int = 65536
     # CPU threads for torch; 0 = all cores.
     num_threads: int = 0
-    # where the encoder forward runs (featurize.backends): torch, or on a CPU the exported graph in ONNX Runtime or
+    # where the encoder forward runs (backends.py): torch, or on a CPU the exported graph in ONNX Runtime or
     # OpenVINO (the `cpu-fast` extra). auto: the fastest one installed and proven exact for the model (its export's
     # parity check: within 1e-5 of torch), chosen once per run: OpenVINO in fp32 on a CPU (1.25x torch on MiniLM,
     # 2-core Zen 4), torch on a GPU, in bf16 and where no runtime is installed. In fp32 the backend is provenance
     # (each segment records it), not a fingerprint part: a store takes more texts from any of them.
     backend: str = "auto"
-    # folder of the cached exports of --backend onnx|openvino (featurize.exported); None: ~/.cache/headstore/exports
+    # folder of the cached exports of --backend onnx|openvino (exported.py); None: ~/.cache/headstore/exports
     # ($XDG_CACHE_HOME), beside the other per-machine results, not inside a store (one export serves every store).
     export_cache: str | None = None
     # input texts read, deduplicated, tokenised and planned at a time: bounds memory (~1 KB per
@@ -134,7 +134,7 @@ class FeaturizeConfig:
         docs/speed.md's runs on an AMX Xeon gave bf16 only 1.0-1.7x fp32's tokens/s under +-30% noise,
         at ~1e-2 instead of 1e-6 feature error, and precision is part of a store's fingerprint: a store
         begun with auto must take more texts with auto on any other CPU. On a CPU without native bf16 an
-        explicit bf16 is emulated (5-300x slower) and warns (featurize.hardware)."""
+        explicit bf16 is emulated (5-300x slower) and warns (featurize.encoder.hardware)."""
         if self.precision in ("bf16-autocast", "bf16-weights"):
             return "bf16"
         if self.precision != "auto":
@@ -158,7 +158,7 @@ class FeaturizeConfig:
         return f"{precision}-weights"
 
     def wants_packing(self, device: str) -> bool:
-        """Whether to ask for unpadded batches (the architecture may still refuse: featurize.packed)."""
+        """Whether to ask for unpadded batches (the architecture may still refuse: featurize.encoder.packed)."""
         return self.packing == "on" or (self.packing == "auto" and device == "cuda")
 
     def resolved_tokenize_threads(self, device: str) -> int:
@@ -190,7 +190,7 @@ def parse_layers(text: str) -> tuple[int, ...]:
 # The settings of `cli adapt` (featurize/tuning/adapt.py): continued MLM pre-training of the encoder.
 @dataclass(frozen=True)
 class AdaptConfig:
-    model: str = "minilm"  # name for featurize.model.resolve_model, or a model directory
+    model: str = "minilm"  # name for featurize.encoder.model.resolve_model, or a model directory
     max_length: int = 128  # block length; MiniLM was trained at 128-256, and short blocks are cheap
     mlm_probability: float = 0.15  # BERT's masking rate
     whole_word: bool = False  # BERT's original per-piece masking; True masks whole words (every piece [MASK])

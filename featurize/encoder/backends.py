@@ -4,7 +4,7 @@ one installed and proven exact for the model.
 Only the forward changes: `use_backend` swaps `encoder.model` for a runtime model whose call takes what a
 transformers model takes (input_ids, attention_mask, output_hidden_states) and returns its hidden states,
 so tokenisation, the batch plan and pooling.pooled_forward (Pooling, Dense, prompts) stay one code path.
-The graph is exported once per model and cached (featurize.exported) with its parity check (`parity`): the
+The graph is exported once per model and cached (featurize.encoder.exported) with its parity check (`parity`): the
 runtime's hidden states against torch's on a fixed probe batch (PROBE_TEXTS, padded, one text cut at the
 model's max length), every real token of every exported layer, in fp32. Within EXACT (1e-5) the runtime is
 proven exact for that export's key (architecture, weights, layers, library versions); an explicit runtime
@@ -182,7 +182,7 @@ def parity(encoder, backend: str, folder, layers: tuple[int, ...], threads: int)
     import numpy as np
     import torch
 
-    from headstore.featurize.exported import states_module
+    from headstore.featurize.encoder.exported import states_module
 
     longest = " ".join(PROBE_TEXTS[1:]) * 64  # cut at the model's max length: every position a run can use
     batch = encoder.tokenizer([*PROBE_TEXTS, longest], padding=True, truncation=True, max_length=encoder.max_length,
@@ -197,8 +197,8 @@ def parity(encoder, backend: str, folder, layers: tuple[int, ...], threads: int)
 
 
 def proven_export(encoder, backend: str, layers: tuple[int, ...], threads: int, cache_dir=None) -> tuple:
-    """(the export's folder, its parity check): built and checked where absent, both cached (featurize.exported)."""
-    from headstore.featurize.exported import cached_export, record_parity, recorded_parity
+    """(the export's folder, its parity check): built and checked where absent, both cached (exported.py)."""
+    from headstore.featurize.encoder.exported import cached_export, record_parity, recorded_parity
 
     folder = cached_export(encoder, backend, tuple(layers), cache_dir)  # ValueError naming an untraceable architecture
     checked = recorded_parity(folder)
@@ -224,7 +224,7 @@ def choose_backend(encoder, layers: tuple[int, ...], precision: str, packing: bo
                    cache_dir=None, n_chars: int | None = None) -> Choice:
     """auto's choice for this encoder: the first candidate proven exact whose export is cached, or worth building
     for `n_chars` characters of new text (None: only a cached one); else torch. Every runtime passed over is said."""
-    from headstore.featurize.exported import is_cached
+    from headstore.featurize.encoder.exported import is_cached
 
     candidates, why = auto_candidates(encoder.device, precision, packing)
     passed = []

@@ -1,4 +1,4 @@
-"""Reading a store array's rows: span by span, into one float32 matrix (featurize.store reads through here)."""
+"""Reading a store array's rows: span by span, into one float32 matrix (reader.py reads through here)."""
 from __future__ import annotations
 
 import numpy as np
@@ -18,7 +18,7 @@ def read_rows(arr, rows: np.ndarray, n: int, normalize: bool) -> np.ndarray:
     """(len(rows), D) float32 of sorted unique `rows` of a Zarr array: runs of consecutive chunks holding them,
     at most READ_SPAN rows each, decoded one at a time (only chunks holding a wanted row are read; zarr's
     orthogonal selection over many rows took 1.7 GB and 3.7 s for 100k rows of 384). `normalize`: L2 rows (the
-    model's final Normalize, featurize.sentence), span by span."""
+    model's final Normalize, featurize.encoder.sentence), span by span."""
     out = np.empty((len(rows), arr.shape[1]), dtype=np.float32)
     if not len(rows):
         return out

@@ -162,7 +162,7 @@ class Encoder:
     identity: ModelIdentity
     device: str
     attn_implementation: str
-    path: Any = None  # featurize.packed.EncodePath once prepare_encoder ran: numerics, packed batches
+    path: Any = None  # featurize.encoder.packed.EncodePath once prepare_encoder ran: numerics, packed batches
 
     @property
     def model_id(self) -> str:
@@ -195,7 +195,7 @@ def load_encoder(name_or_path: str, device: str = "auto", max_length: int | None
     """Model (safetensors, no remote code, SDPA attention unless unsupported) and tokenizer."""
     from transformers import AutoModel, AutoTokenizer  # here: seconds to import; only loading needs it
 
-    from headstore.featurize.adapters import attach_saved, has_adapters  # here: it imports torch
+    from headstore.featurize.encoder.adapters import attach_saved, has_adapters  # here: it imports torch
 
     identity = model_identity(name_or_path, max_length)
     model_dir = identity.model_dir

@@ -6,7 +6,7 @@ layer set, opset, torch/transformers/onnx/openvino version, or this module's EXP
 folder, never a stale export. A folder is written as `<name>.incomplete-<pid>` and renamed when complete;
 its manifest.json holds the sha256 of every file, checked on every use, so a truncated or corrupted
 file is rebuilt (one line on stderr), not loaded. It also keeps the export's parity check against torch
-(featurize.backends.parity: what makes a runtime provably exact for this model), run once per export.
+(featurize.encoder.backends.parity: what makes a runtime provably exact for this model), run once per export.
 
 The ONNX graph is torch's TorchScript-based ONNX exporter (torch.onnx.export(dynamo=False)): it traces the
 loaded transformers model (its SDPA attention, the same maths as the torch path) with dynamic batch and
@@ -108,7 +108,7 @@ def is_cached(encoder, fmt: str, layers: tuple[int, ...], root: str | Path | Non
 
 
 def recorded_parity(folder: Path) -> dict | None:
-    """The parity check recorded with a verified export (featurize.backends.parity), None before one ran."""
+    """The parity check recorded with a verified export (featurize.encoder.backends.parity), None before one ran."""
     parity = json.loads((folder / MANIFEST).read_text()).get("parity")
     return parity if isinstance(parity, dict) and "max_abs_diff" in parity else None
 

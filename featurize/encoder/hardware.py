@@ -164,8 +164,8 @@ def bf16_note(precision: str, device: str = "cpu") -> str | None:
     if not info["native"] or not info.get("bf16_speedup"):
         return None
     return (f"this CPU does bf16 natively: its bf16 matmuls ran {info['bf16_speedup']:g}x fp32's here (a {SPEED_N}^3 "
-            "probe, featurize.hardware); --precision bf16 would encode up to that much faster (attention, pooling and "
-            "tokenising gain less), at ~1e-2 instead of ~1e-6 feature error, into a store of its own fingerprint")
+            "probe, featurize.encoder.hardware); --precision bf16 would encode up to that much faster (attention, "
+            "pooling and tokenising gain less), at ~1e-2 instead of ~1e-6 feature error, into a store of its own fingerprint")
 
 
 def native_bf16() -> bool:
