@@ -4,7 +4,7 @@ The plan is a deterministic function of the texts still to encode: sorted by (-n
 and cut greedily by the token budget. Committed rows are always a prefix of that order, so a run
 resumed after a crash plans exactly the batches an uninterrupted run would have run next.
 Tokenisation happens once up front (the fast tokenizer is parallel and needs the lengths to sort);
-on a GPU padding/pinning the next batches runs in a background thread, writing in another (run.py).
+on a GPU padding/pinning the next batches runs in a background thread, writing in another (run/committer.py).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """`cli featurize --engine ray`: encoding spread over a pool of Ray actors, one store writer.
 
-The driver reads and deduplicates the input exactly as the local engine does (run.py: windows,
+The driver reads and deduplicates the input exactly as the local engine does (windows.py: windows,
 ids) and stages the new texts as segment files of `segment_texts` texts in `S/.ray-staging/` (inside
 the store, so on a cluster it is on the store's shared filesystem). A Ray dataset of the segments
 (`from_items`: number and file) goes through `map_batches` with `SegmentEncoder`, an actor class
