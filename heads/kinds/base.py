@@ -164,9 +164,10 @@ class TaskKind:
     statistic = "mean"  # the bootstrap statistic of the primary metric from its per-item values
     # (heads.scoring.metrics: "mean" of per-query / per-text values, or "spearman" / "auc" against the gold)
 
-    def defaults_for(self, loss: str) -> dict:
-        """train-head's defaults for the settings left unset when `loss` trains (labelled texts: the classifier
-        head has its own); here the kind's `defaults` whatever the loss."""
+    def defaults_for(self, loss: str, shots: int = 0) -> dict:
+        """train-head's defaults for the settings left unset when `loss` trains on all of train (shots = 0) or
+        on n texts per class (labelled texts: the classifier head has its own, few-shot ones too); here the
+        kind's `defaults` whatever the loss."""
         return self.defaults
 
     # --- metrics ---------------------------------------------------------------------------------

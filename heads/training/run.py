@@ -216,11 +216,11 @@ def defaults_for_kind(task: Task, head_cfg: HeadConfig, cfg: TrainConfig, unset:
         return head_cfg, cfg, "every kind-dependent setting given"
     kind = kind_of(task)
     loss = kind.defaults.get("loss", cfg.loss) if "loss" in unset else cfg.loss
-    defaults = kind.defaults_for(loss)
+    defaults = kind.defaults_for(loss, cfg.shots)
     assert set(defaults) <= set(KIND_DEPENDENT), "a kind's defaults cover kind-dependent settings only"
     values = {k: defaults[k] for k in unset if k in defaults}  # the others: the dataclass defaults
-    preferred = LOSSES[loss].normalize  # a loss's own input (ce: standardised features)
-    if "normalize" in unset and preferred:
+    preferred = LOSSES[loss].normalize  # a loss's own input (ce: standardised features), unless the kind's
+    if "normalize" in unset and preferred and "normalize" not in defaults:  # (few-shot ce: L2, heads.kinds.labels)
         values["normalize"] = preferred
     if not values:
         return head_cfg, cfg, f"{', '.join(unset)}: {kind.defaults_why}"

@@ -1,0 +1,46 @@
+"""Which labelled texts a labels task holds out and which it trains on: the dev slice of train when the
+dataset has no dev split, and the n-per-class shots of a few-shot head (heads.kinds.labels' module doc).
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from headstore.heads.kinds.base import DEV_FRACTION, DEV_SEED
+
+if TYPE_CHECKING:
+    from headstore.heads.kinds.labels import LabelTask
+
+
+def stratified_dev(classes: np.ndarray, seed: int = DEV_SEED) -> np.ndarray:
+    """Boolean mask: a DEV_FRACTION of each class's train texts (at least one of a class with >= 2)."""
+    rng = np.random.default_rng(seed)
+    dev = np.zeros(len(classes), dtype=bool)
+    for c in np.unique(classes):
+        idx = np.flatnonzero(classes == c)
+        n = int(round(DEV_FRACTION * len(idx))) if len(idx) >= 2 else 0
+        dev[rng.permutation(idx)[:max(n, 1 if len(idx) >= 2 else 0)]] = True
+    return dev
+
+
+def few_shot_indices(classes: np.ndarray, shots: int, seed: int) -> np.ndarray:
+    """Indices of `shots` texts per class (all of a class with fewer), drawn with `seed`, sorted."""
+    rng = np.random.default_rng(seed)
+    picked = [rng.permutation(np.flatnonzero(classes == c))[:shots] for c in np.unique(classes[classes >= 0])]
+    return np.sort(np.concatenate(picked))
+
+
+def shots_clipped(task: LabelTask, shots: int) -> dict[str, int]:
+    """{class: texts it has} of the classes with fewer than `shots` training texts (its pool: train less the
+    dev slice), which train on all of theirs: said, never silent (metrics.json data_report, the terminal)."""
+    counts = np.bincount(task.pool.classes[task.pool.classes >= 0], minlength=len(task.class_names))
+    return {task.class_names[c]: int(n) for c, n in enumerate(counts) if n < shots}
+
+
+def shots_note(shots: int, clipped: dict[str, int], listed: int = 10) -> str:
+    """One line saying which classes have fewer than `shots` texts, with their counts (the first `listed`)."""
+    named = ", ".join(f"{name} {n}" for name, n in list(clipped.items())[:listed])
+    more = f", and {len(clipped) - listed} more" if len(clipped) > listed else ""
+    return (f"--shots {shots} is more than {len(clipped)} class(es) have: each trains on all of its texts "
+            f"({named}{more})")
