@@ -3,14 +3,9 @@ dataset has no dev split, and the n-per-class shots of a few-shot head (heads.ki
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import numpy as np
 
 from headstore.heads.kinds.base import DEV_FRACTION, DEV_SEED
-
-if TYPE_CHECKING:
-    from headstore.heads.kinds.labels import LabelTask
 
 
 def stratified_dev(classes: np.ndarray, seed: int = DEV_SEED) -> np.ndarray:
@@ -31,9 +26,10 @@ def few_shot_indices(classes: np.ndarray, shots: int, seed: int) -> np.ndarray:
     return np.sort(np.concatenate(picked))
 
 
-def shots_clipped(task: LabelTask, shots: int) -> dict[str, int]:
-    """{class: texts it has} of the classes with fewer than `shots` training texts (its pool: train less the
-    dev slice), which train on all of theirs: said, never silent (metrics.json data_report, the terminal)."""
+def shots_clipped(task, shots: int) -> dict[str, int]:
+    """{class: texts it has} of a LabelTask's classes with fewer than `shots` training texts (its pool: train
+    less the dev slice), which train on all of theirs: said, never silent (metrics.json data_report, the
+    terminal)."""
     counts = np.bincount(task.pool.classes[task.pool.classes >= 0], minlength=len(task.class_names))
     return {task.class_names[c]: int(n) for c, n in enumerate(counts) if n < shots}
 
