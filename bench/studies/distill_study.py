@@ -1,0 +1,199 @@
+"""Ensemble -> one head (issue 42 part 2's first goal): a grid's top-K ensemble distilled into one head of the
+best single head's shape, per seed, beside that single head and the ensemble, in and out of domain.
+
+For each dataset and seed s: the teacher is the grid's ensemble of seed s (`EnsembleHead.from_grid(GRID, K, s)`:
+the seed-s heads of the K best configurations by dev), the best single head is the rank-1 configuration's head of
+seed s, and the student has that head's shape and training settings with seed s (`headstore.distill`, every
+distillation setting at its default unless --set says otherwise). Anchors "with" the unlabeled texts (the default
+--unlabeled-anchors, drawn from a BEIR task's corpus) and "without" (the task's own training texts only) side by
+side where the task has unlabeled texts (SciFact; the STS-B store holds none besides SemEval, its test set out of
+domain).
+
+Reported per dataset and variant: test mean over seeds of frozen, the single head, the teacher and the student,
+each with the two-level 95% CI paired by seed (heads.scoring.bootstrap), the student's share of the teacher's gain
+over the single head, (student - single) / (teacher - single), with the CI of that ratio from the same resamples;
+the out-of-domain figures; parameters and seconds to score 1,000 queries against the corpus. Each finished run
+is kept under WORK/runs (a rerun skips it), so a killed study goes on; --summary-only prints what is there.
+
+    cli grid --store S --data DATA/scifact --grid examples/studies/distill/distill-scifact-grid.toml \\
+        --out WORK/grid-scifact --transfer DATA/cranfield --transfer DATA/cacm --ensemble 3
+    cli grid --store S2 --data DATA/stsb --grid examples/studies/distill/distill-stsb-grid.toml \\
+        --out WORK/grid-stsb --transfer DATA/semeval-sts-2012-2016 --ensemble 3
+    python3 bench/studies/distill_study.py --work WORK --scifact-store S --stsb-store S2
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "speed"))
+
+from headstore.heads.artefacts.files import ensemble_ids  # noqa: E402
+from headstore.heads.artefacts.head import EnsembleHead, Head  # noqa: E402
+from headstore.heads.experiments.datasets_root import datasets_root  # noqa: E402
+from headstore.heads.experiments.distill import distill  # noqa: E402
+from headstore.heads.scoring.bootstrap import SEED_STREAM, item_statistics, two_level_ci  # noqa: E402
+from headstore.heads.settings.distill import DistillConfig  # noqa: E402
+from limits import machine, machine_line  # noqa: E402
+
+DATASETS = {  # name: (transfer sets, the per-item statistic of the primary metric, variants)
+    "scifact": (("cranfield", "cacm"), "mean", ("with", "without")),
+    "stsb": (("semeval-sts-2012-2016",), "spearman", ("without",)),
+}
+COLUMNS = ("frozen", "single", "teacher", "distilled")
+N_BOOT = 1000
+
+
+def run_one(args, name: str, seed: int, variant: str, settings: dict, transfer: bool = True) -> dict:
+    """One distillation (module doc), kept under WORK/runs/TAG: its metrics and per-item test values."""
+    work = Path(args.work)
+    done = work / "runs" / args.tag / f"{name}-{variant}-seed{seed}"
+    if (done / "record.json").is_file():
+        return json.loads((done / "record.json").read_text()) | {"items": dict(np.load(done / "items.npz"))}
+    grid = work / f"grid-{name}"
+    teacher_dir = work / "teachers" / f"{name}-seed{seed}"
+    if not teacher_dir.is_dir():
+        EnsembleHead.from_grid(grid, args.k, seed=seed).save(teacher_dir)
+    single_ref = f"{grid}#id={ensemble_ids(grid, args.k, seed)[0]}"
+    single = Head.load(single_ref)
+    cfg = dataclasses.replace(single.train_config, seed=seed)
+    dcfg = DistillConfig(**{**settings, **({"unlabeled_anchors": 0} if variant == "without" else {})})
+    store = getattr(args, f"{name}_store")
+    items: dict = {}
+    root = datasets_root()
+    metrics = distill(store, str(root / name), str(teacher_dir), str(done / "head"), single.head_config, cfg, dcfg,
+                      progress=False, overwrite=True, transfer=tuple(str(root / t) for t in DATASETS[name][0] if transfer),
+                      single=single_ref, items=items)
+    record = {"dataset": name, "seed": seed, "variant": variant, "distill": settings,
+              "primary": metrics["primary"], "baseline_primary": metrics["baseline_primary"],
+              "test": {"frozen": metrics["baseline"][metrics["baseline_primary"]],
+                       **{c: metrics[c]["head"][metrics[c]["primary"]] for c in ("single", "teacher")},
+                       "distilled": metrics["head"][metrics["primary"]]},
+              "dev": {"frozen": metrics["dev"]["baseline"][metrics["baseline_primary"]],
+                      **{c: metrics[c]["dev"][metrics[c]["primary"]] for c in ("single", "teacher")},
+                      "distilled": metrics["dev"]["head"][metrics["primary"]]},
+              "transfer": {c: (metrics["distill"] if c == "distilled" else metrics[c])["transfer"] for c in COLUMNS},
+              "parameters": {c: (metrics["distill"] if c == "distilled" else metrics[c])["parameters"] for c in COLUMNS},
+              "seconds_per_1000": {c: (metrics["distill"] if c == "distilled" else metrics[c])["seconds_per_1000"]
+                                   for c in COLUMNS},
+              "anchors": metrics["distill"]["anchors"], "train_seconds": metrics["distill"]["train_seconds"],
+              "best_epoch": metrics["distill"]["best_epoch"], "single_ref": single_ref, "teacher": str(teacher_dir)}
+    np.savez(done / "items.npz", **items)
+    (done / "record.json").write_text(json.dumps(record, indent=1))
+    return record | {"items": items}
+
+
+def share_ci(items: dict, statistic: str) -> tuple[float, float]:
+    """95% interval of mean(student - single) / mean(teacher - single) over seeds, from the two-level bootstrap's
+    resamples (the same item draws for every system, the seeds drawn as pairs: bootstrap.seed_interval's draw)."""
+    gold = items.get("gold")
+    boot = {c: item_statistics(items[c], N_BOOT, 0, gold=gold, statistic=statistic) for c in ("single", "teacher",
+                                                                                             "distilled")}
+    S = boot["single"].shape[0]
+    seeds = np.random.default_rng([0, SEED_STREAM]).multinomial(S, np.full(S, 1.0 / S), size=N_BOOT)  # (B, S)
+    gain = lambda c: (seeds * (boot[c] - boot["single"]).T).sum(1) / S  # noqa: E731
+    ratio = gain("distilled") / gain("teacher")
+    ratio = ratio[np.isfinite(ratio) & (gain("teacher") > 0)]
+    return (float(np.quantile(ratio, 0.025)), float(np.quantile(ratio, 0.975))) if len(ratio) else (np.nan, np.nan)
+
+
+def summarize(records: list[dict]) -> list[dict]:
+    """One row per dataset and variant: means over seeds, CIs, the share of the teacher's gain kept."""
+    rows = []
+    for name, variant in sorted({(r["dataset"], r["variant"]) for r in records}):
+        rs = sorted((r for r in records if (r["dataset"], r["variant"]) == (name, variant)), key=lambda r: r["seed"])
+        statistic = DATASETS[name][1]
+        items = {c: np.stack([r["items"][c] for r in rs]) for c in COLUMNS}
+        items["gold"] = rs[0]["items"].get("gold")
+        gold = None if statistic == "mean" else items["gold"]
+        mean = {c: float(np.mean([r["test"][c] for r in rs])) for c in COLUMNS}
+        row = {"dataset": name, "variant": variant, "seeds": [r["seed"] for r in rs], "test": mean,
+               "test_std": {c: float(np.std([r["test"][c] for r in rs])) for c in COLUMNS},
+               "ci": {c: two_level_ci(items[c], N_BOOT, gold=gold, statistic=statistic) for c in COLUMNS},
+               "distilled_minus_single_ci": two_level_ci(items["distilled"], N_BOOT, gold=gold, statistic=statistic,
+                                                         minus=items["single"]),
+               "teacher_minus_single_ci": two_level_ci(items["teacher"], N_BOOT, gold=gold, statistic=statistic,
+                                                       minus=items["single"]),
+               "dev": {c: float(np.mean([r["dev"][c] for r in rs])) for c in COLUMNS},
+               "transfer": {c: {t: float(np.mean([r["transfer"][c][t] for r in rs])) for t in rs[0]["transfer"][c]}
+                            for c in COLUMNS},
+               "parameters": rs[0]["parameters"],
+               "seconds_per_1000": {c: float(np.median([r["seconds_per_1000"][c] for r in rs])) for c in COLUMNS},
+               "anchors": rs[0]["anchors"], "train_seconds": [r["train_seconds"] for r in rs]}
+        gain = mean["teacher"] - mean["single"]
+        row["share"] = (mean["distilled"] - mean["single"]) / gain if gain > 0 else None
+        row["share_ci"] = share_ci({**items, "gold": gold}, statistic) if gain > 0 and len(rs) > 1 else None
+        rows.append(row)
+    return rows
+
+
+def table(rows: list[dict]) -> str:
+    from tabulate import tabulate
+
+    out = []
+    for r in rows:
+        lines = []
+        for c in COLUMNS:
+            ci = r["ci"][c]
+            lines.append((c, f"{r['dev'][c]:.4f}", f"{r['test'][c]:.4f} ± {r['test_std'][c]:.4f}",
+                          f"[{ci[0]:.4f}, {ci[1]:.4f}]", *(f"{v:.4f}" for v in r["transfer"][c].values()),
+                          f"{r['parameters'][c]:,}", f"{r['seconds_per_1000'][c]:.2f}"))
+        a = r["anchors"]
+        head = (f"{r['dataset']}, anchors {r['variant']} the unlabeled texts ({a['task_anchors']} task + "
+                f"{a['unlabeled_anchors']} unlabeled), seeds {r['seeds']}")
+        share = "–" if r["share"] is None else f"{r['share']:.0%}" + (
+            f" [{r['share_ci'][0]:.0%}, {r['share_ci'][1]:.0%}]" if r["share_ci"] else "")
+        d, t = r["distilled_minus_single_ci"], r["teacher_minus_single_ci"]
+        foot = (f"share of the teacher's gain over the single head kept: {share}; distilled - single 95% CI "
+                f"[{d[0]:+.4f}, {d[1]:+.4f}], teacher - single [{t[0]:+.4f}, {t[1]:+.4f}]")
+        out.append("\n".join([head, tabulate(lines, headers=["", "dev", "test mean ± std", "test 95% CI",
+                                                               *r["transfer"]["frozen"], "parameters",
+                                                               "s / 1,000 queries"], disable_numparse=True), foot]))
+    return "\n\n".join(out)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--work", required=True, help="Holds grid-<dataset>/ (the teacher grids); runs go under it.")
+    parser.add_argument("--scifact-store", default=None)
+    parser.add_argument("--stsb-store", default=None)
+    parser.add_argument("--datasets", default="scifact,stsb")
+    parser.add_argument("--seeds", default="0,1,2")
+    parser.add_argument("--variants", default="with,without", help="Anchors with and/or without the unlabeled texts.")
+    parser.add_argument("--k", type=int, default=3, help="Ensemble size (the grid's --ensemble K).")
+    parser.add_argument("--set", action="append", default=[], help="A DistillConfig setting, e.g. temperature=2.")
+    parser.add_argument("--tag", default="defaults", help="Runs go under WORK/runs/TAG (one per --set).")
+    parser.add_argument("--summary-only", action="store_true", help="Summarise the runs WORK holds; train none.")
+    parser.add_argument("--json", default=None, help="Default: bench/results/distill-study-<cpu>-<date>.json.")
+    args = parser.parse_args()
+    settings = {k: type(getattr(DistillConfig(), k))(v) for k, v in (s.split("=", 1) for s in args.set)}
+    m = machine()
+    print(machine_line(m))
+    records = []
+    for name in args.datasets.split(","):
+        for variant in (v for v in DATASETS[name][2] if v in args.variants.split(",")):
+            for seed in map(int, args.seeds.split(",")):
+                kept = Path(args.work) / "runs" / args.tag / f"{name}-{variant}-seed{seed}" / "record.json"
+                if args.summary_only and not kept.is_file():
+                    continue
+                records.append(run_one(args, name, seed, variant, settings))
+                print(f"{name} {variant} seed {seed}: {records[-1]['test']}", flush=True)
+    rows = summarize(records)
+    print(table(rows))
+    date = datetime.date.today().isoformat()
+    path = Path(args.json or Path(__file__).resolve().parents[1] / "results" / f"distill-study-zen4-{date}.json")
+    path.write_text(json.dumps({"date": date, "machine": m, "k": args.k, "settings": settings, "rows": rows,
+                                "runs": [{k: v for k, v in r.items() if k != "items"} for r in records]},
+                               indent=1, default=float))
+    print(f"written: {path}")
+
+
+if __name__ == "__main__":
+    main()
