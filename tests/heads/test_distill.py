@@ -25,7 +25,7 @@ from .conftest import assert_bad_input, cli
 SHAPE = ("--depth", "1", "--hidden", "16")
 FAST = (*SHAPE, "--epochs", "100", "--lr", "1e-2", "--weight-decay", "0", "--batch-size", "16", "--patience", "100",
         "--no-guard", "--teacher-k", "20", "--random-k", "20", "--search-k", "40", "--unlabeled-anchors", "60",
-        "--temperature", "0.3")
+        "--temperature", "0.3", "--pair-weight", "0")  # the teacher alone: the known answer is the teacher's
 
 
 # --- the losses against plain loops ---------------------------------------------------------------------
@@ -141,7 +141,7 @@ def test_a_student_reaches_a_teacher_of_its_own_shape(world, taught, tmp_path, l
 
 # --- resume and bad input -----------------------------------------------------------------------------------
 RESUME = (*SHAPE, "--epochs", "150", "--batch-size", "4", "--teacher-k", "10", "--random-k", "5", "--search-k", "20",
-          "--unlabeled-anchors", "60")
+          "--unlabeled-anchors", "60", "--pair-weight", "0")
 
 
 def test_a_distillation_killed_and_run_again_gives_the_same_head(world, taught, tmp_path):
