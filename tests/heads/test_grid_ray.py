@@ -226,10 +226,22 @@ def test_a_stack_whose_workers_always_die_ends_the_grid_naming_it(runs, data_wor
 
 def _running_stacks(node) -> list:
     """The worker processes of `node` (a cluster_utils node) running a stack now (Ray titles them by task)."""
+    raylet = _raylet(node)
+    if raylet is None:  # the node's raylet is gone: nothing runs there
+        return []
+    return [p for p in raylet.children(recursive=True) if "run_stack" in " ".join(_cmdline(p))]
+
+
+def _raylet(node):
+    """`node`'s raylet process: as cluster_utils recorded it, else found by its node id (in a whole-suite
+    run a node's record once lacked its "raylet" entry, and the KeyError silently ended the test's polling thread)."""
     import psutil
 
-    raylet = psutil.Process(node.all_processes["raylet"][0].process.pid)
-    return [p for p in raylet.children(recursive=True) if "run_stack" in " ".join(_cmdline(p))]
+    recorded = node.all_processes.get("raylet")
+    if recorded and psutil.pid_exists(recorded[0].process.pid):
+        return psutil.Process(recorded[0].process.pid)
+    flag = f"--node_id={node.node_id}"
+    return next((p for p in psutil.process_iter() if p.name() == "raylet" and flag in _cmdline(p)), None)
 
 
 def _cmdline(p) -> list:
