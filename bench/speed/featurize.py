@@ -37,6 +37,7 @@ import subprocess  # noqa: E402
 import sys  # noqa: E402
 import tempfile  # noqa: E402
 import time  # noqa: E402
+from dataclasses import dataclass  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import numpy as np  # noqa: E402
@@ -45,60 +46,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import featurize_data as fd  # noqa: E402
 import featurize_report as report  # noqa: E402
+from featurize_options import build_parser, check_names, complete_defaults, settings_for  # noqa: E402
 
 WORKER = Path(__file__).resolve().parent / "featurize_worker.py"
-SYSTEMS = ("headstore", "sentence-transformers")
-DEFAULTS = {  # per device: (headstore settings, ST precisions, ST batch sizes, ST fp32 batch sizes)
-    "cuda": ("bf16,bf16:packing=off,fp16,bf16-autocast,fp32", "bf16,fp16,fp32", "32,64,128,256,512", "128"),
-    "cpu": ("fp32,fp32:backend=onnx,fp32:backend=openvino,bf16,bf16:backend=openvino", "fp32,bf16",
-            "32,64,128", "32,64,128"),
-}
-QUICK = {"cuda": ("bf16,fp32", "bf16,fp16", "128,256", "128"), "cpu": ("fp32", "fp32", "32", "32")}
-
-
-def parse_settings(text: str) -> list[dict]:
-    """'bf16,fp32:packing=off:batch=8192' -> [{'precision': 'bf16'}, {'precision': 'fp32', 'packing': 'off',
-    'batch': 8192}]."""
-    out = []
-    for item in filter(None, text.split(",")):
-        precision, *pairs = item.split(":")
-        setting = {"precision": precision}
-        for pair in pairs:
-            key, sep, value = pair.partition("=")
-            if not sep or key not in ("packing", "backend", "batch"):
-                raise ValueError(f"--hs item {item!r}: take precision[:packing=..][:backend=..][:batch=N]")
-            setting[key] = int(value) if key == "batch" else value
-        out.append(setting)
-    return out
-
-
-def ints(text: str) -> list[int]:
-    return [int(x) for x in text.split(",") if x]
-
-
-def settings_for(system: str, text_set: str, args, device: str, bf16_native: bool) -> list[dict]:
-    """The settings one worker runs for one text set, in the order they run. bf16 on a CPU without native bf16
-    (no AMX / AVX-512-BF16) is emulated, minutes per run and never the best: such settings carry "skip" (reported,
-    not run) unless --cpu-bf16."""
-    emulated = device == "cpu" and not (bf16_native or args.cpu_bf16)
-    mark = {"skip": "bf16 is emulated on this CPU (no AMX / AVX-512-BF16); --cpu-bf16 runs it"}
-    if system == "headstore":
-        return [{"system": system, "text_set": text_set, **s, **(mark if emulated and s["precision"] == "bf16" else {})}
-                for s in parse_settings(args.hs)]
-    out = []
-    backends = args.st_backends.split(",") if device == "cpu" else ["torch"]
-    attns = args.st_attn.split(",") if device == "cuda" else [None]
-    for precision in args.st_precisions.split(","):
-        sizes = ints(args.st_fp32_batch_sizes if precision == "fp32" else args.st_batch_sizes)
-        for backend in backends:
-            if backend == "onnx" and precision != "fp32":
-                continue
-            for attn in attns:
-                for batch in sizes:
-                    out.append({"system": system, "text_set": text_set, "precision": precision,
-                                "backend": backend, "attn": attn, "batch": batch,
-                                **(mark if emulated and precision == "bf16" else {})})
-    return out
 
 
 def run_worker(spec: dict, folder: Path, name: str, env: dict, grace_s: float, python: str) -> list[dict]:
@@ -173,37 +123,123 @@ def prepare_text_sets(args, minilm_dir: str, max_len: int) -> dict:
     return cells
 
 
+@dataclass(frozen=True)
+class BenchRun:
+    """What every shape of one run shares, fixed before the first shape begins."""
+
+    args: argparse.Namespace  # the options, their device defaults completed (featurize_options)
+    device: str
+    bf16_native: bool  # False: bf16 settings on a CPU are skipped unless --cpu-bf16 (settings_for)
+    ceiling_precision: str  # the matmul ceiling the shares are of: bf16 on a GPU, fp32 on a CPU
+    t_start: float
+    deadline: float  # no setting begins after it (--budget-s; inf without)
+    folder: Path  # scratch: the workers' specs, texts, logs, results and the bert shapes' model dirs
+
+
+def skipped_shape_rows(shape: str, systems: list[str], cells: dict, run: BenchRun) -> list[dict]:
+    """A shape reached past the deadline: no model built, no reference; every setting reported as skipped."""
+    return [report.make_row({**s, "status": "skipped", "reason": s.get("skip", "time budget")}, shape, cells[n],
+                            None, None, 1.0)
+            for system in systems for n in cells
+            for s in settings_for(system, n, run.args, run.device, run.bf16_native)]
+
+
+def shape_references(shape: str, model_dir: str, cells: dict, device: str, reference_seconds: dict) -> dict:
+    """Per text set: the fp32 reference features of its sample (their seconds go into reference_seconds); each
+    cell's "flops" is set to its texts' FLOPs on this shape."""
+    refs = {}
+    for name, cell in cells.items():
+        cell["flops"] = float(fd.flops_per_text(model_dir, cell["n_tokens"]).sum())
+        t0 = time.perf_counter()
+        refs[name] = fd.reference(model_dir, [cell["texts"][i] for i in cell["sample"]],
+                                  cell["max_length"], device)
+        reference_seconds[f"{shape}/{name}"] = round(time.perf_counter() - t0, 2)
+    return refs
+
+
+def run_system(shape: str, system: str, model_dir: str, cells: dict, refs: dict, run: BenchRun,
+               ceiling: float) -> list[dict]:
+    """One system on one shape: its settings marked "skip" reported as skipped, the others run in one worker
+    process. ceiling: the matmul ceiling probed before the shapes (main sets the shares again at the end)."""
+    settings = [s for name in cells for s in settings_for(system, name, run.args, run.device, run.bf16_native)]
+    rows = [report.make_row({**{k: v for k, v in s.items() if k != "skip"}, "status": "skipped",
+                             "reason": s["skip"]}, shape, cells[s["text_set"]], None, None, 1.0)
+            for s in settings if "skip" in s]
+    settings = [s for s in settings if "skip" not in s]
+    if not settings:
+        return rows
+    spec = {"system": system, "model_dir": model_dir, "device": run.device, "repeats": run.args.repeats,
+            "deadline": run.deadline if run.deadline != float("inf") else 1e18, "settings": settings,
+            "text_sets": {n: {"texts": str(run.folder / f"texts-{n}.json"), "sample": c["sample"],
+                              "max_length": c["max_length"], "warmup": run.args.warmup_texts}
+                          for n, c in cells.items()}}
+    log(run.t_start, f"{shape} {system}: {len(settings)} settings")
+    python = run.args.st_python if system == "sentence-transformers" else sys.executable
+    for r in run_worker(spec, run.folder, f"{shape}-{system}", dict(ENV_AT_START), run.args.grace_s, python):
+        feats = r.pop("features")
+        rows.append(report.make_row(r, shape, cells[r["text_set"]], refs[r["text_set"]], feats, ceiling))
+    return rows
+
+
+def run_shapes(shapes: list[str], systems: list[str], cells: dict, minilm_dir: str, run: BenchRun,
+               probes: list[dict]) -> tuple[list[dict], dict]:
+    """Every shape in turn (its model, its fp32 references, each system's worker): the rows, and the seconds
+    of each reference by "shape/text set"."""
+    rows, reference_seconds = [], {}
+    for shape in shapes:
+        if time.time() > run.deadline:
+            rows += skipped_shape_rows(shape, systems, cells, run)
+            continue
+        model_dir = fd.make_shape(shape, minilm_dir, run.folder)
+        refs = shape_references(shape, model_dir, cells, run.device, reference_seconds)
+        log(run.t_start, f"{shape}: fp32 references done")
+        for system in systems:
+            rows += run_system(shape, system, model_dir, cells, refs, run,
+                               max(p[run.ceiling_precision] for p in probes))
+    return rows, reference_seconds
+
+
+def print_header(run: BenchRun, name: str, machine: dict, ceiling: float, cells: dict) -> None:
+    """What the tables were measured on: the device, the machine, the ceiling, the text sets."""
+    import limits
+
+    print(f"\n## featurize benchmark, {run.device}: {name}")
+    print(limits.machine_line(machine))
+    print(f"{run.ceiling_precision} matmul ceiling: {ceiling:,.0f} GFLOP/s (best of the probes before and after); "
+          f"load average {os.getloadavg()[0]:.1f}; {time.time() - run.t_start:.0f} s in all")
+    for n, c in cells.items():
+        print(f"{n}: {len(c['texts']):,} texts, {c['real_tokens']:,} real tokens at max {c['max_length']}, "
+              f"tokenizer alone {c['tokenizer_alone_tokens_per_s']:,} tok/s")
+
+
+def report_run(run: BenchRun, cells: dict, rows: list[dict], probes: list[dict], ceiling: float,
+               reference_seconds: dict) -> None:
+    """Print the header, the table, the speed-ups and the goals; write them all as JSON where --json asks."""
+    import limits
+
+    machine = limits.machine(run.device)
+    name = device_name(run.device)
+    ratios = report.speedups(rows)
+    print_header(run, name, machine, ceiling, cells)
+    report.print_table(rows)
+    report.print_speedups(ratios)
+    measured_goals = report.goals(rows, ratios, run.device)
+    report.print_goals(measured_goals)
+    if run.args.json:
+        result = {"device": run.device, "device_name": name, "machine": machine, "args": vars(run.args),
+                  "ceiling_precision": run.ceiling_precision, "ceiling_gflop_per_s": ceiling,
+                  "matmul_probes": probes,
+                  "text_sets": {n: {k: v for k, v in c.items() if k not in ("texts", "n_tokens", "sample")}
+                                | {"n_texts": len(c["texts"])} for n, c in cells.items()},
+                  "reference_seconds": reference_seconds, "load_average": os.getloadavg(),
+                  "seconds": round(time.time() - run.t_start, 1), "rows": limits.with_machine(rows, machine),
+                  "speedups": ratios, "goals": measured_goals}
+        Path(run.args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(run.args.json).write_text(json.dumps(result, indent=2, default=float))
+
+
 def main():
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available)")
-    ap.add_argument("--model", default="minilm", help="the minilm shape: 'minilm' or a model dir")
-    ap.add_argument("--shapes", default="minilm,bert-base,bert-large", help=f"of {sorted(fd.SHAPES)}")
-    ap.add_argument("--texts", default="main,scifact512", help=f"of {list(fd.TEXT_SETS)}")
-    ap.add_argument("--systems", default="headstore,sentence-transformers")
-    ap.add_argument("--limit", type=int, default=None, help="texts per set, spread over the length order")
-    ap.add_argument("--data", default=os.environ.get(
-        "HEADSTORE_DATA", str(Path(__file__).resolve().parents[2].parent / "shared" / "datasets")))
-    ap.add_argument("--hs", default=None, help="headstore settings: precision[:packing=on|off][:backend=X][:batch=N],...")
-    ap.add_argument("--precisions", default=None,
-                    help="shorthand (the earlier benchmark's flag): --hs and --st-precisions both these, torch only")
-    ap.add_argument("--st-precisions", default=None)
-    ap.add_argument("--st-batch-sizes", default=None)
-    ap.add_argument("--st-fp32-batch-sizes", default=None, help="fp32 is never ST's best on a GPU: fewer sizes")
-    ap.add_argument("--st-attn", default="sdpa,flash_attention_2", help="GPU: attn_implementation values")
-    ap.add_argument("--st-backends", default="torch,onnx,openvino", help="CPU: sentence-transformers backends")
-    ap.add_argument("--st-python", default=sys.executable,
-                    help="interpreter of the sentence-transformers workers: a venv where its onnx/openvino "
-                         "backends install (optimum needs transformers < 5.6; the worker needs no headstore)")
-    ap.add_argument("--cpu-bf16", action="store_true", help="run bf16 on a CPU without native bf16 too")
-    ap.add_argument("--repeats", type=int, default=2)
-    ap.add_argument("--ref-sample", type=int, default=None, help="texts compared with the fp32 reference")
-    ap.add_argument("--warmup-texts", type=int, default=None)
-    ap.add_argument("--budget-s", type=float, default=None, help="begin no setting after this many seconds")
-    ap.add_argument("--grace-s", type=float, default=120.0,
-                    help="a worker still running this long after the budget is stopped (its finished settings kept)")
-    ap.add_argument("--quick", action="store_true", help="a small matrix: few settings, one repeat")
-    ap.add_argument("--json", default=None)
-    args = ap.parse_args()
+    args = build_parser(__doc__).parse_args()
 
     import limits
     import torch
@@ -213,110 +249,35 @@ def main():
 
     t_start = time.time()
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    gpu = device == "cuda"
-    defaults = (QUICK if args.quick else DEFAULTS)[device]
-    if args.precisions:
-        args.hs, args.st_precisions, args.st_backends = args.hs or args.precisions, args.precisions, "torch"
-    args.hs = args.hs or defaults[0]
-    args.st_precisions = args.st_precisions or defaults[1]
-    args.st_batch_sizes = args.st_batch_sizes or defaults[2]
-    args.st_fp32_batch_sizes = args.st_fp32_batch_sizes or defaults[3]
-    if args.quick:
-        args.repeats = 1
-        args.limit = args.limit or (2000 if gpu else 100)
-    args.ref_sample = args.ref_sample or (256 if gpu else 16 if args.quick else 32)
-    args.warmup_texts = args.warmup_texts or (1024 if gpu else 16 if args.quick else 64)
+    complete_defaults(args, device)
     deadline = t_start + args.budget_s if args.budget_s else float("inf")
     shapes, systems = args.shapes.split(","), args.systems.split(",")
-    for shape in shapes:
-        if shape not in fd.SHAPES:
-            raise ValueError(f"--shapes: {shape!r} not valid; choose from {sorted(fd.SHAPES)}")
-    for system in systems:
-        if system not in SYSTEMS:
-            raise ValueError(f"--systems: {system!r} not valid; choose from {list(SYSTEMS)}")
+    check_names(shapes, systems)
     bf16_native = native_bf16()
-    ceiling_precision = "bf16" if gpu else "fp32"
+    ceiling_precision = "bf16" if device == "cuda" else "fp32"
 
     minilm_dir = resolve_model(args.model)
     max_len = model_identity(args.model).max_length
     cells = prepare_text_sets(args, minilm_dir, max_len)
     log(t_start, "text sets read: " + ", ".join(f"{n} {len(c['texts']):,}" for n, c in cells.items()))
     probes = [limits.probe([ceiling_precision], device)]
-    if gpu:
+    if device == "cuda":
         torch.cuda.empty_cache()  # the probe's matrices: the workers' peak memory is theirs alone anyway
     log(t_start, f"matmul probe: {probes[0]}")
-    folder = Path(tempfile.mkdtemp(prefix="bench-featurize-"))
+    run = BenchRun(args, device, bf16_native, ceiling_precision, t_start, deadline,
+                   Path(tempfile.mkdtemp(prefix="bench-featurize-")))
     for name, cell in cells.items():
-        (folder / f"texts-{name}.json").write_text(json.dumps(cell["texts"]))
-    rows, reference_seconds = [], {}
+        (run.folder / f"texts-{name}.json").write_text(json.dumps(cell["texts"]))
     try:
-        for shape in shapes:
-            if time.time() > deadline:  # no model built, no reference: every setting is reported as skipped
-                rows += [report.make_row({**s, "status": "skipped", "reason": s.get("skip", "time budget")}, shape,
-                                         cells[n], None, None, 1.0)
-                         for system in systems for n in cells for s in settings_for(system, n, args, device, bf16_native)]
-                continue
-            model_dir = fd.make_shape(shape, minilm_dir, folder)
-            refs = {}
-            for name, cell in cells.items():
-                cell["flops"] = float(fd.flops_per_text(model_dir, cell["n_tokens"]).sum())
-                t0 = time.perf_counter()
-                refs[name] = fd.reference(model_dir, [cell["texts"][i] for i in cell["sample"]],
-                                          cell["max_length"], device)
-                reference_seconds[f"{shape}/{name}"] = round(time.perf_counter() - t0, 2)
-            log(t_start, f"{shape}: fp32 references done")
-            for system in systems:
-                settings = [s for name in cells for s in settings_for(system, name, args, device, bf16_native)]
-                rows += [report.make_row({**{k: v for k, v in s.items() if k != "skip"}, "status": "skipped",
-                                          "reason": s["skip"]}, shape, cells[s["text_set"]], None, None, 1.0)
-                         for s in settings if "skip" in s]
-                settings = [s for s in settings if "skip" not in s]
-                if not settings:
-                    continue
-                spec = {"system": system, "model_dir": model_dir, "device": device, "repeats": args.repeats,
-                        "deadline": deadline if deadline != float("inf") else 1e18, "settings": settings,
-                        "text_sets": {n: {"texts": str(folder / f"texts-{n}.json"), "sample": c["sample"],
-                                          "max_length": c["max_length"], "warmup": args.warmup_texts}
-                                      for n, c in cells.items()}}
-                log(t_start, f"{shape} {system}: {len(settings)} settings")
-                python = args.st_python if system == "sentence-transformers" else sys.executable
-                for r in run_worker(spec, folder, f"{shape}-{system}", dict(ENV_AT_START), args.grace_s, python):
-                    feats = r.pop("features")
-                    rows.append(report.make_row(r, shape, cells[r["text_set"]], refs[r["text_set"]], feats,
-                                                max(p[ceiling_precision] for p in probes)))
+        rows, reference_seconds = run_shapes(shapes, systems, cells, minilm_dir, run, probes)
         probes.append(limits.probe([ceiling_precision], device))
         ceiling = limits.best_of(*probes)[ceiling_precision]
         for r in rows:  # shares against the best probe of the run (the first probe may have been unlucky)
             if r["status"] == "ok":
                 r["share_of_ceiling"] = round(r["gflop_per_s"] / ceiling, 4)
     finally:
-        shutil.rmtree(folder, ignore_errors=True)
-
-    machine = limits.machine(device)
-    name = device_name(device)
-    ratios = report.speedups(rows)
-    print(f"\n## featurize benchmark, {device}: {name}")
-    print(limits.machine_line(machine))
-    print(f"{ceiling_precision} matmul ceiling: {ceiling:,.0f} GFLOP/s (best of the probes before and after); "
-          f"load average {os.getloadavg()[0]:.1f}; {time.time() - t_start:.0f} s in all")
-    for n, c in cells.items():
-        print(f"{n}: {len(c['texts']):,} texts, {c['real_tokens']:,} real tokens at max {c['max_length']}, "
-              f"tokenizer alone {c['tokenizer_alone_tokens_per_s']:,} tok/s")
-    report.print_table(rows)
-    report.print_speedups(ratios)
-    measured_goals = report.goals(rows, ratios, device)
-    report.print_goals(measured_goals)
-    if args.json:
-        result = {"device": device, "device_name": name, "machine": machine, "args": vars(args),
-                  "ceiling_precision": ceiling_precision, "ceiling_gflop_per_s": ceiling, "matmul_probes": probes,
-                  "text_sets": {n: {k: v for k, v in c.items() if k not in ("texts", "n_tokens", "sample")}
-                                | {"n_texts": len(c["texts"])} for n, c in cells.items()},
-                  "reference_seconds": reference_seconds, "load_average": os.getloadavg(),
-                  "seconds": round(time.time() - t_start, 1), "rows": limits.with_machine(rows, machine),
-                  "speedups": ratios, "goals": measured_goals}
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(result, indent=2, default=float))
-
+        shutil.rmtree(run.folder, ignore_errors=True)
+    report_run(run, cells, rows, probes, ceiling, reference_seconds)
 
 if __name__ == "__main__":
     try:
