@@ -241,7 +241,8 @@ def _raylet(node):
     if recorded and psutil.pid_exists(recorded[0].process.pid):
         return psutil.Process(recorded[0].process.pid)
     flag = f"--node_id={node.node_id}"
-    return next((p for p in psutil.process_iter() if p.name() == "raylet" and flag in _cmdline(p)), None)
+    return next((p for p in psutil.process_iter(["name", "cmdline"])  # a process gone meanwhile: info None
+                 if p.info["name"] == "raylet" and flag in (p.info["cmdline"] or [])), None)
 
 
 def _cmdline(p) -> list:
