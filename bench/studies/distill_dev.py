@@ -4,7 +4,9 @@ changed at a time from the defaults, the ensemble -> one head distillation of be
 head. Prints the table and writes JSON; each run is kept under WORK/runs/dev-<setting> (a rerun skips it).
 
     python3 bench/studies/distill_dev.py --work WORK --scifact-store S --datasets scifact \\
-        --try temperature=0.5 --try temperature=2 --try distill_loss=margin-mse --try pair_weight=0.5
+        --try temperature=0.5 --try temperature=2 --try distill_loss=margin-mse --try student_init=single,lr=3e-4
+(a --try may set the student's training settings too, e.g. lr; --k and --teacher-seeds pick the teacher as
+distill_study.py's do.)
 """
 from __future__ import annotations
 
@@ -19,19 +21,13 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "speed"))
 
-from distill_study import DATASETS, run_one  # noqa: E402
+from distill_study import DATASETS, parse_settings, run_one  # noqa: E402
 from limits import machine, machine_line  # noqa: E402
-
-from headstore.heads.settings.distill import DistillConfig  # noqa: E402
 
 
 def parse(setting: str) -> dict:
-    """"a=1,b=2" -> typed DistillConfig settings ("" -> the defaults)."""
-    out = {}
-    for part in filter(None, setting.split(",")):
-        k, v = part.split("=", 1)
-        out[k] = type(getattr(DistillConfig(), k))(v)
-    return out
+    """"a=1,b=2" -> typed DistillConfig or student training settings ("" -> the defaults)."""
+    return parse_settings(list(filter(None, setting.split(","))))
 
 
 def main() -> None:
@@ -42,8 +38,11 @@ def main() -> None:
     parser.add_argument("--datasets", default="scifact")
     parser.add_argument("--seeds", default="0")
     parser.add_argument("--k", type=int, default=3)
+    parser.add_argument("--teacher-seeds", default=None, help="As distill_study.py's: one teacher of these seeds.")
     parser.add_argument("--try", dest="tries", action="append", default=[],
                         help="Settings to try, e.g. temperature=2 or distill_loss=kl,pair_weight=0.5 (repeatable).")
+    parser.add_argument("--transfer", action="store_true", help="Score the out-of-domain sets on every try (else on "
+                        "the defaults' run only), so distill_study.py can reuse the run (--tag dev-SETTING).")
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
     m = machine()
@@ -54,7 +53,7 @@ def main() -> None:
             settings = parse(setting)
             variant = "without" if settings.get("unlabeled_anchors") == 0 else DATASETS[name][2][0]
             args.tag = "defaults" if not setting else "dev-" + setting.replace(",", "-").replace("=", "")
-            recs = [run_one(args, name, int(s), variant, settings, transfer=not setting)
+            recs = [run_one(args, name, int(s), variant, settings, transfer=args.transfer or not setting)
                     for s in args.seeds.split(",")]
             row = {"dataset": name, "setting": setting or "defaults", "seeds": [r["seed"] for r in recs],
                    "dev": {c: float(np.mean([r["dev"][c] for r in recs])) for c in recs[0]["dev"]},

@@ -4,7 +4,9 @@ best single head's shape, per seed, beside that single head and the ensemble, in
 For each dataset and seed s: the teacher is the grid's ensemble of seed s (`EnsembleHead.from_grid(GRID, K, s)`:
 the seed-s heads of the K best configurations by dev), the best single head is the rank-1 configuration's head of
 seed s, and the student has that head's shape and training settings with seed s (`headstore.distill`, every
-distillation setting at its default unless --set says otherwise). Anchors "with" the unlabeled texts (the default
+distillation setting at its default unless --set says otherwise: a DistillConfig setting or a training setting
+of the student, e.g. lr=3e-4). --teacher-seeds 0,1,2: the teacher is instead one ensemble for every seed, the K
+best configurations' heads of those seeds (K x 3 heads; bench/studies/distill_teachers.py compares teachers). Anchors "with" the unlabeled texts (the default
 --unlabeled-anchors, drawn from a BEIR task's corpus) and "without" (the task's own training texts only) side by
 side where the task has unlabeled texts (SciFact; the STS-B store holds none besides SemEval, its test set out of
 domain).
@@ -24,7 +26,6 @@ is kept under WORK/runs (a rerun skips it), so a killed study goes on; --summary
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import datetime
 import json
 import sys
@@ -40,6 +41,7 @@ from headstore.heads.artefacts.head import EnsembleHead, Head  # noqa: E402
 from headstore.heads.experiments.datasets_root import datasets_root  # noqa: E402
 from headstore.heads.experiments.distill import distill  # noqa: E402
 from headstore.heads.scoring.bootstrap import SEED_STREAM, item_statistics, two_level_ci  # noqa: E402
+from headstore.heads.settings.config import TrainConfig  # noqa: E402
 from headstore.heads.settings.distill import DistillConfig  # noqa: E402
 from limits import machine, machine_line  # noqa: E402
 
@@ -51,20 +53,58 @@ COLUMNS = ("frozen", "single", "teacher", "distilled")
 N_BOOT = 1000
 
 
+def parse_settings(pairs: list[str]) -> dict:
+    """["temperature=2", "lr=3e-4"] -> typed settings: DistillConfig's, or the student's training settings
+    (TrainConfig's, applied over the single head's)."""
+    train = TrainConfig().to_dict()
+    out = {}
+    for k, v in (p.split("=", 1) for p in pairs):
+        default = getattr(DistillConfig(), k) if hasattr(DistillConfig(), k) else train.get(k)
+        if default is None:
+            raise SystemExit(f"--set {k}: no DistillConfig or TrainConfig setting of that name (or one without a "
+                             "default to type it by)")
+        out[k] = v.lower() in ("1", "true") if isinstance(default, bool) else type(default)(v)
+    return out
+
+
+def teacher_of(args, name: str, seed: int) -> str:
+    """The teacher's folder name under WORK/teachers (runs are named after it): the top-K configurations' heads of
+    --teacher-seeds (default: the student's own seed); K 3 of the own seed keeps the first study's name."""
+    seeds = getattr(args, "teacher_seeds", None)
+    if not seeds:
+        return f"{name}-seed{seed}" if args.k == 3 else f"{name}-top{args.k}-seed{seed}"
+    return f"{name}-top{args.k}-seeds{seeds.replace(',', '-')}"
+
+
+def save_teacher(grid: Path, k: int, seed: int, teacher_seeds: str | None, out: Path) -> None:
+    """The grid's ensemble of seed `seed`, or of every one of `teacher_seeds` (K x seeds heads, one teacher)."""
+    if not teacher_seeds:
+        EnsembleHead.from_grid(grid, k, seed=seed).save(out)
+        return
+    refs = [f"{grid}#id={i}" for s in map(int, teacher_seeds.split(",")) for i in ensemble_ids(grid, k, s)]
+    members = [Head.load(r) for r in refs]
+    EnsembleHead(members, {"grid": str(grid), "k": k, "seeds": teacher_seeds,
+                           "rule": "the K best configurations by mean dev metric; their heads of every seed"},
+                 f"{grid}#ensemble={k}, seeds {teacher_seeds}").save(out)
+
+
 def run_one(args, name: str, seed: int, variant: str, settings: dict, transfer: bool = True) -> dict:
     """One distillation (module doc), kept under WORK/runs/TAG: its metrics and per-item test values."""
     work = Path(args.work)
-    done = work / "runs" / args.tag / f"{name}-{variant}-seed{seed}"
+    teacher_name = teacher_of(args, name, seed)
+    done = work / "runs" / args.tag / f"{teacher_name.replace(f'-seed{seed}', '')}-{variant}-seed{seed}"
     if (done / "record.json").is_file():
         return json.loads((done / "record.json").read_text()) | {"items": dict(np.load(done / "items.npz"))}
     grid = work / f"grid-{name}"
-    teacher_dir = work / "teachers" / f"{name}-seed{seed}"
+    teacher_dir = work / "teachers" / teacher_name
     if not teacher_dir.is_dir():
-        EnsembleHead.from_grid(grid, args.k, seed=seed).save(teacher_dir)
-    single_ref = f"{grid}#id={ensemble_ids(grid, args.k, seed)[0]}"
+        save_teacher(grid, args.k, seed, getattr(args, "teacher_seeds", None), teacher_dir)
+    single_ref = f"{grid}#id={ensemble_ids(grid, 1, seed)[0]}"
     single = Head.load(single_ref)
-    cfg = dataclasses.replace(single.train_config, seed=seed)
-    dcfg = DistillConfig(**{**settings, **({"unlabeled_anchors": 0} if variant == "without" else {})})
+    train = {k: v for k, v in settings.items() if k in set(TrainConfig.keys())}
+    cfg = single.train_config.replace(**train, seed=seed)
+    dcfg = DistillConfig(**{**{k: v for k, v in settings.items() if k not in train},
+                            **({"unlabeled_anchors": 0} if variant == "without" else {})})
     store = getattr(args, f"{name}_store")
     items: dict = {}
     root = datasets_root()
@@ -168,12 +208,15 @@ def main() -> None:
     parser.add_argument("--seeds", default="0,1,2")
     parser.add_argument("--variants", default="with,without", help="Anchors with and/or without the unlabeled texts.")
     parser.add_argument("--k", type=int, default=3, help="Ensemble size (the grid's --ensemble K).")
-    parser.add_argument("--set", action="append", default=[], help="A DistillConfig setting, e.g. temperature=2.")
+    parser.add_argument("--teacher-seeds", default=None, help="The teacher: the top-K configurations' heads of "
+                        "these seeds (e.g. 0,1,2), one teacher for every student seed. Default: the student's seed.")
+    parser.add_argument("--set", action="append", default=[], help="A DistillConfig setting, e.g. temperature=2, "
+                        "or a training setting of the student, e.g. lr=3e-4.")
     parser.add_argument("--tag", default="defaults", help="Runs go under WORK/runs/TAG (one per --set).")
     parser.add_argument("--summary-only", action="store_true", help="Summarise the runs WORK holds; train none.")
     parser.add_argument("--json", default=None, help="Default: bench/results/distill-study-<cpu>-<date>.json.")
     args = parser.parse_args()
-    settings = {k: type(getattr(DistillConfig(), k))(v) for k, v in (s.split("=", 1) for s in args.set)}
+    settings = parse_settings(args.set)
     m = machine()
     print(machine_line(m))
     records = []
