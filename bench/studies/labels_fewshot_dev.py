@@ -58,7 +58,21 @@ VARIANTS = (("full-data recipe (10 epochs)", {}, {}),
             ("100 epochs, depth 1, l2 input, no smoothing", {"epochs": 100, "normalize": "l2", "label_smoothing": 0.0},
              {"depth": 1}),
             ("few_shot_epochs(n)", {"epochs": "auto"}, {}),
-            ("few_shot_epochs(n), depth 1, l2 input", {"epochs": "auto", "normalize": "l2"}, {"depth": 1}))
+            ("few_shot_epochs(n), depth 1, l2 input", {"epochs": "auto", "normalize": "l2"}, {"depth": 1}),
+            ("lbfgs, l2 input (the tuned probe's fit as a head)", {"solver": "lbfgs", "normalize": "l2"}, {"depth": 1}),
+            ("lbfgs + self-train 3 x 64", {"solver": "lbfgs", "normalize": "l2", "self_train": 3}, {"depth": 1}),
+            ("lbfgs + self-train 5 x 32", {"solver": "lbfgs", "normalize": "l2", "self_train": 5,
+                                           "self_train_add": 32}, {"depth": 1}),
+            ("lbfgs + self-train 5 x 64", {"solver": "lbfgs", "normalize": "l2", "self_train": 5}, {"depth": 1}),
+            ("lbfgs + self-train 8 x 64", {"solver": "lbfgs", "normalize": "l2", "self_train": 8}, {"depth": 1}),
+            ("lbfgs + self-train 5 x 128", {"solver": "lbfgs", "normalize": "l2", "self_train": 5,
+                                            "self_train_add": 128}, {"depth": 1}),
+            ("lbfgs, standardised input + self-train 5 x 64",
+             {"solver": "lbfgs", "normalize": "standardize", "self_train": 5}, {"depth": 1}),
+            ("lbfgs + self-train 5 x 64, rounds at C = 10",
+             {"solver": "lbfgs", "normalize": "l2", "self_train": 5, "self_train_c": 10.0}, {"depth": 1}),
+            ("lbfgs + self-train 5 x 64, rounds at C = 100",
+             {"solver": "lbfgs", "normalize": "l2", "self_train": 5, "self_train_c": 100.0}, {"depth": 1}))
 # "auto" epochs: heads.kinds.labels.few_shot_epochs(shots), the default's rule
 
 

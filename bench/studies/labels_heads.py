@@ -73,7 +73,9 @@ def train_heads(task, X, seeds, **given) -> dict:
     return {"items": {k: np.asarray(v, dtype=np.float64) for k, v in items.items()}, "dev": dev,
             "config": {"loss": train.loss, "hierarchy": train.hierarchy, "lr": train.lr, "epochs": train.epochs,
                        "depth": shape.depth, "hidden": shape.hidden, "dropout": shape.dropout,
-                       "label_smoothing": train.label_smoothing},
+                       "label_smoothing": train.label_smoothing, "solver": train.solver,
+                       "self_train": train.self_train, "self_train_add": train.self_train_add,
+                       "self_train_c": train.self_train_c},
             "seconds": time.perf_counter() - t0}
 
 
@@ -115,7 +117,8 @@ def table_lines(rows: list[dict], title: str) -> list[str]:
     return lines + [""]
 
 
-HEADS = ("ce", "hierarchy", "energy")  # the trained rows: the default recipe, ce --hierarchy, supcon-kl
+HEADS = ("ce", "hierarchy", "energy", "ce-alone")  # the trained rows: the default recipe, ce --hierarchy,
+# supcon-kl, and (few-shot) the default recipe without self-training
 
 
 def scenario(task, X, seeds, shots: int, heads=HEADS) -> list[dict]:
@@ -132,6 +135,10 @@ def scenario(task, X, seeds, shots: int, heads=HEADS) -> list[dict]:
         ce = train_heads(task, X, seeds, **given)
         rows.append(row("default recipe: ce head (train-head, no --loss)", ce["items"]["classifier"], ref,
                         f"{ce['config']}; dev {np.nanmean(ce['dev']):.4f}; {ce['seconds']:.0f} s"))
+    if "ce-alone" in heads and shots:  # the default without its unlabeled texts: what self-training adds
+        alone = train_heads(task, X, seeds, self_train=0, **given)
+        rows.append(row("ce head without self-training (the shots alone)", alone["items"]["classifier"], ref,
+                        f"{alone['config']}; {alone['seconds']:.0f} s"))
     if "hierarchy" in heads and not shots and task.hierarchical:
         tree = train_heads(task, X, seeds, hierarchy=True, **given)
         rows.append(row("ce --hierarchy (one softmax per level)", tree["items"]["classifier"], ref,

@@ -123,9 +123,14 @@ def tune_by_cv(x: np.ndarray, y: np.ndarray, seed: int = 0) -> tuple[Pipeline, P
 
 
 def cv_probe(scaling: str, y: np.ndarray, seed: int = 0) -> Pipeline:
-    """The scaling, then LogisticRegressionCV over PROBE_CS (accuracy, stratified folds of `cv_folds`)."""
-    return make_pipeline(scaler(scaling), LogisticRegressionCV(
-        Cs=list(PROBE_CS), cv=cv_folds(y, seed), scoring="accuracy", max_iter=PROBE_MAX_ITER, random_state=seed))
+    """The scaling, then `cv_logistic`."""
+    return make_pipeline(scaler(scaling), cv_logistic(y, seed))
+
+
+def cv_logistic(y: np.ndarray, seed: int = 0) -> LogisticRegressionCV:
+    """LogisticRegressionCV over PROBE_CS (accuracy, stratified folds of `cv_folds`) for labels `y`."""
+    return LogisticRegressionCV(Cs=list(PROBE_CS), cv=cv_folds(y, seed), scoring="accuracy",
+                                max_iter=PROBE_MAX_ITER, random_state=seed)
 
 
 def tuned_probe(x: np.ndarray, y: np.ndarray, dev: tuple[np.ndarray, np.ndarray] | None = None,

@@ -23,7 +23,7 @@ from headstore.featurize.tuning.schedule import SCHEDULES
 from headstore.heads.scoring.losses import LOSSES, LossConfig, scoring_energy
 from headstore.heads.scoring.losses.settings import GRADED_MODES, IMPOSTOR_MODES
 from headstore.heads.settings.train_sections import (  # noqa: F401  (the sections: importable from here too)
-    ENERGY_NAMES, NORMALIZATIONS, PRECISIONS, SECTION_OF, SECTIONS, DataConfig, NegativesConfig, ObjectiveConfig,
+    ENERGY_NAMES, NORMALIZATIONS, PRECISIONS, SECTION_OF, SOLVERS, SECTIONS, DataConfig, NegativesConfig, ObjectiveConfig,
     OptimConfig, SelectionConfig, option_meta)
 
 ACTIVATION_NAMES = ("gelu", "identity", "relu", "tanh")  # heads.network.model implements each
@@ -45,7 +45,8 @@ def parse_strength(value: str) -> Optional[float]:
     return a
 # settings whose default depends on the kind of data (each kind's `defaults`, heads.kinds); the command
 # line leaves them unset so the kind can fill them in, and config.json "defaults" says which applied
-KIND_DEPENDENT = ("depth", "lr", "epochs", "anchor_weight", "loss", "normalize", "hidden")  # normalize: also the loss's
+KIND_DEPENDENT = ("depth", "lr", "epochs", "anchor_weight", "loss", "normalize", "hidden", "solver",
+                  "self_train")  # normalize: also the loss's
 
 # cli grid --test-scope: which heads of a stack are ranked on test (heads.experiments.grid_scope says why)
 TEST_SCOPES = ("auto", "all", "selected")
@@ -138,7 +139,8 @@ class TrainConfig:
 
     def _check(self) -> None:
         checks = [("loss", self.loss, sorted(LOSSES)), ("energy", self.energy, sorted(ENERGY_NAMES)),
-                  ("schedule", self.schedule, SCHEDULES), ("normalize", self.normalize, NORMALIZATIONS),
+                  ("schedule", self.schedule, SCHEDULES), ("solver", self.solver, SOLVERS),
+                  ("normalize", self.normalize, NORMALIZATIONS),
                   ("impostors", self.impostors, IMPOSTOR_MODES), ("precision", self.precision, PRECISIONS),
                   ("graded", self.graded, GRADED_MODES)]
         for name, value, valid in checks:
@@ -164,12 +166,30 @@ class TrainConfig:
              "a finite number >= 0 (0 = no anchor)"),
             ("shots", self.shots >= 0, ">= 0 (0 = all of train)"),
             ("per_class", self.per_class >= 2, ">= 2 (a text needs a partner of its class)"),
+            ("self_train", self.self_train >= 0, ">= 0 (rounds; 0 = off)"),
+            ("self_train_add", self.self_train_add >= 1, ">= 1 (texts per class per round)"),
+            ("self_train_c", math.isfinite(self.self_train_c) and self.self_train_c >= 0,
+             "a finite number >= 0 (0 = the shots' cross-validated C)"),
         ]
         for name, holds, what in bounds:
             if not holds:
                 raise SettingError(name, f"must be {what}, got {getattr(self, name)}")
         self.loss_config()  # q, tau, margin, genuine_weight: finite and positive
         parse_strength(self.strength)
+
+    def check_solver(self) -> None:
+        """lbfgs fits a classifier head (its loss ends in the classes); self-training needs lbfgs and --shots
+        (its unlabeled texts are the train texts the shots leave out). Checked when a head is trained, not when
+        the config is made: the kind of data fills in solver and loss after the command line (KIND_DEPENDENT)."""
+        if self.solver == "lbfgs" and LOSSES[self.loss].outputs != "classes":
+            classifiers = sorted(k for k, v in LOSSES.items() if v.outputs == "classes")
+            raise SettingError("solver", f"lbfgs fits a classifier head: needs loss in {classifiers}, "
+                                         f"got {self.loss!r} (use --solver adamw)")
+        if self.self_train and not self.shots:
+            raise SettingError("self_train", "needs --shots n: its unlabeled texts are the train texts the "
+                                             "shots leave out (with all of train labelled there are none)")
+        if self.self_train and self.solver != "lbfgs":
+            raise SettingError("self_train", f"needs --solver lbfgs, got {self.solver!r}")
 
     @property
     def eval_energy(self) -> str:

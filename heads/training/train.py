@@ -23,6 +23,7 @@ import torch
 from headstore.data.memory import trim_heap
 from headstore.data.progress import progress_bar
 from headstore.heads.training.anchor import AnchorSampler
+from headstore.heads.training.linear_fit import fit_linear_stack
 
 from headstore.heads.training.batches import NegativeSource, batch_losses, epoch_batches, make_batch, prepare_data, q_at
 from headstore.heads.settings.config import HeadConfig, TrainConfig, stack_key
@@ -57,6 +58,12 @@ def train_stack(task: Task, features: torch.Tensor, head_cfg: HeadConfig, config
     every epoch and keeps the last. `anchor_rows`: the store rows of the anchor (heads.training.anchor; None = all).
     `in_place`: `features` are normalised in place (batches.prepare_data) and hold the head's inputs after."""
     assert len({stack_key(c) for c in configs}) == 1, "a stack mixes settings that must be shared"
+    configs[0].check_solver()
+    if configs[0].solver == "lbfgs":  # a linear classifier fitted to its optimum (heads.training.linear_fit)
+        if init is not None or selection or configs[0].anchor_weight:
+            raise ValueError("--solver lbfgs fits a head from scratch on the labelled texts: it takes no starting "
+                             "head, --select-ood or --anchor-weight (use --solver adamw)")
+        return fit_linear_stack(task, features, head_cfg, configs, in_place)
     run = StackTraining(task, features, head_cfg, configs, select_split, selection, init, anchor_rows, in_place)
     return run_epochs(run, configs[0].epochs, f"{run.H} head(s) {configs[0].loss}", progress)
 

@@ -232,9 +232,10 @@ def test_few_shot_ce_head_trains_enough_steps_and_energy_heads_keep_their_epochs
         assert epochs * math.ceil(20 * shots / 64) >= 200 and epochs >= full
         assert KIND.defaults_for("supcon-kl", shots) == KIND.defaults_for("supcon-kl") == KIND.defaults
     assert full * math.ceil(20 * 8 / 64) < 50  # what the full-data schedule gives 8 shots
-    few, many = KIND.defaults_for("ce", 8), KIND.defaults_for("ce", 64)
-    assert (few["depth"], few["normalize"]) == (1, "l2")  # a linear softmax on unit-norm features at 8 shots ...
-    assert many["depth"] == KIND.defaults_for("ce")["depth"] == 2 and "normalize" not in many  # ... not at 64
+    for shots, rounds in ((8, 5), (16, 5), (64, 0)):  # a linear softmax on unit-norm features fitted by lbfgs,
+        few = KIND.defaults_for("ce", shots)  # self-trained up to 16 shots (dev: within one SE at 64)
+        assert (few["depth"], few["normalize"], few["solver"], few["self_train"]) == (1, "l2", "lbfgs", rounds)
+    assert KIND.defaults_for("ce")["depth"] == 2 and "solver" not in KIND.defaults_for("ce")  # all of train: the MLP
     assert KIND.defaults_for("ce", 10_000)["epochs"] == full  # many texts per class: the full-data schedule
 
 
