@@ -2,6 +2,7 @@
 out (`--self-train`, heads.training.linear_fit), against plain scikit-learn loops written here."""
 import json
 
+import headstore
 import numpy as np
 import polars as pl
 import pytest
@@ -149,6 +150,17 @@ def test_cli_few_shot_default_is_the_self_trained_lbfgs_head_and_other_shapes_ar
     assert (config["train"]["solver"], config["train"]["self_train"], config["head"]["depth"]) == ("lbfgs", 5, 1)
     history = json.loads((tmp_path / "a" / "metrics.json").read_text())["history"]
     assert [h["epoch"] for h in history] == list(range(6)) and history[-1]["pseudo"] > 0
+    head = headstore.Head.load(tmp_path / "a")  # a head like any other: predict, and the exported model agrees
+    texts = pl.read_parquet(path)["text"].to_list()
+    features = headstore.Pipeline.from_head(head).features(texts)
+    want = head.predict(features)
+    r = CliRunner().invoke(main, ["export", "--head", str(tmp_path / "a"), "--format", "sentence-transformers",
+                                  "--out", str(tmp_path / "st")])
+    assert r.exit_code == 0, r.output
+    from sentence_transformers import SentenceTransformer
+    scores = SentenceTransformer(str(tmp_path / "st"), device="cpu").encode(texts, convert_to_numpy=True)
+    classes = json.loads((tmp_path / "st" / "headstore_export.json").read_text())["classes"]
+    np.testing.assert_array_equal(np.asarray(classes)[scores.argmax(-1)], want)
     r = CliRunner().invoke(main, base + ["--depth", "2", "--out", str(tmp_path / "b")])
     assert r.exit_code != 0 and "--solver lbfgs fits a linear classifier head" in r.output
     assert "Traceback" not in r.output and not (tmp_path / "b").exists()
