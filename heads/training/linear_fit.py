@@ -22,6 +22,7 @@ import warnings
 
 import numpy as np
 import torch
+from headstore.data.progress import progress_write
 from headstore.heads.kinds.label_probe import (
     PROBE_MAX_ITER,
     cv_logistic,
@@ -50,6 +51,9 @@ def fit_linear_stack(task, features: torch.Tensor, head_cfg: HeadConfig, configs
     X = data.X.detach().float().cpu().numpy()  # (N, D) the head's inputs
     labelled, n_classes = task.reference, head_cfg.out_features
     unlabeled = np.flatnonzero(~np.isin(task.pool.rows, labelled.rows)) if cfg0.self_train else np.empty(0, int)
+    if cfg0.self_train and not len(unlabeled):  # --shots at least every class's count: nothing left unlabeled
+        progress_write(f"note: --self-train {cfg0.self_train}: no unlabeled texts (the {len(labelled)} shots are "
+                       "every train text), so the head is the shots' fit alone")
     model = StackedMLP(len(configs), head_cfg, seeds=[c.seed for c in configs])
     runs = []
     for h, cfg in enumerate(configs):

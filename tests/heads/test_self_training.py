@@ -193,3 +193,9 @@ def test_grid_trains_lbfgs_heads_with_and_without_self_training_and_train_head_g
     assert r.exit_code == 0, r.output
     metrics = json.loads((tmp_path / "one" / "metrics.json").read_text())
     assert row["test_classifier_accuracy"][0] == pytest.approx(metrics["head"]["classifier_accuracy"], abs=1e-9)
+
+
+def test_self_training_with_no_unlabeled_text_left_is_said_and_fits_the_shots(tmp_path, capsys):
+    path, store, X = overlapping_blobs(tmp_path)
+    task, proba, run = fitted_head(path, store, X, shots=500, seed=0, self_train=3)
+    assert len(run.history) == 1 and "no unlabeled texts" in capsys.readouterr().err
