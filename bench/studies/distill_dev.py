@@ -43,6 +43,8 @@ def main() -> None:
                         help="Settings to try, e.g. temperature=2 or distill_loss=kl,pair_weight=0.5 (repeatable).")
     parser.add_argument("--transfer", action="store_true", help="Score the out-of-domain sets on every try (else on "
                         "the defaults' run only), so distill_study.py can reuse the run (--tag dev-SETTING).")
+    parser.add_argument("--defaults-tag", default="defaults", help="WORK/runs/TAG of the defaults' run (another one "
+                        "once a default changed: a kept run of other settings is refused).")
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
     m = machine()
@@ -52,7 +54,7 @@ def main() -> None:
         for setting in ["", *args.tries]:
             settings = parse(setting)
             variant = "without" if settings.get("unlabeled_anchors") == 0 else DATASETS[name][2][0]
-            args.tag = "defaults" if not setting else "dev-" + setting.replace(",", "-").replace("=", "")
+            args.tag = args.defaults_tag if not setting else "dev-" + setting.replace(",", "-").replace("=", "")
             recs = [run_one(args, name, int(s), variant, settings, transfer=args.transfer or not setting)
                     for s in args.seeds.split(",")]
             row = {"dataset": name, "setting": setting or "defaults", "seeds": [r["seed"] for r in recs],

@@ -88,23 +88,35 @@ def save_teacher(grid: Path, k: int, seed: int, teacher_seeds: str | None, out: 
                  f"{grid}#ensemble={k}, seeds {teacher_seeds}").save(out)
 
 
+def check_kept(done: Path, dcfg: DistillConfig, cfg, train: dict) -> None:
+    """A kept run is reused only when made with these settings (a tag names runs, a default may have changed
+    since: then another --tag)."""
+    made = json.loads((done / "head" / "config.json").read_text())
+    differ = {k: (made["distill"].get(k), v) for k, v in dcfg.to_dict().items() if made["distill"].get(k) != v}
+    differ |= {k: (made["train"].get(k), getattr(cfg, k)) for k in (*train, "seed")
+               if made["train"].get(k) != getattr(cfg, k)}
+    if differ:
+        raise SystemExit(f"{done} was made with other settings (kept, asked): {differ}; give another --tag")
+
+
 def run_one(args, name: str, seed: int, variant: str, settings: dict, transfer: bool = True) -> dict:
     """One distillation (module doc), kept under WORK/runs/TAG: its metrics and per-item test values."""
     work = Path(args.work)
     teacher_name = teacher_of(args, name, seed)
     done = work / "runs" / args.tag / f"{teacher_name.replace(f'-seed{seed}', '')}-{variant}-seed{seed}"
-    if (done / "record.json").is_file():
-        return json.loads((done / "record.json").read_text()) | {"items": dict(np.load(done / "items.npz"))}
     grid = work / f"grid-{name}"
-    teacher_dir = work / "teachers" / teacher_name
-    if not teacher_dir.is_dir():
-        save_teacher(grid, args.k, seed, getattr(args, "teacher_seeds", None), teacher_dir)
     single_ref = f"{grid}#id={ensemble_ids(grid, 1, seed)[0]}"
     single = Head.load(single_ref)
     train = {k: v for k, v in settings.items() if k in set(TrainConfig.keys())}
     cfg = single.train_config.replace(**train, seed=seed)
     dcfg = DistillConfig(**{**{k: v for k, v in settings.items() if k not in train},
                             **({"unlabeled_anchors": 0} if variant == "without" else {})})
+    if (done / "record.json").is_file():
+        check_kept(done, dcfg, cfg, train)
+        return json.loads((done / "record.json").read_text()) | {"items": dict(np.load(done / "items.npz"))}
+    teacher_dir = work / "teachers" / teacher_name
+    if not teacher_dir.is_dir():
+        save_teacher(grid, args.k, seed, getattr(args, "teacher_seeds", None), teacher_dir)
     store = getattr(args, f"{name}_store")
     items: dict = {}
     root = datasets_root()

@@ -29,7 +29,8 @@ class DistillConfig:
     # T 2 (one seed, within dev's noise: not changed; T 0.5 not run)
     temperature: float = 1.0
     # > 0 adds the pairs' own loss (train-head's) times this to the distillation loss; 0: the teacher alone.
-    # SciFact dev (seed 0): 0.7909 at 1.0 vs 0.7591 at 0 (the single head: 0.7967, the teacher 0.7978)
+    # SciFact dev (seed 0): 0.7909 at 1.0 vs 0.7591 at 0 (the single head: 0.7967, the teacher 0.7978); under
+    # KL+Margin-MSE with the 6-head teacher 0.8062 at 1.0 vs 0.7390 at 0
     pair_weight: float = 1.0
     # the teacher's own top 30 of the frozen search: the ranks a head reorders (nDCG@10 reads the top 10)
     teacher_k: int = 30
@@ -46,8 +47,8 @@ class DistillConfig:
     # fresh: a new head of train-head's init; single: start from the best single head beside (its shape, weights
     # and normaliser), so distillation moves it toward the teacher and the guard keeps it where that loses on dev.
     # SciFact dev: single 0.7967 is the single head itself (no epoch beat it), fresh 0.7591; at lr 3e-4 single
-    # gives 0.7973 (epoch 2 of 5, then down), fresh KL+Margin-MSE 0.8062; fresh stays the default: single needs a
-    # single head and barely moves it
+    # gives 0.7973 (epoch 2 of 5, then down); under KL+Margin-MSE single at lr 3e-4 0.8012, fresh 0.8062; fresh
+    # stays the default: it is the best on dev and single needs a single head
     student_init: str = "fresh"
 
     def __post_init__(self):
