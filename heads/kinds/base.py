@@ -164,11 +164,16 @@ class TaskKind:
     statistic = "mean"  # the bootstrap statistic of the primary metric from its per-item values
     # (heads.scoring.metrics: "mean" of per-query / per-text values, or "spearman" / "auc" against the gold)
 
-    def defaults_for(self, loss: str, shots: int = 0) -> dict:
+    def defaults_for(self, loss: str, shots: int = 0, unlabeled: bool = False, hierarchy: bool = False) -> dict:
         """train-head's defaults for the settings left unset when `loss` trains on all of train (shots = 0) or
-        on n texts per class (labelled texts: the classifier head has its own, few-shot ones too); here the
-        kind's `defaults` whatever the loss."""
+        on n texts per class (labelled texts: the classifier head has its own, few-shot ones too, self-trained
+        where `unlabeled` texts exist); here the kind's `defaults` whatever the loss."""
         return self.defaults
+
+    def implied_shots(self, task) -> int:
+        """Texts per class a task's training set holds when it is few-shot without --shots (a small labelled
+        table: labelled texts), else 0."""
+        return 0
 
     # --- metrics ---------------------------------------------------------------------------------
     def primary_metric(self, energy: str) -> str:

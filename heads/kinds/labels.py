@@ -32,11 +32,23 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 import polars as pl
 import torch
-
 from headstore.data.labels import LabelSpec, unseen_labels
-from headstore.heads.kinds.base import DEV_FRACTION, DEV_SEED, PREFIX, Task, TaskKind, TrainSet, store_rows
+from headstore.heads.kinds.base import (
+    DEV_FRACTION,
+    DEV_SEED,
+    PREFIX,
+    Task,
+    TaskKind,
+    TrainSet,
+    store_rows,
+)
 from headstore.heads.kinds.label_eval import evaluate_labels, probe_choices
-from headstore.heads.kinds.label_shots import few_shot_indices, shots_clipped, shots_note, stratified_dev
+from headstore.heads.kinds.label_shots import (
+    few_shot_indices,
+    shots_clipped,
+    shots_note,
+    stratified_dev,
+)
 from headstore.heads.scoring.losses import CLASSES, LOSSES
 
 
@@ -52,7 +64,7 @@ class LabelSplit:
     def __len__(self) -> int:
         return len(self.rows)
 
-    def subset(self, idx: np.ndarray) -> "LabelSplit":
+    def subset(self, idx: np.ndarray) -> LabelSplit:
         return LabelSplit(self.rows[idx], self.classes[idx], self.nodes[idx], self.full)
 
 
@@ -240,6 +252,8 @@ SELF_TRAIN_ROUNDS = 5  # a few-shot classifier head's self-training rounds, up t
 # ~1.4), +0.35 at 64 (within it: the simpler head, the tuned LR's fit alone, is kept: the one-standard-error rule
 # the probe's dev choice follows); 3 or 8 rounds, 32 or 128 texts a round no better (docs/labels.md)
 SELF_TRAIN_SHOTS = 16
+FEW_SHOT_TABLE = 64  # a labelled table with at most this many texts per class (median) is few-shot data: the
+# range the few-shot recipe was measured on (8-64 shots, docs/labels.md); larger tables take the full-data recipe
 
 
 def few_shot_epochs(shots: int) -> int:
@@ -269,14 +283,27 @@ class LabelsKind(TaskKind):
 
     items_name = "texts"
 
-    def defaults_for(self, loss: str, shots: int = 0) -> dict:
-        """The kind's defaults, and a classifier head's own where it trains (`classifier_defaults`; with --shots
-        n its few-shot epochs, `few_shot_epochs`)."""
+    def defaults_for(self, loss: str, shots: int = 0, unlabeled: bool = False, hierarchy: bool = False) -> dict:
+        """The kind's defaults, and a classifier head's own where it trains (`classifier_defaults`; with n texts
+        per class, --shots n or implied, the few-shot ones, self-trained up to SELF_TRAIN_SHOTS where
+        `unlabeled` texts exist: the train texts --shots leaves out, or --unlabeled texts). With --hierarchy
+        (one softmax per level, which lbfgs does not fit) the few-shot head is the linear one trained by AdamW."""
         if LOSSES[loss].outputs != "classes":
             return self.defaults
+        if not shots:
+            return {**self.defaults, **self.classifier_defaults}
         few = {"epochs": few_shot_epochs(shots), **self.few_shot_classifier_defaults,
-               "self_train": SELF_TRAIN_ROUNDS if shots <= SELF_TRAIN_SHOTS else 0} if shots else {}
+               "self_train": SELF_TRAIN_ROUNDS if unlabeled and shots <= SELF_TRAIN_SHOTS else 0}
+        if hierarchy:
+            few = {k: v for k, v in few.items() if k not in ("solver", "self_train")}
         return {**self.defaults, **self.classifier_defaults, **few}
+
+    def implied_shots(self, task: LabelTask) -> int:
+        """A labelled table of at most FEW_SHOT_TABLE texts per class (the median over classes of its train
+        texts, dev held out) trains with the few-shot recipe as --shots would; 0 above it."""
+        counts = np.bincount(task.pool.classes[task.pool.classes >= 0])
+        median = int(np.median(counts[counts > 0])) if counts.any() else 0
+        return median if median <= FEW_SHOT_TABLE else 0
 
     def primary_metric(self, energy: str) -> str:
         """k-NN accuracy under the head's energy; a classifier head's (CLASSES): the accuracy of its argmax."""

@@ -137,9 +137,13 @@ def unlabeled_report(task: Task, cfg=None, splits: tuple[str, ...] = ()) -> dict
         roles["impostors"] = f"the pool mined impostors come from ({cfg.mined_k} per pair, never a known positive)"
     if cfg is not None and cfg.anchor_weight and not cfg.anchor_data:
         roles["anchor"] = f"the anchor regulariser's sample (--anchor-weight {cfg.anchor_weight:g})"
+    if cfg is not None and cfg.self_train:  # a classifier head's self-training (heads.training.linear_fit)
+        roles["pseudo_labels"] = (f"self-training: pseudo-labelled by the classifier head, {cfg.self_train} rounds "
+                                  f"of up to {cfg.self_train_add} x round texts per class")
     if not roles:
         use = ("they are distractors only where anchors rank a corpus (positives-only pairs, BEIR)" if cfg is None
-               else "set --anchor-weight above 0 to make them the anchor regulariser's sample")
+               else "set --anchor-weight above 0 to make them the anchor regulariser's sample, or with labelled "
+                    "texts --self-train N for a classifier head to pseudo-label them")
         raise ValueError(f"--unlabeled {' '.join(u.report['files'])}: the unlabeled texts play no role in this "
                          f"{task.kind!r} task ({use}; or leave --unlabeled out)")
     return {**u.report, "roles": roles}

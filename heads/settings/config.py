@@ -178,16 +178,13 @@ class TrainConfig:
         parse_strength(self.strength)
 
     def check_solver(self) -> None:
-        """lbfgs fits a classifier head (its loss ends in the classes); self-training needs lbfgs and --shots
-        (its unlabeled texts are the train texts the shots leave out). Checked when a head is trained, not when
+        """lbfgs fits a classifier head (its loss ends in the classes); self-training needs lbfgs (and unlabeled
+        texts: heads.training.linear_fit says so where there are none). Checked when a head is trained, not when
         the config is made: the kind of data fills in solver and loss after the command line (KIND_DEPENDENT)."""
         if self.solver == "lbfgs" and LOSSES[self.loss].outputs != "classes":
             classifiers = sorted(k for k, v in LOSSES.items() if v.outputs == "classes")
             raise SettingError("solver", f"lbfgs fits a classifier head: needs loss in {classifiers}, "
                                          f"got {self.loss!r} (use --solver adamw)")
-        if self.self_train and not self.shots:
-            raise SettingError("self_train", "needs --shots n: its unlabeled texts are the train texts the "
-                                             "shots leave out (with all of train labelled there are none)")
         if self.self_train and self.solver != "lbfgs":
             raise SettingError("self_train", f"needs --solver lbfgs, got {self.solver!r}")
 

@@ -9,11 +9,12 @@ head is then a ce head like any other (predict, export, eval); without self-trai
 the head's normalisation (cfg.normalize). Label smoothing, lr, epochs and batches do not apply.
 
 Self-training (`--self-train R`, Yarowsky 1995; Lee 2013's pseudo-labels): the unlabeled texts are the train
-texts the shots leave out (their labels hidden, never read to train). Round r (1..R) pseudo-labels them with
+texts the shots leave out (their labels hidden, never read to train) and the `--unlabeled` texts. Round r (1..R) pseudo-labels them with
 the previous round's head and refits, with the same C, on the shots plus, for every class, the r x
 `self_train_add` texts the head is most confident it predicts as that class (fewer where fewer are predicted
 as it). Each round's history says how many texts it added and how many of them carry the label the shots hid
-(`pseudo_accuracy`: a diagnostic for the benchmark; a user's unlabeled texts have none).
+(`pseudo_accuracy` over `pseudo_with_hidden_label` texts: a diagnostic for the benchmark; `--unlabeled` texts
+have no label to compare).
 """
 from __future__ import annotations
 
@@ -50,7 +51,7 @@ def fit_linear_stack(task, features: torch.Tensor, head_cfg: HeadConfig, configs
     data = prepare_data(task, features, cfg0, in_place=in_place)
     X = data.X.detach().float().cpu().numpy()  # (N, D) the head's inputs
     labelled, n_classes = task.reference, head_cfg.out_features
-    unlabeled = np.flatnonzero(~np.isin(task.pool.rows, labelled.rows)) if cfg0.self_train else np.empty(0, int)
+    unlabeled, hidden = unlabeled_texts(task) if cfg0.self_train else (np.empty(0, np.int64), np.empty(0, np.int64))
     if cfg0.self_train and not len(unlabeled):  # --shots at least every class's count: nothing left unlabeled
         progress_write(f"note: --self-train {cfg0.self_train}: no unlabeled texts (the {len(labelled)} shots are "
                        "every train text), so the head is the shots' fit alone")
@@ -58,8 +59,7 @@ def fit_linear_stack(task, features: torch.Tensor, head_cfg: HeadConfig, configs
     runs = []
     for h, cfg in enumerate(configs):
         t0 = time.perf_counter()
-        fitted, history = self_trained(X, labelled.rows, labelled.classes, task.pool.rows[unlabeled],
-                                       task.pool.classes[unlabeled], cfg)
+        fitted, history = self_trained(X, labelled.rows, labelled.classes, unlabeled, hidden, cfg)
         weight, bias = class_weights(fitted, n_classes)
         with torch.no_grad():
             model.weights[0][h].copy_(torch.as_tensor(weight.T))  # (D, C)
@@ -67,6 +67,25 @@ def fit_linear_stack(task, features: torch.Tensor, head_cfg: HeadConfig, configs
         runs.append(HeadRun(config=cfg, best_epoch=cfg.self_train, history=history,
                             seconds=time.perf_counter() - t0))
     return model.to(data.X.device), data.norm, runs
+
+
+def unlabeled_texts(task) -> tuple[np.ndarray, np.ndarray]:
+    """(rows, hidden classes) of the texts a self-trained head pseudo-labels: with --shots, the train texts the
+    shots leave out (dev excluded; their classes known to the benchmark, never trained on), then the
+    --unlabeled texts not among them (class -1: unknown). None at all (every train text labelled, no
+    --unlabeled): a ValueError saying where unlabeled texts come from."""
+    labelled = task.reference
+    left = task.pool.subset(np.flatnonzero(~np.isin(task.pool.rows, labelled.rows))) if task.shots else None
+    rows = [left.rows] if left is not None else []
+    hidden = [left.classes] if left is not None else []
+    if task.unlabeled is not None:
+        extra = task.unlabeled.rows[~np.isin(task.unlabeled.rows, np.concatenate([labelled.rows, *rows]))]
+        rows.append(extra)
+        hidden.append(np.full(len(extra), -1, dtype=np.int64))
+    if not rows:
+        raise ValueError("--self-train needs unlabeled texts: --shots n (the train texts it leaves out, labels "
+                         "hidden) or --unlabeled FILE (texts in the store: cli featurize --unlabeled FILE)")
+    return np.concatenate(rows).astype(np.int64), np.concatenate(hidden).astype(np.int64)
 
 
 def chosen_C(x: np.ndarray, y: np.ndarray, seed: int) -> float:
@@ -92,8 +111,10 @@ def self_trained(X: np.ndarray, rows: np.ndarray, classes: np.ndarray, unlabeled
         x = np.concatenate([X[rows], X[unlabeled_rows[picked]]])
         y = np.concatenate([classes, labels])
         fitted = fit_logistic(x, y, C, cfg.seed)
+        known = hidden_classes[picked] >= 0  # texts whose label the benchmark hid (not --unlabeled ones)
         history.append({"epoch": r, "loss": log_loss(fitted, x, y), "C": C, "pseudo": len(picked),
-                        "pseudo_accuracy": float((labels == hidden_classes[picked]).mean()) if len(picked) else 0.0})
+                        **({"pseudo_accuracy": float((labels[known] == hidden_classes[picked][known]).mean()),
+                            "pseudo_with_hidden_label": int(known.sum())} if known.any() else {})})
     return fitted, history
 
 

@@ -21,28 +21,37 @@ from __future__ import annotations
 from dataclasses import asdict, fields, replace
 
 import torch
-
-from headstore.data.memory import trim_heap
-from headstore.data.progress import progress_write
 from headstore.data.files import atomic_write_json
+from headstore.data.memory import trim_heap
 from headstore.data.outputs import begin_output, end_output, prepare_output_dir
+from headstore.data.progress import progress_write
 from headstore.featurize.encoder.hardware import warn_if_emulated_bf16
 from headstore.featurize.encoder.model import pick_device
 from headstore.featurize.store.reader import FeatureStore
-from headstore.heads.training.anchor import anchor_rows_of
-from headstore.heads.artefacts.files import write_head_dir
-from headstore.heads.settings.config import KIND_DEPENDENT, STRENGTH_AUTO, HeadConfig, TrainConfig
 from headstore.heads.artefacts.curve import plot_curve
-from headstore.heads.evaluation.evaluate import TEST_SPLIT, embedder, evaluate_baseline, evaluate_head
-from headstore.heads.network.features import array_list
+from headstore.heads.artefacts.files import write_head_dir
 from headstore.heads.artefacts.head import Head
+from headstore.heads.artefacts.task_features import TaskFeatures, rows_of_datasets
+from headstore.heads.evaluation.evaluate import (
+    TEST_SPLIT,
+    embedder,
+    evaluate_baseline,
+    evaluate_head,
+)
 from headstore.heads.kinds import Task, kind_of, load_task
 from headstore.heads.kinds.labels import classifier_width, label_space, shots_note
-from headstore.heads.scoring.losses import LOSSES
 from headstore.heads.kinds.unlabeled import unlabeled_report
+from headstore.heads.network.features import array_list
+from headstore.heads.scoring.losses import LOSSES
+from headstore.heads.settings.config import (
+    KIND_DEPENDENT,
+    STRENGTH_AUTO,
+    HeadConfig,
+    TrainConfig,
+)
+from headstore.heads.training.anchor import anchor_rows_of
 from headstore.heads.training.selection import DEFAULT_DELTA, load_selection
 from headstore.heads.training.strength import STRENGTHS, plot_strength
-from headstore.heads.artefacts.task_features import TaskFeatures, rows_of_datasets
 from headstore.heads.training.train import train_one
 
 # fingerprint parts that change the numbers of a feature (the layer of the head's array is checked apart)
@@ -216,7 +225,9 @@ def defaults_for_kind(task: Task, head_cfg: HeadConfig, cfg: TrainConfig, unset:
         return head_cfg, cfg, "every kind-dependent setting given"
     kind = kind_of(task)
     loss = kind.defaults.get("loss", cfg.loss) if "loss" in unset else cfg.loss
-    defaults = kind.defaults_for(loss, cfg.shots)
+    shots = cfg.shots or kind.implied_shots(task)  # labelled texts: --shots n, or a table that small
+    defaults = kind.defaults_for(loss, shots, unlabeled=bool(cfg.shots) or task.unlabeled is not None,
+                                 hierarchy=cfg.hierarchy)
     assert set(defaults) <= set(KIND_DEPENDENT), "a kind's defaults cover kind-dependent settings only"
     values = {k: defaults[k] for k in unset if k in defaults}  # the others: the dataclass defaults
     preferred = LOSSES[loss].normalize  # a loss's own input (ce: standardised features), unless the kind's

@@ -24,6 +24,10 @@ class MemoryStore:
     def rows_for(self, ids):
         return np.array([self.index[i] for i in ids], dtype=np.int64)
 
+    def find_rows(self, ids):
+        """FeatureStore.find_rows: each id's row, -1 where it is not stored."""
+        return np.array([self.index.get(i, -1) for i in ids], dtype=np.int64)
+
 
 def planted_labels(folder: Path, n: int = 480, n_classes: int = 6, dim: int = 16, seed: int = 0,
                    noise: float = 6.0) -> tuple[Path, MemoryStore, torch.Tensor]:

@@ -165,7 +165,10 @@ def test_exported_classifier_predicts_like_head_predict(world, tmp_path, hierarc
     config = json.loads((out / "config.json").read_text())
     metrics = json.loads((out / "metrics.json").read_text())
     assert config["train"]["loss"] == "ce" and "'loss': 'ce'" in config["defaults"]  # labelled texts' default
-    assert (config["train"]["lr"], config["train"]["normalize"]) == (3e-3, "standardize")  # a ce head's own defaults
+    # 11 train texts a class: a few-shot table (heads.kinds.labels.FEW_SHOT_TABLE): a linear head on L2 inputs,
+    # fitted by lbfgs; with --hierarchy (one softmax per level) trained by AdamW
+    assert (config["train"]["normalize"], config["head"]["depth"]) == ("l2", 1)
+    assert config["train"]["solver"] == ("adamw" if hierarchy else "lbfgs") and config["train"]["self_train"] == 0
     assert config["head"]["hidden"] == 16 and "'hidden': 1024" not in config["defaults"]  # a given setting wins
     assert metrics["primary"] == "classifier_accuracy" and len(metrics["ci"]["head"]) == 2
     assert {"probe_accuracy", "probe_C", "probe_standardize"} <= set(metrics["baseline"]) & set(metrics["head"])
@@ -233,8 +236,10 @@ def test_few_shot_ce_head_trains_enough_steps_and_energy_heads_keep_their_epochs
         assert KIND.defaults_for("supcon-kl", shots) == KIND.defaults_for("supcon-kl") == KIND.defaults
     assert full * math.ceil(20 * 8 / 64) < 50  # what the full-data schedule gives 8 shots
     for shots, rounds in ((8, 5), (16, 5), (64, 0)):  # a linear softmax on unit-norm features fitted by lbfgs,
-        few = KIND.defaults_for("ce", shots)  # self-trained up to 16 shots (dev: within one SE at 64)
-        assert (few["depth"], few["normalize"], few["solver"], few["self_train"]) == (1, "l2", "lbfgs", rounds)
+        few = KIND.defaults_for("ce", shots, unlabeled=True)  # self-trained up to 16 shots (dev: within one SE
+        assert (few["depth"], few["normalize"], few["solver"], few["self_train"]) == (1, "l2", "lbfgs", rounds)  # 64)
+        assert KIND.defaults_for("ce", shots)["self_train"] == 0  # no unlabeled texts: nothing to self-train on
+        assert "solver" not in KIND.defaults_for("ce", shots, unlabeled=True, hierarchy=True)  # lbfgs: one softmax
     assert KIND.defaults_for("ce")["depth"] == 2 and "solver" not in KIND.defaults_for("ce")  # all of train: the MLP
     assert KIND.defaults_for("ce", 10_000)["epochs"] == full  # many texts per class: the full-data schedule
 
