@@ -264,3 +264,27 @@ def test_cli_small_labelled_table_with_unlabeled_texts_self_trains_by_default(tm
                                   "--out", str(tmp_path / "b")])  # no unlabeled texts: the labelled fit alone
     assert r.exit_code == 0, r.output
     assert json.loads((tmp_path / "b" / "config.json").read_text())["train"]["self_train"] == 0
+
+
+def test_grid_self_trains_over_unlabeled_texts_as_train_head_does(tmp_path):
+    table, unlabeled_file, _, _, _ = labelled_and_unlabeled(tmp_path)
+    model = tiny_bert(tmp_path / "model", layers=1)
+    store = tmp_path / "store"
+    r = CliRunner().invoke(main, ["featurize", "--model", str(model), "--data", str(table), "--unlabeled",
+                                  str(unlabeled_file), "--store", str(store), "--dtype", "float32"])
+    assert r.exit_code == 0, r.output
+    grid = tmp_path / "grid.toml"
+    grid.write_text('[grid]\nself_train = [0, 2]\n[fixed]\nloss = "ce"\nsolver = "lbfgs"\ndepth = 1\n'
+                    'self_train_add = 3\n')
+    data = ["--store", str(store), "--data", str(table), "--unlabeled", str(unlabeled_file)]
+    r = CliRunner().invoke(main, ["grid", *data, "--grid", str(grid), "--out", str(tmp_path / "grid")])
+    assert r.exit_code == 0, r.output
+    frame = pl.read_parquet(tmp_path / "grid" / "results.parquet").filter(pl.col("status") == "ok")
+    assert frame.height == 2
+    r = CliRunner().invoke(main, ["train-head", *data, "--solver", "lbfgs", "--depth", "1", "--self-train", "2",
+                                  "--self-train-add", "3", "--out", str(tmp_path / "one")])
+    assert r.exit_code == 0, r.output
+    metrics = json.loads((tmp_path / "one" / "metrics.json").read_text())
+    row = frame.filter(pl.col("self_train") == 2)
+    assert row["test_classifier_accuracy"][0] == pytest.approx(metrics["head"]["classifier_accuracy"], abs=1e-9)
+    assert "pseudo_labels" in metrics["unlabeled"]["roles"]
