@@ -1,7 +1,10 @@
 """Which labelled texts a labels task holds out and which it trains on: the dev slice of train when the
-dataset has no dev split, and the n-per-class shots of a few-shot head (heads.kinds.labels' module doc).
+dataset has no dev split, the n-per-class shots of a few-shot head (heads.kinds.labels' module doc), and the
+few-shot recipe's constants (LabelsKind.defaults_for).
 """
 from __future__ import annotations
+
+import math
 
 import numpy as np
 
@@ -40,3 +43,21 @@ def shots_note(shots: int, clipped: dict[str, int], listed: int = 10) -> str:
     more = f", and {len(clipped) - listed} more" if len(clipped) > listed else ""
     return (f"--shots {shots} is more than {len(clipped)} class(es) have: each trains on all of its texts "
             f"({named}{more})")
+
+
+FEW_SHOT_PASSES = 800  # a few-shot ce head's epochs x shots: about 250 optimiser steps on 20 classes at any n
+# (batches of 64); 10 epochs of 8 shots are 30 steps, the head under-trained (docs/labels.md, "Few-shot default")
+
+
+SELF_TRAIN_ROUNDS = 5  # a few-shot classifier head's self-training rounds, up to SELF_TRAIN_SHOTS shots. 20 Newsgroups
+# dev, 3 seeds, vs the tuned LR: +4.5 points at 8 shots, +1.9 at 16 (beyond one standard error of dev accuracy,
+# ~1.4), +0.35 at 64 (within it: the simpler head, the tuned LR's fit alone, is kept: the one-standard-error rule
+# the probe's dev choice follows); 3 or 8 rounds, 32 or 128 texts a round no better (docs/labels.md)
+SELF_TRAIN_SHOTS = 16
+FEW_SHOT_TABLE = 64  # a labelled table with at most this many texts per class (median) is few-shot data: the
+# range the few-shot recipe was measured on (8-64 shots, docs/labels.md); larger tables take the full-data recipe
+
+
+def few_shot_epochs(shots: int) -> int:
+    """Epochs of a classifier head trained on `shots` texts per class: FEW_SHOT_PASSES / shots, 10 to 100."""
+    return min(100, max(10, math.ceil(FEW_SHOT_PASSES / shots)))

@@ -32,23 +32,13 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 import polars as pl
 import torch
+
 from headstore.data.labels import LabelSpec, unseen_labels
-from headstore.heads.kinds.base import (
-    DEV_FRACTION,
-    DEV_SEED,
-    PREFIX,
-    Task,
-    TaskKind,
-    TrainSet,
-    store_rows,
-)
+from headstore.heads.kinds.base import DEV_FRACTION, DEV_SEED, PREFIX, Task, TaskKind, TrainSet, store_rows
 from headstore.heads.kinds.label_eval import evaluate_labels, probe_choices
-from headstore.heads.kinds.label_shots import (
-    few_shot_indices,
-    shots_clipped,
-    shots_note,
-    stratified_dev,
-)
+from headstore.heads.kinds.label_shots import (  # noqa: F401  (few_shot_epochs: importable from here too)
+    FEW_SHOT_TABLE, SELF_TRAIN_ROUNDS, SELF_TRAIN_SHOTS, few_shot_epochs, few_shot_indices, shots_clipped, shots_note,
+    stratified_dev)
 from headstore.heads.scoring.losses import CLASSES, LOSSES
 
 
@@ -64,7 +54,7 @@ class LabelSplit:
     def __len__(self) -> int:
         return len(self.rows)
 
-    def subset(self, idx: np.ndarray) -> LabelSplit:
+    def subset(self, idx: np.ndarray) -> "LabelSplit":
         return LabelSplit(self.rows[idx], self.classes[idx], self.nodes[idx], self.full)
 
 
@@ -241,24 +231,6 @@ def label_space(task) -> dict:
     return {"labels": {"classes": list(task.class_names), "levels": list(task.level_names),
                        "nodes": [list(names) for names in task.node_names],
                        "leaf_nodes": task.leaf_nodes.tolist()}}
-
-
-FEW_SHOT_PASSES = 800  # a few-shot ce head's epochs x shots: about 250 optimiser steps on 20 classes at any n
-# (batches of 64); 10 epochs of 8 shots are 30 steps, the head under-trained (docs/labels.md, "Few-shot default")
-
-
-SELF_TRAIN_ROUNDS = 5  # a few-shot classifier head's self-training rounds, up to SELF_TRAIN_SHOTS shots. 20 Newsgroups
-# dev, 3 seeds, vs the tuned LR: +4.5 points at 8 shots, +1.9 at 16 (beyond one standard error of dev accuracy,
-# ~1.4), +0.35 at 64 (within it: the simpler head, the tuned LR's fit alone, is kept: the one-standard-error rule
-# the probe's dev choice follows); 3 or 8 rounds, 32 or 128 texts a round no better (docs/labels.md)
-SELF_TRAIN_SHOTS = 16
-FEW_SHOT_TABLE = 64  # a labelled table with at most this many texts per class (median) is few-shot data: the
-# range the few-shot recipe was measured on (8-64 shots, docs/labels.md); larger tables take the full-data recipe
-
-
-def few_shot_epochs(shots: int) -> int:
-    """Epochs of a classifier head trained on `shots` texts per class: FEW_SHOT_PASSES / shots, 10 to 100."""
-    return min(100, max(10, math.ceil(FEW_SHOT_PASSES / shots)))
 
 
 # metrics a grid's seed summary reports (those present: per-level and retrieval ones join when computed)
