@@ -5,8 +5,8 @@ head. Prints the table and writes JSON; each run is kept under WORK/runs/dev-<se
 
     python3 bench/studies/distill_dev.py --work WORK --scifact-store S --datasets scifact \\
         --try temperature=0.5 --try temperature=2 --try distill_loss=margin-mse --try student_init=single,lr=3e-4
-(a --try may set the student's training settings too, e.g. lr; --k and --teacher-seeds pick the teacher as
-distill_study.py's do.)
+(a --try may set the student's training settings or shape too, e.g. lr or hidden=1024; --k and --teacher-seeds
+pick the teacher as distill_study.py's do.)
 """
 from __future__ import annotations
 

@@ -29,6 +29,7 @@ import argparse
 import datetime
 import json
 import sys
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import numpy as np
@@ -41,7 +42,7 @@ from headstore.heads.artefacts.head import EnsembleHead, Head  # noqa: E402
 from headstore.heads.experiments.datasets_root import datasets_root  # noqa: E402
 from headstore.heads.experiments.distill import distill  # noqa: E402
 from headstore.heads.scoring.bootstrap import SEED_STREAM, item_statistics, two_level_ci  # noqa: E402
-from headstore.heads.settings.config import TrainConfig  # noqa: E402
+from headstore.heads.settings.config import HeadConfig, TrainConfig  # noqa: E402
 from headstore.heads.settings.distill import DistillConfig  # noqa: E402
 from limits import machine, machine_line  # noqa: E402
 
@@ -54,15 +55,15 @@ N_BOOT = 1000
 
 
 def parse_settings(pairs: list[str]) -> dict:
-    """["temperature=2", "lr=3e-4"] -> typed settings: DistillConfig's, or the student's training settings
-    (TrainConfig's, applied over the single head's)."""
-    train = TrainConfig().to_dict()
+    """["temperature=2", "lr=3e-4", "hidden=1024"] -> typed settings: DistillConfig's, or the student's training
+    settings (TrainConfig's) or shape (HeadConfig's), each applied over the single head's."""
+    train, shape = TrainConfig().to_dict(), asdict(HeadConfig())
     out = {}
     for k, v in (p.split("=", 1) for p in pairs):
-        default = getattr(DistillConfig(), k) if hasattr(DistillConfig(), k) else train.get(k)
+        default = getattr(DistillConfig(), k) if hasattr(DistillConfig(), k) else train.get(k, shape.get(k))
         if default is None:
-            raise SystemExit(f"--set {k}: no DistillConfig or TrainConfig setting of that name (or one without a "
-                             "default to type it by)")
+            raise SystemExit(f"--set {k}: no DistillConfig, TrainConfig or HeadConfig setting of that name (or one "
+                             "without a default to type it by)")
         out[k] = v.lower() in ("1", "true") if isinstance(default, bool) else type(default)(v)
     return out
 
@@ -88,13 +89,15 @@ def save_teacher(grid: Path, k: int, seed: int, teacher_seeds: str | None, out: 
                  f"{grid}#ensemble={k}, seeds {teacher_seeds}").save(out)
 
 
-def check_kept(done: Path, dcfg: DistillConfig, cfg, train: dict) -> None:
+def check_kept(done: Path, dcfg: DistillConfig, cfg, train: dict, head_cfg: HeadConfig) -> None:
     """A kept run is reused only when made with these settings (a tag names runs, a default may have changed
     since: then another --tag)."""
     made = json.loads((done / "head" / "config.json").read_text())
     differ = {k: (made["distill"].get(k), v) for k, v in dcfg.to_dict().items() if made["distill"].get(k) != v}
     differ |= {k: (made["train"].get(k), getattr(cfg, k)) for k in (*train, "seed")
                if made["train"].get(k) != getattr(cfg, k)}
+    differ |= {k: (made["head"].get(k), getattr(head_cfg, k)) for k in ("depth", "hidden")
+               if made["head"].get(k) != getattr(head_cfg, k)}
     if differ:
         raise SystemExit(f"{done} was made with other settings (kept, asked): {differ}; give another --tag")
 
@@ -108,11 +111,13 @@ def run_one(args, name: str, seed: int, variant: str, settings: dict, transfer: 
     single_ref = f"{grid}#id={ensemble_ids(grid, 1, seed)[0]}"
     single = Head.load(single_ref)
     train = {k: v for k, v in settings.items() if k in set(TrainConfig.keys())}
+    shape = {k: v for k, v in settings.items() if k in asdict(HeadConfig()) and k not in train}
     cfg = single.train_config.replace(**train, seed=seed)
-    dcfg = DistillConfig(**{**{k: v for k, v in settings.items() if k not in train},
+    head_cfg = replace(single.head_config, **shape)  # the single head's shape unless --set widens it
+    dcfg = DistillConfig(**{**{k: v for k, v in settings.items() if k not in train and k not in shape},
                             **({"unlabeled_anchors": 0} if variant == "without" else {})})
     if (done / "record.json").is_file():
-        check_kept(done, dcfg, cfg, train)
+        check_kept(done, dcfg, cfg, train, head_cfg)
         return json.loads((done / "record.json").read_text()) | {"items": dict(np.load(done / "items.npz"))}
     teacher_dir = work / "teachers" / teacher_name
     if not teacher_dir.is_dir():
@@ -120,7 +125,7 @@ def run_one(args, name: str, seed: int, variant: str, settings: dict, transfer: 
     store = getattr(args, f"{name}_store")
     items: dict = {}
     root = datasets_root()
-    metrics = distill(store, str(root / name), str(teacher_dir), str(done / "head"), single.head_config, cfg, dcfg,
+    metrics = distill(store, str(root / name), str(teacher_dir), str(done / "head"), head_cfg, cfg, dcfg,
                       progress=False, overwrite=True, transfer=tuple(str(root / t) for t in DATASETS[name][0] if transfer),
                       single=single_ref, items=items)
     record = {"dataset": name, "seed": seed, "variant": variant, "distill": settings,
@@ -223,7 +228,7 @@ def main() -> None:
     parser.add_argument("--teacher-seeds", default=None, help="The teacher: the top-K configurations' heads of "
                         "these seeds (e.g. 0,1,2), one teacher for every student seed. Default: the student's seed.")
     parser.add_argument("--set", action="append", default=[], help="A DistillConfig setting, e.g. temperature=2, "
-                        "or a training setting of the student, e.g. lr=3e-4.")
+                        "or a training setting or the shape of the student, e.g. lr=3e-4, hidden=1024.")
     parser.add_argument("--tag", default="defaults", help="Runs go under WORK/runs/TAG (one per --set).")
     parser.add_argument("--summary-only", action="store_true", help="Summarise the runs WORK holds; train none.")
     parser.add_argument("--json", default=None, help="Default: bench/results/distill-study-<cpu>-<date>.json.")
