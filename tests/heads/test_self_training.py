@@ -36,6 +36,17 @@ def overlapping_blobs(tmp_path, n_classes=5, per_class=60, dim=10, seed=3):
     return path, MemoryStore(texts), torch.tensor(x, dtype=torch.float32)
 
 
+def featurized(tmp_path, data, unlabeled=None):
+    """A real store of `data`'s texts (and the --unlabeled file's) under a tiny one-layer BERT."""
+    model = tiny_bert(tmp_path / "model", layers=1)
+    store = tmp_path / "store"
+    more = ["--unlabeled", str(unlabeled)] if unlabeled else []
+    r = CliRunner().invoke(main, ["featurize", "--model", str(model), "--data", str(data), *more,
+                                  "--store", str(store), "--dtype", "float32"])
+    assert r.exit_code == 0, r.output
+    return store
+
+
 def fitted_head(path, store, X, **settings):
     """(task, class probabilities of every row) of a depth-1 ce head fitted by lbfgs with `settings`."""
     cfg = TrainConfig(loss="ce", solver="lbfgs", normalize="l2", **settings)
@@ -138,11 +149,7 @@ def test_inconsistent_solver_settings_are_refused_before_training(tmp_path, sett
 
 def test_cli_few_shot_default_is_the_self_trained_lbfgs_head_and_other_shapes_are_refused(tmp_path):
     path, _, _ = overlapping_blobs(tmp_path)  # the texts "text i": a tiny BERT's features are near chance
-    model = tiny_bert(tmp_path / "model", layers=1)
-    store = tmp_path / "store"
-    r = CliRunner().invoke(main, ["featurize", "--model", str(model), "--data", str(path), "--store", str(store),
-                                  "--dtype", "float32"])
-    assert r.exit_code == 0, r.output
+    store = featurized(tmp_path, path)
     base = ["train-head", "--store", str(store), "--data", str(path), "--shots", "8"]
     r = CliRunner().invoke(main, base + ["--out", str(tmp_path / "a")])
     assert r.exit_code == 0, r.output
@@ -173,11 +180,7 @@ def test_cli_few_shot_default_is_the_self_trained_lbfgs_head_and_other_shapes_ar
 def test_grid_trains_lbfgs_heads_with_and_without_self_training_and_train_head_gives_the_same(tmp_path):
     """A grid's lbfgs heads (one stack per seed) equal train-head's with the same settings, row for row."""
     path, _, _ = overlapping_blobs(tmp_path)
-    model = tiny_bert(tmp_path / "model", layers=1)
-    store = tmp_path / "store"
-    r = CliRunner().invoke(main, ["featurize", "--model", str(model), "--data", str(path), "--store", str(store),
-                                  "--dtype", "float32"])
-    assert r.exit_code == 0, r.output
+    store = featurized(tmp_path, path)
     grid = tmp_path / "grid.toml"
     grid.write_text('[grid]\nself_train = [0, 2]\nseed = [0, 1]\n[fixed]\nloss = "ce"\nsolver = "lbfgs"\n'
                     'depth = 1\nshots = 8\nself_train_add = 3\n')
@@ -248,11 +251,7 @@ def even_k(y):
 
 def test_cli_small_labelled_table_with_unlabeled_texts_self_trains_by_default(tmp_path):
     table, unlabeled_file, _, _, rest = labelled_and_unlabeled(tmp_path)
-    model = tiny_bert(tmp_path / "model", layers=1)
-    store = tmp_path / "store"
-    r = CliRunner().invoke(main, ["featurize", "--model", str(model), "--data", str(table), "--unlabeled",
-                                  str(unlabeled_file), "--store", str(store), "--dtype", "float32"])
-    assert r.exit_code == 0, r.output
+    store = featurized(tmp_path, table, unlabeled_file)
     r = CliRunner().invoke(main, ["train-head", "--store", str(store), "--data", str(table), "--unlabeled",
                                   str(unlabeled_file), "--out", str(tmp_path / "a")])
     assert r.exit_code == 0, r.output
@@ -268,11 +267,7 @@ def test_cli_small_labelled_table_with_unlabeled_texts_self_trains_by_default(tm
 
 def test_grid_self_trains_over_unlabeled_texts_as_train_head_does(tmp_path):
     table, unlabeled_file, _, _, _ = labelled_and_unlabeled(tmp_path)
-    model = tiny_bert(tmp_path / "model", layers=1)
-    store = tmp_path / "store"
-    r = CliRunner().invoke(main, ["featurize", "--model", str(model), "--data", str(table), "--unlabeled",
-                                  str(unlabeled_file), "--store", str(store), "--dtype", "float32"])
-    assert r.exit_code == 0, r.output
+    store = featurized(tmp_path, table, unlabeled_file)
     grid = tmp_path / "grid.toml"
     grid.write_text('[grid]\nself_train = [0, 2]\n[fixed]\nloss = "ce"\nsolver = "lbfgs"\ndepth = 1\n'
                     'self_train_add = 3\n')
