@@ -23,8 +23,8 @@ from headstore.featurize.tuning.schedule import SCHEDULES
 from headstore.heads.scoring.losses import LOSSES, LossConfig, scoring_energy
 from headstore.heads.scoring.losses.settings import GRADED_MODES, IMPOSTOR_MODES
 from headstore.heads.settings.train_sections import (  # noqa: F401  (the sections: importable from here too)
-    ENERGY_NAMES, NORMALIZATIONS, PRECISIONS, SECTION_OF, SOLVERS, SECTIONS, DataConfig, NegativesConfig, ObjectiveConfig,
-    OptimConfig, SelectionConfig, option_meta)
+    ENERGY_NAMES, NORMALIZATIONS, PRECISIONS, SECTION_OF, SECTIONS, SOLVERS, DataConfig, NegativesConfig,
+    ObjectiveConfig, OptimConfig, SelectionConfig, option_meta)
 
 ACTIVATION_NAMES = ("gelu", "identity", "relu", "tanh")  # heads.network.model implements each
 INITS = ("default", "identity")

@@ -9,9 +9,9 @@ head is then a ce head like any other (predict, export, eval); without self-trai
 the head's normalisation (cfg.normalize). Label smoothing, lr, epochs and batches do not apply.
 
 Self-training (`--self-train R`, Yarowsky 1995; Lee 2013's pseudo-labels): the unlabeled texts are the train
-texts the shots leave out (their labels hidden, never read to train) and the `--unlabeled` texts. Round r (1..R) pseudo-labels them with
-the previous round's head and refits, with the same C, on the shots plus, for every class, the r x
-`self_train_add` texts the head is most confident it predicts as that class (fewer where fewer are predicted
+texts the shots leave out (their labels hidden, never read to train) and the `--unlabeled` texts. Round r
+(1..R) pseudo-labels them with the previous round's head and refits, at C = `self_train_c` (0: the shots'
+cross-validated C), on the labelled texts plus, for every class, the r x `self_train_add` texts the head is most confident it predicts as that class (fewer where fewer are predicted
 as it). Each round's history says how many texts it added and how many of them carry the label the shots hid
 (`pseudo_accuracy` over `pseudo_with_hidden_label` texts: a diagnostic for the benchmark; `--unlabeled` texts
 have no label to compare).
@@ -64,7 +64,7 @@ def fit_linear_stack(task, features: torch.Tensor, head_cfg: HeadConfig, configs
         with torch.no_grad():
             model.weights[0][h].copy_(torch.as_tensor(weight.T))  # (D, C)
             model.biases[0][h].copy_(torch.as_tensor(bias))  # (C,)
-        runs.append(HeadRun(config=cfg, best_epoch=cfg.self_train, history=history,
+        runs.append(HeadRun(config=cfg, best_epoch=len(history) - 1, history=history,  # the last round's fit
                             seconds=time.perf_counter() - t0))
     return model.to(data.X.device), data.norm, runs
 
