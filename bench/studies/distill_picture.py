@@ -14,7 +14,7 @@ from pathlib import Path
 
 from matplotlib.figure import Figure
 
-BARS = (("teacher", "teacher (top-3 ensemble)", "tab:orange"), ("with", "distilled, anchors + unlabeled", "tab:blue"),
+BARS = (("teacher", "teacher (ensemble)", "tab:orange"), ("with", "distilled, anchors + unlabeled", "tab:blue"),
         ("without", "distilled, task anchors only", "tab:cyan"))
 
 

@@ -6,10 +6,15 @@ the seed-s heads of the K best configurations by dev), the best single head is t
 seed s, and the student has that head's shape and training settings with seed s (`headstore.distill`, every
 distillation setting at its default unless --set says otherwise: a DistillConfig setting or a training setting
 of the student, e.g. lr=3e-4). --teacher-seeds 0,1,2: the teacher is instead one ensemble for every seed, the K
-best configurations' heads of those seeds (K x 3 heads; bench/studies/distill_teachers.py compares teachers). Anchors "with" the unlabeled texts (the default
+best configurations' heads of those seeds (K x 3 heads; bench/studies/distill_teachers.py compares teachers).
+--tuned-teacher F --single 'COMPARE/head-base-s{seed}-KEY/head': the teacher is a tuned encoder with its head (a
+`cli finetune` output, as a compare step makes it; scored from its own store, --teacher-store), the same for every
+seed, and the column "single" is frozen + head of seed s (the compare's head): the share kept is then of the
+tuned encoder's gain over frozen + head. Anchors "with" the unlabeled texts (the default
 --unlabeled-anchors, drawn from a BEIR task's corpus) and "without" (the task's own training texts only) side by
-side where the task has unlabeled texts (SciFact; the STS-B store holds none besides SemEval, its test set out of
-domain).
+side where the task has unlabeled texts: SciFact's corpus; for STS-B the sentences of --stsb-unlabeled (featurized
+into its store: it otherwise holds none besides SemEval, its test set out of domain), which are then the
+candidates' pool in both variants, anchors only in "with".
 
 Reported per dataset and variant: test mean over seeds of frozen, the single head, the teacher and the student,
 each with the two-level 95% CI paired by seed (heads.scoring.bootstrap), the student's share of the teacher's gain
@@ -48,7 +53,7 @@ from limits import machine, machine_line  # noqa: E402
 
 DATASETS = {  # name: (transfer sets, the per-item statistic of the primary metric, variants)
     "scifact": (("cranfield", "cacm"), "mean", ("with", "without")),
-    "stsb": (("semeval-sts-2012-2016",), "spearman", ("without",)),
+    "stsb": (("semeval-sts-2012-2016",), "spearman", ("with", "without")),  # "with": given --stsb-unlabeled
 }
 COLUMNS = ("frozen", "single", "teacher", "distilled")
 N_BOOT = 1000
@@ -71,6 +76,8 @@ def parse_settings(pairs: list[str]) -> dict:
 def teacher_of(args, name: str, seed: int) -> str:
     """The teacher's folder name under WORK/teachers (runs are named after it): the top-K configurations' heads of
     --teacher-seeds (default: the student's own seed); K 3 of the own seed keeps the first study's name."""
+    if getattr(args, "tuned_teacher", None):
+        return f"tuned-{Path(args.tuned_teacher).name}"
     seeds = getattr(args, "teacher_seeds", None)
     if not seeds:
         return f"{name}-seed{seed}" if args.k == 3 else f"{name}-top{args.k}-seed{seed}"
@@ -102,13 +109,20 @@ def check_kept(done: Path, dcfg: DistillConfig, cfg, train: dict, head_cfg: Head
         raise SystemExit(f"{done} was made with other settings (kept, asked): {differ}; give another --tag")
 
 
+def run_dir(args, name: str, seed: int, variant: str) -> Path:
+    """WORK/runs/TAG/<teacher>-<variant>-seed<s>: where one distillation's record is kept."""
+    teacher = teacher_of(args, name, seed).replace(f"-seed{seed}", "")
+    return Path(args.work) / "runs" / args.tag / f"{teacher}-{variant}-seed{seed}"
+
+
 def run_one(args, name: str, seed: int, variant: str, settings: dict, transfer: bool = True) -> dict:
     """One distillation (module doc), kept under WORK/runs/TAG: its metrics and per-item test values."""
     work = Path(args.work)
     teacher_name = teacher_of(args, name, seed)
-    done = work / "runs" / args.tag / f"{teacher_name.replace(f'-seed{seed}', '')}-{variant}-seed{seed}"
+    done = run_dir(args, name, seed, variant)
     grid = work / f"grid-{name}"
-    single_ref = f"{grid}#id={ensemble_ids(grid, 1, seed)[0]}"
+    tuned = getattr(args, "tuned_teacher", None)  # a tuned encoder: the same teacher for every seed
+    single_ref = args.single.format(seed=seed) if tuned else f"{grid}#id={ensemble_ids(grid, 1, seed)[0]}"
     single = Head.load(single_ref)
     train = {k: v for k, v in settings.items() if k in set(TrainConfig.keys())}
     shape = {k: v for k, v in settings.items() if k in asdict(HeadConfig()) and k not in train}
@@ -119,16 +133,18 @@ def run_one(args, name: str, seed: int, variant: str, settings: dict, transfer: 
     if (done / "record.json").is_file():
         check_kept(done, dcfg, cfg, train, head_cfg)
         return json.loads((done / "record.json").read_text()) | {"items": dict(np.load(done / "items.npz"))}
-    teacher_dir = work / "teachers" / teacher_name
+    teacher_dir = Path(tuned) if tuned else work / "teachers" / teacher_name
     if not teacher_dir.is_dir():
         save_teacher(grid, args.k, seed, getattr(args, "teacher_seeds", None), teacher_dir)
     store = getattr(args, f"{name}_store")
     items: dict = {}
     root = datasets_root()
+    unlabeled = tuple(u for u in [getattr(args, f"{name}_unlabeled", None)] if u)
     metrics = distill(store, str(root / name), str(teacher_dir), str(done / "head"), head_cfg, cfg, dcfg,
-                      progress=False, overwrite=True, transfer=tuple(str(root / t) for t in DATASETS[name][0] if transfer),
-                      single=single_ref, items=items)
-    record = {"dataset": name, "seed": seed, "variant": variant, "distill": settings,
+                      progress=False, overwrite=True, unlabeled=unlabeled, single=single_ref, items=items,
+                      teacher_store=getattr(args, "teacher_store", None),
+                      transfer=tuple(str(root / t) for t in DATASETS[name][0] if transfer))
+    record = {"dataset": name, "seed": seed, "variant": variant, "distill": settings, "unlabeled": list(unlabeled),
               "primary": metrics["primary"], "baseline_primary": metrics["baseline_primary"],
               "test": {"frozen": metrics["baseline"][metrics["baseline_primary"]],
                        **{c: metrics[c]["head"][metrics[c]["primary"]] for c in ("single", "teacher")},
@@ -221,27 +237,39 @@ def main() -> None:
     parser.add_argument("--work", required=True, help="Holds grid-<dataset>/ (the teacher grids); runs go under it.")
     parser.add_argument("--scifact-store", default=None)
     parser.add_argument("--stsb-store", default=None)
+    parser.add_argument("--stsb-unlabeled", default=None, help="Unlabeled sentences for STS-B (in --stsb-store): "
+                        "the 'with' variant's anchors, both variants' candidates. Without it: 'without' only.")
     parser.add_argument("--datasets", default="scifact,stsb")
     parser.add_argument("--seeds", default="0,1,2")
     parser.add_argument("--variants", default="with,without", help="Anchors with and/or without the unlabeled texts.")
     parser.add_argument("--k", type=int, default=3, help="Ensemble size (the grid's --ensemble K).")
     parser.add_argument("--teacher-seeds", default=None, help="The teacher: the top-K configurations' heads of "
                         "these seeds (e.g. 0,1,2), one teacher for every student seed. Default: the student's seed.")
+    parser.add_argument("--tuned-teacher", default=None, help="A tuned encoder as the teacher of every seed: a `cli "
+                        "finetune` output (a compare step's); its scores from --teacher-store. Needs --single.")
+    parser.add_argument("--teacher-store", default=None, help="The tuned encoder's store (default: beside it).")
+    parser.add_argument("--single", default=None, help="With --tuned-teacher: the head the student is measured "
+                        "against and shaped like, a path with {seed}, e.g. the compare's frozen + head "
+                        "COMPARE/head-base-s{seed}-KEY/head")
     parser.add_argument("--set", action="append", default=[], help="A DistillConfig setting, e.g. temperature=2, "
                         "or a training setting or the shape of the student, e.g. lr=3e-4, hidden=1024.")
     parser.add_argument("--tag", default="defaults", help="Runs go under WORK/runs/TAG (one per --set).")
     parser.add_argument("--summary-only", action="store_true", help="Summarise the runs WORK holds; train none.")
     parser.add_argument("--json", default=None, help="Default: bench/results/distill-study-<cpu>-<date>.json.")
     args = parser.parse_args()
+    if bool(args.tuned_teacher) != bool(args.single):
+        parser.error("--tuned-teacher and --single go together")
     settings = parse_settings(args.set)
     m = machine()
     print(machine_line(m))
     records = []
     for name in args.datasets.split(","):
-        for variant in (v for v in DATASETS[name][2] if v in args.variants.split(",")):
+        variants = [v for v in DATASETS[name][2] if v in args.variants.split(",")]
+        if name == "stsb" and not args.stsb_unlabeled:
+            variants = [v for v in variants if v != "with"]
+        for variant in variants:
             for seed in map(int, args.seeds.split(",")):
-                kept = Path(args.work) / "runs" / args.tag / f"{name}-{variant}-seed{seed}" / "record.json"
-                if args.summary_only and not kept.is_file():
+                if args.summary_only and not (run_dir(args, name, seed, variant) / "record.json").is_file():
                     continue
                 records.append(run_one(args, name, seed, variant, settings))
                 print(f"{name} {variant} seed {seed}: {records[-1]['test']}", flush=True)

@@ -195,6 +195,8 @@ def _unlabeled_note(task, cfg: TrainConfig, anchors_note: dict) -> dict:
     except ValueError:  # no role in train-head's sense: the distillation gives them theirs below
         roles = {}
     roles["distillation anchors"] = (f"{anchors_note['unlabeled_anchors']} of them drawn as anchors the teacher "
-                                     "scores a candidate set for")
+                                     "scores a candidate set for" + (
+                                         f"; {anchors_note['unlabeled_held_out']} left out, texts a dev or test item "
+                                         "scores" if anchors_note.get("unlabeled_held_out") else ""))
     roles["candidates"] = "the corpus every anchor's candidates (the frozen search's, then random) come from"
     return {**task.unlabeled.report, "roles": roles}

@@ -122,7 +122,10 @@ def distill_table(metrics: dict) -> str:
     table = tabulate(rows, headers=["", *(h for h, _ in cols)], disable_numparse=True)
     d = metrics["distill"]
     a = d["anchors"]
-    lines = [table, f"anchors: {a['task_anchors']} of the task, {a['unlabeled_anchors']} from {a['unlabeled_from']}; "
+    held_out = (f" ({a['unlabeled_held_out']} of them left out: texts a dev or test item scores)"
+                if a.get("unlabeled_held_out") else "")
+    lines = [table, f"anchors: {a['task_anchors']} of the task, {a['unlabeled_anchors']} from {a['unlabeled_from']}"
+             f"{held_out}; "
              f"{d['candidates_per_anchor']} candidates each (corpus {a['corpus']:,}); teacher targets "
              f"{'made' if d['targets_made'] else 'reused'} ({d['targets']}); {d['distill_loss']}, T {d['temperature']:g}"]
     share = gain_share(metrics)

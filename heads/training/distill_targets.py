@@ -69,6 +69,8 @@ def anchor_and_corpus_rows(task, n_unlabeled: int, seed: int) -> tuple[np.ndarra
     pool = task.unlabeled.rows if task.unlabeled is not None else (
         task.corpus_rows if task.corpus_rows is not None else np.zeros(0, np.int64))
     pool = np.setdiff1d(np.asarray(pool, dtype=np.int64), own)
+    held_out = np.intersect1d(pool, held_out_rows(task))  # an unlabeled text that a dev or test item scores
+    pool = np.setdiff1d(pool, held_out)
     rng = np.random.default_rng(seed)
     drawn = np.sort(rng.choice(pool, size=min(n_unlabeled, len(pool)), replace=False)) if len(pool) else pool
     corpus = task.corpus_rows if task.corpus_rows is not None else np.unique(
@@ -79,8 +81,17 @@ def anchor_and_corpus_rows(task, n_unlabeled: int, seed: int) -> tuple[np.ndarra
     source = "the unlabeled texts" if task.unlabeled is not None else (
         "the corpus documents" if task.corpus_rows is not None else "none")
     report = {"task_anchors": int(len(own)), "unlabeled_anchors": int(len(drawn)), "unlabeled_from": source,
-              "unlabeled_available": int(len(pool)), "corpus": int(len(corpus))}
+              "unlabeled_available": int(len(pool)), "unlabeled_held_out": int(len(held_out)),
+              "corpus": int(len(corpus))}
     return np.concatenate([own, drawn]), corpus, report
+
+
+def held_out_rows(task) -> np.ndarray:
+    """Store rows of the texts the dev and test items score, never anchors nor candidates: IR the queries (the
+    corpus is what every split ranks, shared and unlabeled); pairs and STS both columns."""
+    parts = [np.asarray(d.query_rows) if hasattr(d, "query_rows") else np.concatenate([d.anchor, d.positive])
+             for d in task.eval_sets.values()]
+    return np.unique(np.concatenate([np.zeros(0, np.int64), *parts]).astype(np.int64))
 
 
 def rows_digest(rows: np.ndarray) -> str:

@@ -213,7 +213,8 @@ def test_an_ensemble_teacher_with_the_pairs_own_loss_and_the_cache_keyed_by_what
     metrics = json.loads((out / "metrics.json").read_text())
     assert metrics["teacher"]["parameters"] == sum(p.numel() for m in members for p in m.model.parameters())
     assert metrics["distill"]["anchors"] == {"task_anchors": 20, "unlabeled_anchors": 10, "corpus": 60,
-                                             "unlabeled_from": "the corpus documents", "unlabeled_available": 60}
+                                             "unlabeled_from": "the corpus documents", "unlabeled_available": 60,
+                                             "unlabeled_held_out": 0}
     cache, = out.glob("teacher-targets-*.npz")
     with np.load(cache) as z:  # the teacher's energies, as Head.energy gives them, at the cached rows
         store = FeatureStore.open(world.store)
@@ -278,6 +279,40 @@ def test_the_single_head_the_transfer_sets_and_the_cost_beside_the_student(data_
         assert metrics[block]["seconds_per_1000"] > 0
     for words in ("best single", f"{name} (out of domain)", "s / 1,000 queries"):
         assert words in r.output
+
+
+def test_unlabeled_texts_that_dev_or_test_items_score_are_never_anchors_nor_candidates(data_world, tmp_path):
+    """An STS table's --unlabeled file holding two dev and one test sentence (second column: the first column's are
+    left out as anchors when joined) and ten other stored texts: the three are counted and never an anchor or a
+    candidate of the cached targets; the ten are all drawn."""
+    import polars as pl
+
+    store, sts = data_world["store"], data_world["sts05"]
+    frame = pl.read_parquet(sts)
+    held = [*frame.filter(pl.col("split") == "dev")["sentence2"][:2], frame.filter(pl.col("split") == "test")
+            ["sentence2"][0]]
+    others = list(dict.fromkeys(pl.read_parquet(data_world["pos"])["positive"]))[:10]
+    unlabeled = tmp_path / "unlabeled.parquet"
+    pl.DataFrame({"text": [*held, *others]}).write_parquet(unlabeled)
+    r = cli("train-head", "--store", store, "--data", sts, "--out", tmp_path / "teacher", "--hidden", "16",
+            "--epochs", "2", "--no-guard")
+    assert r.exit_code == 0, r.output
+    out = tmp_path / "out"
+    r = cli("distill", "--store", store, "--data", sts, "--teacher", tmp_path / "teacher", "--out", out,
+            "--unlabeled", unlabeled, "--hidden", "16", "--epochs", "1", "--teacher-k", "5", "--random-k", "3",
+            "--search-k", "10", "--unlabeled-anchors", "100")
+    assert r.exit_code == 0, r.output
+    anchors = json.loads((out / "metrics.json").read_text())["distill"]["anchors"]
+    assert (anchors["unlabeled_held_out"], anchors["unlabeled_anchors"]) == (3, 10), anchors
+    assert "3 of them left out" in r.output
+    fs = FeatureStore.open(store)
+    dev_test = frame.filter(pl.col("split") != "train")
+    scored = fs.rows_for(fs.row_ids([*dev_test["sentence1"], *dev_test["sentence2"]], "document"))
+    cache, = out.glob("teacher-targets-*.npz")
+    with np.load(cache) as z:
+        assert not np.isin(z["anchors"], scored).any()
+        assert not np.isin(z["candidates"][z["valid"]], scored).any()
+        assert np.isin(fs.rows_for(fs.row_ids(others, "document")), z["anchors"]).all()
 
 
 def test_a_teacher_pass_stopped_part_way_goes_on_from_its_last_chunk(world, taught, tmp_path, monkeypatch):
