@@ -12,7 +12,8 @@ A BEIR task takes them the same way (its corpus grows by them); other kinds only
 Overlaps are said and counted, never silent: an unlabeled text that is also a positive (a corpus document) is
 that one document, relevant to its own anchor and a distractor to the others, not counted twice; an unlabeled
 text that is also an anchor (a query) is left out of the distractors, the impostor pool and the anchor's sample,
-so it is never a distractor for its own anchor. Every unlabeled text must be in the store in the document role
+so it is never a distractor for its own anchor. Where they only train (kinds other than IR: the anchor's sample,
+a classifier's pseudo-labels), an unlabeled text that a dev or test item scores is left out and counted. Every unlabeled text must be in the store in the document role
 (`cli featurize --unlabeled`): the error names how many are missing and the line of the first.
 """
 from __future__ import annotations
@@ -83,8 +84,10 @@ def join_unlabeled(task: Task, ds, store, paths) -> Task:
               "also_positives": sum(i in positives for i in ids)}
     kept_ids = [i for i, a in zip(ids, is_anchor) if not a]
     kept_rows = rows[~is_anchor]
-    if task.kind != IR_KIND.name:
-        return dataclasses.replace(task, unlabeled=Unlabeled(kept_rows, report))
+    if task.kind != IR_KIND.name:  # they train only (anchor sample, pseudo-labels): never a dev or test text
+        scored = np.isin(kept_rows, _scored_rows(task))
+        report["also_dev_test"] = int(scored.sum())
+        return dataclasses.replace(task, unlabeled=Unlabeled(kept_rows[~scored], report))
     if ds.kind == "pairs":
         doc_ids, doc_rows, n_own = _pairs_corpus(ds, store, positive_texts, kept_ids, kept_rows)
         what = f"every positive of the table ({n_own})"
@@ -106,6 +109,14 @@ def join_unlabeled(task: Task, ds, store, paths) -> Task:
     corpus_rows = None if task.corpus_rows is None else np.unique(doc_rows)
     return dataclasses.replace(task, eval_sets=eval_sets, corpus_rows=corpus_rows, evaluation=evaluation,
                                unlabeled=Unlabeled(kept_rows, report))
+
+
+def _scored_rows(task: Task) -> np.ndarray:
+    """Store rows of every text a dev or test item of a non-IR task scores (its kind's rows of each split)."""
+    from headstore.heads.kinds import KINDS
+
+    kind = KINDS[task.kind]
+    return np.unique(np.concatenate([np.zeros(0, np.int64), *(kind.rows(d) for d in task.eval_sets.values())]))
 
 
 def _pairs_corpus(ds, store, positive_texts: list[str], kept_ids: list[str], kept_rows: np.ndarray):
@@ -170,6 +181,7 @@ def unlabeled_line(report: dict) -> str:
     skips = [f"{report[k]} {w}" for k, w in (("also_anchors", "also anchors (left out: never a distractor for "
                                                "their own anchor)"),
                                               ("also_positives", "also positives (one document each, not twice)"),
+                                              ("also_dev_test", "dev or test texts (left out: never trained on)"),
                                               ("duplicates", "duplicates"), ("skipped_empty", "empty (skipped)"))
              if report.get(k)]
     return (f"unlabeled: {report['texts']} texts ({', '.join(report['files'])}) as "

@@ -283,8 +283,8 @@ def test_the_single_head_the_transfer_sets_and_the_cost_beside_the_student(data_
 
 def test_unlabeled_texts_that_dev_or_test_items_score_are_never_anchors_nor_candidates(data_world, tmp_path):
     """An STS table's --unlabeled file holding two dev and one test sentence (second column: the first column's are
-    left out as anchors when joined) and ten other stored texts: the three are counted and never an anchor or a
-    candidate of the cached targets; the ten are all drawn."""
+    left out as anchors when joined) and ten other stored texts: the three are counted (when joined) and never an
+    anchor or a candidate of the cached targets; the ten are all drawn."""
     import polars as pl
 
     store, sts = data_world["store"], data_world["sts05"]
@@ -302,9 +302,9 @@ def test_unlabeled_texts_that_dev_or_test_items_score_are_never_anchors_nor_cand
             "--unlabeled", unlabeled, "--hidden", "16", "--epochs", "1", "--teacher-k", "5", "--random-k", "3",
             "--search-k", "10", "--unlabeled-anchors", "100")
     assert r.exit_code == 0, r.output
-    anchors = json.loads((out / "metrics.json").read_text())["distill"]["anchors"]
-    assert (anchors["unlabeled_held_out"], anchors["unlabeled_anchors"]) == (3, 10), anchors
-    assert "3 of them left out" in r.output
+    metrics = json.loads((out / "metrics.json").read_text())
+    anchors = metrics["distill"]["anchors"]
+    assert (metrics["unlabeled"]["also_dev_test"], anchors["unlabeled_anchors"]) == (3, 10), metrics["unlabeled"]
     fs = FeatureStore.open(store)
     dev_test = frame.filter(pl.col("split") != "train")
     scored = fs.rows_for(fs.row_ids([*dev_test["sentence1"], *dev_test["sentence2"]], "document"))
@@ -313,6 +313,25 @@ def test_unlabeled_texts_that_dev_or_test_items_score_are_never_anchors_nor_cand
         assert not np.isin(z["anchors"], scored).any()
         assert not np.isin(z["candidates"][z["valid"]], scored).any()
         assert np.isin(fs.rows_for(fs.row_ids(others, "document")), z["anchors"]).all()
+
+
+def test_a_corpus_holding_a_dev_or_test_query_never_gives_it_as_an_anchor():
+    """A BEIR corpus that holds its own queries' texts (one store row for both, as in a store without prompts): the
+    dev and test queries' rows are left out of the unlabeled anchors and counted; train queries and the other
+    documents stay."""
+    from types import SimpleNamespace
+
+    from headstore.heads.kinds.ranking import IRSplit
+    from headstore.heads.training.distill_targets import anchor_and_corpus_rows
+
+    corpus = np.arange(100, 120)
+    split = lambda rows: IRSplit([str(r) for r in rows], np.array(rows), [], corpus, {})  # noqa: E731
+    task = SimpleNamespace(name="t", kind="ir", train=SimpleNamespace(anchor=np.array([100, 1]), positive=np.array(
+        [105, 106])), corpus_rows=corpus, unlabeled=None, eval_sets={"dev": split([101, 2]), "test": split([102, 3])})
+    anchors, got_corpus, note = anchor_and_corpus_rows(task, 50, 0)
+    assert sorted(anchors) == [1, 100, *range(103, 120)]  # the train query (twice a row: once); 101, 102 left out
+    assert note["unlabeled_held_out"] == 2 and note["unlabeled_anchors"] == 17
+    assert np.array_equal(got_corpus, corpus)
 
 
 def test_a_teacher_pass_stopped_part_way_goes_on_from_its_last_chunk(world, taught, tmp_path, monkeypatch):

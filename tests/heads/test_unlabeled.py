@@ -202,3 +202,27 @@ def test_dev_is_carved_by_anchor_text_when_pairs_rank_a_shared_corpus(uw, tmp_pa
     assert "held out by anchor text" in task.dev_note and "shared corpus" in task.dev_note
     alone = load_task(str(tmp_path / "nosplit.parquet"), store)  # without: by both texts, as before
     assert "held out by text" in alone.dev_note and "anchor" not in alone.dev_note
+
+
+def test_an_sts_tables_dev_and_test_sentences_are_never_its_unlabeled_sample(data_world, tmp_path):
+    """Kinds other than IR only train on unlabeled texts: second-column dev and test sentences of an STS table in the
+    --unlabeled file are left out and counted (first-column ones are anchors, counted so already); the other texts
+    are the sample, and the anchor regulariser draws from them alone."""
+    frame = pl.read_parquet(data_world["sts05"])
+    held = [*frame.filter(pl.col("split") == "dev")["sentence2"][:2], frame.filter(pl.col("split") == "test")
+            ["sentence2"][0]]
+    first = frame.filter(pl.col("split") == "test")["sentence1"][0]
+    others = list(dict.fromkeys(pl.read_parquet(data_world["pos"])["positive"]))[:6]
+    path = tmp_path / "unlabeled.txt"
+    path.write_text("\n".join([*held, first, *others]) + "\n")
+    store = FeatureStore.open(data_world["store"])
+    task = load_task(str(data_world["sts05"]), store, unlabeled=(str(path),))
+    report = task.unlabeled.report
+    assert (report["texts"], report["also_dev_test"], report["also_anchors"]) == (10, 3, 1), report
+    assert sorted(task.unlabeled.rows) == sorted(store.rows_for(store.row_ids(others, "document")))
+    out = tmp_path / "h"
+    r = cli("train-head", "--store", data_world["store"], "--data", data_world["sts05"], "--unlabeled", path,
+            "--anchor-weight", "0.1", "--out", out, *FAST)
+    assert r.exit_code == 0, r.output
+    assert "3 dev or test texts (left out: never trained on)" in r.output
+    assert json.loads((out / "metrics.json").read_text())["unlabeled"]["also_dev_test"] == 3
