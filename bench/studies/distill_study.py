@@ -7,7 +7,7 @@ seed s, and the student has that head's shape and training settings with seed s 
 distillation setting at its default unless --set says otherwise: a DistillConfig setting or a training setting
 of the student, e.g. lr=3e-4). --teacher-seeds 0,1,2: the teacher is instead one ensemble for every seed, the K
 best configurations' heads of those seeds (K x 3 heads; bench/studies/distill_teachers.py compares teachers).
---tuned-teacher F --single 'COMPARE/head-base-s{seed}-KEY/head': the teacher is a tuned encoder with its head (a
+--tuned-teacher F --single 'COMPARE/head-base-s{seed}-*/head': the teacher is a tuned encoder with its head (a
 `cli finetune` output, as a compare step makes it; scored from its own store, --teacher-store), the same for every
 seed, and the column "single" is frozen + head of seed s (the compare's head): the share kept is then of the
 tuned encoder's gain over frozen + head. Anchors "with" the unlabeled texts (the default
@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import glob
 import json
 import sys
 from dataclasses import asdict, replace
@@ -109,6 +110,14 @@ def check_kept(done: Path, dcfg: DistillConfig, cfg, train: dict, head_cfg: Head
         raise SystemExit(f"{done} was made with other settings (kept, asked): {differ}; give another --tag")
 
 
+def single_of(pattern: str, seed: int) -> str:
+    """--single's head of `seed`: the pattern with {seed} filled, a glob that must match one folder."""
+    found = sorted(glob.glob(pattern.format(seed=seed)))
+    if len(found) != 1:
+        raise SystemExit(f"--single {pattern}: {len(found)} folders match for seed {seed} ({found[:3]}); give one each")
+    return found[0]
+
+
 def run_dir(args, name: str, seed: int, variant: str) -> Path:
     """WORK/runs/TAG/<teacher>-<variant>-seed<s>: where one distillation's record is kept."""
     teacher = teacher_of(args, name, seed).replace(f"-seed{seed}", "")
@@ -122,7 +131,7 @@ def run_one(args, name: str, seed: int, variant: str, settings: dict, transfer: 
     done = run_dir(args, name, seed, variant)
     grid = work / f"grid-{name}"
     tuned = getattr(args, "tuned_teacher", None)  # a tuned encoder: the same teacher for every seed
-    single_ref = args.single.format(seed=seed) if tuned else f"{grid}#id={ensemble_ids(grid, 1, seed)[0]}"
+    single_ref = single_of(args.single, seed) if tuned else f"{grid}#id={ensemble_ids(grid, 1, seed)[0]}"
     single = Head.load(single_ref)
     train = {k: v for k, v in settings.items() if k in set(TrainConfig.keys())}
     shape = {k: v for k, v in settings.items() if k in asdict(HeadConfig()) and k not in train}
@@ -249,8 +258,8 @@ def main() -> None:
                         "finetune` output (a compare step's); its scores from --teacher-store. Needs --single.")
     parser.add_argument("--teacher-store", default=None, help="The tuned encoder's store (default: beside it).")
     parser.add_argument("--single", default=None, help="With --tuned-teacher: the head the student is measured "
-                        "against and shaped like, a path with {seed}, e.g. the compare's frozen + head "
-                        "COMPARE/head-base-s{seed}-KEY/head")
+                        "against and shaped like, a path (a glob matching one folder) with {seed}, e.g. the compare's "
+                        "frozen + head 'COMPARE/head-base-s{seed}-*/head'")
     parser.add_argument("--set", action="append", default=[], help="A DistillConfig setting, e.g. temperature=2, "
                         "or a training setting or the shape of the student, e.g. lr=3e-4, hidden=1024.")
     parser.add_argument("--tag", default="defaults", help="Runs go under WORK/runs/TAG (one per --set).")

@@ -13,8 +13,9 @@ Overlaps are said and counted, never silent: an unlabeled text that is also a po
 that one document, relevant to its own anchor and a distractor to the others, not counted twice; an unlabeled
 text that is also an anchor (a query) is left out of the distractors, the impostor pool and the anchor's sample,
 so it is never a distractor for its own anchor. Where they only train (kinds other than IR: the anchor's sample,
-a classifier's pseudo-labels), an unlabeled text that a dev or test item scores is left out and counted. Every unlabeled text must be in the store in the document role
-(`cli featurize --unlabeled`): the error names how many are missing and the line of the first.
+a classifier's pseudo-labels), an unlabeled text that a dev or test item scores is left out and counted. Every
+unlabeled text must be in the store in the document role (`cli featurize --unlabeled`): the error names how many
+are missing and the line of the first.
 """
 from __future__ import annotations
 

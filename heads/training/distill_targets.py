@@ -87,8 +87,9 @@ def anchor_and_corpus_rows(task, n_unlabeled: int, seed: int) -> tuple[np.ndarra
 
 
 def held_out_rows(task) -> np.ndarray:
-    """Store rows of the texts the dev and test items score, never anchors nor candidates: IR the queries (the
-    corpus is what every split ranks, shared and unlabeled); pairs and STS both columns."""
+    """Store rows of the texts the dev and test items score, never anchors: IR the queries (the corpus is what every
+    split ranks, shared and unlabeled: its documents stay candidates); pairs and STS both columns (never candidates
+    either: an STS task's candidates come from its train texts and the pool)."""
     parts = [np.asarray(d.query_rows) if hasattr(d, "query_rows") else np.concatenate([d.anchor, d.positive])
              for d in task.eval_sets.values()]
     return np.unique(np.concatenate([np.zeros(0, np.int64), *parts]).astype(np.int64))
