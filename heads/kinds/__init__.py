@@ -79,6 +79,13 @@ def task_rows(task: Task) -> set[int]:
     return set(np.concatenate(parts).tolist()) if parts else set()
 
 
+def held_out_rows(task: Task) -> np.ndarray:
+    """Store rows of the texts the dev and test items score (TaskKind.item_rows of every evaluation set): never
+    trained on, never an anchor."""
+    kind = kind_of(task)
+    return np.unique(np.concatenate([np.zeros(0, np.int64), *(kind.item_rows(s) for s in task.eval_sets.values())]))
+
+
 def without_overlap(task: Task, rows: set[int], source: str = "the training dataset") -> tuple[Task, dict[str, int]]:
     """The task with every evaluation item (a pair, a query, a labelled text) that uses one of `rows` dropped.
 

@@ -253,6 +253,11 @@ class TaskKind:
         """Every store row an evaluation set uses."""
         return np.concatenate([data.anchor, data.positive])
 
+    def item_rows(self, data) -> np.ndarray:
+        """The store rows of an evaluation set's own items, never trained on (IR: its queries, not the corpus
+        every split shares)."""
+        return self.rows(data)
+
     def without(self, data, rows: np.ndarray):
         """(the evaluation set without the items that use one of `rows`, number dropped)."""
         keep = ~(np.isin(data.anchor, rows) | np.isin(data.positive, rows))

@@ -179,6 +179,9 @@ class IRKind(TaskKind):
     def rows(self, data: IRSplit) -> np.ndarray:
         return np.concatenate([data.query_rows, data.doc_rows])
 
+    def item_rows(self, data: IRSplit) -> np.ndarray:
+        return np.asarray(data.query_rows)
+
     def without(self, data: IRSplit, rows: np.ndarray):
         """Queries that use one of `rows` dropped (the corpus stays: it is what every split ranks)."""
         keep = ~np.isin(data.query_rows, rows)

@@ -86,7 +86,9 @@ def join_unlabeled(task: Task, ds, store, paths) -> Task:
     kept_ids = [i for i, a in zip(ids, is_anchor) if not a]
     kept_rows = rows[~is_anchor]
     if task.kind != IR_KIND.name:  # they train only (anchor sample, pseudo-labels): never a dev or test text
-        scored = np.isin(kept_rows, _scored_rows(task))
+        from headstore.heads.kinds import held_out_rows
+
+        scored = np.isin(kept_rows, held_out_rows(task))
         report["also_dev_test"] = int(scored.sum())
         return dataclasses.replace(task, unlabeled=Unlabeled(kept_rows[~scored], report))
     if ds.kind == "pairs":
@@ -110,14 +112,6 @@ def join_unlabeled(task: Task, ds, store, paths) -> Task:
     corpus_rows = None if task.corpus_rows is None else np.unique(doc_rows)
     return dataclasses.replace(task, eval_sets=eval_sets, corpus_rows=corpus_rows, evaluation=evaluation,
                                unlabeled=Unlabeled(kept_rows, report))
-
-
-def _scored_rows(task: Task) -> np.ndarray:
-    """Store rows of every text a dev or test item of a non-IR task scores (its kind's rows of each split)."""
-    from headstore.heads.kinds import KINDS
-
-    kind = KINDS[task.kind]
-    return np.unique(np.concatenate([np.zeros(0, np.int64), *(kind.rows(d) for d in task.eval_sets.values())]))
 
 
 def _pairs_corpus(ds, store, positive_texts: list[str], kept_ids: list[str], kept_rows: np.ndarray):

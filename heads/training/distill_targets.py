@@ -33,6 +33,7 @@ import torch
 
 from headstore.data.files import atomic_write_bytes
 from headstore.data.progress import progress_bar, progress_write
+from headstore.heads.kinds import held_out_rows
 from headstore.heads.network.candidates import frozen_topk
 from headstore.heads.scoring.energy import candidate_energy
 
@@ -69,7 +70,7 @@ def anchor_and_corpus_rows(task, n_unlabeled: int, seed: int) -> tuple[np.ndarra
     pool = task.unlabeled.rows if task.unlabeled is not None else (
         task.corpus_rows if task.corpus_rows is not None else np.zeros(0, np.int64))
     pool = np.setdiff1d(np.asarray(pool, dtype=np.int64), own)
-    held_out = np.intersect1d(pool, held_out_rows(task))  # an unlabeled text that a dev or test item scores
+    held_out = np.intersect1d(pool, held_out_rows(task))  # a dev or test item's text (IR: a query; the corpus stays)
     pool = np.setdiff1d(pool, held_out)
     rng = np.random.default_rng(seed)
     drawn = np.sort(rng.choice(pool, size=min(n_unlabeled, len(pool)), replace=False)) if len(pool) else pool
@@ -84,15 +85,6 @@ def anchor_and_corpus_rows(task, n_unlabeled: int, seed: int) -> tuple[np.ndarra
               "unlabeled_available": int(len(pool)), "unlabeled_held_out": int(len(held_out)),
               "corpus": int(len(corpus))}
     return np.concatenate([own, drawn]), corpus, report
-
-
-def held_out_rows(task) -> np.ndarray:
-    """Store rows of the texts the dev and test items score, never anchors: IR the queries (the corpus is what every
-    split ranks, shared and unlabeled: its documents stay candidates); pairs and STS both columns (never candidates
-    either: an STS task's candidates come from its train texts and the pool)."""
-    parts = [np.asarray(d.query_rows) if hasattr(d, "query_rows") else np.concatenate([d.anchor, d.positive])
-             for d in task.eval_sets.values()]
-    return np.unique(np.concatenate([np.zeros(0, np.int64), *parts]).astype(np.int64))
 
 
 def rows_digest(rows: np.ndarray) -> str:
