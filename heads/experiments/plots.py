@@ -87,7 +87,7 @@ def plot_gain_vs_change(rows: list[dict], path: Path) -> None:
         ax.set_xlabel(f"in-domain gain vs frozen + head ({ind}, {metric_family(rows[0]['datasets'][ind]['metric'])})",
                       fontsize=9)
         ax.set_ylabel(f"out-of-domain change ({ds}, {metric_family(rows[0]['datasets'][ds]['metric'])})", fontsize=9)
-        ax.set_title(f"{ds}: 95% CIs, paired over items", fontsize=10)
+        ax.set_title(f"{ds}: 95% two-level CIs, paired by seed and item", fontsize=10)
     handles, labels = axes[0].get_legend_handles_labels()
     fig.legend(handles, labels, loc="lower center", ncol=min(4, len(labels)), fontsize=8, frameon=False)
     fig.tight_layout(rect=(0, 0.06 + 0.035 * ((len(labels) - 1) // 4), 1, 1))
