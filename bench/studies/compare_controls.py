@@ -39,6 +39,8 @@ N_BOOT = 1000
 
 
 def dev_curve(folder: Path) -> dict:
+    if not (folder / "finetune.json").is_file():
+        raise SystemExit(f"{folder}: no finetune.json (run the `cli finetune` of the module doc first)")
     run = json.loads((folder / "finetune.json").read_text())
     return {"encoder_lr": run["config"]["encoder_lr"], "head_lr": run["config"]["head_lr"],
             "dev": [c["dev"] for c in run["dev_curve"]], "loss": [c.get("loss") for c in run["dev_curve"]],
@@ -47,7 +49,11 @@ def dev_curve(folder: Path) -> dict:
 
 def table_items(compare: Path, seed: int, dataset: str) -> dict:
     """The table's frozen + head of `seed` on `dataset`: its eval step's record (items included)."""
-    (step,) = glob.glob(str(compare / f"eval-base-s{seed}-{dataset}-*" / "step.json"))
+    found = glob.glob(str(compare / f"eval-base-s{seed}-{dataset}-*" / "step.json"))
+    if len(found) != 1:
+        raise SystemExit(f"{compare}: {len(found)} eval steps of frozen + head, seed {seed}, on {dataset} (need one: "
+                         "run the table to its end)")
+    (step,) = found
     return json.loads(Path(step).read_text())["result"]
 
 
