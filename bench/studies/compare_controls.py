@@ -26,12 +26,14 @@ from pathlib import Path
 
 import numpy as np
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "speed"))
 
 from headstore.heads.experiments.compare_report import _eval  # noqa: E402
 from headstore.heads.experiments.datasets_root import datasets_root  # noqa: E402
-from headstore.heads.scoring.bootstrap import SEED_STREAM, item_statistics, two_level_ci  # noqa: E402
+from headstore.heads.scoring.bootstrap import two_level_ci  # noqa: E402
+from distill_study import share_ci  # noqa: E402
 from limits import machine, machine_line  # noqa: E402
 
 DATASETS = ("scifact", "cranfield", "cacm")  # in domain first; the others drop queries that use a SciFact text
@@ -74,15 +76,10 @@ def forced_items(controls: Path, seed: int, dataset: str) -> dict:
 
 def share_of_gain(head: np.ndarray, tuned: np.ndarray, cosine: np.ndarray) -> tuple[float, tuple[float, float]]:
     """mean(head - cosine) / mean(tuned - cosine) over seeds: the share of the tuned encoder's in-domain gain over
-    the frozen encoder that frozen + head recovers, with its 95% interval from the two-level resamples (the same
-    item draws for all three, the seeds drawn as bootstrap.seed_interval draws them)."""
-    S = head.shape[0]
-    boot = {k: item_statistics(v, N_BOOT) for k, v in (("head", head), ("tuned", tuned), ("cosine", cosine))}
-    seeds = np.random.default_rng([0, SEED_STREAM]).multinomial(S, np.full(S, 1.0 / S), size=N_BOOT)  # (B, S)
-    gain = lambda k: (seeds * (boot[k] - boot["cosine"]).T).sum(1) / S  # noqa: E731
-    ratio = gain("head") / gain("tuned")
+    the frozen encoder that frozen + head recovers, with its 95% interval from the two-level resamples
+    (distill_study.share_ci: the same ratio of paired gains, the cosine in the reference's place)."""
     point = float(np.mean(head - cosine) / np.mean(tuned - cosine))
-    return point, (float(np.quantile(ratio, 0.025)), float(np.quantile(ratio, 0.975)))
+    return point, share_ci({"single": cosine, "teacher": tuned, "distilled": head, "gold": None}, "mean")
 
 
 def main() -> None:
