@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import hashlib
 import shutil
+
+import numpy as np
 from dataclasses import asdict
 from pathlib import Path
 
@@ -34,6 +36,7 @@ from headstore.heads.experiments.distill_report import (SPLITS, Beside, best_mem
 from headstore.heads.experiments.distill_tuned import TunedTeacherStore, tuned_head_dir
 from headstore.heads.kinds import load_task
 from headstore.heads.kinds.unlabeled import unlabeled_report
+from headstore.heads.scoring.losses import distill_losses
 from headstore.heads.artefacts.task_features import TaskFeatures
 from headstore.heads.settings.config import HeadConfig, TrainConfig
 from headstore.heads.settings.distill import DistillConfig
@@ -90,6 +93,18 @@ def student_start(dcfg: DistillConfig, single: Head | None, head_cfg: HeadConfig
     return single.head_config, (single.model, single.normalizer)
 
 
+def check_embedding_student(teacher: Head, head_cfg: HeadConfig, dcfg: DistillConfig) -> None:
+    """An embedding loss regresses the student's outputs onto the teacher's: both sides of every pair through one
+    head of the teacher's output width, or ValueError naming what to set."""
+    if teacher.query_side or head_cfg.sides != "both":
+        raise ValueError(f"--distill-loss {dcfg.distill_loss}: embedding-mse needs teacher and student heads that take "
+                         "both sides of a pair (sides both); drop embedding-mse for a query-side head")
+    if head_cfg.out_features != teacher.out_dim:
+        raise ValueError(f"--distill-loss {dcfg.distill_loss}: the student outputs {head_cfg.out_features} values, the "
+                         f"teacher {teacher.out_dim}: embedding-mse needs the same width (--out-dim "
+                         f"{teacher.out_dim}{', with --no-residual' if teacher.out_dim != head_cfg.in_dim else ''})")
+
+
 def teacher_key(teacher: Head) -> str:
     """sha256 of the teacher's weights, normalisers, energy and store (a tuned encoder's: its weights' too)."""
     h = hashlib.sha256((teacher.energy_name + teacher.store_fingerprint).encode())
@@ -128,13 +143,20 @@ def distill(store_path: str, data_path: str, teacher_ref: str, out_dir: str, hea
     task, features = tf.remap(task), tf.read(array)
     tkey = teacher_key(teacher)
     key = targets_key(tkey, store.fingerprint, (array, teacher.array), anchors, corpus, dcfg.target_settings())
-    targets, made = _targets(out_dir, key, teacher, read_teacher(tf, teacher.array), features[:, :store.dim], tf,
-                             anchors, corpus, dcfg, progress)
     single_head = load_teacher(single, store, what="--single") if single else best_member(
         teacher, task, read_teacher(tf, teacher.array), store.dim)
     beside = Beside(task, store, tf, array, teacher, single_head, ood, (tf.positions(anchors), tf.positions(corpus)),
                     device, items, read_teacher)
     head_cfg, init = student_start(dcfg, single_head, head_shape(head_cfg, features, array, task, cfg), array)
+    embedding_loss = any(spec.reads == "embeddings" for spec in distill_losses(dcfg.distill_loss))
+    if embedding_loss:
+        check_embedding_student(teacher, head_cfg, dcfg)  # before the teacher's pass writes its targets
+    targets, made = _targets(out_dir, key, teacher, read_teacher(tf, teacher.array), features[:, :store.dim], tf,
+                             anchors, corpus, dcfg, progress)
+    if embedding_loss:
+        z = HeadTeacher(teacher, read_teacher(tf, teacher.array)).embed(tf.positions(anchors), "query")
+        assert np.array_equal(targets.anchors, anchors)
+        targets = targets.with_embeddings(z.cpu().numpy())  # (U, d) the teacher's outputs of the anchors
     model, norm, (run,) = distill_stack(task, features, head_cfg, [cfg], dcfg, targets.mapped(tf.positions),
                                         progress, in_place=True, init=init)  # the raw features' last use was above
     out = prepare_output_dir(out_dir, "head", overwrite, inputs=inputs)

@@ -18,7 +18,9 @@ def distill_options(f):
     options = [
         click.option("--distill-loss", default=D.distill_loss, show_default=True,
                      help=f"{losses}: KL on softmax(-E / T) over each candidate set (Hinton et al. 2015), the "
-                          "teacher's margins to its best candidate (Margin-MSE, Hofstätter et al. 2020), or both."),
+                          "teacher's margins to its best candidate (Margin-MSE, Hofstätter et al. 2020), the "
+                          "anchors' outputs regressed onto the teacher's (embedding-MSE, Reimers & Gurevych 2020: "
+                          "a student of the teacher's output width), or a sum."),
         click.option("--temperature", type=float, default=D.temperature, show_default=True,
                      help="T of the KL's softmax over -energy (> 0)."),
         click.option("--pair-weight", type=float, default=D.pair_weight, show_default=True,

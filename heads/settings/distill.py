@@ -22,7 +22,9 @@ STUDENT_INITS = ("fresh", "single")  # a new head (train-head's init), or the be
 class DistillConfig:
     # KL over the whole candidate set plus Margin-MSE's margins to the teacher's best candidate. SciFact dev
     # (3 seeds): 0.7989 vs KL's 0.7814 with the 6-head cross-seed teacher, 0.7950 vs 0.7832 with the per-seed
-    # top-3 one (seed 0: KL+Margin-MSE 0.8062, KL 0.7833, T 2 0.7913, all 5,183 corpus anchors 0.7883)
+    # top-3 one (seed 0: KL+Margin-MSE 0.8062, KL 0.7833, T 2 0.7913, all 5,183 corpus anchors 0.7883). STS-B dev
+    # with the tuned encoder as teacher (seed 0): embedding-mse 0.8713 vs 0.8716 at the single head's shape (it pays
+    # only in a far larger student: docs/distill.md), and it needs the teacher's output width: not the default
     distill_loss: str = "kl+margin-mse"
     # T = 1: the SciFact ensemble's energies over 40 candidates give softmax(-E) a median top-1 probability of
     # 0.15 and entropy 3.08 (flat: 3.69): neither one-hot nor flat; SciFact dev (seed 0, KL): 0.7833 vs 0.7913 at

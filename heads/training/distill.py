@@ -3,7 +3,8 @@
 `DistillTraining` is a `StackTraining` (heads.training.train) whose epochs run over the targets' anchors instead
 of the training pairs: each step takes a batch of anchors per head (each head's own order, from its seed), the
 student's energies of each anchor against its candidates, and the distillation losses of `DistillConfig` (KL
-and/or Margin-MSE: heads.scoring.losses.distill) against the teacher's energies; with `pair_weight` > 0 it adds
+and/or Margin-MSE: heads.scoring.losses.distill) against the teacher's energies (embedding-MSE: the anchors'
+outputs against the teacher's); with `pair_weight` > 0 it adds
 train-head's own loss on a batch of the training pairs (its mined negatives, anchor regulariser and
 decay-to-init as train-head's), drawn in turn from each head's permutation of the pairs. Everything else is
 train-head's: the normaliser fitted on the training texts, dev scored each epoch, early stopping, the guard
@@ -42,7 +43,11 @@ class DistillTraining(StackTraining):
         self.t_cand = torch.as_tensor(targets.candidates, dtype=torch.long, device=dev)  # (U, C)
         self.t_energy = torch.as_tensor(targets.energies, dtype=torch.float32, device=dev)  # (U, C)
         self.t_valid = torch.as_tensor(targets.valid, dtype=torch.bool, device=dev)  # (U, C)
-        self.losses = [(spec.function(), spec.name) for spec in distill_losses(dcfg.distill_loss)]
+        specs = distill_losses(dcfg.distill_loss)
+        self.losses = [(spec.function(), spec.name) for spec in specs if spec.reads == "energies"]
+        self.embedding_losses = [spec.function() for spec in specs if spec.reads == "embeddings"]
+        assert not self.embedding_losses or targets.embeddings is not None, "an embedding loss without embeddings"
+        self.t_embed = None if not self.embedding_losses else torch.as_tensor(targets.embeddings, device=dev)  # (U, d)
         super().__init__(task, features, head_cfg, configs, "dev", None, init,
                          anchor_rows if dcfg.pair_weight else None, in_place)
         self.pair_gens = [torch.Generator().manual_seed(c.seed + 1) for c in configs]
@@ -74,11 +79,16 @@ class DistillTraining(StackTraining):
         """(H,) the distillation losses of the anchors idx (H, b) against their candidates."""
         b = idx.shape[1]
         cand = self.t_cand[idx]  # (H, b, C)
-        rows = torch.cat([self.t_anchor[idx], cand.flatten(1)], dim=1)
-        z = forward_rows(self.model, self.data.X, rows, b, self.cfg.precision)  # (H, b + b C, d)
-        E = candidate_energy(self.cfg.eval_energy, z[:, :b], z[:, b:].unflatten(1, cand.shape[1:]))  # (H, b, C)
-        target, valid = self.t_energy[idx], self.t_valid[idx]
-        return sum(fn(E, target, valid, temperature=self.dcfg.temperature) for fn, _ in self.losses)
+        rows = torch.cat([self.t_anchor[idx], cand.flatten(1)], dim=1) if self.losses else self.t_anchor[idx]
+        z = forward_rows(self.model, self.data.X, rows, b, self.cfg.precision)  # (H, b [+ b C], d)
+        losses = torch.zeros(z.shape[0], device=z.device)
+        if self.losses:  # over the candidate sets: (H, b, C) energies
+            E = candidate_energy(self.cfg.eval_energy, z[:, :b], z[:, b:].unflatten(1, cand.shape[1:]))
+            target, valid = self.t_energy[idx], self.t_valid[idx]
+            losses = losses + sum(fn(E, target, valid, temperature=self.dcfg.temperature) for fn, _ in self.losses)
+        for fn in self.embedding_losses:  # the anchors' outputs against the teacher's: (H, b, d) and (b, d)
+            losses = losses + fn(z[:, :b], self.t_embed[idx])
+        return losses
 
 
 def distill_stack(task: Task, features: torch.Tensor, head_cfg: HeadConfig, configs: list[TrainConfig],

@@ -45,19 +45,25 @@ EMBED_BATCH = 8192  # texts per teacher forward pass
 @dataclass(frozen=True)
 class Targets:
     """anchors (U,), candidates (U, C): rows (store rows in the cache, task positions in training); energies
-    (U, C) float32, the teacher's; valid (U, C) bool (False: padding)."""
+    (U, C) float32, the teacher's; valid (U, C) bool (False: padding); embeddings (U, d) float32, the teacher's
+    outputs of the anchors, where a loss reads them (never cached: a head's forward pass over U texts)."""
 
     anchors: np.ndarray
     candidates: np.ndarray
     energies: np.ndarray
     valid: np.ndarray
+    embeddings: np.ndarray | None = None
 
     def __len__(self) -> int:
         return len(self.anchors)
 
     def mapped(self, fn) -> "Targets":
         """The same targets with every row passed through `fn` (store rows <-> task positions)."""
-        return Targets(fn(self.anchors), fn(self.candidates), self.energies, self.valid)
+        return Targets(fn(self.anchors), fn(self.candidates), self.energies, self.valid, self.embeddings)
+
+    def with_embeddings(self, embeddings: np.ndarray) -> "Targets":
+        assert len(embeddings) == len(self.anchors)
+        return Targets(self.anchors, self.candidates, self.energies, self.valid, embeddings.astype(np.float32))
 
 
 def anchor_and_corpus_rows(task, n_unlabeled: int, seed: int) -> tuple[np.ndarray, np.ndarray, dict]:

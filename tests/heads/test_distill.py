@@ -17,7 +17,7 @@ from scipy.stats import spearmanr
 from headstore.data.text_id import doc_text
 from headstore.featurize.store.reader import FeatureStore
 from headstore.heads.artefacts.head import Head
-from headstore.heads.scoring.losses.distill import kl_distill_loss, margin_mse_loss
+from headstore.heads.scoring.losses.distill import embedding_mse_loss, kl_distill_loss, margin_mse_loss
 from headstore.heads.settings.config import HeadConfig
 
 from .conftest import assert_bad_input, cli
@@ -66,6 +66,22 @@ def test_kl_and_margin_mse_equal_plain_loops(T):
     assert torch.allclose(same, torch.zeros(H), atol=1e-6)  # the teacher itself: no loss
     shifted = margin_mse_loss(Et + 2.5, Et, valid)  # margins ignore a shift of every energy
     assert torch.allclose(shifted, torch.zeros(1), atol=1e-5)
+
+
+def test_embedding_mse_equals_a_plain_loop_and_is_free_of_the_teachers_scale():
+    gen = torch.Generator().manual_seed(1)
+    H, B, d = 2, 6, 4
+    Zs, Zt = torch.randn(H, B, d, generator=gen), torch.randn(B, d, generator=gen) * 3
+    got = embedding_mse_loss(Zs, Zt)
+    t = Zt.tolist()
+    mean = [sum(row[k] for row in t) / B for k in range(d)]
+    var = sum((row[k] - mean[k]) ** 2 for row in t for k in range(d))
+    for h in range(H):
+        err = sum((a - b) ** 2 for ra, rb in zip(Zs[h].tolist(), t) for a, b in zip(ra, rb))
+        assert got[h].item() == pytest.approx(err / var, rel=1e-5)
+    assert torch.allclose(embedding_mse_loss(Zt.expand(H, -1, -1), Zt), torch.zeros(H))  # the teacher itself
+    scaled = embedding_mse_loss(Zs * 10, Zt * 10)  # the same fit at 10x the scale: the same loss
+    assert torch.allclose(scaled, got, rtol=1e-5)
 
 
 def test_kl_needs_a_positive_temperature():
@@ -119,7 +135,7 @@ def _fidelity(head_dir, taught) -> float:
     return float(np.mean([spearmanr(w, g).statistic for w, g in zip(want, got)]))
 
 
-@pytest.mark.parametrize("loss", ["kl", "margin-mse"])
+@pytest.mark.parametrize("loss", ["kl", "margin-mse", "embedding-mse"])
 def test_a_student_reaches_a_teacher_of_its_own_shape(world, taught, tmp_path, loss):
     metrics, output = _distil(world, taught, tmp_path / loss, "--distill-loss", loss)
     primary = metrics["primary"]
@@ -195,7 +211,10 @@ def test_bad_teachers_and_settings_are_refused_in_one_line(world, taught, tmp_pa
                          "--temperature", "> 0")
     assert_bad_input(cli(*base, "--teacher", taught["teacher"], "--distill-loss", "kl+kl", "--out", tmp_path / "d"),
                      "--distill-loss", "kl+margin-mse")
-    for path in ("a", "b", "c", "d"):
+    narrow = cli(*base, "--teacher", taught["teacher"], "--distill-loss", "embedding-mse", "--no-residual",
+                 "--out-dim", "8", "--out", tmp_path / "e")  # a student of another width than the teacher's
+    assert_bad_input(narrow, "embedding-mse needs the same width", "--out-dim")
+    for path in ("a", "b", "c", "d", "e"):
         assert not (tmp_path / path).exists()  # nothing written
 
 

@@ -138,11 +138,13 @@ CLASS_LOSSES_HINT = ", ".join(losses_that(lambda spec: "classes" in spec.accepts
 @dataclass(frozen=True)
 class DistillLossSpec:
     """A distillation loss (heads.scoring.losses.distill): a function of the student's energies over each anchor's
-    candidate set and the teacher's energies of the same pairs (the targets), one value per head."""
+    candidate set and the teacher's energies of the same pairs (the targets), one value per head; or, where
+    `reads` is "embeddings", of the student's and the teacher's outputs of the anchors."""
 
     name: str
     fn: str  # "module:function" of heads.scoring.losses
     temperature: bool  # reads the temperature (a softmax over -E / T)
+    reads: str = "energies"  # energies: over candidate sets; embeddings: the anchors' outputs
 
     def function(self) -> Callable:
         module, name = self.fn.split(":")
@@ -152,6 +154,8 @@ class DistillLossSpec:
 DISTILL_LOSSES: dict[str, DistillLossSpec] = {spec.name: spec for spec in (
     DistillLossSpec("kl", "distill:kl_distill_loss", temperature=True),  # Hinton, Vinyals & Dean 2015
     DistillLossSpec("margin-mse", "distill:margin_mse_loss", temperature=False),  # Hofstätter et al. 2020
+    DistillLossSpec("embedding-mse", "distill:embedding_mse_loss", temperature=False,
+                    reads="embeddings"),  # Reimers & Gurevych 2020
 )}
 DISTILL_SEPARATOR = "+"  # "kl+margin-mse": the sum of both
 

@@ -15,6 +15,19 @@ Dean 2015): KL(teacher || student), times T^2 so the gradients keep their scale 
 candidate to the teacher's best one (lowest teacher energy), E[j] - E[best], regressed onto the teacher's by
 mean squared error. It reads the energies' own scale (no temperature): a student with another energy scale
 than its teacher's pays for it, which KL at T forgives only up to a shift.
+
+One loss reads the teacher's embeddings instead of its energies (its spec says `reads="embeddings"`):
+
+    loss_fn(Z_student, Z_teacher) -> (H,)
+
+- Z_student: (H, B, d) each student head's outputs of B anchors; Z_teacher: (B, d) or (H, B, d) the teacher's
+  (fixed targets), of the same width d.
+
+`embedding_mse_loss` regresses the student's outputs onto the teacher's (the MSE distillation of sentence
+embeddings, Reimers & Gurevych 2020), as the fraction of the teacher's variance left unexplained over the batch:
+scale-free, so its weight means the same beside KL and Margin-MSE whatever the teacher's output scale. Outputs
+equal up to the energy's own symmetries give equal energies on every pair, so unlike the losses over candidate
+sets it also teaches how energies compare across anchors, what a similarity table's Spearman over all pairs reads.
 """
 from __future__ import annotations
 
@@ -52,3 +65,11 @@ def margin_mse_loss(E_student: torch.Tensor, E_teacher: torch.Tensor, valid=None
     use.scatter_(-1, best, False)  # the best against itself: margin 0 on both sides
     sq = torch.where(use, (m_s - m_t) ** 2, torch.zeros_like(m_s))
     return (sq.sum(-1) / use.sum(-1).clamp_min(1)).mean(-1)
+
+
+def embedding_mse_loss(Z_student: torch.Tensor, Z_teacher: torch.Tensor) -> torch.Tensor:
+    """sum over anchors of ||Z_s - Z_t||^2 over sum of ||Z_t - mean(Z_t)||^2 (the batch's): (H,)."""
+    Z_teacher = Z_teacher.expand_as(Z_student).detach()
+    err = ((Z_student - Z_teacher) ** 2).sum((-2, -1))  # (H,)
+    var = ((Z_teacher - Z_teacher.mean(-2, keepdim=True)) ** 2).sum((-2, -1))
+    return err / var.clamp_min(1e-12)
