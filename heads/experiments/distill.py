@@ -18,10 +18,10 @@ from __future__ import annotations
 
 import hashlib
 import shutil
-
-import numpy as np
 from dataclasses import asdict
 from pathlib import Path
+
+import numpy as np
 
 from headstore.data.files import atomic_write_json
 from headstore.data.outputs import begin_output, end_output, prepare_output_dir
