@@ -143,20 +143,22 @@ def distill(store_path: str, data_path: str, teacher_ref: str, out_dir: str, hea
     task, features = tf.remap(task), tf.read(array)
     tkey = teacher_key(teacher)
     key = targets_key(tkey, store.fingerprint, (array, teacher.array), anchors, corpus, dcfg.target_settings())
+    teacher_features = read_teacher(tf, teacher.array)  # read once: a tuned teacher's come from its own store
     single_head = load_teacher(single, store, what="--single") if single else best_member(
-        teacher, task, read_teacher(tf, teacher.array), store.dim)
+        teacher, task, teacher_features, store.dim)
     beside = Beside(task, store, tf, array, teacher, single_head, ood, (tf.positions(anchors), tf.positions(corpus)),
                     device, items, read_teacher)
     head_cfg, init = student_start(dcfg, single_head, head_shape(head_cfg, features, array, task, cfg), array)
     embedding_loss = any(spec.reads == "embeddings" for spec in distill_losses(dcfg.distill_loss))
     if embedding_loss:
         check_embedding_student(teacher, head_cfg, dcfg)  # before the teacher's pass writes its targets
-    targets, made = _targets(out_dir, key, teacher, read_teacher(tf, teacher.array), features[:, :store.dim], tf,
+    targets, made = _targets(out_dir, key, teacher, teacher_features, features[:, :store.dim], tf,
                              anchors, corpus, dcfg, progress)
     if embedding_loss:
-        z = HeadTeacher(teacher, read_teacher(tf, teacher.array)).embed(tf.positions(anchors), "query")
+        z = HeadTeacher(teacher, teacher_features).embed(tf.positions(anchors), "query")
         assert np.array_equal(targets.anchors, anchors)
         targets = targets.with_embeddings(z.cpu().numpy())  # (U, d) the teacher's outputs of the anchors
+    del teacher_features  # not held through training (Beside reads what it scores again)
     model, norm, (run,) = distill_stack(task, features, head_cfg, [cfg], dcfg, targets.mapped(tf.positions),
                                         progress, in_place=True, init=init)  # the raw features' last use was above
     out = prepare_output_dir(out_dir, "head", overwrite, inputs=inputs)
