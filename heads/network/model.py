@@ -6,7 +6,9 @@ H heads is one batched matmul per layer (`torch.baddbmm`).
 A head over several stored encoder layers (`mix = L > 1`) takes their concatenation `(B, L * D)`, each
 layer already normalised on its own, and mixes them with its own learned softmax weights (a scalar mix
 per head, as ELMo's): `x = normalize(sum_l softmax(w)_l x_l)`, then the MLP on `x`. The first array
-(the last layer, `features`) starts with weight `mix_init`, the others share the rest. Head h is initialised from its own seed
+(the last layer, `features`) starts with weight `mix_init`, the others share the rest. With `mix_mode` "concat" the
+head reads the concatenation itself (its first layer is L x as wide; no mix weights, no residual). Head h is
+initialised from its own seed
 exactly like a one-head stack built with that seed, so training H heads stacked equals training
 them one by one (with dropout 0: dropout masks are drawn for the whole stack at once and differ from
 the masks separate runs would draw).
@@ -56,6 +58,9 @@ def autocast(precision: str, device: str | torch.device = "cpu"):
 def _check_buildable(cfg: HeadConfig) -> None:
     if cfg.in_dim is None or cfg.in_dim < 1:
         raise ValueError(f"HeadConfig.in_dim must be set to the feature dim (got {cfg.in_dim})")
+    if cfg.mix_mode == "concat" and cfg.mix > 1 and cfg.residual and cfg.depth > 0:
+        raise ValueError(f"a head reading its {cfg.mix} arrays side by side (mix_mode 'concat') has no one input to add "
+                         f"back: use --no-residual (or --mix-mode scalar)")
     if cfg.residual and cfg.depth > 0 and cfg.out_features != cfg.in_dim:
         raise ValueError(f"residual heads need out_dim == in_dim ({cfg.in_dim}); got out_dim={cfg.out_dim}")
     if cfg.sides == "query" and (cfg.out_features != cfg.in_dim or cfg.mix > 1):
@@ -100,7 +105,7 @@ class StackedMLP(nn.Module):
             [nn.Parameter(torch.stack([per_head[h][l][0] for h in range(n_heads)])) for l in range(cfg.depth)])
         self.biases = nn.ParameterList(
             [nn.Parameter(torch.stack([per_head[h][l][1] for h in range(n_heads)])) for l in range(cfg.depth)])
-        if cfg.mix > 1:  # theta of the scalar mix, (H, L): softmax(MIX_GAIN * theta) starts at mix_init on array 0
+        if self.scalar_mix:  # theta of the scalar mix, (H, L): softmax(MIX_GAIN * theta) starts at mix_init on array 0
             theta = torch.zeros(n_heads, cfg.mix)
             theta[:, 0] = math.log(cfg.mix_init * (cfg.mix - 1) / (1 - cfg.mix_init)) / MIX_GAIN
             self.mix_logits = nn.Parameter(theta)
@@ -112,9 +117,14 @@ class StackedMLP(nn.Module):
     def out_features(self) -> int:
         return self.cfg.out_features
 
+    @property
+    def scalar_mix(self) -> bool:
+        """Whether the head mixes several arrays into one by learned softmax weights (not read side by side)."""
+        return self.cfg.mix > 1 and self.cfg.mix_mode == "scalar"
+
     def mix_weights(self) -> torch.Tensor:
-        """(H, L) softmax weights of the stored arrays each head mixes (ones (H, 1) without a mix)."""
-        if self.cfg.mix == 1:
+        """(H, L) softmax weights of the stored arrays each head mixes (ones (H, 1) without a scalar mix)."""
+        if not self.scalar_mix:
             return torch.ones(self.n_heads, 1, device=next(self.parameters(), torch.empty(0)).device)
         return torch.softmax(MIX_GAIN * self.mix_logits, dim=-1)
 
@@ -130,7 +140,7 @@ class StackedMLP(nn.Module):
         width = cfg.in_dim * cfg.mix
         if x.dim() not in (2, 3) or x.shape[-1] != width or (x.dim() == 3 and x.shape[0] != H):
             raise ValueError(f"StackedMLP input must be (B, {width}) or ({H}, B, {width}); got {tuple(x.shape)}")
-        if cfg.mix > 1:
+        if self.scalar_mix:
             x = self.mixed_input(x)
         elif x.dim() == 2:
             x = x.unsqueeze(0).expand(H, *x.shape)  # shared input, a view: (H, B, D)

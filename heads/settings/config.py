@@ -28,6 +28,7 @@ from headstore.heads.settings.train_sections import (  # noqa: F401  (the sectio
 
 ACTIVATION_NAMES = ("gelu", "identity", "relu", "tanh")  # heads.network.model implements each
 INITS = ("default", "identity")
+MIX_MODES = ("scalar", "concat")  # how a head reads several stored arrays (heads.network.model's module doc)
 SIDES = ("both", "query")  # which texts pass through a head: every text, or queries only (heads.network.model.encode)
 STRENGTH_AUTO = "auto"  # --strength auto: chosen after training on dev (heads.training.strength)
 
@@ -72,6 +73,11 @@ class HeadConfig:
     mix_init: float = field(default=0.8, metadata=option_meta(
         "With --array A+B+...: the starting softmax weight of the first array in the head's layer mix."))
     # near the one-layer head; lower layers add 0.003 Spearman on STS-B dev (docs/l1-energy.md)
+    mix_mode: str = field(default="scalar", metadata=option_meta(
+        "With --array A+B+...: scalar (a learned softmax mix of the arrays, one array's width into the MLP) or "
+        "concat (the arrays side by side into the MLP's first layer; needs --no-residual).", choices=MIX_MODES))
+    # scalar: the small head of docs/l1-energy.md; concat: the distillation student of a tuned encoder keeps 2-3x
+    # more of its gain with it (docs/distill.md), at the cost of a first layer L x as wide
     sides: str = field(default="both", metadata=option_meta(
         "Which texts pass through the head: both (queries and documents), or query (documents keep their frozen "
         "normalised features, E(q, d) = ||f(q) - n(d)||: a corpus index serves every such head).", choices=SIDES))
@@ -89,6 +95,8 @@ class HeadConfig:
         for name, holds, what in bounds:
             if not holds:
                 raise SettingError(name, f"must be {what}, got {getattr(self, name)}")
+        if self.mix_mode not in MIX_MODES:
+            raise ValueError(f"mix_mode={self.mix_mode!r}; valid: {list(MIX_MODES)}")
         if self.sides not in SIDES:
             raise ValueError(f"sides={self.sides!r}; valid: {list(SIDES)}")
 
@@ -105,7 +113,13 @@ class HeadConfig:
         assert self.in_dim is not None
         if self.depth == 0:
             return [self.in_dim]
-        return [self.in_dim] + [self.hidden] * (self.depth - 1) + [self.out_features]
+        return [self.input_width] + [self.hidden] * (self.depth - 1) + [self.out_features]
+
+    @property
+    def input_width(self) -> int:
+        """The width the MLP's first layer reads: one array's (a scalar mix), or all of them side by side."""
+        assert self.in_dim is not None
+        return self.in_dim * self.mix if self.mix_mode == "concat" else self.in_dim
 
 
 

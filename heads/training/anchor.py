@@ -76,7 +76,7 @@ class AnchorSampler:
 
 def anchor_penalty(model: StackedMLP, x: torch.Tensor) -> torch.Tensor:
     """(H,) mean over rows of ||f(x) - x||_1 for per-head inputs x (H, m, D * mix)."""
-    base = model.mixed_input(x) if model.cfg.mix > 1 else x
+    base = model.mixed_input(x) if model.scalar_mix else x
     z = model(x).float()
     if z.shape != base.shape:
         raise ValueError(f"--anchor-weight needs a head whose output has the input's width ({base.shape[-1]}); "

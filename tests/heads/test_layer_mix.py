@@ -1,4 +1,5 @@
-"""Heads over several stored layers: a per-head softmax scalar mix of the layers as the head's input."""
+"""Heads over several stored layers: a per-head softmax scalar mix of the layers as the head's input, or the layers
+side by side (mix_mode concat)."""
 import json
 
 import numpy as np
@@ -78,3 +79,55 @@ def test_unknown_array_in_a_mix_is_named(data_world, layer_store, tmp_path):
     r = cli("train-head", "--store", layer_store, "--data", data_world["sts05"], "--out", tmp_path / "h", *FAST,
             "--array", "features+features_layer-7")
     assert r.exit_code == 2 and "features_layer-7" in r.output
+
+
+def test_concat_forward_equals_a_loop_reference():
+    cfg = HeadConfig(depth=2, hidden=5, in_dim=4, mix=3, mix_mode="concat", residual=False)
+    model = StackedMLP(2, cfg, seeds=[0, 1])
+    assert not hasattr(model, "mix_logits") and tuple(model.weights[0].shape) == (2, 12, 5)
+    x = torch.randn(5, 12)  # 3 arrays of dim 4 side by side, read as they are
+    got = model(x)
+    assert tuple(got.shape) == (2, 5, 4)
+    for h in range(2):
+        for i in range(5):
+            hidden = torch.nn.functional.gelu(x[i] @ model.weights[0][h] + model.biases[0][h])
+            torch.testing.assert_close(got[h, i], hidden @ model.weights[1][h] + model.biases[1][h], rtol=1e-5, atol=1e-6)
+
+
+def test_concat_needs_no_residual_and_a_known_mode():
+    with pytest.raises(ValueError, match="--no-residual"):
+        StackedMLP(1, HeadConfig(depth=1, in_dim=4, mix=2, mix_mode="concat"))
+    with pytest.raises(ValueError, match=r"valid: \['scalar', 'concat'\]"):
+        HeadConfig(mix_mode="stack")
+
+
+def test_grid_ids_of_scalar_heads_do_not_move():
+    from headstore.heads.experiments.grid_spec import head_id
+    settings = {"loss": "l1-energy", "depth": 1}
+    assert head_id(settings, "d", "f") == head_id({**settings, "mix_mode": "scalar"}, "d", "f")
+    assert head_id(settings, "d", "f") != head_id({**settings, "mix_mode": "concat"}, "d", "f")
+
+
+def test_train_head_reading_layers_side_by_side(data_world, layer_store, tmp_path):
+    w, out = data_world, tmp_path / "concat"
+    args = ("train-head", "--store", layer_store, "--data", w["sts05"], *FAST, "--array", "features+features_layer-2",
+            "--mix-mode", "concat", "--depth", "2", "--hidden", "16")
+    r = cli(*args, "--out", tmp_path / "refused")
+    assert r.exit_code == 2 and "--no-residual" in r.output and "Traceback" not in r.output
+    assert not (tmp_path / "refused").exists()
+    r = cli(*args, "--no-residual", "--out", out)
+    assert r.exit_code == 0, r.output
+    config = json.loads((out / "config.json").read_text())
+    assert config["head"]["mix_mode"] == "concat" and config["head"]["mix"] == 2
+    head = headstore.Head.load(out)
+    store = headstore.Store.open(layer_store)
+    assert head.in_dim == 2 * store.dim and head.out_dim == store.dim
+    assert tuple(head.model.weights[0].shape) == (1, 2 * store.dim, 16)
+    texts = store.texts["text"].to_list()[:12]
+    stored = read_features(store, head.array, rows=store.rows_for(texts))
+    np.testing.assert_allclose(headstore.Pipeline.from_head(head).encode(texts), head.embed(stored), rtol=0, atol=1e-5)
+    r = cli("eval", "--store", layer_store, "--head", out, "--data", w["sts05"], "--out", tmp_path / "ev")
+    assert r.exit_code == 0, r.output
+    trained, evaluated = (json.loads(p.read_text()) for p in (out / "metrics.json", tmp_path / "ev" / "metrics.json"))
+    key = trained["primary"]
+    assert evaluated["head"][key] == pytest.approx(trained["head"][key], abs=1e-6)
