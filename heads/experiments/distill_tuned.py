@@ -6,9 +6,9 @@ compare step's finetune output alike), whose scores come from the tuned encoder'
 The teacher's head was trained over the tuned encoder's features (its config names that encoder, `encoder_dir`,
 and that store's fingerprint). Every text the distillation scores (the task's texts, anchors, candidates, the
 --transfer sets) is looked up in the teacher's store by its text id (the student store's row ids: the same texts
-and prompts); texts it lacks are encoded with the tuned encoder into it first (`featurize_texts`, the student
-store's featurize settings with the tuned encoder as the model), said on the terminal with how many texts,
-tokens and an estimated time before it starts. The teacher's store defaults to `<finetune folder>/store-<its
+and prompts); texts it lacks are encoded with the tuned encoder into it first (`featurize_texts`, the teacher
+store's own settings, or for a new one the student store's with the teacher head's layers, the tuned encoder as the
+model), said on the terminal with how many texts, tokens and an estimated time before it starts. The teacher's store defaults to `<finetune folder>/store-<its
 fingerprint's first 12>`: keyed by what made it (the encoder's weights and the numerics).
 Refused in one line: a teacher store of another fingerprint, a store with prompts (its ids are per role).
 """
@@ -44,11 +44,16 @@ def default_teacher_store(head: Head) -> Path:
     return Path(head.config["encoder_dir"]).parent / f"store-{head.store_fingerprint[:12]}"
 
 
-def featurize_config(store: FeatureStore, encoder_dir: str) -> FeaturizeConfig:
-    """The student store's featurize settings (its config.json) with the tuned encoder as the model."""
-    saved = json.loads((Path(store.path) / "config.json").read_text())
+def featurize_config(store: FeatureStore, head: Head, teacher_store: FeatureStore | None) -> FeaturizeConfig:
+    """The settings the teacher store's missing texts are encoded with: its own (its config.json) where it exists,
+    else the student store's with the layers the teacher's head was trained on (a student store of several layers
+    would make a store of another fingerprint than the head's), the tuned encoder as the model either way."""
+    saved = json.loads((Path((teacher_store or store).path) / "config.json").read_text())
     names = {f.name for f in fields(FeaturizeConfig)}
-    return replace(FeaturizeConfig(**{k: v for k, v in saved.items() if k in names}), model=str(encoder_dir))
+    cfg = replace(FeaturizeConfig(**{k: v for k, v in saved.items() if k in names}), model=str(head.config["encoder_dir"]))
+    if teacher_store is None:
+        cfg = replace(cfg, layers=tuple(head.store_manifest.get("layers", (-1,))))
+    return cfg
 
 
 def estimated_seconds(encoder_dir: str, tokens: int, precision: str) -> float:
@@ -85,7 +90,7 @@ class TunedTeacherStore:
         found = self.teacher_store.find_rows(ids) if self.teacher_store is not None else np.full(len(rows), -1)
         missing = rows[found < 0]
         if len(missing):
-            cfg = featurize_config(self.store, self.head.config["encoder_dir"])
+            cfg = featurize_config(self.store, self.head, self.teacher_store)
             tokens = int(texts["n_tokens"].to_numpy()[missing].sum())
             progress_write(f"teacher store {self.path}: {len(missing):,} of the {len(rows):,} texts the teacher scores "
                            f"are not in it ({tokens:,} tokens): encoding them with the tuned encoder "

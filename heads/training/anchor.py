@@ -76,6 +76,9 @@ class AnchorSampler:
 
 def anchor_penalty(model: StackedMLP, x: torch.Tensor) -> torch.Tensor:
     """(H,) mean over rows of ||f(x) - x||_1 for per-head inputs x (H, m, D * mix)."""
+    if model.cfg.mix > 1 and not model.scalar_mix:
+        raise ValueError(f"--anchor-weight keeps a head near its input; one reading {model.cfg.mix} arrays side by side "
+                         "(--mix-mode concat) has no one input to stay near: use --anchor-weight 0")
     base = model.mixed_input(x) if model.scalar_mix else x
     z = model(x).float()
     if z.shape != base.shape:

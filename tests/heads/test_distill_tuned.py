@@ -79,3 +79,34 @@ def test_a_teacher_store_of_another_encoder_is_refused(tuned, tmp_path):
     assert_bad_input(cli(*base, "--teacher", head_teacher, "--teacher-store", tuned["store"], "--out", tmp_path / "b"),
                      "--teacher-store", "only for a tuned-encoder teacher")
     assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
+
+
+@pytest.mark.parametrize("teacher_store_first", [False, True])
+def test_a_student_store_of_several_layers_builds_the_teacher_store_with_the_heads_layers(tuned, tmp_path,
+                                                                                        teacher_store_first):
+    """The texts the teacher store lacks are encoded with the settings that make the teacher head's fingerprint: the
+    teacher store's own where it exists, else the head's layers, never the student store's several layers."""
+    ft, head = tuned["ft"], Head.load(tuned["ft"] / "head")
+    extra = tmp_path / "extra.txt"
+    extra.write_text("alpha omega river 101\nstone tree kappa 102\nsigma zeta 103\n")
+    student, teacher_store = tmp_path / "student", tmp_path / "teacher-store"
+    model = json.loads((tuned["store"] / "config.json").read_text())["model"]
+    r = cli("featurize", "--model", model, "--data", tuned["beir"], "--unlabeled", extra, "--store", student,
+            "--layers", "-1,-2", "--dtype", "float32")
+    assert r.exit_code == 0, r.output
+    if teacher_store_first:  # the tuned encoder's store of the task's texts, without the extra ones
+        r = cli("featurize", "--model", ft / "encoder", "--data", tuned["beir"], "--store", teacher_store,
+                "--dtype", "float32")
+        assert r.exit_code == 0, r.output
+    r = cli("distill", "--store", student, "--data", tuned["beir"], "--unlabeled", extra, "--teacher", ft,
+            "--teacher-store", teacher_store, "--array", "features+features_layer-2", "--mix-mode", "concat",
+            "--no-residual", *STUDENT, "--out", tmp_path / "out")
+    assert r.exit_code == 2 and "--anchor-weight 0" in r.output  # the IR default keeps a head near its input
+    assert "are not in it" in r.output  # the teacher store was completed first, said with its cost
+    r = cli("distill", "--store", student, "--data", tuned["beir"], "--unlabeled", extra, "--teacher", ft,
+            "--teacher-store", teacher_store, "--array", "features+features_layer-2", "--mix-mode", "concat",
+            "--no-residual", "--anchor-weight", "0", *STUDENT, "--out", tmp_path / "out")
+    assert r.exit_code == 0, r.output
+    built = FeatureStore.open(teacher_store)
+    assert built.fingerprint == head.store_fingerprint and built.manifest["layers"] == [-1]
+    assert len(built.find_rows(np.asarray(FeatureStore.open(student).texts["text_id"]))) == built.n_texts
