@@ -27,8 +27,8 @@ from headstore.heads.network.model import StackedMLP, start_of
 
 # what must be equal for two heads to start from the same weights, besides the seed
 # (`sides`: a query-side head's weights map queries only; averaged with a head of both sides they would mean neither)
-START_KEYS = ("depth", "hidden", "out_dim", "activation", "dropout", "layer_norm", "residual", "init", "mix_init", "mix_mode",
-              "array", "normalize", "energy", "sides")
+START_KEYS = ("depth", "hidden", "out_dim", "activation", "dropout", "layer_norm", "residual", "init", "mix_init",
+              "mix_mode", "array", "normalize", "energy", "sides")
 
 
 def seed_free_start(row: dict) -> bool:

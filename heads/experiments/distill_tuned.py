@@ -8,8 +8,9 @@ and that store's fingerprint). Every text the distillation scores (the task's te
 --transfer sets) is looked up in the teacher's store by its text id (the student store's row ids: the same texts
 and prompts); texts it lacks are encoded with the tuned encoder into it first (`featurize_texts`, the teacher
 store's own settings, or for a new one the student store's with the teacher head's layers, the tuned encoder as the
-model), said on the terminal with how many texts, tokens and an estimated time before it starts. The teacher's store defaults to `<finetune folder>/store-<its
-fingerprint's first 12>`: keyed by what made it (the encoder's weights and the numerics).
+model), said on the terminal with how many texts, tokens and an estimated time before it starts. The teacher's
+store defaults to `<finetune folder>/store-<its fingerprint's first 12>`: keyed by what made it (the encoder's
+weights and the numerics).
 Refused in one line: a teacher store of another fingerprint, a store with prompts (its ids are per role).
 """
 from __future__ import annotations
@@ -50,7 +51,8 @@ def featurize_config(store: FeatureStore, head: Head, teacher_store: FeatureStor
     would make a store of another fingerprint than the head's), the tuned encoder as the model either way."""
     saved = json.loads((Path((teacher_store or store).path) / "config.json").read_text())
     names = {f.name for f in fields(FeaturizeConfig)}
-    cfg = replace(FeaturizeConfig(**{k: v for k, v in saved.items() if k in names}), model=str(head.config["encoder_dir"]))
+    cfg = replace(FeaturizeConfig(**{k: v for k, v in saved.items() if k in names}),
+                  model=str(head.config["encoder_dir"]))
     if teacher_store is None:
         cfg = replace(cfg, layers=tuple(head.store_manifest.get("layers", (-1,))))
     return cfg

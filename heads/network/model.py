@@ -60,7 +60,7 @@ def _check_buildable(cfg: HeadConfig) -> None:
         raise ValueError(f"HeadConfig.in_dim must be set to the feature dim (got {cfg.in_dim})")
     if cfg.mix_mode == "concat" and cfg.mix > 1 and cfg.residual and cfg.depth > 0:
         raise ValueError(f"a head reading its {cfg.mix} arrays side by side (mix_mode 'concat') has no one input to add "
-                         f"back: use --no-residual (or --mix-mode scalar)")
+                         f"back: use --no-residual (a grid: residual = false), or --mix-mode scalar")
     if cfg.residual and cfg.depth > 0 and cfg.out_features != cfg.in_dim:
         raise ValueError(f"residual heads need out_dim == in_dim ({cfg.in_dim}); got out_dim={cfg.out_dim}")
     if cfg.sides == "query" and (cfg.out_features != cfg.in_dim or cfg.mix > 1):
