@@ -69,7 +69,9 @@ def plot_gain_vs_change(rows: list[dict], path: Path) -> None:
     (x) against its out-of-domain change (y), both paired differences with their 95% CIs as bars."""
     datasets = list(rows[0]["datasets"])
     ind, ood = datasets[0], datasets[1:] or datasets[:1]
-    fig = Figure(figsize=(5.2 * len(ood), 4.6))
+    ncol = min(4, 2 * len(ood))  # legend columns: two fit one panel's width, four span two panels or more
+    legend_rows = -(-len(rows) // ncol)
+    fig = Figure(figsize=(5.2 * len(ood), 4.2 + 0.17 * legend_rows))
     axes = fig.subplots(1, len(ood), squeeze=False)[0]
     colors = {r["setup"]: f"C{i}" for i, r in enumerate(rows)}
     for ax, ds in zip(axes, ood):
@@ -87,8 +89,8 @@ def plot_gain_vs_change(rows: list[dict], path: Path) -> None:
         ax.set_xlabel(f"in-domain gain vs frozen + head ({ind}, {metric_family(rows[0]['datasets'][ind]['metric'])})",
                       fontsize=9)
         ax.set_ylabel(f"out-of-domain change ({ds}, {metric_family(rows[0]['datasets'][ds]['metric'])})", fontsize=9)
-        ax.set_title(f"{ds}: 95% two-level CIs, paired by seed and item", fontsize=10)
+        ax.set_title(f"{ds}\n95% two-level CIs, paired by seed and item", fontsize=10)
     handles, labels = axes[0].get_legend_handles_labels()
-    fig.legend(handles, labels, loc="lower center", ncol=min(4, len(labels)), fontsize=8, frameon=False)
-    fig.tight_layout(rect=(0, 0.06 + 0.035 * ((len(labels) - 1) // 4), 1, 1))
+    fig.legend(handles, labels, loc="lower center", ncol=min(ncol, len(labels)), fontsize=8, frameon=False)
+    fig.tight_layout(rect=(0, 0.035 * legend_rows / (fig.get_figheight() / 4.6) + 0.02, 1, 1))
     atomic_write_figure(fig, path, dpi=120)  # whole or not at all; an OS error names it

@@ -178,8 +178,9 @@ class _SetFit:
         from setfit.sampler import ContrastiveDataset
 
         pairs = len(ContrastiveDataset(texts, list(labels), model.multi_target_strategy, sampling_strategy="oversampling"))
+        state = getattr(getattr(trainer, "st_trainer", None), "state", None)  # SetFit trains through an ST trainer
         return pred, seconds, {"epoch_pairs": pairs, "epoch_steps": -(-pairs // args.embedding_batch_size),
-                               "steps": trainer.state.global_step if hasattr(trainer, "state") else None}
+                               "steps": getattr(state, "global_step", None)}
 
 
 def run_setfit_compare(cfg: SetFitCompareConfig, out_dir: str, log=print) -> str:

@@ -115,6 +115,8 @@ def test_setfit_side_by_side(world, monkeypatch):
                                    "SetFit (b) contrastive body (capped at 2 steps)"}
     assert runs["accuracy"].is_between(0, 1).all() and (runs["seconds"] > 0).all()
     assert "capped at 2 steps" in (root / "sf" / "setfit.md").read_text()
+    body = runs.filter(pl.col("method").str.starts_with("SetFit (b)"))
+    assert body["steps"].to_list() == [2]  # the steps SetFit's trainer took, read from its inner ST trainer
 
 
 def test_forgetting_and_setfit_bad_options_are_clear_errors(world, tmp_path):
