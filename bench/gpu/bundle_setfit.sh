@@ -12,6 +12,9 @@ cd "$(dirname "$0")/../.."
 D=${HEADSTORE_DATA:-../shared/datasets}
 STORE=${STORE:?the 20 Newsgroups store (docs/labels.md)}
 PRIOR=${PRIOR:?the CPU run\'s runs.parquet (cli setfit-compare --out DIR: DIR/runs.parquet)}
+[ -f "$STORE/manifest.json" ] || { echo "bundle_setfit.sh: STORE=$STORE is not a feature store (no manifest.json)"; exit 2; }
+[ -f "$PRIOR" ] || { echo "bundle_setfit.sh: PRIOR=$PRIOR: no such file"; exit 2; }
+[ -d "$D/20newsgroups" ] || { echo "bundle_setfit.sh: $D/20newsgroups: no such folder (HEADSTORE_DATA)"; exit 2; }
 rm -rf .gpu/w4 && mkdir -p .gpu/w4/setfit
 ver() { python3 -c "import importlib.metadata as m; print(m.version('$1'))"; }
 specs=(); for n in setfit datasets evaluate dill multiprocess sentence-transformers; do specs+=("$n==$(ver "$n")"); done

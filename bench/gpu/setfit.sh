@@ -14,6 +14,9 @@ OUT=${OUT:-runs/gpu-setfit}
 RUN=${GPU_SETFIT_RUN:-runs/gpu-setfit-run}
 W=${GPU_SETFIT_BUNDLE:-.gpu/setfit}
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false TQDM_DISABLE=1
+for need in "$W/store-20ng" "$W/20newsgroups" "$W/prior-runs.parquet"; do
+    [ -e "$need" ] || { echo "setfit.sh: $need is missing: bench/gpu/bundle_setfit.sh here, then bench/gpu/bootstrap.sh w4 there"; exit 2; }
+done
 mkdir -p "$OUT" "$RUN"
 [ -f "$RUN/runs.parquet" ] || cp "$W/prior-runs.parquet" "$RUN/runs.parquet"
 {
@@ -38,7 +41,7 @@ rc=${PIPESTATUS[0]}
 [ -n "$SMI" ] && kill "$SMI"
 cp "$RUN/runs.parquet" "$OUT/" 2>/dev/null
 cp "$RUN/setfit.md" "$OUT/" 2>/dev/null
-python3 - "$RUN/runs.parquet" <<'PY'
+[ -f "$RUN/runs.parquet" ] && python3 - "$RUN/runs.parquet" <<'PY'
 import sys, polars as pl
 pl.Config.set_fmt_str_lengths(60); pl.Config.set_tbl_width_chars(160)
 f = pl.read_parquet(sys.argv[1]).filter(pl.col("method").str.starts_with("SetFit (b)"))
