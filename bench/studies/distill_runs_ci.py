@@ -82,7 +82,8 @@ def main() -> None:
     S = len(runs)
     items = {"gold": np.asarray(test.labels, np.float64),
              "single": np.repeat(pair_values(single, lambda r: stored(r, [single.array]), test)[None], S, axis=0),
-             "teacher": np.stack([teacher_values[c["distill"]["teacher"], t] for c, t in zip(configs, teacher_stores)]),
+             "teacher": np.stack([teacher_values[c["distill"]["teacher"], t]
+                                  for c, t in zip(configs, teacher_stores)]),
              "distilled": np.stack([pair_values(Head.load(r), stored, test) for r in runs])}  # (S, n) each
     plain = {c: [float(spearmanr(v, items["gold"]).statistic) for v in items[c]] for c in ("single", "teacher", "distilled")}
     row = {"runs": runs, "test": {c: float(np.mean(v)) for c, v in plain.items()},

@@ -3,10 +3,9 @@
 from pathlib import Path
 
 import pytest
-from matplotlib.backends.backend_agg import FigureCanvasAgg
-
 from headstore.heads.experiments import plots
 from headstore.heads.experiments.compare_setups import SETUPS
+from matplotlib.backends.backend_agg import FigureCanvasAgg
 
 
 def _rows(ood: list[str]) -> list[dict]:

@@ -210,7 +210,8 @@ def labelled_and_unlabeled(tmp_path, labelled_per_class=6):
     path, store, X = overlapping_blobs(tmp_path)
     frame = pl.read_parquet(path).with_row_index("i")
     train = frame.filter(pl.col("split") == "train")
-    keep = train.group_by("label", maintain_order=True).head(labelled_per_class)["i"]
+    # a list: polars deprecates is_in with a Series of the same dtype
+    keep = train.group_by("label", maintain_order=True).head(labelled_per_class)["i"].to_list()
     table = frame.filter(pl.col("i").is_in(keep) | (pl.col("split") == "test")).drop("i")
     table.write_parquet(tmp_path / "labelled.parquet")
     rest = train.filter(~pl.col("i").is_in(keep))["text"].to_list()
