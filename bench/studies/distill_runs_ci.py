@@ -8,8 +8,9 @@ values (-energy of each test pair) of the student, the single head and the teach
 
     python3 bench/studies/distill_runs_ci.py --runs 'WORK/layers-emb-d3-s*' --single WORK/single-layers-s0 \\
         --teacher-store WORK/store-stsb-tuned-s0 --json OUT.json
-    # one teacher per run (each run's config names its own), their stores in the runs' sorted order:
-    python3 bench/studies/distill_runs_ci.py --runs 'WORK/adapters-t*-concat-s*' --single WORK/single-layers-s0 \\
+    # one teacher per run (each run's config names its own), their stores in the runs' sorted order (here t0, t1,
+    # t2: links to the runs of teacher seeds 0, 1, 2):
+    python3 bench/studies/distill_runs_ci.py --runs 'WORK/per-teacher-adapters/t*' --single WORK/single-layers-s0 \\
         --teacher-store WORK/store-stsb-adapters-s0 --teacher-store WORK/store-stsb-adapters-s1 \\
         --teacher-store WORK/store-stsb-adapters-s2 --json OUT.json
 """
