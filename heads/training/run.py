@@ -226,8 +226,10 @@ def defaults_for_kind(task: Task, head_cfg: HeadConfig, cfg: TrainConfig, unset:
         values["normalize"] = preferred
     if not values:
         return head_cfg, cfg, f"{', '.join(unset)}: {kind.defaults_why}"
-    if values.get("anchor_weight") and (head_cfg.out_dim is not None or head_cfg.depth == 0):
-        values["anchor_weight"] = 0.0  # the anchor compares f(x) with x: a head of another width (or none) has none
+    if values.get("anchor_weight") and (head_cfg.out_dim is not None or head_cfg.depth == 0
+                                        or head_cfg.mix_mode == "concat"):
+        values["anchor_weight"] = 0.0  # the anchor compares f(x) with x: a head of another width (or none), or one
+        # reading arrays side by side (no one x), has none; an anchor the user asks for is refused there
     head_keys = {f.name for f in fields(HeadConfig)}
     head_cfg = replace(head_cfg, **{k: v for k, v in values.items() if k in head_keys})
     cfg = cfg.replace(**{k: v for k, v in values.items() if k not in head_keys})

@@ -131,3 +131,21 @@ def test_train_head_reading_layers_side_by_side(data_world, layer_store, tmp_pat
     trained, evaluated = (json.loads(p.read_text()) for p in (out / "metrics.json", tmp_path / "ev" / "metrics.json"))
     key = trained["primary"]
     assert evaluated["head"][key] == pytest.approx(trained["head"][key], abs=1e-6)
+
+
+def test_concat_head_on_retrieval_data_takes_no_default_anchor(data_world, tmp_path):
+    """A retrieval task's defaults add the anchor regulariser (||f(x) - x||); a head reading layers side by side has
+    no one input x, so the default is dropped, as for a head of another width, and only an anchor the user asks
+    for is refused."""
+    w, store = data_world, tmp_path / "store"
+    r = cli("featurize", "--model", w["model"], "--data", w["beir"], "--layers", "-1,-2", "--store", store,
+            "--dtype", "float32")
+    assert r.exit_code == 0, r.output
+    args = ("train-head", "--store", store, "--data", w["beir"], *FAST, "--array", "features+features_layer-2",
+            "--mix-mode", "concat", "--no-residual", "--depth", "2", "--hidden", "16")
+    r = cli(*args, "--out", tmp_path / "default")
+    assert r.exit_code == 0, r.output
+    assert json.loads((tmp_path / "default" / "config.json").read_text())["train"]["anchor_weight"] == 0.0
+    r = cli(*args, "--anchor-weight", "1", "--out", tmp_path / "asked")
+    assert r.exit_code == 2 and "--anchor-weight 0" in r.output and "Traceback" not in r.output
+    assert not (tmp_path / "asked").exists()
