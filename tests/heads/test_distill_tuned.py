@@ -100,8 +100,8 @@ def test_a_student_store_of_several_layers_builds_the_teacher_store_with_the_hea
         assert r.exit_code == 0, r.output
     r = cli("distill", "--store", student, "--data", tuned["beir"], "--unlabeled", extra, "--teacher", ft,
             "--teacher-store", teacher_store, "--array", "features+features_layer-2", "--mix-mode", "concat",
-            "--no-residual", *STUDENT, "--out", tmp_path / "out")
-    assert r.exit_code == 2 and "--anchor-weight 0" in r.output  # the IR default keeps a head near its input
+            "--no-residual", "--anchor-weight", "1", *STUDENT, "--out", tmp_path / "out")
+    assert r.exit_code == 2 and "--anchor-weight 0" in r.output  # an anchor asked for: a concat head has no one input
     assert "are not in it" in r.output  # the teacher store was completed first, said with its cost
     r = cli("distill", "--store", student, "--data", tuned["beir"], "--unlabeled", extra, "--teacher", ft,
             "--teacher-store", teacher_store, "--array", "features+features_layer-2", "--mix-mode", "concat",
