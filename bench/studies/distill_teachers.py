@@ -1,12 +1,13 @@
 """Which teacher has a real dev gain over the best single head (issue 42 part 2, docs/distill.md)? Ensembles of
-heads that already exist, scored on the SciFact dev split (81 train queries held out by text, the grid's) and on
-test (recorded, never chosen on), each against the best single head: the grid's rank-1 configuration's head of
+heads that already exist, scored on the task's dev split (SciFact: 81 train queries held out by text, the grid's;
+STS-B: its dev pairs) and on test (recorded, never chosen on), each against the best single head: the grid's rank-1 configuration's head of
 the same seed (a cross-seed teacher: each seed's, the gain averaged over seeds).
 
 Candidates: each seed's `GRID#ensemble=K` (K = 2 .. the grid's configurations), the cross-seed ensembles of the
 top-K configurations' heads of every seed (K = 1: the rank-1 configuration's seeds 0-2), and with --extra HEAD
-(repeatable: train-head folders over the same store) the whole grid with them. The dev gain's 95% CI is the
-paired bootstrap of heads.scoring.bootstrap over the dev queries (the seeds' rows paired). The teacher to distil
+(repeatable: train-head folders over the same store) the whole grid with them. Each gain's 95% CI is the
+paired two-level bootstrap of heads.scoring.bootstrap over the split's items and the seeds, of the task's own
+statistic (IR: the mean of per-query nDCG@10; STS: Spearman recomputed on each resample of pairs). The teacher to distil
 is the one of the largest dev gain averaged over the seeds (the 3-seed study's unit); test is never chosen on.
 
     python3 bench/studies/distill_teachers.py --store S --grid WORK/grid-scifact --data DATA/scifact \\
@@ -25,14 +26,15 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "speed"))
 
+from limits import machine, machine_line  # noqa: E402
+
 from headstore.featurize.store.reader import FeatureStore  # noqa: E402
 from headstore.heads.artefacts.files import ensemble_ids, load_grid_head, read_results  # noqa: E402
 from headstore.heads.artefacts.head import EnsembleHead, Head  # noqa: E402
 from headstore.heads.artefacts.task_features import TaskFeatures  # noqa: E402
 from headstore.heads.evaluation.evaluate import evaluate_baseline, evaluate_head  # noqa: E402
-from headstore.heads.kinds import load_task  # noqa: E402
+from headstore.heads.kinds import kind_of, load_task  # noqa: E402
 from headstore.heads.scoring.bootstrap import two_level_ci  # noqa: E402
-from limits import machine, machine_line  # noqa: E402
 
 SPLITS = ("dev", "test")
 
@@ -91,10 +93,11 @@ def main() -> None:
     for name, entries in candidates(Path(args.grid), seeds, args.extra).items():
         for seed, refs in entries:
             scored[name, seed] = score(load(refs), task, features, store.dim, baseline)
-            rows.append(row(name, seed, refs, scored, seeds))
+            rows.append(row(name, seed, refs, scored, seeds, gold_of(task)))
             r = rows[-1]
             print(f"{name:28s} seed {seed}: dev {r['dev']:.4f} test {r['test']:.4f} dev gain {r['dev_gain']:+.4f} "
-                  f"{[round(x, 4) for x in r['dev_gain_ci']]} test gain {r['test_gain']:+.4f}", flush=True)
+                  f"{[round(x, 4) for x in r['dev_gain_ci']]} test gain {r['test_gain']:+.4f} "
+                  f"{[round(x, 4) for x in r['test_gain_ci']]}", flush=True)
     means = by_teacher(rows)
     best = max((r for r in means if r["k"] > 1), key=lambda r: r["dev_gain"])
     for r in means:
@@ -121,19 +124,30 @@ def by_teacher(rows: list[dict]) -> list[dict]:
     return out
 
 
-def row(name: str, seed: int | None, refs: list[str], scored: dict, seeds: list[int]) -> dict:
-    """The table's row: the teacher's dev and test, its gain over the single head of its seed(s) on dev (with
-    the paired bootstrap CI) and on test."""
+def gold_of(task) -> dict:
+    """{split: keyword arguments of two_level_ci} for the task's primary metric: the per-item mean (IR: per-query
+    nDCG@10), or a rank statistic of the per-item scores against the gold (STS: Spearman, pairs: AUC), whose
+    resamples must recompute it from the drawn items (a mean of per-pair scores is no Spearman)."""
+    statistic = kind_of(task).statistic
+    if statistic == "mean":
+        return {split: {} for split in SPLITS}
+    return {split: {"statistic": statistic, "gold": np.asarray(task.eval_sets[split].labels, dtype=np.float64)}
+            for split in SPLITS}
+
+
+def row(name: str, seed: int | None, refs: list[str], scored: dict, seeds: list[int], gold: dict) -> dict:
+    """The table's row: the teacher's dev and test, its gain over the single head of its seed(s) on dev and on
+    test, each with the paired two-level bootstrap CI of the task's statistic (gold: `gold_of`)."""
     singles = [scored["single (rank 1)", s] for s in ([seed] if seed is not None else seeds)]
     t = scored[name, seed]
     out = {"teacher": name, "seed": seed, "k": len(refs), "members": refs}
     for split in SPLITS:
         ref = float(np.mean([s[split][0] for s in singles]))
         out |= {split: float(t[split][0]), f"single_{split}": ref, f"{split}_gain": float(t[split][0]) - ref}
-    minus = np.stack([s["dev"][1] for s in singles])
-    out["dev_gain_ci"] = list(two_level_ci(np.broadcast_to(t["dev"][1], minus.shape), minus=minus))
-    minus = np.stack([s["test"][1] for s in singles])
-    out["test_gain_ci"] = list(two_level_ci(np.broadcast_to(t["test"][1], minus.shape), minus=minus))
+    for split in SPLITS:
+        minus = np.stack([s[split][1] for s in singles])
+        out[f"{split}_gain_ci"] = list(two_level_ci(np.broadcast_to(t[split][1], minus.shape), minus=minus,
+                                                    **gold[split]))
     return out
 
 

@@ -21,12 +21,15 @@ exclude featurization (done once for every head, seed and shot count; the `featu
 encoding time of the test texts, which SetFit (a) pays too); SetFit (a)'s body is frozen, so its
 test embeddings are computed once, timed, and that time is added to every (a) run.
 
-Outputs: `runs.parquet` (one row per method, shots, seed; a rerun skips finished rows),
+Outputs: `runs.parquet` (one row per method, shots, seed, each with `made_of`: the key of the store, texts and
+settings it was made from; a rerun skips the finished rows of its own key and refuses rows of another),
 `setfit.md` / `setfit.json` (mean ± std and 95% t-interval over seeds per method and shot count).
 """
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import json
 import os
 import time
 from dataclasses import asdict, dataclass
@@ -55,8 +58,8 @@ class SetFitCompareConfig:
 
 def _task(cfg: SetFitCompareConfig):
     from headstore.featurize.store.reader import FeatureStore
-    from headstore.heads.kinds.labels import few_shot_indices
     from headstore.heads.kinds import load_task
+    from headstore.heads.kinds.labels import few_shot_indices
 
     store = FeatureStore.open(cfg.store)
     task = load_task(cfg.data, store, cfg.data_format)
@@ -74,8 +77,8 @@ FROZEN = "frozen probe (tuned LR)"
 
 def _headstore_runs(cfg, store, task, shots: int, seed: int, done: set) -> list[dict]:
     from headstore.heads.evaluation.evaluate import embedder, evaluate_split
-    from headstore.heads.network.features import load_features
     from headstore.heads.kinds import for_training
+    from headstore.heads.network.features import load_features
     from headstore.heads.settings.config import TrainConfig
 
     X = load_features(store)
@@ -196,18 +199,19 @@ def run_setfit_compare(cfg: SetFitCompareConfig, out_dir: str, log=print) -> str
     text_of = store.texts.sort("row")["text"].to_list()
     test = task.eval_sets["test"]
     setfit = None
-    rows = pl.read_parquet(out / "runs.parquet").to_dicts() if (out / "runs.parquet").is_file() else []
+    made_of = _made_of(cfg, store, task, text_of)
+    rows = _kept_rows(out / "runs.parquet", made_of)
     done = {(r["method"], r["shots"], r["seed"]) for r in rows}
     C = len(task.class_names)
 
     def scored(method, shots, seed, pred, seconds, **extra):
         return {"method": method, "shots": shots, "seed": seed, "accuracy": float((pred == test.classes).mean()),
                 "macro_f1": float(f1_score(test.classes, pred, labels=np.arange(C), average="macro", zero_division=0)),
-                "seconds": seconds, **extra}
+                "seconds": seconds, "made_of": made_of, **extra}
 
     for shots in cfg.shots:
         for seed in cfg.seeds:
-            rows += _headstore_runs(cfg, store, task, shots, seed, done)
+            rows += [r | {"made_of": made_of} for r in _headstore_runs(cfg, store, task, shots, seed, done)]
             _save(out, rows)
             sample = task.pool.subset(few_shot_indices(task.pool.classes, shots, seed))
             texts, labels = [text_of[r] for r in sample.rows], sample.classes
@@ -225,6 +229,35 @@ def run_setfit_compare(cfg: SetFitCompareConfig, out_dir: str, log=print) -> str
                 rows.append(scored(method, shots, seed, pred, seconds, **info))
                 _save(out, rows)
     return _report(cfg, out, pl.DataFrame(rows, infer_schema_length=None), len(test), setfit)
+
+
+def _made_of(cfg: SetFitCompareConfig, store, task, text_of: list[str]) -> str:
+    """What every row's figures depend on beside its method, shots and seed, as a key: the store's encoder
+    (its fingerprint), the labelled texts the shots are drawn from and the test texts (each text and class, in
+    order: the shot draw depends on it), the class names and the settings that shape these."""
+    digest = hashlib.sha256(json.dumps({"store": store.fingerprint, "model": cfg.model, "format": cfg.data_format,
+                                        "test_per_class": cfg.test_per_class, "classes": list(task.class_names)},
+                                       sort_keys=True).encode())
+    for data in (task.pool, task.eval_sets["test"]):
+        for row, cls in zip(data.rows.tolist(), np.asarray(data.classes).tolist()):
+            digest.update(f"{cls}\x00{text_of[row]}\x01".encode())
+    return digest.hexdigest()[:16]
+
+
+def _kept_rows(path: Path, made_of: str) -> list[dict]:
+    """The finished rows of an earlier run into the same --out, if they were made of the same store, texts and
+    settings (`_made_of`); rows of anything else are refused, never mixed into this run's table."""
+    if not path.is_file():
+        return []
+    rows = pl.read_parquet(path).to_dicts()
+    other = [r for r in rows if r.get("made_of") != made_of]
+    if other:
+        keys = sorted({str(r.get("made_of")) for r in other})
+        raise ValueError(f"{path}: {len(other)} of its {len(rows)} rows were made from another store, dataset or "
+                         f"test sample (made_of {', '.join(keys)}; this run's {made_of}"
+                         + ("; None: rows written before runs were keyed" if "None" in keys else "")
+                         + "): give another --out, or move that folder away")
+    return rows
 
 
 def _save(out: Path, rows: list[dict]) -> None:

@@ -22,27 +22,27 @@ from dataclasses import asdict, fields, replace
 
 import torch
 
-from headstore.data.memory import trim_heap
-from headstore.data.progress import progress_write
 from headstore.data.files import atomic_write_json
+from headstore.data.memory import trim_heap
 from headstore.data.outputs import begin_output, end_output, prepare_output_dir
+from headstore.data.progress import progress_write
 from headstore.featurize.encoder.hardware import warn_if_emulated_bf16
 from headstore.featurize.encoder.model import pick_device
 from headstore.featurize.store.reader import FeatureStore
-from headstore.heads.training.anchor import anchor_rows_of
-from headstore.heads.artefacts.files import write_head_dir
-from headstore.heads.settings.config import KIND_DEPENDENT, STRENGTH_AUTO, HeadConfig, TrainConfig
 from headstore.heads.artefacts.curve import plot_curve
-from headstore.heads.evaluation.evaluate import TEST_SPLIT, embedder, evaluate_baseline, evaluate_head
-from headstore.heads.network.features import array_list
+from headstore.heads.artefacts.files import write_head_dir
 from headstore.heads.artefacts.head import Head
+from headstore.heads.artefacts.task_features import TaskFeatures, rows_of_datasets
+from headstore.heads.evaluation.evaluate import TEST_SPLIT, embedder, evaluate_baseline, evaluate_head
 from headstore.heads.kinds import Task, kind_of, load_task
 from headstore.heads.kinds.labels import classifier_width, label_space, shots_note
-from headstore.heads.scoring.losses import LOSSES
 from headstore.heads.kinds.unlabeled import unlabeled_report
+from headstore.heads.network.features import array_list
+from headstore.heads.scoring.losses import LOSSES
+from headstore.heads.settings.config import KIND_DEPENDENT, STRENGTH_AUTO, HeadConfig, TrainConfig
+from headstore.heads.training.anchor import anchor_rows_of
 from headstore.heads.training.selection import DEFAULT_DELTA, load_selection
 from headstore.heads.training.strength import STRENGTHS, plot_strength
-from headstore.heads.artefacts.task_features import TaskFeatures, rows_of_datasets
 from headstore.heads.training.train import train_one
 
 # fingerprint parts that change the numbers of a feature (the layer of the head's array is checked apart)

@@ -119,6 +119,30 @@ def test_setfit_side_by_side(world, monkeypatch):
     assert body["steps"].to_list() == [2]  # the steps SetFit's trainer took, read from its inner ST trainer
 
 
+def test_setfit_rerun_reuses_only_rows_made_of_the_same_store_and_texts(world, tmp_path):
+    """A rerun into the same --out skips the rows it made; rows made of another test sample (or store, or data)
+    are refused with a one-line error, and the folder's rows are left as they were."""
+    pytest.importorskip("setfit")
+    root, store, model = world
+    args = ["setfit-compare", "--store", str(store), "--data", str(root / "news.parquet"), "--text-column", "body",
+            "--shots", "2", "--seeds", "0", "--losses", "ce", "--no-setfit-body", "--model", str(model),
+            "--out", str(tmp_path / "sf")]
+    r = CliRunner().invoke(main, args)
+    assert r.exit_code == 0, r.output
+    first = pl.read_parquet(tmp_path / "sf" / "runs.parquet")
+    assert first.height == 3 and first["made_of"].n_unique() == 1
+    r = CliRunner().invoke(main, args)
+    assert r.exit_code == 0, r.output
+    assert pl.read_parquet(tmp_path / "sf" / "runs.parquet").equals(first)  # nothing re-ran, nothing added
+    r = CliRunner().invoke(main, [*args, "--test-per-class", "2"])  # another test sample: other figures
+    assert r.exit_code == 2 and "made from another store, dataset or test sample" in r.output, r.output
+    assert "Traceback" not in r.output and str(tmp_path / "sf" / "runs.parquet") in r.output
+    assert pl.read_parquet(tmp_path / "sf" / "runs.parquet").equals(first)
+    first.drop("made_of").write_parquet(tmp_path / "sf" / "runs.parquet")  # rows from before runs were keyed
+    r = CliRunner().invoke(main, args)
+    assert r.exit_code == 2 and "rows written before runs were keyed" in r.output, r.output
+
+
 def test_forgetting_and_setfit_bad_options_are_clear_errors(world, tmp_path):
     """Both commands go through the cli's one error path: `Error: ...`, exit 2, no traceback."""
     root, store, _ = world

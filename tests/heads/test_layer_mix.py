@@ -8,8 +8,8 @@ import torch
 
 import headstore
 from headstore.heads.network.features import Normalizer, read_features
-from headstore.heads.settings.config import HeadConfig
 from headstore.heads.network.model import MIX_GAIN, StackedMLP
+from headstore.heads.settings.config import HeadConfig
 
 from .conftest import FAST, cli
 
