@@ -98,11 +98,12 @@ def main() -> None:
             print(f"{name:28s} seed {seed}: dev {r['dev']:.4f} test {r['test']:.4f} dev gain {r['dev_gain']:+.4f} "
                   f"{[round(x, 4) for x in r['dev_gain_ci']]} test gain {r['test_gain']:+.4f} "
                   f"{[round(x, 4) for x in r['test_gain_ci']]}", flush=True)
-    means = by_teacher(rows)
+    means = by_teacher(rows, scored, seeds, gold_of(task))
     best = max((r for r in means if r["k"] > 1), key=lambda r: r["dev_gain"])
     for r in means:
-        print(f"{r['teacher']:28s} mean over seeds: dev {r['dev']:.4f} gain {r['dev_gain']:+.4f}, test {r['test']:.4f} "
-              f"gain {r['test_gain']:+.4f}")
+        print(f"{r['teacher']:28s} mean over seeds: dev {r['dev']:.4f} gain {r['dev_gain']:+.4f} "
+              f"{[round(x, 4) for x in r['dev_gain_ci']]}, test {r['test']:.4f} gain {r['test_gain']:+.4f} "
+              f"{[round(x, 4) for x in r['test_gain_ci']]}")
     print(f"largest dev gain over seeds: {best['teacher']} ({best['dev_gain']:+.4f})")
     date = datetime.date.today().isoformat()
     path = Path(args.json or Path(__file__).resolve().parents[1] / "results" / f"distill-teachers-zen4-{date}.json")
@@ -112,15 +113,22 @@ def main() -> None:
     print(f"written: {path}")
 
 
-def by_teacher(rows: list[dict]) -> list[dict]:
+def by_teacher(rows: list[dict], scored: dict, seeds: list[int], gold: dict) -> list[dict]:
     """One row per teacher: its figures and gains averaged over the student seeds (a one-seed ensemble: its seed's
     teacher against its seed's single head; a cross-seed one: the one teacher against each seed's single head) -
-    the unit of the 3-seed study, so the teacher is chosen on these."""
+    the unit of the 3-seed study, so the teacher is chosen on these. Each gain's CI is the two-level bootstrap over
+    those seeds (as pairs) and the split's items."""
     out = []
     for name in dict.fromkeys(r["teacher"] for r in rows):
         rs = [r for r in rows if r["teacher"] == name]
         out.append({"teacher": name, "k": rs[0]["k"], "seeds": [r["seed"] for r in rs],
                     **{key: float(np.mean([r[key] for r in rs])) for key in ("dev", "test", "dev_gain", "test_gain")}})
+        pairs = [(scored[name, r["seed"]], scored["single (rank 1)", s])
+                 for r in rs for s in ([r["seed"]] if r["seed"] is not None else seeds)]
+        for split in SPLITS:
+            values = np.stack([t[split][1] for t, _ in pairs])
+            minus = np.stack([single[split][1] for _, single in pairs])
+            out[-1][f"{split}_gain_ci"] = list(two_level_ci(values, minus=minus, **gold[split]))
     return out
 
 
