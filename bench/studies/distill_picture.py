@@ -46,6 +46,8 @@ def draw(rows: list[dict], path: Path) -> None:
         xs = [j + (i - 1) * width for j, (_, v) in enumerate(pts) if key in v]
         ys = [v[key][0] for _, v in pts if key in v]
         errs = [v[key][1] for _, v in pts if key in v]
+        if not xs:  # a variant no study row has: no bar, no legend entry
+            continue
         ax.bar(xs, ys, width, label=label, color=colour)
         for x, y, ci in zip(xs, ys, errs):
             if ci:
