@@ -1,14 +1,14 @@
 """Which teacher has a real dev gain over the best single head (issue 42 part 2, docs/distill.md)? Ensembles of
 heads that already exist, scored on the task's dev split (SciFact: 81 train queries held out by text, the grid's;
-STS-B: its dev pairs) and on test (recorded, never chosen on), each against the best single head: the grid's rank-1 configuration's head of
-the same seed (a cross-seed teacher: each seed's, the gain averaged over seeds).
+STS-B: its dev pairs) and on test (recorded, never chosen on), each against the best single head: the grid's
+rank-1 configuration's head of the same seed (a cross-seed teacher: each seed's, the gain averaged over seeds).
 
 Candidates: each seed's `GRID#ensemble=K` (K = 2 .. the grid's configurations), the cross-seed ensembles of the
 top-K configurations' heads of every seed (K = 1: the rank-1 configuration's seeds 0-2), and with --extra HEAD
-(repeatable: train-head folders over the same store) the whole grid with them. Each gain's 95% CI is the
-paired two-level bootstrap of heads.scoring.bootstrap over the split's items and the seeds, of the task's own
-statistic (IR: the mean of per-query nDCG@10; STS: Spearman recomputed on each resample of pairs). The teacher to distil
-is the one of the largest dev gain averaged over the seeds (the 3-seed study's unit); test is never chosen on.
+(repeatable: train-head folders over the same store) the whole grid with them. Each gain's 95% CI is the paired
+two-level bootstrap of heads.scoring.bootstrap over the split's items and the seeds, of the task's own statistic
+(IR: the mean of per-query nDCG@10; STS: Spearman recomputed on each resample of pairs). The teacher to distil is
+the one of the largest dev gain averaged over the seeds (the 3-seed study's unit); test is never chosen on.
 
     python3 bench/studies/distill_teachers.py --store S --grid WORK/grid-scifact --data DATA/scifact \\
         --extra RUNS/head-base-s0/head
