@@ -141,6 +141,9 @@ def test_setfit_rerun_reuses_only_rows_made_of_the_same_store_and_texts(world, t
     first.drop("made_of").write_parquet(tmp_path / "sf" / "runs.parquet")  # rows from before runs were keyed
     r = CliRunner().invoke(main, args)
     assert r.exit_code == 2 and "rows written before runs were keyed" in r.output, r.output
+    (tmp_path / "sf" / "runs.parquet").write_bytes(b"PAR1 cut short")  # a run killed mid-write by hand
+    r = CliRunner().invoke(main, args)
+    assert r.exit_code == 2 and "cannot be read" in r.output and "Traceback" not in r.output, r.output
 
 
 def test_forgetting_and_setfit_bad_options_are_clear_errors(world, tmp_path):
