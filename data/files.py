@@ -131,6 +131,18 @@ def atomic_write_parquet(path: str | Path, frame, compression: str = "zstd", bef
         _remove(tmp)
 
 
+def read_parquet_or_explain(path: str | Path, remedy: str):
+    """A Parquet file this module wrote, as a polars DataFrame; one that cannot be read (truncated, foreign) is a
+    ValueError naming the file, polars' first line of the problem and `remedy` (what the user can do)."""
+    import polars as pl
+
+    try:
+        return pl.read_parquet(path)
+    except Exception as e:  # polars raises ComputeError / OSError for a truncated or foreign file
+        raise ValueError(f"{path}: cannot be read ({type(e).__name__}: {str(e).strip().splitlines()[0][:160]}) "
+                         f"({remedy})") from None
+
+
 def _remove(tmp: Path) -> None:
     """Remove a temporary file if it is there; a folder that vanished or turned read-only leaves it (the
     error that stopped the write is the one to report)."""

@@ -26,7 +26,7 @@ from pathlib import Path
 import polars as pl
 import torch
 
-from headstore.data.files import atomic_write_json, atomic_write_parquet, atomic_write_text
+from headstore.data.files import atomic_write_json, atomic_write_parquet, atomic_write_text, read_parquet_or_explain
 from headstore.heads.settings.config import HeadConfig, TrainConfig
 from headstore.heads.network.features import Normalizer
 from headstore.heads.scoring.losses import scoring_energy
@@ -172,12 +172,8 @@ def read_results(grid_dir: str | Path) -> pl.DataFrame:
     path = Path(grid_dir) / RESULTS_FILE
     if not path.is_file():
         raise FileNotFoundError(f"{grid_dir}: no {RESULTS_FILE} (is this a `cli grid --out` directory?)")
-    try:
-        return pl.read_parquet(path)
-    except Exception as e:  # polars raises ComputeError / OSError for a truncated or foreign file
-        raise ValueError(f"{path}: cannot be read ({type(e).__name__}: {str(e).strip().splitlines()[0][:160]}) "
-                         "(the grid's results are damaged: rerun the grid with --overwrite, or into another "
-                         "--out)") from None
+    return read_parquet_or_explain(path, "the grid's results are damaged: rerun the grid with --overwrite, or into "
+                                         "another --out")
 
 
 def resume_rows(grid_dir: str | Path, version: int) -> tuple[list[dict], list[dict]]:

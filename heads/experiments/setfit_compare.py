@@ -38,7 +38,8 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
-from headstore.data.files import atomic_write_json, atomic_write_parquet, atomic_write_text
+from headstore.data.files import (atomic_write_json, atomic_write_parquet, atomic_write_text,
+                                  read_parquet_or_explain)
 from headstore.heads.experiments.summary import mean_std_ci
 
 
@@ -249,11 +250,8 @@ def _kept_rows(path: Path, made_of: str) -> list[dict]:
     settings (`_made_of`); rows of anything else are refused, never mixed into this run's table."""
     if not path.is_file():
         return []
-    try:
-        rows = pl.read_parquet(path).to_dicts()
-    except Exception as e:  # polars raises ComputeError / OSError for a truncated or foreign file
-        raise ValueError(f"{path}: cannot be read ({type(e).__name__}: {str(e).strip().splitlines()[0][:160]}) "
-                         "(the finished runs are damaged: give another --out, or move that folder away)") from None
+    rows = read_parquet_or_explain(path, "the finished runs are damaged: give another --out, or move that folder "
+                                         "away").to_dicts()
     other = [r for r in rows if r.get("made_of") != made_of]
     if other:
         keys = sorted({str(r.get("made_of")) for r in other})
