@@ -23,6 +23,7 @@ from headstore.data.dataset import load_dataset
 from headstore.data.readers import DETECT
 from headstore.heads.kinds import ir, labels, pairs, sts
 from headstore.heads.kinds.base import PREFIX, WHOLE, PairSet, Task, TaskKind, TrainSet  # noqa: F401
+from headstore.heads.kinds.seen import judged_documents
 from headstore.heads.kinds.unlabeled import join_unlabeled
 
 KINDS: dict[str, TaskKind] = {k.name: k for k in (ir.KIND, sts.KIND, pairs.KIND, labels.KIND)}
@@ -70,6 +71,20 @@ def load_task(data_path: str, store, format: str | None = None, score_range=None
         return join_unlabeled(pairs.from_table(ds, store, for_eval, shared_corpus=True), ds, store, unlabeled)
     task = BUILDERS[ds.kind](ds, store, for_eval)
     return join_unlabeled(task, ds, store, unlabeled) if unlabeled else task
+
+
+def training_judged(task: Task) -> frozenset[int]:
+    """The store rows of the documents the task's training judged relevant (heads.kinds.seen): its train pairs'
+    positives (IR: every train pair is a relevant judgement); none without a train split."""
+    return judged_documents([] if task.train is None else task.train.positive)
+
+
+def seen_masks(task: Task, judged: frozenset[int], splits) -> dict[str, np.ndarray]:
+    """{split: seen mask} of the evaluation splits whose kind splits its figures into seen and unseen (IR), on
+    the documents `judged` (store rows in the task's row space)."""
+    kind = kind_of(task)
+    masks = {s: kind.seen_mask(task.eval_sets[s], judged) for s in splits if s in task.eval_sets}
+    return {s: m for s, m in masks.items() if m is not None}
 
 
 def task_rows(task: Task) -> set[int]:

@@ -12,7 +12,8 @@ from headstore.featurize.encoder.model import pick_device
 from headstore.featurize.store.reader import FeatureStore
 from headstore.heads.artefacts.task_features import TaskFeatures
 from headstore.heads.evaluation.evaluate import TEST_SPLIT, evaluate_head
-from headstore.heads.kinds import WHOLE, Task, kind_of, load_task, task_rows, without_overlap
+from headstore.heads.artefacts.judged import read_judged
+from headstore.heads.kinds import WHOLE, Task, kind_of, load_task, seen_masks, task_rows, without_overlap
 from headstore.heads.kinds.unlabeled import unlabeled_report
 from headstore.heads.settings.config import TrainConfig
 from headstore.heads.training.run import _data_notes, check_same_features, load_head, write_runs
@@ -24,6 +25,18 @@ def eval_split(task: Task) -> str:
         if split in task.eval_sets:
             return split
     raise ValueError(f"{task.name}: nothing to evaluate (no split with judgements or pairs)")
+
+
+def eval_seen(head_dir: str, config: dict, store, task: Task, split: str) -> tuple[dict, str]:
+    """({split: seen mask} on the documents the head's training judged (its judgements.parquet,
+    heads.artefacts.judged), a note where the kind splits but the head keeps no record)."""
+    judged = read_judged(head_dir, config, store)
+    if judged is not None:
+        return seen_masks(task, judged, (split,)), ""
+    if not seen_masks(task, frozenset(), (split,)):  # a kind whose figures are not split (not IR)
+        return {}, ""
+    return {}, (f"{head_dir} keeps no training judgements (no judgements.parquet: a head trained before the "
+                "record, or saved without it), so its figures are not split into seen and unseen queries")
 
 
 def eval_head(store_path: str, head_dir: str, data_path: str, out_dir: str, data_format: str | None = None,
@@ -56,6 +69,7 @@ def eval_head(store_path: str, head_dir: str, data_path: str, out_dir: str, data
             raise ValueError(f"--exclude-overlap {exclude_overlap}: every one of the {dropped[split]} "
                              f"{kind_of(task).items_name} of {data_path} split {split!r} uses a text of it, so "
                              "nothing is left to score (exclude another dataset, or leave --exclude-overlap out)")
+    seen, seen_note = eval_seen(head_dir, config, store, task, eval_split(task))  # store rows: before remapping
     tf = TaskFeatures.for_task(store, task, device=device)
     task, features = tf.remap(task), tf.read(array)  # only the rows the task uses (heads.artefacts.task_features)
     train_cfg = TrainConfig.from_dict(config["train"])
@@ -65,19 +79,21 @@ def eval_head(store_path: str, head_dir: str, data_path: str, out_dir: str, data
     rankings: dict = {}
     per_item: dict = {}
     metrics = evaluate_head(task, features, model, norm, energy, (split,), dim=store.dim, rankings=rankings,
-                            items=per_item)
+                            items=per_item, seen=seen)
     if items is not None:
         gold = getattr(task.eval_sets[split], "labels", None)
         items.update({k: np.asarray(v, dtype=np.float64).tolist() for k, v in per_item[split].items()})
         items["gold"] = None if gold is None else np.asarray(gold, dtype=np.float64).tolist()
     if split != TEST_SPLIT:  # report the split there is under the usual keys
         only = metrics.pop(split)
-        metrics.update({"baseline": only["baseline"], "head": only["head"], "ci": only["ci"]})
+        metrics.update({k: only[k] for k in ("baseline", "head", "ci", "parts") if k in only})
     metrics["split"] = split
     metrics.update(_data_notes(task))
     metrics["head_dir"], metrics["data"], metrics["device"] = str(head_dir), str(data_path), device
     if unlabeled_note:
         metrics["unlabeled"] = unlabeled_note
+    if seen_note:
+        metrics["parts_note"] = seen_note
     if dropped is not None:
         metrics["overlap_dropped"] = {"with": str(exclude_overlap), **dropped}
     out = prepare_output_dir(out_dir, "eval", overwrite, inputs=inputs)

@@ -1,0 +1,69 @@
+"""A head's training judgements, kept in its folder so any later scoring can split its figures into seen and
+unseen queries (heads.kinds.seen): `cli eval` of the head on the same dataset, another one, or a transfer set.
+
+`judgements.parquet` (JUDGED_FILE) holds one row per training pair: `query_id` and `document_id`, the store's
+text ids of its two texts (each under the prompt of its role, so they are found in any store of the same
+features), and `label` (null for positive pairs, the label or rescaled score otherwise). config.json's
+"judged" says which file it is and how many pairs and relevant documents it holds. A head folder without it
+(trained before the record, or a head saved by `Head.save`) has no judgements to split on: said, not guessed.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+
+from headstore.data.files import atomic_write_parquet, read_parquet_or_explain
+from headstore.heads.kinds import PairSet
+from headstore.heads.kinds.seen import judged_documents
+
+JUDGED_FILE = "judgements.parquet"
+RELEVANT = 0.5  # a labelled pair above this label is a relevant judgement (as heads.kinds.pairs' `relevant`)
+
+
+def text_ids_of_rows(store, rows: np.ndarray) -> list[str]:
+    """The store's text id of each row (one scan of the text_id and row columns)."""
+    wanted = np.unique(rows)
+    frame = (store.scan_texts(["text_id", "row"]).filter(pl.col("row").is_in(wanted.tolist())).collect())
+    id_of = dict(zip(frame["row"].to_list(), frame["text_id"].to_list()))
+    return [id_of[int(r)] for r in rows]
+
+
+def write_judgements(out: Path, store, train: PairSet | None) -> dict:
+    """Write `out`/JUDGED_FILE from the training pairs (store rows); config.json's "judged" entry ({} without a
+    train split: nothing judged)."""
+    if train is None or not len(train):
+        return {}
+    ids = text_ids_of_rows(store, np.concatenate([train.anchor, train.positive]))
+    n = len(train)
+    labels = None if train.labels is None else np.asarray(train.labels, dtype=np.float64)
+    frame = pl.DataFrame({"query_id": ids[:n], "document_id": ids[n:],
+                          "label": pl.Series("label", labels, dtype=pl.Float64) if labels is not None
+                          else pl.Series("label", [None] * n, dtype=pl.Float64)})
+    atomic_write_parquet(Path(out) / JUDGED_FILE, frame)
+    relevant = frame.filter(pl.col("label").is_null() | (pl.col("label") > RELEVANT))
+    return {"file": JUDGED_FILE, "pairs": n, "documents": int(relevant["document_id"].n_unique())}
+
+
+def record_dir(head_ref: str | Path) -> Path:
+    """The folder holding a head's record: the head folder, or a grid's for `GRID#rank=K` and the like."""
+    ref = Path(head_ref)
+    base, sep, _ = str(head_ref).rpartition("#")
+    return Path(base) if sep and not ref.exists() else ref
+
+
+def read_judged(head_ref: str | Path, config: dict, store) -> frozenset[int] | None:
+    """The store rows (in `store`) of the documents a head's training judged relevant; None where the head keeps
+    no record (config.json without "judged"). A judged document absent from `store` is no row of its corpora."""
+    entry = config.get("judged")
+    if not entry:
+        return None
+    path = record_dir(head_ref) / entry["file"]
+    if not path.is_file():
+        raise ValueError(f"{path}: missing; {head_ref}'s config.json names it as the head's training judgements "
+                         "(copy the whole head folder, or train the head again)")
+    frame = read_parquet_or_explain(path, "the head folder is damaged: train the head again")
+    relevant = frame.filter(pl.col("label").is_null() | (pl.col("label") > RELEVANT))["document_id"]
+    rows = store.find_rows(relevant.unique().to_list())
+    return judged_documents(rows[rows >= 0])

@@ -1,0 +1,170 @@
+"""Seen / unseen in the IR reports on a tiny model: train-head's and eval's metrics.json "parts" against a
+hand-made qrels (counts) and trec_eval's scores of the run file on each part (values), a transfer dataset all
+unseen, every query seen said in one line, and the paired interval against scipy's bootstrap."""
+from __future__ import annotations
+
+import json
+import random
+
+import numpy as np
+import pytest
+import pytrec_eval
+from scipy import stats
+
+from headstore.heads.kinds.seen import seen_parts
+
+from .conftest import FAST, cli
+from .finetune_world import sentence, tiny_beir, tiny_bert
+
+SEEN_TEST = [f"q{i}" for i in range(20, 25)]  # relevant d0..d4: judged in training (q0..q19 -> d0..d19)
+UNSEEN_TEST = [f"q{i}" for i in range(25, 31)]  # d25..d30, and q30's judged d5 graded 0 (not relevant)
+SEEN_DEV, UNSEEN_DEV = ["q31", "q32"], ["q33", "q34"]
+
+
+def _beir(folder, seed=0):
+    """40 documents; train q0..q19 -> d0..d19; test and dev partly on trained documents (the lists above)."""
+    rng = random.Random(seed)
+    (folder / "qrels").mkdir(parents=True)
+    docs = [{"_id": f"d{i}", "title": sentence(rng, 2), "text": sentence(rng, 8) + f" {i}"} for i in range(40)]
+    (folder / "corpus.jsonl").write_text("".join(json.dumps(d) + "\n" for d in docs))
+    queries = [{"_id": f"q{i}", "text": sentence(rng, 4) + f" {i}"} for i in range(35)]
+    (folder / "queries.jsonl").write_text("".join(json.dumps(q) + "\n" for q in queries))
+    head = "query-id\tcorpus-id\tscore\n"
+    qrels = {"train": [(f"q{i}", f"d{i}", 1) for i in range(20)],
+             "test": [(f"q{20 + i}", f"d{i}", 1) for i in range(5)] + [(f"q{i}", f"d{i}", 1) for i in range(25, 30)]
+             + [("q30", "d5", 0), ("q30", "d30", 1)],
+             "dev": [("q31", "d1", 1), ("q32", "d2", 2), ("q33", "d35", 1), ("q34", "d36", 1)]}
+    for split, rows in qrels.items():
+        (folder / "qrels" / f"{split}.tsv").write_text(head + "".join(f"{q}\t{d}\t{s}\n" for q, d, s in rows))
+    return folder
+
+
+@pytest.fixture(scope="module")
+def seen_world(tmp_path_factory):
+    root = tmp_path_factory.mktemp("seen")
+    w = {"root": root, "model": tiny_bert(root / "model", layers=2), "beir": _beir(root / "beir"),
+         "other": tiny_beir(root / "other", seed=9, n_docs=20, n_train=0, n_test=8), "store": root / "store"}
+    r = cli("featurize", "--model", w["model"], "--data", w["beir"], "--data", w["other"], "--store", w["store"],
+            "--dtype", "float32")
+    assert r.exit_code == 0, r.output
+    w["head"] = root / "head"
+    r = cli("train-head", "--store", w["store"], "--data", w["beir"], "--out", w["head"], *FAST)
+    assert r.exit_code == 0, r.output
+    w["output"] = r.output
+    return w
+
+
+def _trec_eval_mean(run_file, qrels_file, queries) -> float:
+    """Mean nDCG@10 of `queries` by pytrec_eval on the run file and the qrels (an independent scorer)."""
+    run, qrels = {}, {}
+    for line in run_file.read_text().splitlines():
+        q, _, d, _, score, _ = line.split()
+        run.setdefault(q, {})[d] = float(score)
+    for line in qrels_file.read_text().splitlines()[1:]:
+        q, d, s = line.split("\t")
+        qrels.setdefault(q, {})[d] = int(s)
+    scores = pytrec_eval.RelevanceEvaluator(qrels, {"ndcg_cut.10"}).evaluate(run)
+    return float(np.mean([scores[q]["ndcg_cut_10"] for q in queries]))
+
+
+def test_train_head_parts_match_the_hand_made_qrels(seen_world):
+    w = seen_world
+    m = json.loads((w["head"] / "metrics.json").read_text())
+    parts, dev = m["parts"], m["dev"]["parts"]
+    assert [parts[p]["n"] for p in ("seen", "unseen", "all")] == [len(SEEN_TEST), len(UNSEEN_TEST), 11]
+    assert [dev[p]["n"] for p in ("seen", "unseen", "all")] == [2, 2, 4]
+    assert parts["all"]["head"] == pytest.approx(m["head"][m["primary"]], abs=1e-9)
+    assert parts["all"]["baseline"] == pytest.approx(m["baseline"][m["baseline_primary"]], abs=1e-9)
+    qrels = w["beir"] / "qrels" / "test.tsv"
+    for part, queries in (("seen", SEEN_TEST), ("unseen", UNSEEN_TEST)):
+        assert parts[part]["head"] == pytest.approx(_trec_eval_mean(w["head"] / "run.test.trec", qrels, queries),
+                                                    abs=1e-6)
+        assert parts[part]["delta"] == pytest.approx(parts[part]["head"] - parts[part]["baseline"])
+        lo, hi = parts[part]["ci"]["delta"]
+        assert lo <= parts[part]["delta"] <= hi
+    assert "seen / unseen" in w["output"] and "unseen " in w["output"]  # the terminal's short table
+    judged = json.loads((w["head"] / "config.json").read_text())["judged"]
+    assert judged == {"file": "judgements.parquet", "pairs": 20, "documents": 20}
+
+
+def test_eval_on_the_same_dataset_splits_as_train_head(seen_world):
+    w = seen_world
+    out = w["root"] / "eval-same"
+    r = cli("eval", "--store", w["store"], "--head", w["head"], "--data", w["beir"], "--out", out)
+    assert r.exit_code == 0, r.output
+    trained = json.loads((w["head"] / "metrics.json").read_text())["parts"]
+    parts = json.loads((out / "metrics.json").read_text())["parts"]
+    assert {p: parts[p]["n"] for p in parts if p != "note"} == {"seen": 5, "unseen": 6, "all": 11}
+    assert parts["seen"]["head"] == pytest.approx(trained["seen"]["head"], abs=1e-6)
+
+
+def test_eval_on_another_dataset_is_all_unseen(seen_world):
+    w = seen_world
+    out = w["root"] / "eval-other"
+    r = cli("eval", "--store", w["store"], "--head", w["head"], "--data", w["other"], "--out", out)
+    assert r.exit_code == 0, r.output
+    parts = json.loads((out / "metrics.json").read_text())["parts"]
+    assert parts["seen"] == {"n": 0} and parts["unseen"]["n"] == parts["all"]["n"] == 8
+    assert parts["note"].startswith("all unseen")
+    assert "all unseen" in r.output
+
+
+def test_every_query_seen_is_one_warning_line(seen_world, tmp_path):
+    """Training judgements covering every test document: a warning, not a failure."""
+    w = seen_world
+    data = tmp_path / "all-seen"
+    _beir(data)
+    (data / "qrels" / "test.tsv").write_text("query-id\tcorpus-id\tscore\n" + "".join(
+        f"q{20 + i}\td{i}\t1\n" for i in range(5)))
+    out = tmp_path / "out"
+    r = cli("eval", "--store", w["store"], "--head", w["head"], "--data", data, "--out", out)
+    assert r.exit_code == 0, r.output
+    m = json.loads((out / "metrics.json").read_text())
+    assert m["parts"]["unseen"] == {"n": 0} and m["parts"]["seen"]["n"] == 5
+    warning = [line for line in r.output.splitlines() if line.startswith("WARNING") and "every test query is seen" in line]
+    assert len(warning) == 1, r.output
+
+
+def test_a_head_without_its_record_says_so(seen_world, tmp_path):
+    import shutil
+
+    w = seen_world
+    head = tmp_path / "old-head"
+    shutil.copytree(w["head"], head)
+    (head / "judgements.parquet").unlink()
+    config = json.loads((head / "config.json").read_text())
+    config.pop("judged")
+    (head / "config.json").write_text(json.dumps(config))
+    r = cli("eval", "--store", w["store"], "--head", head, "--data", w["beir"], "--out", tmp_path / "out")
+    assert r.exit_code == 0, r.output
+    m = json.loads((tmp_path / "out" / "metrics.json").read_text())
+    assert "parts" not in m and "keeps no training judgements" in m["parts_note"]
+
+
+def test_paired_interval_matches_scipy_bootstrap():
+    """The delta's interval is paired: it matches scipy.stats.bootstrap of the paired mean difference and is far
+    narrower than an unpaired one where head and frozen move together across queries."""
+    rng = np.random.default_rng(0)
+    base = rng.uniform(0, 1, 300)
+    head = np.clip(base + 0.03 + rng.normal(0, 0.02, 300), 0, 1)
+    mask = rng.uniform(size=300) < 0.6
+    parts = seen_parts(base, head, mask, n_boot=4000)
+    for part, keep in (("seen", mask), ("unseen", ~mask), ("all", np.ones(300, bool))):
+        ref = stats.bootstrap((head[keep], base[keep]), lambda h, b, axis=-1: (h - b).mean(axis), paired=True,
+                              vectorized=True, n_resamples=4000, method="percentile", rng=1).confidence_interval
+        lo, hi = parts[part]["ci"]["delta"]
+        assert lo == pytest.approx(ref.low, abs=0.002) and hi == pytest.approx(ref.high, abs=0.002)
+        assert parts[part]["n"] == int(keep.sum())
+        assert parts[part]["delta"] == pytest.approx((head[keep] - base[keep]).mean())
+    assert parts["all"]["ci"]["delta"][1] - parts["all"]["ci"]["delta"][0] < 0.01  # unpaired: ~0.09 wide
+
+
+def test_seeds_and_small_parts():
+    """Several seeds: the part's figure is the mean over seeds; a one-query part has no interval; none: n 0."""
+    base = np.array([0.2, 0.4, 0.6])
+    head = np.array([[0.3, 0.5, 0.9], [0.1, 0.7, 0.5]])
+    parts = seen_parts(base, head, np.array([True, False, False]))
+    assert parts["seen"] == {"n": 1, "baseline": 0.2, "head": pytest.approx(0.2), "delta": pytest.approx(0.0),
+                             "ci": {"baseline": None, "head": None, "delta": None}}
+    assert parts["unseen"]["head"] == pytest.approx((0.5 + 0.9 + 0.7 + 0.5) / 4)
+    assert seen_parts(base, head, np.zeros(3, bool))["seen"] == {"n": 0}
