@@ -168,3 +168,40 @@ def test_seeds_and_small_parts():
                              "ci": {"baseline": None, "head": None, "delta": None}}
     assert parts["unseen"]["head"] == pytest.approx((0.5 + 0.9 + 0.7 + 0.5) / 4)
     assert seen_parts(base, head, np.zeros(3, bool))["seen"] == {"n": 0}
+
+
+def test_pairs_with_unlabeled_anchor_seen_when_a_positive_was_trained(seen_world, tmp_path):
+    """A pairs table with --unlabeled: a test anchor is seen when one of its positives is a training positive."""
+    import polars as pl
+
+    from .conftest import write_json_lines
+
+    rng = random.Random(5)
+    anchors = [f"{sentence(rng, 3)} u {i}" for i in range(40)]
+    unique = [f"{sentence(rng, 5)} v {i}" for i in range(33)]
+    positives = [unique[i % 33] for i in range(40)]  # test anchors 33..39 share a positive with train anchors 0..6
+    splits = ["train"] * 24 + ["dev"] * 8 + ["test"] * 8
+    pairs = tmp_path / "pairs.parquet"
+    pl.DataFrame({"anchor": anchors, "positive": positives, "split": splits}).write_parquet(pairs)
+    corpus = write_json_lines(tmp_path / "corpus.jsonl", [{"_id": f"d{i}", "title": "", "text": sentence(rng, 7)
+                                                           + f" w {i}"} for i in range(20)])
+    store, head = tmp_path / "store", tmp_path / "head"
+    r = cli("featurize", "--model", seen_world["model"], "--data", pairs, "--unlabeled", corpus, "--store", store,
+            "--dtype", "float32")
+    assert r.exit_code == 0, r.output
+    r = cli("train-head", "--store", store, "--data", pairs, "--unlabeled", corpus, "--out", head, *FAST)
+    assert r.exit_code == 0, r.output
+    trained = {p for p, s in zip(positives, splits) if s == "train"}
+    expected = {}
+    for split in ("dev", "test"):
+        by_anchor: dict = {}
+        for a, p, s in zip(anchors, positives, splits):
+            if s == split:
+                by_anchor.setdefault(a, set()).add(p)
+        n_seen = sum(bool(ps & trained) for ps in by_anchor.values())
+        expected[split] = {"seen": n_seen, "unseen": len(by_anchor) - n_seen, "all": len(by_anchor)}
+    assert expected == {"dev": {"seen": 0, "unseen": 8, "all": 8}, "test": {"seen": 7, "unseen": 1, "all": 8}}
+    m = json.loads((head / "metrics.json").read_text())
+    for split, parts in (("test", m["parts"]), ("dev", m["dev"]["parts"])):
+        assert {p: parts[p]["n"] for p in ("seen", "unseen", "all")} == expected[split]
+    assert m["dev"]["parts"]["note"].startswith("all unseen")
