@@ -205,3 +205,31 @@ def test_pairs_with_unlabeled_anchor_seen_when_a_positive_was_trained(seen_world
     for split, parts in (("test", m["parts"]), ("dev", m["dev"]["parts"])):
         assert {p: parts[p]["n"] for p in ("seen", "unseen", "all")} == expected[split]
     assert m["dev"]["parts"]["note"].startswith("all unseen")
+
+
+def test_grid_leaderboard_has_seen_and_unseen_columns(seen_world, tmp_path):
+    """Each configuration's test seen / unseen column is the mean over its seeds of its per-query values on the
+    hand-made parts (results.parquet's test_items), the frozen baseline rows too."""
+    import polars as pl
+
+    w = seen_world
+    grid, out = tmp_path / "grid.toml", tmp_path / "grid"
+    grid.write_text('[grid]\nlr = [1e-3]\nseed = [0, 1]\n[fixed]\nepochs = 1\nhidden = 16\nbatch_size = 8\n'
+                    'mined_k = 2\n')
+    r = cli("grid", "--store", w["store"], "--data", w["beir"], "--grid", grid, "--out", out)
+    assert r.exit_code == 0, r.output
+    md = (out / "leaderboard.md").read_text()
+    header = next(line for line in md.splitlines() if line.startswith("| rank"))
+    cells = [c.strip() for c in header.strip("|").split("|")]
+    for name in ("dev seen (2)", "dev unseen (2)", "test seen (5)", "test unseen (6)"):
+        assert name in cells, header
+    frame = pl.read_parquet(out / "results.parquet")
+    items = np.array([json.loads(x) for x in frame["test_items"]])  # (seeds, 11) in sorted query id order
+    order = sorted(SEEN_TEST + UNSEEN_TEST)
+    seen = np.array([q in SEEN_TEST for q in order])
+    head_row = next(line for line in md.splitlines() if line.startswith("| 1 "))
+    row = dict(zip(cells, [c.strip() for c in head_row.strip("|").split("|")]))
+    assert float(row["test seen (5)"]) == pytest.approx(items[:, seen].mean(), abs=1e-4)
+    assert float(row["test unseen (6)"]) == pytest.approx(items[:, ~seen].mean(), abs=1e-4)
+    frozen = next(line for line in md.splitlines() if "frozen baseline (cosine)" in line)
+    assert dict(zip(cells, [c.strip() for c in frozen.strip("|").split("|")]))["test seen (5)"] != ""
