@@ -48,7 +48,8 @@ def eval_head(store_path: str, head_dir: str, data_path: str, out_dir: str, data
     `exclude_overlap`: a dataset (e.g. the one the head was trained on) whose texts must not be scored:
     evaluation pairs / queries that use one of its texts are dropped (counted in metrics.json).
     `items`: filled with the scored split's per-item values ("baseline": cosine, "head") as lists, and
-    "gold" (the gold scores / labels where the kind has them, else None): what bootstrap CIs resample.
+    "gold" (the gold scores / labels where the kind has them, else None): what bootstrap CIs resample; "seen":
+    the items' seen mask (heads.kinds.seen; None where the figures are not split).
     `unlabeled`: --unlabeled files, the distractors a positives-only pairs table's anchors rank
     (heads.kinds.unlabeled)."""
     inputs = (data_path, head_dir, exclude_overlap, *unlabeled)
@@ -84,6 +85,7 @@ def eval_head(store_path: str, head_dir: str, data_path: str, out_dir: str, data
         gold = getattr(task.eval_sets[split], "labels", None)
         items.update({k: np.asarray(v, dtype=np.float64).tolist() for k, v in per_item[split].items()})
         items["gold"] = None if gold is None else np.asarray(gold, dtype=np.float64).tolist()
+        items["seen"] = seen[split].tolist() if split in seen else None  # heads.kinds.seen: the split's parts
     if split != TEST_SPLIT:  # report the split there is under the usual keys
         only = metrics.pop(split)
         metrics.update({k: only[k] for k in ("baseline", "head", "ci", "parts") if k in only})

@@ -233,3 +233,32 @@ def test_grid_leaderboard_has_seen_and_unseen_columns(seen_world, tmp_path):
     assert float(row["test unseen (6)"]) == pytest.approx(items[:, ~seen].mean(), abs=1e-4)
     frozen = next(line for line in md.splitlines() if "frozen baseline (cosine)" in line)
     assert dict(zip(cells, [c.strip() for c in frozen.strip("|").split("|")]))["test seen (5)"] != ""
+
+
+def test_compare_rows_are_split_by_seen_and_unseen():
+    """compare's in-domain rows on each part: the figure and the paired difference seed by seed, on the part's
+    queries only (the reference: the same two-level bootstrap on the cut values)."""
+    from headstore.heads.experiments.compare_setups import REFERENCE
+    from headstore.heads.experiments.compare_table import build_rows, tables
+    from headstore.heads.scoring.bootstrap import two_level_ci
+
+    from .test_compare_stats import _report_world
+
+    cfg, built, evals, steps, (_, ref, setup, cosine) = _report_world("mean")
+    mask = np.random.default_rng(3).uniform(size=ref.shape[1]) < 0.6
+    for rec in evals.values():
+        rec["seen"] = mask.tolist()
+    rows = {r["setup"]: r for r in build_rows(cfg, built, evals, {}, steps)}
+    for part, keep in (("seen", mask), ("unseen", ~mask)):
+        tuned = rows["finetuned-head"]["parts"][f"ind {part}"]
+        assert tuned["n"] == int(keep.sum())
+        assert tuned["vs_frozen_head"]["diff"] == pytest.approx(setup[0][keep].mean() - ref[0][keep].mean())
+        frozen = rows[REFERENCE]["parts"][f"ind {part}"]
+        assert frozen["mean"] == pytest.approx(ref[:, keep].mean(1).mean())
+        assert frozen["ci"] == pytest.approx(list(two_level_ci(ref[:, keep], 500)))
+        cos = rows["frozen-cosine"]["parts"][f"ind {part}"]
+        assert cos["vs_frozen_head"]["diff"] == pytest.approx(cosine[keep].mean() - ref[:, keep].mean(1).mean())
+    assert rows[REFERENCE]["datasets"]["ind"]["mean"] == pytest.approx(ref.mean(1).mean())  # the whole unchanged
+    cfg.ood_exclude_overlap, cfg.seeds, cfg.tune_seeds = False, (0, 1, 2), 1
+    _, md = tables(cfg, list(rows.values()))
+    assert "## ind split by seen / unseen queries" in md and "Δ ind unseen" in md
