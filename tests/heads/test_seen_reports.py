@@ -262,3 +262,24 @@ def test_compare_rows_are_split_by_seen_and_unseen():
     cfg.ood_exclude_overlap, cfg.seeds, cfg.tune_seeds = False, (0, 1, 2), 1
     _, md = tables(cfg, list(rows.values()))
     assert "## ind split by seen / unseen queries" in md and "Δ ind unseen" in md
+
+
+def test_distill_splits_every_column(seen_world, tmp_path):
+    """cli distill: the student's metrics.json parts on the hand-made qrels, the teacher column's parts equal to
+    `cli eval` of the teacher (an independent pipeline), the terminal's seen / unseen rows; the student's folder
+    keeps its judgements."""
+    w = seen_world
+    out = tmp_path / "student"
+    r = cli("distill", "--store", w["store"], "--data", w["beir"], "--teacher", w["head"], "--out", out, *FAST,
+            "--teacher-k", "3", "--random-k", "2", "--search-k", "5")
+    assert r.exit_code == 0, r.output
+    m = json.loads((out / "metrics.json").read_text())
+    assert {p: m["parts"][p]["n"] for p in ("seen", "unseen", "all")} == {"seen": 5, "unseen": 6, "all": 11}
+    assert {p: m["dev"]["parts"][p]["n"] for p in ("seen", "unseen")} == {"seen": 2, "unseen": 2}
+    r_eval = cli("eval", "--store", w["store"], "--head", w["head"], "--data", w["beir"], "--out", tmp_path / "ev")
+    assert r_eval.exit_code == 0, r_eval.output
+    want = json.loads((tmp_path / "ev" / "metrics.json").read_text())["parts"]
+    for part in ("seen", "unseen"):
+        assert m["teacher"]["parts"]["test"][part]["head"] == pytest.approx(want[part]["head"], abs=1e-6)
+    assert "test seen (5)" in r.output and "dev unseen (2)" in r.output
+    assert json.loads((out / "config.json").read_text())["judged"]["pairs"] == 20
