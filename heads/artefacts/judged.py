@@ -5,7 +5,7 @@ unseen queries (heads.kinds.seen): `cli eval` of the head on the same dataset, a
 text ids of its two texts (each under the prompt of its role, so they are found in any store of the same
 features), and `label` (null for positive pairs, the label or rescaled score otherwise). config.json's
 "judged" says which file it is and how many pairs and relevant documents it holds. A head folder without it
-(trained before the record, or a head saved by `Head.save`) has no judgements to split on: said, not guessed.
+(trained before the record, or copied without it) has no judgements to split on: said, not guessed.
 """
 from __future__ import annotations
 
@@ -53,17 +53,26 @@ def record_dir(head_ref: str | Path) -> Path:
     return Path(base) if sep and not ref.exists() else ref
 
 
-def read_judged(head_ref: str | Path, config: dict, store) -> frozenset[int] | None:
-    """The store rows (in `store`) of the documents a head's training judged relevant; None where the head keeps
-    no record (config.json without "judged"). A judged document absent from `store` is no row of its corpora."""
+def copy_judgements(head_ref: str | Path, config: dict, out: Path) -> None:
+    """Put a head's record beside its copy in `out` (Head.save: an index's head, an export), where it has one."""
+    entry = config.get("judged")
+    source = record_dir(head_ref) / entry["file"] if entry else None
+    if source is not None and source.is_file() and source.resolve() != (Path(out) / entry["file"]).resolve():
+        atomic_write_parquet(Path(out) / entry["file"], pl.read_parquet(source))
+
+
+def read_judged(head_ref: str | Path, config: dict, store) -> tuple[frozenset[int] | None, str]:
+    """(the store rows, in `store`, of the documents a head's training judged relevant, "") ; (None, why) where
+    the head keeps no record: config.json without "judged", or its file not beside it (a head copied or saved
+    without it). A judged document absent from `store` is no row of its corpora."""
     entry = config.get("judged")
     if not entry:
-        return None
+        return None, (f"{head_ref} keeps no training judgements (a head trained before they were recorded)")
     path = record_dir(head_ref) / entry["file"]
     if not path.is_file():
-        raise ValueError(f"{path}: missing; {head_ref}'s config.json names it as the head's training judgements "
-                         "(copy the whole head folder, or train the head again)")
+        return None, (f"{path}: missing, though {head_ref}'s config.json names it (a head copied or saved without "
+                      "its judgements)")
     frame = read_parquet_or_explain(path, "the head folder is damaged: train the head again")
     relevant = frame.filter(pl.col("label").is_null() | (pl.col("label") > RELEVANT))["document_id"]
     rows = store.find_rows(relevant.unique().to_list())
-    return judged_documents(rows[rows >= 0])
+    return judged_documents(rows[rows >= 0]), ""

@@ -30,13 +30,12 @@ def eval_split(task: Task) -> str:
 def eval_seen(head_dir: str, config: dict, store, task: Task, split: str) -> tuple[dict, str]:
     """({split: seen mask} on the documents the head's training judged (its judgements.parquet,
     heads.artefacts.judged), a note where the kind splits but the head keeps no record)."""
-    judged = read_judged(head_dir, config, store)
+    judged, why = read_judged(head_dir, config, store)
     if judged is not None:
         return seen_masks(task, judged, (split,)), ""
     if not seen_masks(task, frozenset(), (split,)):  # a kind whose figures are not split (not IR)
         return {}, ""
-    return {}, (f"{head_dir} keeps no training judgements (no judgements.parquet: a head trained before the "
-                "record, or saved without it), so its figures are not split into seen and unseen queries")
+    return {}, f"{why}: its figures are not split into seen and unseen queries"
 
 
 def eval_head(store_path: str, head_dir: str, data_path: str, out_dir: str, data_format: str | None = None,

@@ -283,3 +283,37 @@ def test_distill_splits_every_column(seen_world, tmp_path):
         assert m["teacher"]["parts"]["test"][part]["head"] == pytest.approx(want[part]["head"], abs=1e-6)
     assert "test seen (5)" in r.output and "dev unseen (2)" in r.output
     assert json.loads((out / "config.json").read_text())["judged"]["pairs"] == 20
+
+
+def test_index_says_how_many_documents_training_judged(seen_world, tmp_path):
+    """cli index: the judged share of the indexed corpus (train q0..q19 judged d0..d19 of 40), and the index's
+    copy of the head keeps its judgements (cli eval of it splits as the head does)."""
+    pytest.importorskip("faiss")
+    w = seen_world
+    out = tmp_path / "index"
+    r = cli("index", "--store", w["store"], "--head", w["head"], "--data", w["beir"], "--out", out)
+    assert r.exit_code == 0, r.output
+    info = json.loads((out / "index.json").read_text())
+    assert info["judged"] == {"documents": 20, "of": 40}
+    assert "20 of the 40 documents were judged" in r.output
+    r = cli("index", "--store", w["store"], "--head", w["head"], "--data", w["other"], "--out", tmp_path / "other")
+    assert r.exit_code == 0, r.output
+    assert json.loads((tmp_path / "other" / "index.json").read_text())["judged"]["note"].startswith("all unseen")
+    copy = out / "head"
+    r = cli("eval", "--store", w["store"], "--head", copy, "--data", w["beir"], "--out", tmp_path / "ev")
+    assert r.exit_code == 0, r.output
+    assert json.loads((tmp_path / "ev" / "metrics.json").read_text())["parts"]["seen"]["n"] == 5
+
+
+def test_a_head_whose_record_file_is_missing_says_so(seen_world, tmp_path):
+    import shutil
+
+    w = seen_world
+    head = tmp_path / "copied"
+    shutil.copytree(w["head"], head)
+    (head / "judgements.parquet").unlink()
+    r = cli("eval", "--store", w["store"], "--head", head, "--data", w["beir"], "--out", tmp_path / "out")
+    assert r.exit_code == 0, r.output
+    m = json.loads((tmp_path / "out" / "metrics.json").read_text())
+    assert "parts" not in m and "judgements.parquet: missing" in m["parts_note"]
+    assert "note: " in r.output and "not split into seen and unseen" in r.output
