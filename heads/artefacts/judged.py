@@ -1,10 +1,12 @@
 """A head's training judgements, kept in its folder so any later scoring can split its figures into seen and
 unseen queries (heads.kinds.seen): `cli eval` of the head on the same dataset, another one, or a transfer set.
 
-`judgements.parquet` (JUDGED_FILE) holds one row per training pair: `query_id` and `document_id`, the store's
-text ids of its two texts (each under the prompt of its role, so they are found in any store of the same
-features), and `label` (null for positive pairs, the label or rescaled score otherwise). config.json's
-"judged" says which file it is and how many pairs and relevant documents it holds. A head folder without it
+`judgements.parquet` (JUDGED_FILE) holds one row per judged pair of the training run: `query_id` and
+`document_id`, the store's text ids of its two texts (each under the prompt of its role, so they are found in
+any store of the same features), `label` (null for positive pairs, the label or rescaled score otherwise) and
+`split` ("train": trained on; "dev": selected on, its relevant judgements). Every relevant document of either
+counts as judged when the head is evaluated (heads.kinds.seen). config.json's "judged" says which file it is
+and how many pairs of each split and relevant documents it holds. A head folder without it
 (trained before the record, or copied without it) has no judgements to split on: said, not guessed.
 """
 from __future__ import annotations
@@ -20,6 +22,7 @@ from headstore.heads.kinds.seen import judged_documents
 
 JUDGED_FILE = "judgements.parquet"
 RELEVANT = 0.5  # a labelled pair above this label is a relevant judgement (as heads.kinds.pairs' `relevant`)
+SCHEMA = {"query_id": pl.String, "document_id": pl.String, "label": pl.Float64, "split": pl.String}
 
 
 def text_ids_of_rows(store, rows: np.ndarray) -> list[str]:
@@ -30,20 +33,23 @@ def text_ids_of_rows(store, rows: np.ndarray) -> list[str]:
     return [id_of[int(r)] for r in rows]
 
 
-def write_judgements(out: Path, store, train: PairSet | None) -> dict:
-    """Write `out`/JUDGED_FILE from the training pairs (store rows); config.json's "judged" entry ({} without a
-    train split: nothing judged)."""
-    if train is None or not len(train):
+def write_judgements(out: Path, store, pairs: dict[str, PairSet]) -> dict:
+    """Write `out`/JUDGED_FILE from the training run's judgements ({split: pairs of store rows},
+    heads.kinds.judgement_pairs); config.json's "judged" entry ({} where there are none)."""
+    frames = []
+    for split, train in pairs.items():
+        ids = text_ids_of_rows(store, np.concatenate([train.anchor, train.positive]))
+        n = len(train)
+        labels = [None] * n if train.labels is None else np.asarray(train.labels, dtype=np.float64).tolist()
+        frames.append(pl.DataFrame({"query_id": ids[:n], "document_id": ids[n:], "label": labels, "split": split},
+                                   schema=SCHEMA))
+    if not frames:
         return {}
-    ids = text_ids_of_rows(store, np.concatenate([train.anchor, train.positive]))
-    n = len(train)
-    labels = None if train.labels is None else np.asarray(train.labels, dtype=np.float64)
-    frame = pl.DataFrame({"query_id": ids[:n], "document_id": ids[n:],
-                          "label": pl.Series("label", labels, dtype=pl.Float64) if labels is not None
-                          else pl.Series("label", [None] * n, dtype=pl.Float64)})
+    frame = pl.concat(frames)
     atomic_write_parquet(Path(out) / JUDGED_FILE, frame)
     relevant = frame.filter(pl.col("label").is_null() | (pl.col("label") > RELEVANT))
-    return {"file": JUDGED_FILE, "pairs": n, "documents": int(relevant["document_id"].n_unique())}
+    return {"file": JUDGED_FILE, "pairs": {s: len(p) for s, p in pairs.items()},
+            "documents": int(relevant["document_id"].n_unique())}
 
 
 def record_dir(head_ref: str | Path) -> Path:

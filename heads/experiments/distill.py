@@ -35,7 +35,7 @@ from headstore.heads.artefacts.judged import write_judgements
 from headstore.heads.experiments.distill_report import (SPLITS, Beside, best_member, n_parameters, read_stored,
                                                         to_device, transfer_tasks)
 from headstore.heads.experiments.distill_tuned import TunedTeacherStore, tuned_head_dir
-from headstore.heads.kinds import load_task, seen_masks, training_judged
+from headstore.heads.kinds import judgement_pairs, load_task, task_seen_masks
 from headstore.heads.kinds.unlabeled import unlabeled_report
 from headstore.heads.scoring.losses import distill_losses
 from headstore.heads.artefacts.task_features import TaskFeatures
@@ -140,9 +140,9 @@ def distill(store_path: str, data_path: str, teacher_ref: str, out_dir: str, hea
     head_cfg, cfg, defaults_note = defaults_for_kind(task, head_cfg, cfg, kind_defaults)
     anchors, corpus, anchors_note = anchor_and_corpus_rows(task, dcfg.unlabeled_anchors, dcfg.sample_seed)
     ood = transfer_tasks(task, store, transfer, device)  # before the task's rows become positions
-    seen = seen_masks(task, training_judged(task), SPLITS)  # seen / unseen queries (heads.kinds.seen)
+    seen = task_seen_masks(task, SPLITS)  # seen / unseen queries (heads.kinds.seen)
     tf = TaskFeatures.for_task(store, task, anchors, corpus, device=device)
-    judged_pairs, (task, features) = task.train, (tf.remap(task), tf.read(array))  # the pairs: store rows
+    judged_pairs, (task, features) = judgement_pairs(task), (tf.remap(task), tf.read(array))  # pairs: store rows
     tkey = teacher_key(teacher)
     key = targets_key(tkey, store.fingerprint, (array, teacher.array), anchors, corpus, dcfg.target_settings())
     teacher_features = read_teacher(tf, teacher.array)  # read once: a tuned teacher's come from its own store

@@ -10,15 +10,15 @@ import json
 import numpy as np
 import polars as pl
 
-from headstore.heads.kinds import Task, seen_masks, training_judged
+from headstore.heads.kinds import Task, task_seen_masks
 from headstore.heads.kinds.seen import PARTS, split_counts
 
 SPLITS = ("dev", "test")
 
 
 def part_masks(task: Task) -> dict[str, np.ndarray]:
-    """{split: seen mask} of the task's dev and test (IR tasks with a train split only)."""
-    return seen_masks(task, training_judged(task), SPLITS)
+    """{split: seen mask} of the task's dev and test (IR tasks; heads.kinds.task_seen_masks)."""
+    return task_seen_masks(task, SPLITS)
 
 
 def _means(items: list[np.ndarray], mask: np.ndarray) -> dict[str, float | None]:

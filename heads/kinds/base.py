@@ -226,6 +226,10 @@ class TaskKind:
         are split)."""
         return None
 
+    def relevant_pairs(self, data) -> tuple[np.ndarray, np.ndarray] | None:
+        """(query rows, document rows) of an evaluation set's relevant judgements (IR); None for other kinds."""
+        return None
+
     def selection_set(self, task: Task, split: str, X: torch.Tensor, cfg) -> tuple[object, dict]:
         """(the evaluation set training selects on each epoch, how it was made): the split itself here (IR on a
         corpus above cfg.exact_max: candidates, heads.kinds.ir)."""

@@ -1,10 +1,12 @@
 """Seen and unseen evaluation queries: which part of an IR figure is on documents the training judged.
 
 A query of an evaluation split is *seen* when at least one of its relevant documents (grade > 0) is a document
-judged relevant for a query the head trained on; otherwise it is *unseen*. Documents are compared by store row
-(the text's id under the document prompt), so the rule holds across splits, datasets and `cli eval` of a head on
-another dataset: a transfer dataset whose documents were never judged is "all unseen". For a pairs table scored as
-retrieval, an anchor is seen when one of its positives is a positive of a training anchor.
+the training run judged relevant; otherwise it is *unseen*. The run's judgements are its train pairs and, for every
+split but dev itself, dev's relevant judgements too, which selection saw (heads.kinds.task_seen_masks): an unseen
+test query's documents met no judgement of the run. Documents are compared by store row (the text's id under the
+document prompt), so the rule holds across splits, datasets and `cli eval` of a head on another dataset: a
+transfer dataset whose documents were never judged is "all unseen". For a pairs table scored as retrieval, an
+anchor is seen when one of its positives is a positive of a training anchor.
 
 A head trained on judged documents can learn where those documents lie rather than a function that generalises
 (docs: the seen/unseen split); every IR report gives the figures on each part beside the whole.
@@ -39,6 +41,15 @@ def scored_seen_mask(split: IRSplit, judged: frozenset[int]) -> np.ndarray:
     qrels line has no per-query value), aligned with their per-query values."""
     scored = np.array([bool(split.qrels.get(q)) for q in split.query_ids], dtype=bool)
     return seen_mask(split, judged)[scored]
+
+
+def relevant_pairs(split: IRSplit) -> tuple[np.ndarray, np.ndarray]:
+    """(query rows, document rows) (P,) each: every relevant (grade > 0) judgement of a split whose document is
+    in its corpus."""
+    row_of = dict(zip(split.doc_ids, split.doc_rows.tolist()))
+    pairs = [(qr, row_of[d]) for q, qr in zip(split.query_ids, split.query_rows.tolist())
+             for d, g in split.qrels.get(q, {}).items() if g > 0 and d in row_of]
+    return tuple(np.array([p[i] for p in pairs], dtype=np.int64) for i in (0, 1))
 
 
 def split_counts(mask: np.ndarray) -> dict[str, int]:

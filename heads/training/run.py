@@ -37,7 +37,7 @@ from headstore.heads.artefacts.head import Head
 from headstore.heads.artefacts.judged import write_judgements
 from headstore.heads.artefacts.task_features import TaskFeatures, rows_of_datasets
 from headstore.heads.evaluation.evaluate import TEST_SPLIT, embedder, evaluate_baseline, evaluate_head
-from headstore.heads.kinds import Task, kind_of, load_task, seen_masks, training_judged
+from headstore.heads.kinds import Task, judgement_pairs, kind_of, load_task, task_seen_masks
 from headstore.heads.kinds.labels import classifier_width, label_space, shots_note
 from headstore.heads.kinds.unlabeled import unlabeled_report
 from headstore.heads.network.features import array_list
@@ -122,7 +122,7 @@ def train_head(store_path: str, data_path: str, out_dir: str, head_cfg: HeadConf
     task = kind_of(task).for_training(task, cfg)  # labelled texts: shots, hierarchy
     if getattr(task, "report", {}).get("shots_clipped"):  # more --shots than a class has: said on the terminal
         progress_write(f"note: {shots_note(cfg.shots, task.report['shots_clipped'])}")
-    seen, judged_pairs = seen_masks(task, training_judged(task), splits), task.train  # store rows (kinds.seen)
+    seen, judged_pairs = task_seen_masks(task, splits), judgement_pairs(task)  # store rows (heads.kinds.seen)
     task, features, selection, anchor = training_features(store, task, cfg, array, select_ood, ood_delta, device)
     head_cfg = head_shape(head_cfg, features, array, task, cfg)
     baseline = evaluate_baseline(task, features, splits, dim=store.dim)  # before the features are normalised

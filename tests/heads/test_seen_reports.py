@@ -16,9 +16,10 @@ from headstore.heads.kinds.seen import seen_parts
 from .conftest import FAST, cli
 from .finetune_world import sentence, tiny_beir, tiny_bert
 
-SEEN_TEST = [f"q{i}" for i in range(20, 25)]  # relevant d0..d4: judged in training (q0..q19 -> d0..d19)
+# relevant d0..d4: judged in training (q0..q19 -> d0..d19); q35's d35: judged by dev (q33), which selection saw
+SEEN_TEST = [*(f"q{i}" for i in range(20, 25)), "q35"]
 UNSEEN_TEST = [f"q{i}" for i in range(25, 31)]  # d25..d30, and q30's judged d5 graded 0 (not relevant)
-SEEN_DEV, UNSEEN_DEV = ["q31", "q32"], ["q33", "q34"]
+# dev is set against the train pairs only: q31, q32 on d1, d2 seen; q33, q34 on d35, d36 unseen
 
 
 def _beir(folder, seed=0):
@@ -27,12 +28,12 @@ def _beir(folder, seed=0):
     (folder / "qrels").mkdir(parents=True)
     docs = [{"_id": f"d{i}", "title": sentence(rng, 2), "text": sentence(rng, 8) + f" {i}"} for i in range(40)]
     (folder / "corpus.jsonl").write_text("".join(json.dumps(d) + "\n" for d in docs))
-    queries = [{"_id": f"q{i}", "text": sentence(rng, 4) + f" {i}"} for i in range(35)]
+    queries = [{"_id": f"q{i}", "text": sentence(rng, 4) + f" {i}"} for i in range(36)]
     (folder / "queries.jsonl").write_text("".join(json.dumps(q) + "\n" for q in queries))
     head = "query-id\tcorpus-id\tscore\n"
     qrels = {"train": [(f"q{i}", f"d{i}", 1) for i in range(20)],
              "test": [(f"q{20 + i}", f"d{i}", 1) for i in range(5)] + [(f"q{i}", f"d{i}", 1) for i in range(25, 30)]
-             + [("q30", "d5", 0), ("q30", "d30", 1)],
+             + [("q30", "d5", 0), ("q30", "d30", 1), ("q35", "d35", 1)],
              "dev": [("q31", "d1", 1), ("q32", "d2", 2), ("q33", "d35", 1), ("q34", "d36", 1)]}
     for split, rows in qrels.items():
         (folder / "qrels" / f"{split}.tsv").write_text(head + "".join(f"{q}\t{d}\t{s}\n" for q, d, s in rows))
@@ -71,7 +72,7 @@ def test_train_head_parts_match_the_hand_made_qrels(seen_world):
     w = seen_world
     m = json.loads((w["head"] / "metrics.json").read_text())
     parts, dev = m["parts"], m["dev"]["parts"]
-    assert [parts[p]["n"] for p in ("seen", "unseen", "all")] == [len(SEEN_TEST), len(UNSEEN_TEST), 11]
+    assert [parts[p]["n"] for p in ("seen", "unseen", "all")] == [len(SEEN_TEST), len(UNSEEN_TEST), 12]
     assert [dev[p]["n"] for p in ("seen", "unseen", "all")] == [2, 2, 4]
     assert parts["all"]["head"] == pytest.approx(m["head"][m["primary"]], abs=1e-9)
     assert parts["all"]["baseline"] == pytest.approx(m["baseline"][m["baseline_primary"]], abs=1e-9)
@@ -84,7 +85,7 @@ def test_train_head_parts_match_the_hand_made_qrels(seen_world):
         assert lo <= parts[part]["delta"] <= hi
     assert "seen / unseen" in w["output"] and "unseen " in w["output"]  # the terminal's short table
     judged = json.loads((w["head"] / "config.json").read_text())["judged"]
-    assert judged == {"file": "judgements.parquet", "pairs": 20, "documents": 20}
+    assert judged == {"file": "judgements.parquet", "pairs": {"train": 20, "dev": 4}, "documents": 22}
 
 
 def test_eval_on_the_same_dataset_splits_as_train_head(seen_world):
@@ -94,7 +95,7 @@ def test_eval_on_the_same_dataset_splits_as_train_head(seen_world):
     assert r.exit_code == 0, r.output
     trained = json.loads((w["head"] / "metrics.json").read_text())["parts"]
     parts = json.loads((out / "metrics.json").read_text())["parts"]
-    assert {p: parts[p]["n"] for p in parts if p != "note"} == {"seen": 5, "unseen": 6, "all": 11}
+    assert {p: parts[p]["n"] for p in parts if p != "note"} == {"seen": 6, "unseen": 6, "all": 12}
     assert parts["seen"]["head"] == pytest.approx(trained["seen"]["head"], abs=1e-6)
 
 
@@ -221,18 +222,18 @@ def test_grid_leaderboard_has_seen_and_unseen_columns(seen_world, tmp_path):
     md = (out / "leaderboard.md").read_text()
     header = next(line for line in md.splitlines() if line.startswith("| rank"))
     cells = [c.strip() for c in header.strip("|").split("|")]
-    for name in ("dev seen (2)", "dev unseen (2)", "test seen (5)", "test unseen (6)"):
+    for name in ("dev seen (2)", "dev unseen (2)", "test seen (6)", "test unseen (6)"):
         assert name in cells, header
     frame = pl.read_parquet(out / "results.parquet")
-    items = np.array([json.loads(x) for x in frame["test_items"]])  # (seeds, 11) in sorted query id order
+    items = np.array([json.loads(x) for x in frame["test_items"]])  # (seeds, 12) in sorted query id order
     order = sorted(SEEN_TEST + UNSEEN_TEST)
     seen = np.array([q in SEEN_TEST for q in order])
     head_row = next(line for line in md.splitlines() if line.startswith("| 1 "))
     row = dict(zip(cells, [c.strip() for c in head_row.strip("|").split("|")]))
-    assert float(row["test seen (5)"]) == pytest.approx(items[:, seen].mean(), abs=1e-4)
+    assert float(row["test seen (6)"]) == pytest.approx(items[:, seen].mean(), abs=1e-4)
     assert float(row["test unseen (6)"]) == pytest.approx(items[:, ~seen].mean(), abs=1e-4)
     frozen = next(line for line in md.splitlines() if "frozen baseline (cosine)" in line)
-    assert dict(zip(cells, [c.strip() for c in frozen.strip("|").split("|")]))["test seen (5)"] != ""
+    assert dict(zip(cells, [c.strip() for c in frozen.strip("|").split("|")]))["test seen (6)"] != ""
 
 
 def test_compare_rows_are_split_by_seen_and_unseen():
@@ -274,19 +275,19 @@ def test_distill_splits_every_column(seen_world, tmp_path):
             "--teacher-k", "3", "--random-k", "2", "--search-k", "5")
     assert r.exit_code == 0, r.output
     m = json.loads((out / "metrics.json").read_text())
-    assert {p: m["parts"][p]["n"] for p in ("seen", "unseen", "all")} == {"seen": 5, "unseen": 6, "all": 11}
+    assert {p: m["parts"][p]["n"] for p in ("seen", "unseen", "all")} == {"seen": 6, "unseen": 6, "all": 12}
     assert {p: m["dev"]["parts"][p]["n"] for p in ("seen", "unseen")} == {"seen": 2, "unseen": 2}
     r_eval = cli("eval", "--store", w["store"], "--head", w["head"], "--data", w["beir"], "--out", tmp_path / "ev")
     assert r_eval.exit_code == 0, r_eval.output
     want = json.loads((tmp_path / "ev" / "metrics.json").read_text())["parts"]
     for part in ("seen", "unseen"):
         assert m["teacher"]["parts"]["test"][part]["head"] == pytest.approx(want[part]["head"], abs=1e-6)
-    assert "test seen (5)" in r.output and "dev unseen (2)" in r.output
-    assert json.loads((out / "config.json").read_text())["judged"]["pairs"] == 20
+    assert "test seen (6)" in r.output and "dev unseen (2)" in r.output
+    assert json.loads((out / "config.json").read_text())["judged"]["pairs"] == {"train": 20, "dev": 4}
 
 
 def test_index_says_how_many_documents_training_judged(seen_world, tmp_path):
-    """cli index: the judged share of the indexed corpus (train q0..q19 judged d0..d19 of 40), and the index's
+    """cli index: the judged share of the indexed corpus (d0..d19 by train, d1, d2, d35, d36 by dev: 22 of 40), and the index's
     copy of the head keeps its judgements (cli eval of it splits as the head does)."""
     pytest.importorskip("faiss")
     w = seen_world
@@ -294,15 +295,15 @@ def test_index_says_how_many_documents_training_judged(seen_world, tmp_path):
     r = cli("index", "--store", w["store"], "--head", w["head"], "--data", w["beir"], "--out", out)
     assert r.exit_code == 0, r.output
     info = json.loads((out / "index.json").read_text())
-    assert info["judged"] == {"documents": 20, "of": 40}
-    assert "20 of the 40 documents were judged" in r.output
+    assert info["judged"] == {"documents": 22, "of": 40}
+    assert "22 of the 40 documents were judged" in r.output
     r = cli("index", "--store", w["store"], "--head", w["head"], "--data", w["other"], "--out", tmp_path / "other")
     assert r.exit_code == 0, r.output
     assert json.loads((tmp_path / "other" / "index.json").read_text())["judged"]["note"].startswith("all unseen")
     copy = out / "head"
     r = cli("eval", "--store", w["store"], "--head", copy, "--data", w["beir"], "--out", tmp_path / "ev")
     assert r.exit_code == 0, r.output
-    assert json.loads((tmp_path / "ev" / "metrics.json").read_text())["parts"]["seen"]["n"] == 5
+    assert json.loads((tmp_path / "ev" / "metrics.json").read_text())["parts"]["seen"]["n"] == 6
 
 
 def test_a_head_whose_record_file_is_missing_says_so(seen_world, tmp_path):
