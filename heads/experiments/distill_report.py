@@ -26,7 +26,7 @@ from headstore.heads.artefacts.head import EnsembleHead, Head
 from headstore.heads.artefacts.task_features import TaskFeatures
 from headstore.heads.evaluation.evaluate import TEST_SPLIT, embedder, evaluate_baseline, evaluate_head, evaluate_split
 from headstore.heads.experiments.grid_inputs import transfer_split
-from headstore.heads.kinds import load_task, primary_metric, task_rows, without_overlap
+from headstore.heads.kinds import load_task, primary_metric, task_rows, task_seen_masks, without_overlap
 from headstore.heads.scoring.energy import pairwise_energy
 
 SPLITS = ("dev", TEST_SPLIT)
@@ -110,8 +110,9 @@ class Beside:
 
     def __init__(self, task, store, tf: TaskFeatures, array: str, teacher: Head, single: Head | None,
                  ood: dict, cost_rows: tuple[np.ndarray, np.ndarray], device, items: dict | None = None,
-                 teacher_read=read_stored, seen: dict | None = None):
-        self.task, self.dim, self.array, self.items, self.seen = task, store.dim, array, items, seen
+                 teacher_read=read_stored):
+        self.task, self.dim, self.array, self.items = task, store.dim, array, items
+        self.seen = task_seen_masks(task, SPLITS)  # seen / unseen queries (heads.kinds.seen; positions: the same)
         features = tf.read(array)
         q, c = (torch.as_tensor(r, device=tf.device) for r in (np.resize(cost_rows[0], COST_TIMED), cost_rows[1]))
         self.cost_inputs = {(a, read): (read(tf, a)[q].clone(), read(tf, a)[c].clone()) for a, read in

@@ -38,6 +38,14 @@ def eval_seen(head_dir: str, config: dict, store, task: Task, split: str) -> tup
     return {}, f"{why}: its figures are not split into seen and unseen queries"
 
 
+def _items_of(task: Task, split: str, per_item: dict, seen: dict) -> dict:
+    """eval_head's `items`: the per-item values, the gold, the seen mask (heads.kinds.seen), as lists."""
+    gold = getattr(task.eval_sets[split], "labels", None)
+    return {**{k: np.asarray(v, dtype=np.float64).tolist() for k, v in per_item.items()},
+            "gold": None if gold is None else np.asarray(gold, dtype=np.float64).tolist(),
+            "seen": seen[split].tolist() if split in seen else None}
+
+
 def eval_head(store_path: str, head_dir: str, data_path: str, out_dir: str, data_format: str | None = None,
               exclude_overlap: str | None = None, score_range=None, overwrite: bool = False,
               device: str = "auto", items: dict | None = None, unlabeled: tuple[str, ...] = ()) -> dict:
@@ -81,10 +89,7 @@ def eval_head(store_path: str, head_dir: str, data_path: str, out_dir: str, data
     metrics = evaluate_head(task, features, model, norm, energy, (split,), dim=store.dim, rankings=rankings,
                             items=per_item, seen=seen)
     if items is not None:
-        gold = getattr(task.eval_sets[split], "labels", None)
-        items.update({k: np.asarray(v, dtype=np.float64).tolist() for k, v in per_item[split].items()})
-        items["gold"] = None if gold is None else np.asarray(gold, dtype=np.float64).tolist()
-        items["seen"] = seen[split].tolist() if split in seen else None  # heads.kinds.seen: the split's parts
+        items.update(_items_of(task, split, per_item[split], seen))
     if split != TEST_SPLIT:  # report the split there is under the usual keys
         only = metrics.pop(split)
         metrics.update({k: only[k] for k in ("baseline", "head", "ci", "parts") if k in only})

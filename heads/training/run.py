@@ -139,8 +139,7 @@ def train_head(store_path: str, data_path: str, out_dir: str, head_cfg: HeadConf
               "store_manifest": {k: v for k, v in store.manifest.items() if k != "arrays"},
               "best_epoch": run.best_epoch, "train_seconds": run.seconds, "defaults": defaults_note, "device": device,
               **label_space(task), **({"selection": selection.describe()} if selection else {})}
-    config["judged"] = write_judgements(out, store, judged_pairs)  # what `cli eval` splits seen / unseen on
-    write_head_dir(out, model, norm, config)
+    write_head_dir(out, model, norm, {**config, "judged": write_judgements(out, store, judged_pairs)})
     rankings: dict = {}  # the head's rankings of dev and test, kept for the run files and the candidate share
     metrics = evaluate_head(task, features, model, None, cfg.eval_energy, splits, dim=store.dim, baseline=baseline,
                             rankings=rankings, seen=seen)

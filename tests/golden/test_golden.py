@@ -50,11 +50,15 @@ def label_rows_matched(got: list[dict], want: list[dict]) -> list[dict]:
 # from `got` wherever the record lacks them; "device" (where features and heads were held: --device) and
 # "test_scope" (the --test-scope a grid head was scored under)
 ISSUE21_KEYS = {"negatives", "dev_candidates", "dev_ranked", "test_scored", "device", "test_scope"}
+# and issue 53's (seen / unseen): each split's "parts" (its figures again on seen and unseen queries), "parts_note"
+# (a head without its judgements), "judged" (the judgements a head folder keeps; an index's judged share)
+ISSUE53_KEYS = {"parts", "parts_note", "judged"}
 
 
 def without_new_keys(got, want):
     if isinstance(got, dict) and isinstance(want, dict):
-        return {k: without_new_keys(v, want.get(k)) for k, v in got.items() if k in want or k not in ISSUE21_KEYS}
+        return {k: without_new_keys(v, want.get(k)) for k, v in got.items()
+                if k in want or k not in ISSUE21_KEYS | ISSUE53_KEYS}
     if isinstance(got, list) and isinstance(want, list):
         return [without_new_keys(g, w) for g, w in zip(got, want)] + got[len(want):]
     return got

@@ -122,7 +122,8 @@ def test_every_query_seen_is_one_warning_line(seen_world, tmp_path):
     assert r.exit_code == 0, r.output
     m = json.loads((out / "metrics.json").read_text())
     assert m["parts"]["unseen"] == {"n": 0} and m["parts"]["seen"]["n"] == 5
-    warning = [line for line in r.output.splitlines() if line.startswith("WARNING") and "every test query is seen" in line]
+    warning = [line for line in r.output.splitlines()
+               if line.startswith("WARNING") and "every test query is seen" in line]
     assert len(warning) == 1, r.output
 
 
@@ -287,8 +288,8 @@ def test_distill_splits_every_column(seen_world, tmp_path):
 
 
 def test_index_says_how_many_documents_training_judged(seen_world, tmp_path):
-    """cli index: the judged share of the indexed corpus (d0..d19 by train, d1, d2, d35, d36 by dev: 22 of 40), and the index's
-    copy of the head keeps its judgements (cli eval of it splits as the head does)."""
+    """cli index: the judged share of the indexed corpus (d0..d19 by train, d1, d2, d35, d36 by dev: 22 of 40),
+    and the index's copy of the head keeps its judgements (cli eval of it splits as the head does)."""
     pytest.importorskip("faiss")
     w = seen_world
     out = tmp_path / "index"
@@ -318,3 +319,18 @@ def test_a_head_whose_record_file_is_missing_says_so(seen_world, tmp_path):
     m = json.loads((tmp_path / "out" / "metrics.json").read_text())
     assert "parts" not in m and "judgements.parquet: missing" in m["parts_note"]
     assert "note: " in r.output and "not split into seen and unseen" in r.output
+
+
+def test_a_damaged_record_is_a_one_line_error(seen_world, tmp_path):
+    import shutil
+
+    from .conftest import assert_bad_input
+
+    w = seen_world
+    head = tmp_path / "damaged"
+    shutil.copytree(w["head"], head)
+    data = (head / "judgements.parquet").read_bytes()
+    (head / "judgements.parquet").write_bytes(data[:len(data) // 2])  # truncated
+    r = cli("eval", "--store", w["store"], "--head", head, "--data", w["beir"], "--out", tmp_path / "out")
+    assert_bad_input(r, "judgements.parquet", "cannot be read", "train the head again")
+    assert not (tmp_path / "out").exists()  # nothing written half
