@@ -79,6 +79,9 @@ def read_judged(head_ref: str | Path, config: dict, store) -> tuple[frozenset[in
         return None, (f"{path}: missing, though {head_ref}'s config.json names it (a head copied or saved without "
                       "its judgements)")
     frame = read_parquet_or_explain(path, "the head folder is damaged: train the head again")
+    if not set(SCHEMA) - {"split"} <= set(frame.columns):
+        raise ValueError(f"{path}: columns {frame.columns}, not a head's judgements (query_id, document_id, label); "
+                         "the head folder is damaged: train the head again")
     relevant = frame.filter(pl.col("label").is_null() | (pl.col("label") > RELEVANT))["document_id"]
     rows = store.find_rows(relevant.unique().to_list())
     return judged_documents(rows[rows >= 0]), ""

@@ -334,3 +334,8 @@ def test_a_damaged_record_is_a_one_line_error(seen_world, tmp_path):
     r = cli("eval", "--store", w["store"], "--head", head, "--data", w["beir"], "--out", tmp_path / "out")
     assert_bad_input(r, "judgements.parquet", "cannot be read", "train the head again")
     assert not (tmp_path / "out").exists()  # nothing written half
+    import polars as pl
+
+    pl.DataFrame({"x": [1]}).write_parquet(head / "judgements.parquet")  # another file under its name
+    r = cli("eval", "--store", w["store"], "--head", head, "--data", w["beir"], "--out", tmp_path / "out")
+    assert_bad_input(r, "judgements.parquet", "not a head's judgements")
