@@ -43,7 +43,8 @@ def _eval(store: Path, head: Path, data: str, folder: Path, exclude: str | None,
     return {"metric": m["primary"], "value": m["head"][m["primary"]], "baseline_metric": m["baseline_primary"],
             "baseline": m["baseline"][m["baseline_primary"]], "split": m["split"],
             "n_scored": m["n_scored"].get(m["split"]), "dropped": m.get("overlap_dropped"),
-            "items": {"head": items["head"], "baseline": items["baseline"]}, "gold": items.get("gold")}
+            "items": {"head": items["head"], "baseline": items["baseline"]}, "gold": items.get("gold"),
+            "seen": items.get("seen")}  # the items' seen mask (heads.experiments.compare_parts)
 
 
 def evaluate_built(cfg, steps, built: dict) -> dict:

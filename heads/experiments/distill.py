@@ -31,10 +31,11 @@ from headstore.featurize.store.reader import FeatureStore
 from headstore.heads.artefacts.curve import plot_curve
 from headstore.heads.artefacts.files import write_head_dir
 from headstore.heads.artefacts.head import EnsembleHead, Head
+from headstore.heads.artefacts.judged import write_judgements
 from headstore.heads.experiments.distill_report import (SPLITS, Beside, best_member, n_parameters, read_stored,
                                                         to_device, transfer_tasks)
 from headstore.heads.experiments.distill_tuned import TunedTeacherStore, tuned_head_dir
-from headstore.heads.kinds import load_task
+from headstore.heads.kinds import judgement_pairs, load_task
 from headstore.heads.kinds.unlabeled import unlabeled_report
 from headstore.heads.scoring.losses import distill_losses
 from headstore.heads.artefacts.task_features import TaskFeatures
@@ -140,7 +141,7 @@ def distill(store_path: str, data_path: str, teacher_ref: str, out_dir: str, hea
     anchors, corpus, anchors_note = anchor_and_corpus_rows(task, dcfg.unlabeled_anchors, dcfg.sample_seed)
     ood = transfer_tasks(task, store, transfer, device)  # before the task's rows become positions
     tf = TaskFeatures.for_task(store, task, anchors, corpus, device=device)
-    task, features = tf.remap(task), tf.read(array)
+    judged, (task, features) = judgement_pairs(task), (tf.remap(task), tf.read(array))  # judged: store rows
     tkey = teacher_key(teacher)
     key = targets_key(tkey, store.fingerprint, (array, teacher.array), anchors, corpus, dcfg.target_settings())
     teacher_features = read_teacher(tf, teacher.array)  # read once: a tuned teacher's come from its own store
@@ -171,7 +172,7 @@ def distill(store_path: str, data_path: str, teacher_ref: str, out_dir: str, hea
               **({"unlabeled": list(unlabeled)} if unlabeled else {}), **_data_notes(task),
               "store": str(store_path), "array": array, "array_layer": layer, "best_epoch": run.best_epoch,
               "train_seconds": run.seconds, "defaults": defaults_note, "device": device, "distill": note}
-    write_head_dir(out, model, norm, {**config, **_store_notes(store)})
+    write_head_dir(out, model, norm, {**config, **_store_notes(store), "judged": write_judgements(out, store, judged)})
     metrics = beside.student(model, norm, cfg.eval_energy, features)
     metrics.update(_data_notes(task), **{k: v for k, v in beside.columns.items() if k != "distilled"})
     metrics["distill"] = {**note, **beside.columns["distilled"], "student_parameters": n_parameters(model),

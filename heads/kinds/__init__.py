@@ -23,6 +23,7 @@ from headstore.data.dataset import load_dataset
 from headstore.data.readers import DETECT
 from headstore.heads.kinds import ir, labels, pairs, sts
 from headstore.heads.kinds.base import PREFIX, WHOLE, PairSet, Task, TaskKind, TrainSet  # noqa: F401
+from headstore.heads.kinds.seen import judged_documents
 from headstore.heads.kinds.unlabeled import join_unlabeled
 
 KINDS: dict[str, TaskKind] = {k.name: k for k in (ir.KIND, sts.KIND, pairs.KIND, labels.KIND)}
@@ -70,6 +71,41 @@ def load_task(data_path: str, store, format: str | None = None, score_range=None
         return join_unlabeled(pairs.from_table(ds, store, for_eval, shared_corpus=True), ds, store, unlabeled)
     task = BUILDERS[ds.kind](ds, store, for_eval)
     return join_unlabeled(task, ds, store, unlabeled) if unlabeled else task
+
+
+def judgement_pairs(task: Task) -> dict[str, PairSet]:
+    """The training run's judgements as pairs of store rows: "train" (the pairs trained on) and "dev" (dev's
+    relevant judgements, which selection saw; IR kinds: `TaskKind.relevant_pairs`), where the task has them."""
+    out = {} if task.train is None or not len(task.train) else {"train": task.train}
+    dev = task.eval_sets.get("dev")
+    pairs = None if dev is None else kind_of(task).relevant_pairs(dev)
+    if pairs is not None and len(pairs[0]):
+        out["dev"] = PairSet(*pairs)
+    return out
+
+
+def training_judged(task: Task) -> dict[str, frozenset[int]]:
+    """{"train", "dev"}: the store rows of the documents judged relevant by each part of `judgement_pairs`."""
+    pairs = judgement_pairs(task)
+    return {s: judged_documents([] if s not in pairs else pairs[s].positive if pairs[s].labels is None
+                                else pairs[s].positive[pairs[s].labels > 0.5]) for s in ("train", "dev")}
+
+
+def seen_masks(task: Task, judged: frozenset[int], splits) -> dict[str, np.ndarray]:
+    """{split: seen mask} of the evaluation splits whose kind splits its figures into seen and unseen (IR), on
+    the documents `judged` (store rows in the task's row space)."""
+    kind = kind_of(task)
+    masks = {s: kind.seen_mask(task.eval_sets[s], judged) for s in splits if s in task.eval_sets}
+    return {s: m for s, m in masks.items() if m is not None}
+
+
+def task_seen_masks(task: Task, splits) -> dict[str, np.ndarray]:
+    """{split: seen mask} of a task's own splits (heads.kinds.seen): dev against the documents the train pairs
+    judged (a dev query is never set against its own judgements); every other split against those and dev's
+    (the training run saw both: it trained on the one and selected on the other)."""
+    judged = training_judged(task)
+    return {**seen_masks(task, judged["train"], [s for s in splits if s == "dev"]),
+            **seen_masks(task, judged["train"] | judged["dev"], [s for s in splits if s != "dev"])}
 
 
 def task_rows(task: Task) -> set[int]:

@@ -220,6 +220,16 @@ class TaskKind:
         """What a reader of `split`'s figures must be told (IR: no query has a relevant document); none here."""
         return []
 
+    def seen_mask(self, data, judged: frozenset[int]) -> np.ndarray | None:
+        """(n_items,) bool, aligned with the per-item values: the items on documents the training judged
+        (heads.kinds.seen, store rows `judged`); None where a kind has no documents to have seen (only IR figures
+        are split)."""
+        return None
+
+    def relevant_pairs(self, data) -> tuple[np.ndarray, np.ndarray] | None:
+        """(query rows, document rows) of an evaluation set's relevant judgements (IR); None for other kinds."""
+        return None
+
     def selection_set(self, task: Task, split: str, X: torch.Tensor, cfg) -> tuple[object, dict]:
         """(the evaluation set training selects on each epoch, how it was made): the split itself here (IR on a
         corpus above cfg.exact_max: candidates, heads.kinds.ir)."""

@@ -18,6 +18,7 @@ from headstore.data.text_id import doc_text, text_id
 from headstore.heads.kinds.base import PREFIX, PairSet, Task, TaskKind, carve_dev, store_rows
 from headstore.heads.kinds.ranking import (IR_TOPK, IRSplit, RunningTopK, candidate_split, doc_blocks, ir_metrics_of,
                                            ranked_lists, run_lines, selection_ndcg, trec_lines, write_trec_run)
+from headstore.heads.kinds.seen import relevant_pairs, scored_seen_mask
 from headstore.heads.scoring.ir_metrics import trec_tie_order
 
 EVALUATION = "retrieval: each query ranks the whole corpus (IR metrics, nDCG@10)"
@@ -148,6 +149,12 @@ class IRKind(TaskKind):
         inside = set(chosen.doc_ids)
         hits = [data.doc_ids[j] in inside for row in ranked_lists(data, top, 10).values() for j in row]
         return {"top10_share": float(np.mean(hits)) if hits else float("nan"), "share_queries": len(data.query_ids)}
+
+    def seen_mask(self, data: IRSplit, judged: frozenset[int]) -> np.ndarray:
+        return scored_seen_mask(data, judged)
+
+    def relevant_pairs(self, data: IRSplit) -> tuple[np.ndarray, np.ndarray]:
+        return relevant_pairs(data)
 
     def n_items(self, data: IRSplit) -> int:
         return len(data.query_ids)

@@ -9,6 +9,8 @@ Output directory:
   (`"evaluation"`), how dev was made (`"dev_made"`), an STS table's score scale (`"score_range"`) and what
   the task kind says a reader must know of the figures (`"warnings"`, also printed under the terminal table:
   e.g. no test query with a relevant document);
+- `judgements.parquet`: the training pairs as text ids (heads.artefacts.judged), what any later scoring splits
+  its IR figures on: seen and unseen queries (heads.kinds.seen; metrics.json "parts" of test and dev);
 - `curve.png`: training loss and dev metric per epoch;
 - `run.<split>.trec` (IR tasks): the head's top-100 per query, for trec_eval (`heads.trec`).
 `cli eval` writes `metrics.json` and the run files of the splits it scores.
@@ -32,9 +34,10 @@ from headstore.featurize.store.reader import FeatureStore
 from headstore.heads.artefacts.curve import plot_curve
 from headstore.heads.artefacts.files import write_head_dir
 from headstore.heads.artefacts.head import Head
+from headstore.heads.artefacts.judged import write_judgements
 from headstore.heads.artefacts.task_features import TaskFeatures, rows_of_datasets
 from headstore.heads.evaluation.evaluate import TEST_SPLIT, embedder, evaluate_baseline, evaluate_head
-from headstore.heads.kinds import Task, kind_of, load_task
+from headstore.heads.kinds import Task, judgement_pairs, kind_of, load_task, task_seen_masks
 from headstore.heads.kinds.labels import classifier_width, label_space, shots_note
 from headstore.heads.kinds.unlabeled import unlabeled_report
 from headstore.heads.network.features import array_list
@@ -119,6 +122,7 @@ def train_head(store_path: str, data_path: str, out_dir: str, head_cfg: HeadConf
     task = kind_of(task).for_training(task, cfg)  # labelled texts: shots, hierarchy
     if getattr(task, "report", {}).get("shots_clipped"):  # more --shots than a class has: said on the terminal
         progress_write(f"note: {shots_note(cfg.shots, task.report['shots_clipped'])}")
+    seen, judged_pairs = task_seen_masks(task, splits), judgement_pairs(task)  # store rows (heads.kinds.seen)
     task, features, selection, anchor = training_features(store, task, cfg, array, select_ood, ood_delta, device)
     head_cfg = head_shape(head_cfg, features, array, task, cfg)
     baseline = evaluate_baseline(task, features, splits, dim=store.dim)  # before the features are normalised
@@ -135,10 +139,10 @@ def train_head(store_path: str, data_path: str, out_dir: str, head_cfg: HeadConf
               "store_manifest": {k: v for k, v in store.manifest.items() if k != "arrays"},
               "best_epoch": run.best_epoch, "train_seconds": run.seconds, "defaults": defaults_note, "device": device,
               **label_space(task), **({"selection": selection.describe()} if selection else {})}
-    write_head_dir(out, model, norm, config)
+    write_head_dir(out, model, norm, {**config, "judged": write_judgements(out, store, judged_pairs)})
     rankings: dict = {}  # the head's rankings of dev and test, kept for the run files and the candidate share
     metrics = evaluate_head(task, features, model, None, cfg.eval_energy, splits, dim=store.dim, baseline=baseline,
-                            rankings=rankings)
+                            rankings=rankings, seen=seen)
     metrics.update(_data_notes(task))
     if unlabeled_note:
         metrics["unlabeled"] = unlabeled_note

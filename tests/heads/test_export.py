@@ -77,6 +77,7 @@ def test_export_refuses_a_non_empty_out_and_unknown_format(world, tmp_path):
 def test_safetensors_export_is_a_head_dir(world, tmp_path):
     r = CliRunner().invoke(main, ["export", "--head", str(world.head), "--format", "safetensors", "--out", str(tmp_path / "h")])
     assert r.exit_code == 0, r.output
-    assert {p.name for p in (tmp_path / "h").iterdir()} == {"head.safetensors", "normalizer.safetensors", "config.json"}
+    assert {p.name for p in (tmp_path / "h").iterdir()} == {"head.safetensors", "normalizer.safetensors", "config.json",
+                                                           "judgements.parquet"}  # the training judgements kept
     x = torch.randn(4, headstore.Head.load(world.head).in_dim)
     np.testing.assert_array_equal(headstore.Head.load(tmp_path / "h").embed(x), headstore.Head.load(world.head).embed(x))
