@@ -18,7 +18,6 @@ store's rows were).
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 
 from headstore.featurize.encoder.backends import backend_part, check_backend
@@ -34,9 +33,7 @@ GPU_BATCH_TOKENS = 65536  # batch_tokens None on cuda: a GPU wants far larger ba
 class ResolvedSettings:
     """Every setting of a featurize run, resolved for the device it runs on (plain values)."""
 
-    model: str  # --model as given (the name load_encoder takes; identity.model_dir is where it resolved)
-    identity: ModelIdentity  # model id, directory, weights and tokenizer hashes, max length (resolved)
-    hidden: int  # the encoder's hidden size (config.json)
+    identity: ModelIdentity  # --model resolved: its id, directory, weights and tokenizer hashes, max length
     spec: SentenceSpec  # the sentence embedding: pooling modes, Dense, Normalize
     prompts: dict  # {"query": ..., "document": ...}: the prompt each role's texts are encoded under ("" none)
     layers: tuple[int, ...]
@@ -89,9 +86,11 @@ def resolve(config: FeaturizeConfig, device: str | None = None) -> ResolvedSetti
     numerics = resolved_numerics(config.precision, precision, device)
     dim = sentence_dim(spec, hidden, config.layers)
     check_backend(config.backend, device, precision, config.packing == "on")
-    batch_tokens = config.batch_tokens or (GPU_BATCH_TOKENS if device == "cuda" else FeaturizeConfig.batch_tokens)
+    batch_tokens = config.batch_tokens
+    if batch_tokens is None:  # the device's budget (config.FeaturizeConfig.batch_tokens says why)
+        batch_tokens = GPU_BATCH_TOKENS if device == "cuda" else FeaturizeConfig.batch_tokens
     return ResolvedSettings(
-        model=config.model, identity=identity, hidden=hidden, spec=spec, prompts=prompts, layers=tuple(config.layers),
+        identity=identity, spec=spec, prompts=prompts, layers=tuple(config.layers),
         dim=dim, dtype=config.dtype, device=device, precision=precision, numerics=numerics,
         packing=config.packing == "on" or (config.packing == "auto" and device == "cuda"),
         backend=config.backend, export_cache=config.export_cache,
@@ -101,11 +100,6 @@ def resolve(config: FeaturizeConfig, device: str | None = None) -> ResolvedSetti
         batch_overhead_tokens=batch_overhead(config.batch_overhead_tokens, batch_tokens, precision, device),
         window_texts=config.window_texts, commit_seconds=config.commit_seconds, chunk_rows=config.chunk_rows,
         shard_rows=config.shard_rows)
-
-
-def options_as_run(config: FeaturizeConfig, settings: ResolvedSettings) -> FeaturizeConfig:
-    """The options saved beside a store (its config.json): as given, with the batch size the run used."""
-    return dataclasses.replace(config, batch_tokens=settings.batch_tokens)
 
 
 def resolved_precision(precision: str, device: str) -> str:

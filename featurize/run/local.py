@@ -25,7 +25,7 @@ from headstore.data.text_id import ROLES
 from headstore.featurize.encoder.backends import AUTO, Choice, choose_backend, use_backend
 from headstore.featurize.encoder.config import FeaturizeConfig
 from headstore.featurize.encoder.hardware import bf16_note
-from headstore.featurize.encoder.model import encoding_settings, load_encoder
+from headstore.featurize.encoder.model import encoding_settings, open_model
 from headstore.featurize.encoder.packed import prepare_encoder
 from headstore.featurize.encoder.resolved import ResolvedSettings
 from headstore.featurize.run.committer import Committer
@@ -134,7 +134,7 @@ def open_encoder(settings: ResolvedSettings, n_chars: int | None = None) -> tupl
     forward. auto weighs `n_chars` characters of new text against building a missing export (None: only a cached
     one; featurize.encoder.backends.choose_backend). The Ray engine's actors open theirs alike."""
     s = settings
-    encoder = load_encoder(s.model, s.device, s.max_length)
+    encoder = open_model(s.identity, s.device)
     path = prepare_encoder(encoder, s.numerics, s.packing)
     choice = (choose_backend(encoder, s.layers, s.precision, path.packing, s.num_threads, s.export_cache, n_chars)
               if s.backend == AUTO else Choice(s.backend, "given (--backend)"))

@@ -5,7 +5,7 @@ at the first new text."""
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -14,7 +14,7 @@ import polars as pl
 from headstore.data.files import atomic_write_text
 from headstore.featurize.encoder.config import FeaturizeConfig
 from headstore.featurize.encoder.hardware import warn_if_emulated_bf16
-from headstore.featurize.encoder.resolved import ResolvedSettings, options_as_run, resolve
+from headstore.featurize.encoder.resolved import ResolvedSettings, resolve
 from headstore.featurize.store.ids import IdSet, digests, first_occurrences, keys_of_digests, keys_of_hex
 from headstore.featurize.store.layout import MANIFEST, StoreError, check_fingerprint, segment_backends
 from headstore.featurize.store.reader import FeatureStore, stored_ids
@@ -51,7 +51,8 @@ class Plan:
             store = FeatureStore.open(store_path)
             check_fingerprint(store_path, store.manifest, parts)
             stored, n_stored = stored_ids(store), store.n_texts
-        return cls(settings, options_as_run(config, settings).to_json(), store_path, parts, stored, n_stored)
+        options = replace(config, batch_tokens=settings.batch_tokens)  # as given, with the batch budget used
+        return cls(settings, options.to_json(), store_path, parts, stored, n_stored)
 
     def prompt(self, role: str) -> str:
         """The prompt texts of `role` are encoded under ("" for a store without prompts)."""
