@@ -56,8 +56,7 @@ def headstore_worker(texts: list[str], cache: str) -> None:
     from headstore.featurize.encoder.model import encoding_settings
     from headstore.featurize.encoder.backends import AUTO_MIN_CHARS
     from headstore.featurize.encoder.resolved import resolve
-    from headstore.featurize.run.local import open_encoder
-    from headstore.featurize.run.windows import encode_in_plan_order
+    from headstore.featurize.run.windows import encode_in_plan_order, open_encoder
 
     loaded = {}
 

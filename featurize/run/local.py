@@ -22,16 +22,14 @@ import polars as pl
 
 from headstore.data.progress import progress_bar, progress_write
 from headstore.data.text_id import ROLES
-from headstore.featurize.encoder.backends import AUTO, Choice, choose_backend, use_backend
 from headstore.featurize.encoder.config import FeaturizeConfig
 from headstore.featurize.encoder.hardware import bf16_note
-from headstore.featurize.encoder.model import encoding_settings, open_model
-from headstore.featurize.encoder.packed import prepare_encoder
+from headstore.featurize.encoder.model import encoding_settings
 from headstore.featurize.encoder.resolved import ResolvedSettings
 from headstore.featurize.run.committer import Committer
 from headstore.featurize.run.plan import Plan
 from headstore.featurize.run.source import all_chunks, open_sources
-from headstore.featurize.run.windows import encode_in_plan_order, new_windows
+from headstore.featurize.run.windows import encode_in_plan_order, new_windows, open_encoder
 
 
 def featurize(config: FeaturizeConfig, data_paths: Sequence[str | Path], store_path: str | Path,
@@ -126,20 +124,6 @@ def _speed_parts(counts: dict, t_encode: float) -> dict:
     return {"tokenize_seconds": round(tokenize_s, 3), "encoder_seconds": round(encoder_s, 3),
             "tokenize_tokens_per_s": round(counts["real_tokens"] / max(tokenize_s, 1e-9), 1),
             "encoder_tokens_per_s": round(counts["real_tokens"] / encoder_s, 1)}
-
-
-def open_encoder(settings: ResolvedSettings, n_chars: int | None = None) -> tuple:
-    """(the run's encoder, its forward in the backend chosen once for the run; that Choice). The numerics are set
-    on the torch model first (prepare_encoder reads its forward, casts its weights), then a runtime may replace its
-    forward. auto weighs `n_chars` characters of new text against building a missing export (None: only a cached
-    one; featurize.encoder.backends.choose_backend). The Ray engine's actors open theirs alike."""
-    s = settings
-    encoder = open_model(s.identity, s.device)
-    path = prepare_encoder(encoder, s.numerics, s.packing)
-    choice = (choose_backend(encoder, s.layers, s.precision, path.packing, s.num_threads, s.export_cache, n_chars)
-              if s.backend == AUTO else Choice(s.backend, "given (--backend)"))
-    return use_backend(encoder, choice.backend, s.layers, s.precision,  # torch: itself
-                       s.num_threads, s.export_cache), choice
 
 
 def _encode_window(settings: ResolvedSettings, encoder, committer: Committer, bar,

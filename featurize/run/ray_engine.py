@@ -34,10 +34,9 @@ from headstore.data.errors import SystemFailure
 from headstore.data.files import writing
 from headstore.featurize.encoder.config import FeaturizeConfig
 from headstore.featurize.encoder.resolved import ResolvedSettings
-from headstore.featurize.run.local import open_encoder
 from headstore.featurize.run.ray_cluster import connect, ray_module
 from headstore.featurize.run.plan import Plan
-from headstore.featurize.run.windows import encode_in_plan_order, new_windows
+from headstore.featurize.run.windows import encode_in_plan_order, new_windows, open_encoder
 from headstore.featurize.run.source import all_chunks, open_sources
 from headstore.featurize.store.layout import array_names
 from headstore.featurize.store.writer import StoreWriter

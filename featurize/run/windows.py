@@ -1,6 +1,6 @@
 """A run's input windows, shared by both engines: the new texts of each window (`new_windows`, where a rerun
-resumes) and their features in plan order (`encode_in_plan_order`: tokenised, planned longest first, encoded,
-checked finite before anything is committed)."""
+resumes), the run's encoder (`open_encoder`) and their features in plan order (`encode_in_plan_order`: tokenised,
+planned longest first, encoded, checked finite before anything is committed)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,10 @@ from collections.abc import Iterable, Iterator
 import numpy as np
 import torch
 
+from headstore.featurize.encoder.backends import AUTO, Choice, choose_backend, use_backend
 from headstore.featurize.encoder.encode import (Batch, Tokenized, encode_batch, features_to_host, plan_batches,
                                                 prefetch_batches, prompt_length, tokenize)
+from headstore.featurize.encoder.model import open_model
 from headstore.featurize.encoder.packed import prepare_encoder
 from headstore.featurize.encoder.pooling import Pooler
 from headstore.featurize.encoder.resolved import ResolvedSettings
@@ -42,6 +44,21 @@ def new_windows(plan: Plan, chunks: Iterable[tuple[str, list[str]]],
             new_ids, new_texts, keys = plan.new_in_window(window, prompt)  # another writer's rows
         plan.added.add(keys)
         yield prompt, new_ids, new_texts
+
+
+def open_encoder(settings: ResolvedSettings, n_chars: int | None = None) -> tuple:
+    """(the run's encoder, its forward in the backend chosen once for the run; that Choice). The numerics are set
+    on the torch model first (prepare_encoder reads its forward, casts its weights), then a runtime may replace its
+    forward. auto weighs `n_chars` characters of new text against building a missing export (None: only a cached
+    one; featurize.encoder.backends.choose_backend). Both engines open theirs so (a Ray actor
+    in its process)."""
+    s = settings
+    encoder = open_model(s.identity, s.device)
+    path = prepare_encoder(encoder, s.numerics, s.packing)
+    choice = (choose_backend(encoder, s.layers, s.precision, path.packing, s.num_threads, s.export_cache, n_chars)
+              if s.backend == AUTO else Choice(s.backend, "given (--backend)"))
+    return use_backend(encoder, choice.backend, s.layers, s.precision,  # torch: itself
+                       s.num_threads, s.export_cache), choice
 
 
 def encode_in_plan_order(settings: ResolvedSettings, encoder, ids: list[str], texts: list[str],

@@ -20,7 +20,8 @@ from headstore.featurize.encoder.backends import BACKENDS, check_backend
 from headstore.featurize.encoder.config import FeaturizeConfig
 from headstore.featurize.encoder.exported import MANIFEST, cached_export, export_key, verified
 from headstore.featurize.encoder.resolved import resolve
-from headstore.featurize.run.local import featurize_texts, open_encoder
+from headstore.featurize.run.local import featurize_texts
+from headstore.featurize.run.windows import open_encoder
 from headstore.featurize.store.reader import FeatureStore
 from headstore.featurize.store.layout import segment_backends
 
