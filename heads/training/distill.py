@@ -12,7 +12,6 @@ train-head's: the normaliser fitted on the training texts, dev scored each epoch
 """
 from __future__ import annotations
 
-import math
 from typing import Optional
 
 import numpy as np
@@ -23,9 +22,10 @@ from headstore.heads.network.features import Normalizer
 from headstore.heads.network.model import StackedMLP
 from headstore.heads.scoring.energy import candidate_energy
 from headstore.heads.scoring.losses import distill_losses
+from headstore.heads.scoring.losses.distill import teacher_spread
 from headstore.heads.settings.config import HeadConfig, TrainConfig, stack_key
 from headstore.heads.settings.distill import DistillConfig
-from headstore.heads.training.batches import epoch_batches, forward_rows
+from headstore.heads.training.batches import epoch_batches, forward_rows, n_batches
 from headstore.heads.training.distill_targets import Targets
 from headstore.heads.training.train import StackTraining, TrainingDiverged, run_epochs
 from headstore.heads.training.tracker import HeadRun
@@ -48,13 +48,17 @@ class DistillTraining(StackTraining):
         self.embedding_losses = [spec.function() for spec in specs if spec.reads == "embeddings"]
         assert not self.embedding_losses or targets.embeddings is not None, "an embedding loss without embeddings"
         self.t_embed = None if not self.embedding_losses else torch.as_tensor(targets.embeddings, device=dev)  # (U, d)
+        self.t_spread = teacher_spread(self.t_embed) if self.embedding_losses else None  # of all U anchors, once
+        if self.t_spread is not None and not self.t_spread > 0:
+            raise ValueError(f"--distill-loss {dcfg.distill_loss}: the teacher gives all {self.U} anchors the same "
+                             "output (no variance to regress onto); drop embedding-mse")
         super().__init__(task, features, head_cfg, configs, "dev", None, init,
                          anchor_rows if dcfg.pair_weight else None, in_place)
         self.pair_gens = [torch.Generator().manual_seed(c.seed + 1) for c in configs]
         self.pair_blocks: list[torch.Tensor] = []
 
     def epoch_steps(self) -> int:
-        return math.ceil(self.U / self.B)
+        return n_batches(self.U, self.B)
 
     def epoch_negatives(self, epoch: int, trained: torch.Tensor) -> Optional[torch.Tensor]:
         return super().epoch_negatives(epoch, trained) if self.dcfg.pair_weight else None
@@ -87,7 +91,7 @@ class DistillTraining(StackTraining):
             target, valid = self.t_energy[idx], self.t_valid[idx]
             losses = losses + sum(fn(E, target, valid, temperature=self.dcfg.temperature) for fn, _ in self.losses)
         for fn in self.embedding_losses:  # the anchors' outputs against the teacher's: (H, b, d) and (b, d)
-            losses = losses + fn(z[:, :b], self.t_embed[idx])
+            losses = losses + fn(z[:, :b], self.t_embed[idx], spread=self.t_spread)
         return losses
 
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import copy
 from dataclasses import replace
-import math
 import time
 from typing import Optional
 
@@ -25,7 +24,8 @@ from headstore.data.progress import progress_bar
 from headstore.heads.training.anchor import AnchorSampler
 from headstore.heads.training.linear_fit import fit_linear_stack
 
-from headstore.heads.training.batches import NegativeSource, batch_losses, epoch_batches, make_batch, prepare_data, q_at
+from headstore.heads.training.batches import (NegativeSource, batch_losses, epoch_batches, make_batch, n_batches,
+                                              prepare_data, q_at)
 from headstore.heads.settings.config import HeadConfig, TrainConfig, stack_key
 from headstore.heads.evaluation.evaluate import embedder
 from headstore.heads.network.features import Normalizer
@@ -172,7 +172,7 @@ class StackTraining:
     # --- what an epoch's steps are made of (a distillation, heads.training.distill, gives its own) ---------
     def epoch_steps(self) -> int:
         """Steps of one epoch: the training pairs in batches (labelled texts: the sampler's as many)."""
-        return math.ceil(self.P / self.B)
+        return n_batches(self.P, self.B)
 
     def epoch_negatives(self, epoch: int, trained: torch.Tensor) -> Optional[torch.Tensor]:
         """(H, P, K) the pairs' negatives of this epoch, or None (NegativeSource)."""
