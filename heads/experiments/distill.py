@@ -180,6 +180,8 @@ def distill(store_path: str, data_path: str, teacher_ref: str, out_dir: str, hea
     if unlabeled_note:
         metrics["unlabeled"] = unlabeled_note
     metrics["history"] = run.history
+    if run.anchor:  # the anchor regulariser's sample (--pair-weight with --anchor-weight): the task's own texts
+        metrics["anchor"] = run.anchor
     atomic_write_json(out / "metrics.json", metrics, sort_keys=True)
     plot_curve(run.history, out / "curve.png", title=f"{task.name}: distilled ({dcfg.distill_loss})")
     end_output(out)

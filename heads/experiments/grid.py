@@ -97,7 +97,7 @@ def run_grid(store_path: str, data_path: str, grid_path: str, out_dir: str, data
             print(unlabeled_line(g.unlabeled_note))
     rows += skipped
     runner = StackRunner(out, g.task, g.tf, store_path, data_path, data_format, g.ood, g.selection, score_split,
-                         test_scope, g.unlabeled_rows, g.unlabeled_note)
+                         test_scope, g.anchors, g.unlabeled_note)
     rows += _train_stacks(runner, groups, old_rows + rows, progress, engine, ray_options)
     if rows or old_rows:
         write_results(out, old_rows + rows)

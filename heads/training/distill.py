@@ -14,7 +14,6 @@ from __future__ import annotations
 
 from typing import Optional
 
-import numpy as np
 import torch
 
 from headstore.heads.kinds import Task
@@ -25,6 +24,7 @@ from headstore.heads.scoring.losses import distill_losses
 from headstore.heads.scoring.losses.distill import teacher_spread
 from headstore.heads.settings.config import HeadConfig, TrainConfig, stack_key
 from headstore.heads.settings.distill import DistillConfig
+from headstore.heads.training.anchor import AnchorPool
 from headstore.heads.training.batches import epoch_batches, forward_rows, n_batches
 from headstore.heads.training.distill_targets import Targets
 from headstore.heads.training.train import StackTraining, TrainingDiverged, run_epochs
@@ -35,7 +35,7 @@ class DistillTraining(StackTraining):
     """One stack's distillation (module doc). `targets`: at task positions (rows of `features`)."""
 
     def __init__(self, task: Task, features: torch.Tensor, head_cfg: HeadConfig, configs: list[TrainConfig],
-                 dcfg: DistillConfig, targets: Targets, anchor_rows: Optional[np.ndarray] = None,
+                 dcfg: DistillConfig, targets: Targets, anchor_rows: Optional[AnchorPool] = None,
                  in_place: bool = False, init: Optional[tuple[StackedMLP, Normalizer]] = None):
         self.dcfg, self.U = dcfg, len(targets)
         dev = features.device
@@ -97,7 +97,7 @@ class DistillTraining(StackTraining):
 
 def distill_stack(task: Task, features: torch.Tensor, head_cfg: HeadConfig, configs: list[TrainConfig],
                   dcfg: DistillConfig, targets: Targets, progress: bool = True,
-                  anchor_rows: Optional[np.ndarray] = None, in_place: bool = False,
+                  anchor_rows: Optional[AnchorPool] = None, in_place: bool = False,
                   init: Optional[tuple[StackedMLP, Normalizer]] = None) -> tuple[StackedMLP, Normalizer, list[HeadRun]]:
     """Distil into len(configs) heads of one shape (seeds, lrs) together: train_stack's loop on the targets;
     `init`: the heads' starting weights and normaliser (a stack of len(configs) heads of head_cfg)."""
