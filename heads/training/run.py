@@ -119,7 +119,8 @@ def train_head(store_path: str, data_path: str, out_dir: str, head_cfg: HeadConf
     task = kind_of(task).for_training(task, cfg)  # labelled texts: shots, hierarchy
     if getattr(task, "report", {}).get("shots_clipped"):  # more --shots than a class has: said on the terminal
         progress_write(f"note: {shots_note(cfg.shots, task.report['shots_clipped'])}")
-    task, features, selection, anchor = training_features(store, task, cfg, array, select_ood, ood_delta, device)
+    task, features, selection, anchor = training_features(store, task, cfg, array, select_ood, ood_delta, device,
+                                                          f"--data {data_path}")
     head_cfg = head_shape(head_cfg, features, array, task, cfg)
     baseline = evaluate_baseline(task, features, splits, dim=store.dim)  # before the features are normalised
     trim_heap()
@@ -154,7 +155,7 @@ def train_head(store_path: str, data_path: str, out_dir: str, head_cfg: HeadConf
 
 
 def training_features(store: FeatureStore, task: Task, cfg: TrainConfig, array: str, select_ood: tuple[str, ...],
-                      ood_delta: float, device: str):
+                      ood_delta: float, device: str, data: str | None = None):
     """(task, features, selection, anchor): the store rows the task, the --select-ood sets and the anchor use, read
     once onto `device` (heads.artefacts.task_features), the task remapped to them; the out-of-domain selection
     sets (None without --select-ood) and the anchor's pool at positions (None: the anchor is off)."""
@@ -162,7 +163,7 @@ def training_features(store: FeatureStore, task: Task, cfg: TrainConfig, array: 
     tf = TaskFeatures.for_task(store, task, rows_of_datasets(store, select_ood),
                                *([anchor.rows] if anchor is not None else []), device=device)
     task, features = tf.remap(task), tf.read(array)  # only the rows the task uses (heads.artefacts.task_features)
-    selection = load_selection(store, select_ood, task, features[:, :store.dim], ood_delta, remap=tf.remap)
+    selection = load_selection(store, select_ood, task, features[:, :store.dim], ood_delta, remap=tf.remap, data=data)
     return task, features, selection, None if anchor is None else anchor.mapped(tf.positions)
 
 

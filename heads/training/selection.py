@@ -67,14 +67,15 @@ class OodSelection:
 
 
 def load_selection(store, paths: tuple[str, ...], in_domain: Task, features: torch.Tensor,
-                   delta: float = DEFAULT_DELTA, remap=None) -> OodSelection:
+                   delta: float = DEFAULT_DELTA, remap=None, data: str | None = None) -> OodSelection:
     """The selection sets of `paths` (their dev or train split, in-domain texts dropped) and the frozen
     baseline on each, from `features` (N, D) raw stored features (the last layer). `remap`: store rows ->
-    positions of `features` when it holds only some rows (heads.artefacts.task_features.TaskFeatures.remap)."""
+    positions of `features` when it holds only some rows (heads.artefacts.task_features.TaskFeatures.remap).
+    `data`: how the user named the in-domain dataset ("--data FILE"), for the lines on what a set lost."""
     if not (math.isfinite(delta) and delta >= 0):
         raise ValueError(f"ood delta must be a finite number >= 0 (a loss of the metric), got {delta}")
     sel = OodSelection(delta=delta)
-    seen = seen_rows(in_domain, in_domain.name)  # its texts and its --unlabeled texts: the heads train on them
+    seen = seen_rows(in_domain, data or in_domain.name)  # its texts and its --unlabeled texts: the heads train on them
     for path in paths:
         task = load_task(path, store, for_eval=True)
         task = remap(task) if remap is not None else task

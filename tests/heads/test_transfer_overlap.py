@@ -81,6 +81,10 @@ def test_a_transfer_set_whose_every_test_text_the_head_trained_on_is_one_line(da
                 "--transfer", transfer, "--out", tmp_path / data.stem, *FAST, "--unlabeled-anchors", "5")
         assert_bad_input(r, f"--transfer {transfer}", "12 of the 12 pairs of its 'test' split", f"--data {data}")
         assert not (tmp_path / data.stem).exists()
+    r = cli("train-head", "--store", data_world["store"], "--data", data_world["labelled"], "--select-ood",
+            data_world["sts05"], "--out", tmp_path / "h", *FAST)  # the selection set: its dev split, the same rule
+    assert_bad_input(r, f"--select-ood {data_world['sts05']}", "12 of the 12 pairs of its 'dev' split",
+                     f"--data {data_world['labelled']}")
 
 
 def test_the_issues_case_an_sts_student_trained_on_unlabeled_texts_of_the_transfer_set(data_world, tmp_path):
