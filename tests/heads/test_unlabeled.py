@@ -133,6 +133,7 @@ def test_guard_names_settings_to_change_never_those_in_use(uw):
     said = IR.suggest(alone, HeadConfig(), TrainConfig(anchor_weight=2.0))
     assert said.startswith("--unlabeled CORPUS") and "--depth 1" in said and "defaults" not in said
     assert "--depth 2" not in said and "--lr 3e-3" not in said and "--remine" not in said
+    assert "--anchor-weight 3 with it" in said  # the anchor needs texts of their own: the --unlabeled ones
     joined = load_task(str(uw["pairs"]), store, unlabeled=(str(uw["corpus"]),))
     said = IR.suggest(joined, HeadConfig(depth=1), TrainConfig(lr=1e-3, loss="mnr"))
     assert "--unlabeled" not in said and "--depth 1" not in said and "--lr 1e-3" not in said and "mnr" not in said
