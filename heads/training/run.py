@@ -229,16 +229,18 @@ def defaults_for_kind(task: Task, head_cfg: HeadConfig, cfg: TrainConfig, unset:
         values["normalize"] = preferred
     if not values:
         return head_cfg, cfg, f"{', '.join(unset)}: {kind.defaults_why}"
+    no_text = bool(values.get("anchor_weight")) and not cfg.anchor_data and not len(
+        anchor_pool(task, *own_texts(task)).rows)
     if values.get("anchor_weight") and (head_cfg.out_dim is not None or head_cfg.depth == 0
-                                        or head_cfg.mix_mode == "concat" or not cfg.anchor_data and not len(
-                                            anchor_pool(task, *own_texts(task)).rows)):
+                                        or head_cfg.mix_mode == "concat" or no_text):
         values["anchor_weight"] = 0.0  # the anchor compares f(x) with x: a head of another width (or none), or one
         # reading arrays side by side (no one x), has none; nor has a task without a text of its own to anchor on
         # (positive pairs without --unlabeled); an anchor the user asks for is refused there
     head_keys = {f.name for f in fields(HeadConfig)}
     head_cfg = replace(head_cfg, **{k: v for k, v in values.items() if k in head_keys})
     cfg = cfg.replace(**{k: v for k, v in values.items() if k not in head_keys})
-    return head_cfg, cfg, f"{kind.data_words} data: {values} ({kind.defaults_why})"
+    off = "; the anchor off: no text of the task's own to anchor on (give --unlabeled)" if no_text else ""
+    return head_cfg, cfg, f"{kind.data_words} data: {values} ({kind.defaults_why}){off}"
 
 
 def guard_report(task: Task, metrics: dict, run, cfg: TrainConfig, head_cfg: HeadConfig | None = None) -> dict:

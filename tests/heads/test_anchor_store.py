@@ -47,6 +47,7 @@ def test_positive_pairs_without_unlabeled_texts_leave_the_default_anchor_off_and
     m = _train(data_world["store"], data_world["pos"], tmp_path / "default")
     config = json.loads((tmp_path / "default" / "config.json").read_text())
     assert config["train"]["anchor_weight"] == 0.0 and "anchor" not in m
+    assert "the anchor off: no text of the task's own to anchor on (give --unlabeled)" in config["defaults"]
     r = cli("train-head", "--store", data_world["store"], "--data", data_world["pos"], "--out", tmp_path / "given",
             *FAST, "--anchor-weight", "2")
     assert_bad_input(r, "--anchor-weight 2: no text to anchor on", "--unlabeled", "--anchor-data")
