@@ -209,7 +209,8 @@ def share_words(share: float | None, ci: dict | None) -> str:
         return f"{share:.0%}"
     if ci["ci"] is None:
         return f"{share:.0%} ({ci['note']})"
-    return f"{share:.0%} [{ci['ci'][0]:.0%}, {ci['ci'][1]:.0%}] ({ci['dropped']:.1%} of resamples dropped: teacher gain <= 0)"
+    lo, hi = ci["ci"]
+    return f"{share:.0%} [{lo:.0%}, {hi:.0%}] ({ci['dropped']:.1%} of resamples dropped: teacher gain <= 0)"
 
 
 def summarize(records: list[dict]) -> list[dict]:

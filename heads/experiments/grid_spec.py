@@ -131,8 +131,9 @@ def head_id(settings: dict, data: str, fingerprint: str, transfer: tuple[str, ..
     the store, the out-of-domain sets and GRID_VERSION. Parts that are unset are left out, so ids of grids
     that did not use them stay as they were. An anchored head's id holds the rule its anchor sample was drawn by
     (heads.training.anchor.ANCHOR_SAMPLE: the task's own texts, never another dataset of the store, so a grown
-    store trains nothing again; heads anchored under the old whole-store rule are not reused). `unlabeled`: the digest of the
-    --unlabeled texts (heads.kinds.unlabeled), which change the corpus, the impostors and the anchor's sample."""
+    store trains nothing again; heads anchored under the old whole-store rule are not reused). `unlabeled`: the
+    digest of the --unlabeled texts (heads.kinds.unlabeled), which change the corpus, the impostors and the
+    anchor's sample."""
     selection = {"select_ood": sorted(select_ood), "ood_delta": ood_delta} if select_ood else {}
     fmt = {"format": data_format} if data_format is not None else {}
     anchor = {"anchor_sample": ANCHOR_SAMPLE} if settings.get("anchor_weight") else {}

@@ -131,7 +131,8 @@ def without_seen(ood: Task, sources: dict[str, set[int]], option: str,
     if total.get(scored) and left < 2:
         raise ValueError(f"{option}: {total[scored]} of the {total[scored] + left} {kind.items_name} of its "
                          f"{scored!r} split share a text with {' or '.join(dropped)}, which the head trained on; "
-                         f"{left} left to score (an out-of-domain set must be another dataset: give another, or leave it out)")
+                         f"{left} left to score (an out-of-domain set must be another dataset: give another, or "
+                         "leave it out)")
     return ood, dropped
 
 

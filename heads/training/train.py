@@ -233,7 +233,8 @@ class StackTraining:
 
 def train_one(task: Task, features: torch.Tensor, head_cfg: HeadConfig, cfg: TrainConfig,
               progress: bool = True, selection: Optional[OodSelection] = None,
-              anchor_rows: Optional[AnchorPool] = None, in_place: bool = False) -> tuple[StackedMLP, Normalizer, HeadRun]:
+              anchor_rows: Optional[AnchorPool] = None,
+              in_place: bool = False) -> tuple[StackedMLP, Normalizer, HeadRun]:
     """Train a single head; a NaN/inf loss raises TrainingDiverged naming the step (in_place: train_stack)."""
     model, norm, (run,) = train_stack(task, features, head_cfg, [cfg], progress, selection=selection,
                                       anchor_rows=anchor_rows, in_place=in_place)

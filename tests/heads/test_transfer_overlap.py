@@ -76,7 +76,8 @@ def test_train_head_select_ood_and_eval_of_a_head_trained_with_unlabeled_texts(d
 def test_a_transfer_set_whose_every_test_text_the_head_trained_on_is_one_line(data_world, tmp_path):
     """It was `sts_metrics: need two 1-D arrays of equal length >= 2; got (0,), (0,)` (and for labelled pairs
     `pair_metrics: labels must contain both classes`), naming neither the file nor the option."""
-    for data, transfer in ((data_world["labelled"], data_world["sts05"]), (data_world["sts05"], data_world["labelled"])):
+    labelled, sts = data_world["labelled"], data_world["sts05"]
+    for data, transfer in ((labelled, sts), (sts, labelled)):
         r = cli("distill", "--store", data_world["store"], "--data", data, "--teacher", data_world["head"],
                 "--transfer", transfer, "--out", tmp_path / data.stem, *FAST, "--unlabeled-anchors", "5")
         assert_bad_input(r, f"--transfer {transfer}", "12 of the 12 pairs of its 'test' split", f"--data {data}")
