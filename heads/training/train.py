@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import copy
 from dataclasses import replace
+import math
 import time
 from typing import Optional
 
@@ -170,8 +171,9 @@ class StackTraining:
 
     # --- what an epoch's steps are made of (a distillation, heads.training.distill, gives its own) ---------
     def epoch_steps(self) -> int:
-        """Steps of one epoch: the training pairs in batches (labelled texts: the sampler's as many)."""
-        return n_batches(self.P, self.B)
+        """Steps of one epoch: the training pairs in batches (epoch_batches: no batch of one); labelled texts: the
+        sampler's ceil(texts / batch) batches of whole classes."""
+        return math.ceil(self.P / self.B) if self.sampler is not None else n_batches(self.P, self.B)
 
     def epoch_negatives(self, epoch: int, trained: torch.Tensor) -> Optional[torch.Tensor]:
         """(H, P, K) the pairs' negatives of this epoch, or None (NegativeSource)."""
