@@ -139,7 +139,7 @@ def distill(store_path: str, data_path: str, teacher_ref: str, out_dir: str, hea
     task = load_task(data_path, store, data_format, unlabeled=unlabeled)
     head_cfg, cfg, defaults_note = defaults_for_kind(task, head_cfg, cfg, kind_defaults)
     anchors, corpus, anchors_note = anchor_and_corpus_rows(task, dcfg.unlabeled_anchors, dcfg.sample_seed)
-    ood = transfer_tasks(task, store, transfer, device)  # before the task's rows become positions
+    ood, ood_dropped = transfer_tasks(task, store, transfer, device, f"--data {data_path}")  # before positions
     tf = TaskFeatures.for_task(store, task, anchors, corpus, device=device)
     judged, (task, features) = judgement_pairs(task), (tf.remap(task), tf.read(array))  # judged: store rows
     tkey = teacher_key(teacher)
@@ -155,10 +155,8 @@ def distill(store_path: str, data_path: str, teacher_ref: str, out_dir: str, hea
         check_embedding_student(teacher, head_cfg, dcfg)  # before the teacher's pass writes its targets
     targets, made = _targets(out_dir, key, teacher, teacher_features, features[:, :store.dim], tf,
                              anchors, corpus, dcfg, progress)
-    if embedding_loss:
-        z = HeadTeacher(teacher, teacher_features).embed(tf.positions(anchors), "query")
-        assert np.array_equal(targets.anchors, anchors)
-        targets = targets.with_embeddings(z.cpu().numpy())  # (U, d) the teacher's outputs of the anchors
+    if embedding_loss:  # (U, d) the teacher's outputs of the anchors
+        targets = targets.with_embeddings(teacher_outputs(teacher, teacher_features, tf, anchors, targets))
     del teacher_features  # not held through training (Beside reads what it scores again)
     model, norm, (run,) = distill_stack(task, features, head_cfg, [cfg], dcfg, targets.mapped(tf.positions),
                                         progress, in_place=True, init=init)  # the raw features' last use was above
@@ -177,14 +175,25 @@ def distill(store_path: str, data_path: str, teacher_ref: str, out_dir: str, hea
     metrics.update(_data_notes(task), **{k: v for k, v in beside.columns.items() if k != "distilled"})
     metrics["distill"] = {**note, **beside.columns["distilled"], "student_parameters": n_parameters(model),
                           "best_epoch": run.best_epoch, "start_dev": run.start_dev, "train_seconds": run.seconds}
-    unlabeled_note = _unlabeled_note(task, cfg, anchors_note)
-    if unlabeled_note:
-        metrics["unlabeled"] = unlabeled_note
-    metrics["history"] = run.history
+    metrics.update(_run_notes(task, cfg, anchors_note, run, ood_dropped))
     atomic_write_json(out / "metrics.json", metrics, sort_keys=True)
     plot_curve(run.history, out / "curve.png", title=f"{task.name}: distilled ({dcfg.distill_loss})")
     end_output(out)
     return metrics
+
+
+def teacher_outputs(teacher: Head, teacher_features, tf: TaskFeatures, anchors, targets: Targets) -> np.ndarray:
+    """(U, d) the teacher's outputs of the targets' anchors (store rows `anchors`), what embedding-mse regresses on."""
+    assert np.array_equal(targets.anchors, anchors)
+    return HeadTeacher(teacher, teacher_features).embed(tf.positions(anchors), "query").cpu().numpy()
+
+
+def _run_notes(task, cfg: TrainConfig, anchors_note: dict, run, ood_dropped: dict) -> dict:
+    """metrics.json's "unlabeled", "history", "transfer_dropped" (out-of-domain items whose text the student trained
+    on: heads.kinds.without_seen) and "anchor" (the anchor regulariser's sample, the task's own texts)."""
+    notes = {"unlabeled": _unlabeled_note(task, cfg, anchors_note), "history": run.history,
+             "transfer_dropped": ood_dropped, "anchor": run.anchor}
+    return {k: v for k, v in notes.items() if k == "history" or v}
 
 
 def _store_notes(store: FeatureStore) -> dict:

@@ -3,8 +3,10 @@ and the teacher, in domain (dev, test with CIs) and out of domain (`--transfer` 
 
 - The best single head: `--single REF` (any head over the store), else for an ensemble teacher its member with
   the best dev figure (a grid ensemble's members are single pair-trained heads); none for a one-head teacher.
-- Out of domain: each `--transfer` dataset without any item that shares a text with the in-domain dataset
-  (counted), on its test split (else the whole table), as `cli grid --transfer` scores it.
+- Out of domain: each `--transfer` dataset without any item that shares a text with the in-domain dataset or its
+  `--unlabeled` texts (the student trained on both: counted, on the terminal and in metrics.json
+  "transfer_dropped"; heads.kinds.without_seen), on its test split (else the whole table), as `cli grid
+  --transfer` scores it.
 - Seen / unseen: each column's dev and test figures also on the queries a relevant document of which the training
   judged and on the others (heads.kinds.seen; "parts").
 - Cost: seconds to score 1,000 queries against the corpus (the task's corpus; for a pairs or STS table the
@@ -26,7 +28,7 @@ from headstore.heads.artefacts.head import EnsembleHead, Head
 from headstore.heads.artefacts.task_features import TaskFeatures
 from headstore.heads.evaluation.evaluate import TEST_SPLIT, embedder, evaluate_baseline, evaluate_head, evaluate_split
 from headstore.heads.experiments.grid_inputs import transfer_split
-from headstore.heads.kinds import load_task, primary_metric, task_rows, task_seen_masks, without_overlap
+from headstore.heads.kinds import load_task, overlap_line, primary_metric, seen_rows, task_seen_masks, without_seen
 from headstore.heads.scoring.energy import pairwise_energy
 
 SPLITS = ("dev", TEST_SPLIT)
@@ -59,17 +61,19 @@ def best_member(teacher: Head, task, features: torch.Tensor, dim: int) -> Head |
     return max(teacher.members, key=dev)
 
 
-def transfer_tasks(task, store, paths, device) -> dict:
-    """name -> (the out-of-domain task at positions, its TaskFeatures), without items sharing a text with `task`
-    (its store rows: call before the task is remapped)."""
-    out, own = {}, task_rows(task)
+def transfer_tasks(task, store, paths, device, data: str) -> tuple[dict, dict]:
+    """(name -> (the out-of-domain task at positions, its TaskFeatures), name -> {what: {split: dropped}}), without
+    items sharing a text with `task` or its --unlabeled texts (store rows: call before the task is remapped);
+    data: how the user named the task ("--data FILE")."""
+    out, dropped, seen = {}, {}, seen_rows(task, data)
     for path in paths:
-        t, dropped = without_overlap(load_task(path, store, for_eval=True), own)
-        if any(dropped.values()):
-            print(f"{t.name}: dropped items sharing a text with {task.name}: {dropped}")
+        t, lost = without_seen(load_task(path, store, for_eval=True), seen, f"--transfer {path}", transfer_split)
+        if lost:
+            print(overlap_line(f"--transfer {path}", lost))
+            dropped[t.name] = lost
         tf = TaskFeatures.for_task(store, t, device=device)
         out[t.name] = (tf.remap(t), tf)
-    return out
+    return out, dropped
 
 
 def read_stored(tf: TaskFeatures, array: str) -> torch.Tensor:

@@ -97,12 +97,12 @@ def run_grid(store_path: str, data_path: str, grid_path: str, out_dir: str, data
             print(unlabeled_line(g.unlabeled_note))
     rows += skipped
     runner = StackRunner(out, g.task, g.tf, store_path, data_path, data_format, g.ood, g.selection, score_split,
-                         test_scope, g.unlabeled_rows, g.unlabeled_note)
+                         test_scope, g.anchors, g.unlabeled_note)
     rows += _train_stacks(runner, groups, old_rows + rows, progress, engine, ray_options)
     if rows or old_rows:
         write_results(out, old_rows + rows)
     frame = pl.DataFrame(rows, infer_schema_length=None) if rows else pl.DataFrame()
-    _finish(out, frame, runner, ensembles, soups, progress)
+    _finish(out, frame, runner, ensembles, soups, progress, g.transfer_dropped)
     return frame
 
 
@@ -148,7 +148,7 @@ def _train_local(runner: StackRunner, groups: dict, record: Callable[[int, list[
 
 
 def _finish(out: Path, frame: pl.DataFrame, runner: StackRunner, ensembles: tuple[int, ...], soups: tuple[int, ...],
-            progress: bool) -> None:
+            progress: bool, transfer_dropped: dict | None = None) -> None:
     """baseline.json, the ensembles, the leaderboard, the seed summary and the soups of everything trained."""
     baselines = runner.baselines or {"features": runner.baseline("features")}
     for b in baselines.values():
@@ -156,6 +156,8 @@ def _finish(out: Path, frame: pl.DataFrame, runner: StackRunner, ensembles: tupl
             b["selection"] = runner.selection.describe()
         if runner.unlabeled_note:
             b["unlabeled"] = runner.unlabeled_note
+        if transfer_dropped:  # out-of-domain items whose text the heads trained on (heads.kinds.without_seen)
+            b["transfer_dropped"] = transfer_dropped
     atomic_write_json(out / "baseline.json", baselines)
     ens_rows = []
     if ensembles and not frame.is_empty():

@@ -16,6 +16,7 @@ kind is one new module here plus one line in each table below.
 from __future__ import annotations
 
 import dataclasses
+from typing import Callable
 
 import numpy as np
 
@@ -135,3 +136,45 @@ def without_overlap(task: Task, rows: set[int], source: str = "the training data
     note = ", ".join(f"{split}: {n} dropped" for split, n in dropped.items())
     dev_note = (task.dev_note + "; " if task.dev_note else "") + f"overlap with {source} removed ({note})"
     return dataclasses.replace(task, eval_sets=eval_sets, dev_note=dev_note), dropped
+
+
+UNLABELED = "the --unlabeled texts"
+
+
+def seen_rows(task: Task, data: str) -> dict[str, set[int]]:
+    """{what: store rows} of the texts a head trained on `task` has seen (without_seen's sources): its --unlabeled
+    texts (anchors, impostors, distractors, a distillation's anchors and candidates, pseudo-labels; first, so a text
+    of both, e.g. an unlabeled text joined to an IR corpus, is blamed on them) and the task's own (trained on,
+    selected on, in-domain; `data`: how the user named it, "--data FILE")."""
+    sources = {UNLABELED: set(np.asarray(task.unlabeled.rows).tolist())} if task.unlabeled is not None else {}
+    return {**sources, data: task_rows(task)}
+
+
+def without_seen(ood: Task, sources: dict[str, set[int]], option: str,
+                 split: Callable[[Task], str]) -> tuple[Task, dict]:
+    """An out-of-domain set never scores a text the head trained on (issue 54): `ood` without every item that uses
+    a row of `sources` ({what: rows}, e.g. seen_rows), and {what: {split: dropped}} (an item sharing texts with two
+    sources counts once, for the first). option: how the user named the set ("--transfer FILE"); split(ood): the
+    split scored, which must keep 2 items or more (else ValueError naming the option and the file)."""
+    dropped, total = {}, dict.fromkeys(ood.eval_sets, 0)
+    for what, rows in sources.items():
+        ood, n = without_overlap(ood, rows, source=what)
+        if any(n.values()):
+            dropped[what] = {s: k for s, k in n.items() if k}
+        total = {s: total[s] + n.get(s, 0) for s in total}
+    scored, kind = split(ood), kind_of(ood)
+    left = kind.n_items(ood.eval_sets[scored])
+    if total.get(scored) and left < 2:
+        raise ValueError(f"{option}: {total[scored]} of the {total[scored] + left} {kind.items_name} of its "
+                         f"{scored!r} split share a text with {' or '.join(dropped)}, which the head trained on; "
+                         f"{left} left to score (an out-of-domain set must be another dataset: give another, or "
+                         "leave it out)")
+    return ood, dropped
+
+
+def overlap_line(option: str, dropped: dict) -> str:
+    """The terminal's line on what an out-of-domain set lost: '--transfer F: dropped N (test: N) sharing a text
+    with --data D; ...'."""
+    parts = [f"{sum(n.values())} ({', '.join(f'{s}: {k}' for s, k in n.items())}) sharing a text with {what}"
+             for what, n in dropped.items()]
+    return f"{option}: dropped {'; '.join(parts)}"

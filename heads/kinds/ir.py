@@ -56,7 +56,8 @@ class IRKind(TaskKind):
         tries = [flag for key, value, flag in TRIES if values.get(key) != value]
         splits = [d for d in task.eval_sets.values() if isinstance(d, IRSplit)]
         if task.unlabeled is None and splits and all(d.exclude_self for d in splits):  # positive pairs alone
-            n = max(len(d.doc_ids) for d in splits)
+            n = max(len(d.doc_ids) for d in splits)  # no text of their own to anchor on (heads.training.anchor)
+            tries = [f"{t} with it" if t.startswith("--anchor-weight") else t for t in tries]
             tries.insert(0, f"--unlabeled CORPUS (the texts the anchors will be searched against: each now ranks "
                             f"only the {n} positives of its split, an easier task than yours)")
         return ", ".join(tries[:-1]) + (" or " if len(tries) > 1 else "") + tries[-1] if tries else "other settings"

@@ -43,7 +43,7 @@ from headstore.heads.kinds.unlabeled import unlabeled_report
 from headstore.heads.network.features import array_list
 from headstore.heads.scoring.losses import LOSSES
 from headstore.heads.settings.config import KIND_DEPENDENT, STRENGTH_AUTO, HeadConfig, TrainConfig
-from headstore.heads.training.anchor import anchor_rows_of
+from headstore.heads.training.anchor import anchor_pool, anchor_rows_of, own_texts
 from headstore.heads.training.selection import DEFAULT_DELTA, load_selection
 from headstore.heads.training.strength import STRENGTHS, plot_strength
 from headstore.heads.training.train import train_one
@@ -123,7 +123,8 @@ def train_head(store_path: str, data_path: str, out_dir: str, head_cfg: HeadConf
     if getattr(task, "report", {}).get("shots_clipped"):  # more --shots than a class has: said on the terminal
         progress_write(f"note: {shots_note(cfg.shots, task.report['shots_clipped'])}")
     seen, judged_pairs = task_seen_masks(task, splits), judgement_pairs(task)  # store rows (heads.kinds.seen)
-    task, features, selection, anchor = training_features(store, task, cfg, array, select_ood, ood_delta, device)
+    task, features, selection, anchor = training_features(store, task, cfg, array, select_ood, ood_delta, device,
+                                                          f"--data {data_path}")
     head_cfg = head_shape(head_cfg, features, array, task, cfg)
     baseline = evaluate_baseline(task, features, splits, dim=store.dim)  # before the features are normalised
     trim_heap()
@@ -158,16 +159,16 @@ def train_head(store_path: str, data_path: str, out_dir: str, head_cfg: HeadConf
 
 
 def training_features(store: FeatureStore, task: Task, cfg: TrainConfig, array: str, select_ood: tuple[str, ...],
-                      ood_delta: float, device: str):
+                      ood_delta: float, device: str, data: str | None = None):
     """(task, features, selection, anchor): the store rows the task, the --select-ood sets and the anchor use, read
     once onto `device` (heads.artefacts.task_features), the task remapped to them; the out-of-domain selection
-    sets (None without --select-ood) and the anchor rows' positions (None: no anchor rows, the whole store)."""
-    anchor = anchor_rows_of(store, cfg, task.unlabeled.rows if task.unlabeled else None)  # None: the whole store
+    sets (None without --select-ood) and the anchor's pool at positions (None: the anchor is off)."""
+    anchor = anchor_rows_of(store, cfg, task)  # only texts of the task's own (or --anchor-data), never dev or test
     tf = TaskFeatures.for_task(store, task, rows_of_datasets(store, select_ood),
-                               *([anchor] if cfg.anchor_weight else []), device=device)
+                               *([anchor.rows] if anchor is not None else []), device=device)
     task, features = tf.remap(task), tf.read(array)  # only the rows the task uses (heads.artefacts.task_features)
-    selection = load_selection(store, select_ood, task, features[:, :store.dim], ood_delta, remap=tf.remap)
-    return task, features, selection, None if anchor is None else tf.positions(anchor)
+    selection = load_selection(store, select_ood, task, features[:, :store.dim], ood_delta, remap=tf.remap, data=data)
+    return task, features, selection, None if anchor is None else anchor.mapped(tf.positions)
 
 
 def training_notes(task: Task, metrics: dict, run, cfg: TrainConfig, head_cfg: HeadConfig, selection,
@@ -183,6 +184,8 @@ def training_notes(task: Task, metrics: dict, run, cfg: TrainConfig, head_cfg: H
         notes["split"] = "dev"
         notes["note"] = f"{data_path} has no test split: only dev figures are reported"
     notes["history"] = run.history
+    if run.anchor:
+        notes["anchor"] = run.anchor
     notes.update(scale_report(task, run, rankings))
     if cfg.strength != "1":
         notes["strength"] = strength_report(run, cfg, selection)
@@ -230,14 +233,18 @@ def defaults_for_kind(task: Task, head_cfg: HeadConfig, cfg: TrainConfig, unset:
         values["normalize"] = preferred
     if not values:
         return head_cfg, cfg, f"{', '.join(unset)}: {kind.defaults_why}"
+    no_text = bool(values.get("anchor_weight")) and not cfg.anchor_data and not len(
+        anchor_pool(task, *own_texts(task)).rows)
     if values.get("anchor_weight") and (head_cfg.out_dim is not None or head_cfg.depth == 0
-                                        or head_cfg.mix_mode == "concat"):
+                                        or head_cfg.mix_mode == "concat" or no_text):
         values["anchor_weight"] = 0.0  # the anchor compares f(x) with x: a head of another width (or none), or one
-        # reading arrays side by side (no one x), has none; an anchor the user asks for is refused there
+        # reading arrays side by side (no one x), has none; nor has a task without a text of its own to anchor on
+        # (positive pairs without --unlabeled); an anchor the user asks for is refused there
     head_keys = {f.name for f in fields(HeadConfig)}
     head_cfg = replace(head_cfg, **{k: v for k, v in values.items() if k in head_keys})
     cfg = cfg.replace(**{k: v for k, v in values.items() if k not in head_keys})
-    return head_cfg, cfg, f"{kind.data_words} data: {values} ({kind.defaults_why})"
+    off = "; the anchor off: no text of the task's own to anchor on (give --unlabeled)" if no_text else ""
+    return head_cfg, cfg, f"{kind.data_words} data: {values} ({kind.defaults_why}){off}"
 
 
 def guard_report(task: Task, metrics: dict, run, cfg: TrainConfig, head_cfg: HeadConfig | None = None) -> dict:
