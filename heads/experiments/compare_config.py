@@ -172,8 +172,8 @@ def on_device(cfg: CompareConfig) -> CompareConfig:
 
 def device_key(cfg: CompareConfig) -> dict:
     """What a step without a device setting of its own (train-head, eval, the MLM loss) adds to its key: the
-    device when one is given, nothing for "auto" (the keys of runs made before the option stay as they were)."""
-    return {} if cfg.device == "auto" else {"device": cfg.device}
+    device setting, "auto" too (data/keys.py: every setting's value, never only a changed one)."""
+    return {"device": cfg.device}
 
 
 def mlm_loss_device(cfg: CompareConfig) -> str:
