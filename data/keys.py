@@ -47,6 +47,17 @@ def resolved(config) -> dict:
     return asdict(config)
 
 
+def library_version(dist: str) -> str:
+    """The installed version of distribution `dist` ("absent" when it is not installed): a key's part where a
+    library makes the numbers (SetFit's runs, an exported encoder's runtime)."""
+    from importlib import metadata
+
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return "absent"
+
+
 def _files(path: Path) -> list[Path]:
     if path.is_file():
         return [path]

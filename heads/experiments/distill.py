@@ -44,6 +44,7 @@ from headstore.heads.training.distill import distill_stack
 from headstore.heads.training.distill_targets import (HeadTeacher, Targets, anchor_and_corpus_rows, make_targets,
                                                        parts_path, read_targets, targets_key, targets_path,
                                                        write_targets)
+from headstore.heads.network.features import array_list
 from headstore.heads.training.run import _array_layer, _data_notes, check_same_features, defaults_for_kind, head_shape
 
 def load_teacher(ref: str, store: FeatureStore, what: str = "--teacher") -> Head:
@@ -136,7 +137,7 @@ def distill(store_path: str, data_path: str, teacher_ref: str, out_dir: str, hea
     layer = _array_layer(store, array)
     teacher, read_teacher = open_teacher(teacher_ref, store, teacher_store, device)
     task = load_task(data_path, store, data_format, unlabeled=unlabeled)
-    head_cfg, cfg, defaults_note = defaults_for_kind(task, head_cfg, cfg, kind_defaults)
+    head_cfg, cfg, defaults_note = defaults_for_kind(task, head_cfg, cfg, kind_defaults, len(array_list(array)))
     anchors, corpus, anchors_note = anchor_and_corpus_rows(task, dcfg.unlabeled_anchors, dcfg.sample_seed)
     ood = transfer_tasks(task, store, transfer, device)  # before the task's rows become positions
     tf = TaskFeatures.for_task(store, task, anchors, corpus, device=device)

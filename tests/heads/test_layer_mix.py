@@ -149,3 +149,55 @@ def test_concat_head_on_retrieval_data_takes_no_default_anchor(data_world, tmp_p
     r = cli(*args, "--anchor-weight", "1", "--out", tmp_path / "asked")
     assert r.exit_code == 2 and "--anchor-weight 0" in r.output and "Traceback" not in r.output
     assert not (tmp_path / "asked").exists()
+
+
+def test_concat_identity_head_declares_the_width_it_outputs():
+    """Issue 54, item 9: W = I over L arrays side by side outputs L x D values, and says so."""
+    cfg = HeadConfig(depth=1, in_dim=4, mix=3, mix_mode="concat", residual=False, init="identity")
+    model = StackedMLP(1, cfg)
+    x = torch.randn(5, 12)
+    assert cfg.out_features == 12 == model(x).shape[-1]
+    torch.testing.assert_close(model(x)[0], x)
+    bare = HeadConfig(depth=0, in_dim=4, mix=3, mix_mode="concat", residual=False)
+    assert bare.out_features == 12 == StackedMLP(1, bare)(x).shape[-1]
+    with pytest.raises(ValueError, match=r"out_dim == the input's width \(12\)"):
+        StackedMLP(1, HeadConfig(depth=1, in_dim=4, out_dim=4, mix=3, mix_mode="concat", residual=False,
+                                 init="identity"))
+
+
+@pytest.fixture(scope="module")
+def beir_layers(data_world, tmp_path_factory):
+    store = tmp_path_factory.mktemp("beir-layers") / "store"
+    r = cli("featurize", "--model", data_world["model"], "--data", data_world["beir"], "--layers", "-1,-2",
+            "--store", store, "--dtype", "float32")
+    assert r.exit_code == 0, r.output
+    return store
+
+
+def test_a_bare_concat_head_is_indexed_and_searched(data_world, beir_layers, tmp_path):
+    """Issue 54, item 9: `--mix-mode concat --depth 0` outputs both arrays side by side (L x D); `cli index` builds
+    an index of that width and `cli search` answers from it (it failed on the width the head declared)."""
+    pytest.importorskip("faiss")
+    w, head = data_world, tmp_path / "bare"
+    r = cli("train-head", "--store", beir_layers, "--data", w["beir"], *FAST, "--array", "features+features_layer-2",
+            "--mix-mode", "concat", "--no-residual", "--depth", "0", "--out", head)
+    assert r.exit_code == 0, r.output
+    store = headstore.Store.open(beir_layers)
+    assert headstore.Head.load(head).out_dim == 2 * store.dim
+    r = cli("index", "--store", beir_layers, "--head", head, "--data", w["beir"], "--out", tmp_path / "idx")
+    assert r.exit_code == 0, r.output
+    r = cli("search", "--index", tmp_path / "idx", "--query", "alpha beta", "--k", "3")
+    assert r.exit_code == 0 and "Traceback" not in r.output, r.output
+
+
+def test_concat_of_one_array_keeps_the_retrieval_default_anchor(data_world, beir_layers, tmp_path):
+    """Issue 54, item 9: one array read "side by side" is that array: the IR default anchor stays, as for the
+    scalar head of the same array."""
+    w = data_world
+    weights = {}
+    for mode in ("scalar", "concat"):
+        r = cli("train-head", "--store", beir_layers, "--data", w["beir"], *FAST, "--mix-mode", mode,
+                "--out", tmp_path / mode)
+        assert r.exit_code == 0, r.output
+        weights[mode] = json.loads((tmp_path / mode / "config.json").read_text())["train"]["anchor_weight"]
+    assert weights["concat"] == weights["scalar"] > 0
