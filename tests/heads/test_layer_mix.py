@@ -11,7 +11,7 @@ from headstore.heads.network.features import Normalizer, read_features
 from headstore.heads.network.model import MIX_GAIN, StackedMLP
 from headstore.heads.settings.config import HeadConfig
 
-from .conftest import FAST, cli
+from .conftest import FAST, assert_bad_input, cli
 
 
 def test_mix_forward_equals_a_loop_reference():
@@ -201,3 +201,16 @@ def test_concat_of_one_array_keeps_the_retrieval_default_anchor(data_world, beir
         assert r.exit_code == 0, r.output
         weights[mode] = json.loads((tmp_path / mode / "config.json").read_text())["train"]["anchor_weight"]
     assert weights["concat"] == weights["scalar"] > 0
+
+
+@pytest.mark.parametrize("mode", ["scalar", "concat"])
+def test_finetune_refuses_a_head_of_several_arrays_in_one_line(data_world, beir_layers, tmp_path, mode):
+    """Issue 54, item 7: `cli finetune` tunes an encoder under a head of one array; a head mixing several was a bare
+    KeyError after the store and the data were read. Now: one line, before any work, nothing written."""
+    w, head = data_world, tmp_path / "mixed"
+    r = cli("train-head", "--store", beir_layers, "--data", w["beir"], *FAST, "--array", "features+features_layer-2",
+            "--mix-mode", mode, "--no-residual", "--depth", "1", "--out", head)
+    assert r.exit_code == 0, r.output
+    r = cli("finetune", "--head", head, "--model", w["model"], "--out", tmp_path / "ft", "--max-steps", "1")
+    assert_bad_input(r, str(head), "reads 2 stored arrays", f"a {mode} layer mix", "--array features")
+    assert not (tmp_path / "ft").exists()
