@@ -3,7 +3,6 @@ its recipe version and the contents of every dataset it read (data/keys.py), nev
 defaults" and never a path. A default changed between two runs into one --out reruns what it feeds; an edited
 dataset reruns its steps; a deleted one is a one-line error, never the old figures with exit 0."""
 import dataclasses
-import inspect
 import json
 
 import polars as pl
@@ -17,17 +16,8 @@ from headstore.heads.apply.finetune import FinetuneConfig
 from headstore.heads.experiments.compare import Steps
 from headstore.heads.settings.config import TrainConfig
 
+from .compare_world import patch_default
 from .test_compare import world  # noqa: F401  the same tiny world, run here in folders of its own
-
-
-def patch_default(monkeypatch, cls, name: str, value) -> None:
-    """`cls(...)` without `name` now gives `value`: the dataclass __init__'s default changed, as an edit of the
-    code would change it."""
-    params = [p for p in inspect.signature(cls.__init__).parameters.values() if p.default is not p.empty]
-    defaults = list(cls.__init__.__defaults__)
-    defaults[[p.name for p in params].index(name)] = value
-    monkeypatch.setattr(cls.__init__, "__defaults__", tuple(defaults))
-    assert getattr(cls(), name) == value
 
 
 def ran_steps(output: str) -> set[str]:
