@@ -135,7 +135,7 @@ def _featurize(steps: Steps, name: str, cfg: CompareConfig, model: str, parent_k
     fcfg = dataclasses.replace(cfg.featurize, model=model)
     datasets = [cfg.in_domain, *cfg.out_of_domain]
     settings = {"encoder": parent_key, "featurize": _without_model(fcfg), "data": contents(datasets, DATA),
-                "store": store}
+                "store": "given" if store else "own"}  # a given store's features: those the settings make (checked)
 
     def go(folder: Path) -> dict:
         summary = featurize(fcfg, datasets, store or folder / "store")
@@ -143,8 +143,9 @@ def _featurize(steps: Steps, name: str, cfg: CompareConfig, model: str, parent_k
                 "n_encoded": summary["n_encoded"]}
 
     folder, result = steps.run(name, settings, go, "featurize")
-    steps.register(result["store"], steps.keys[folder.resolve()])  # a given base store: its key too
-    return Path(result["store"]), settings
+    where = Path(store) if store else folder / "store"  # a given store where it is now, not where a record says
+    steps.register(where, steps.keys[folder.resolve()])
+    return where, settings
 
 
 
