@@ -176,24 +176,24 @@ def read_results(grid_dir: str | Path) -> pl.DataFrame:
                                          "another --out")
 
 
-def resume_rows(grid_dir: str | Path, version: int, inputs: str | None = None) -> tuple[list[dict], list[dict]]:
-    """(rows of grid format `version` made from the datasets' contents `inputs` (a digest: the `inputs` column;
-    None: any), rows of anything else: kept in the file, never reused or aggregated, said in one line each);
+def resume_rows(grid_dir: str | Path, version: int, made_of: str | None = None) -> tuple[list[dict], list[dict]]:
+    """(rows of grid format `version` made of `made_of` (the datasets' contents and the recipe, a digest: the
+    `made_of` column; None: any), rows of anything else: kept in the file, never reused or aggregated, said in one line each);
     ([], []) for a grid not started."""
     path = Path(grid_dir) / RESULTS_FILE
     if not path.is_file():
         return [], []
     rows = read_results(grid_dir).to_dicts()
     old = [r for r in rows if r.get("grid_version") != version]
-    other = [r for r in rows if r.get("grid_version") == version and inputs is not None and r.get("inputs") != inputs]
+    other = [r for r in rows if r.get("grid_version") == version and made_of is not None and r.get("made_of") != made_of]
     if old:
         versions = sorted({str(r.get("grid_version") or 1) for r in old})
         print(f"{path}: {len(old)} row(s) of grid format version {', '.join(versions)} ignored "
               f"(this is version {version}: they are neither resumed from nor aggregated)")
     if other:
         print(f"{path}: {len(other)} row(s) made from other contents of the datasets (an edited --data, --transfer, "
-              "--select-ood, --unlabeled or anchor_data file; or rows of a headstore that did not record them) "
-              "ignored: their heads train again")
+              "--select-ood, --unlabeled or anchor_data file), by another train-head recipe, or by a headstore that "
+              "did not record either, ignored: their heads train again")
     stale = {id(r) for r in old + other}
     return [r for r in rows if id(r) not in stale], old + other
 

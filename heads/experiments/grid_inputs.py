@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from headstore.data.keys import content_digest, contents
+from headstore.data.keys import content_digest, contents, recipe
 from headstore.featurize.store.reader import FeatureStore
 from headstore.heads.artefacts.task_features import TaskFeatures, rows_of, rows_of_datasets
 from headstore.heads.experiments.grid_spec import split_settings
@@ -35,7 +35,7 @@ class GridInputs:
     tf: TaskFeatures
     selection: OodSelection
     ids: dict  # the head id's keys besides its settings
-    inputs: str  # the digest of every dataset file the heads read (data/keys.py): a row's `inputs` column
+    made_of: str  # every dataset file the heads read, by contents, and the train-head recipe: a row's `made_of`
     unlabeled_rows: np.ndarray | None  # store rows of the --unlabeled texts (the anchor's sample)
     unlabeled_note: dict  # the roles they play (heads.kinds.unlabeled.grid_report)
 
@@ -59,17 +59,17 @@ def load_inputs(combos: list[dict], store_path: str, data_path: str, grid_path: 
            "score_range": task.score_range, "select_ood": tuple(selection.sets), "ood_delta": ood_delta,
            "data_format": data_format, "store_rows": store.n_texts,
            "unlabeled": unlabeled_note.get("digest")}
-    return GridInputs(store, task, ood, tf, selection, ids, inputs_digest(data_path, transfer, select_ood, unlabeled,
+    return GridInputs(store, task, ood, tf, selection, ids, made_of(data_path, transfer, select_ood, unlabeled,
                                                                           combos), unlabeled_rows, unlabeled_note)
 
 
-def inputs_digest(data_path: str, transfer: tuple, select_ood: tuple, unlabeled: tuple, combos: list[dict]) -> str:
-    """What a grid's heads read, by contents (data/keys.py; a head id names the dataset by its path): --data,
-    --transfer, --select-ood, --unlabeled and every anchor_data file of the grid. A row of other contents is never
-    resumed (heads.artefacts.files.resume_rows)."""
+def made_of(data_path: str, transfer: tuple, select_ood: tuple, unlabeled: tuple, combos: list[dict]) -> str:
+    """What a grid's heads were made of beside their settings (data/keys.py; a head id names the dataset by its
+    path): the contents of --data, --transfer, --select-ood, --unlabeled and every anchor_data file of the grid, and
+    the train-head recipe version. A row made of anything else is never resumed (heads.artefacts.files.resume_rows)."""
     anchors = sorted({c["anchor_data"] for c in combos if c.get("anchor_data")})
     parts = [content_digest(data_path, "--data"), contents(transfer, "--transfer"),
-             contents(select_ood, "--select-ood"), contents(unlabeled, "--unlabeled"), contents(anchors, "anchor_data")]
+             contents(select_ood, "--select-ood"), contents(unlabeled, "--unlabeled"), contents(anchors, "anchor_data"), recipe("train-head")]
     return hashlib.sha256(json.dumps(parts).encode()).hexdigest()[:16]
 
 

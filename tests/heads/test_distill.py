@@ -403,3 +403,18 @@ def test_a_student_started_from_its_own_teacher_stays_there(world, taught, tmp_p
     bad = cli("distill", "--store", world.store, "--data", taught["beir"], "--teacher", taught["teacher"],
               "--student-init", "single", *SHAPE, "--epochs", "1", "--out", tmp_path / "none")
     assert_bad_input(bad, "--student-init single", "--single")
+
+
+def test_the_targets_key_holds_the_texts_its_rows_stand_for():
+    """Issue 54, item 5's audit: a store made again with the same fingerprint can hold other texts at the same
+    rows; the targets cache is keyed by the texts, not only the row numbers."""
+    import numpy as np
+
+    from headstore.heads.training.distill_targets import targets_key
+
+    anchors, corpus = np.array([0, 2]), np.array([1, 2, 3])
+    ids = np.array(["t0", "t1", "t2", "t3"])
+    key = targets_key("teacher", "fp", ("features", "features"), anchors, corpus, {"teacher_k": 5}, ids)
+    assert key == targets_key("teacher", "fp", ("features", "features"), anchors, corpus, {"teacher_k": 5}, ids.copy())
+    moved = np.array(["t0", "t1", "t9", "t3"])  # row 2 holds another text now
+    assert key != targets_key("teacher", "fp", ("features", "features"), anchors, corpus, {"teacher_k": 5}, moved)
