@@ -143,8 +143,7 @@ def distill(store_path: str, data_path: str, teacher_ref: str, out_dir: str, hea
     tf = TaskFeatures.for_task(store, task, anchors, corpus, device=device)
     task, features = tf.remap(task), tf.read(array)
     tkey = teacher_key(teacher)
-    key = targets_key(tkey, store.fingerprint, (array, teacher.array), anchors, corpus, dcfg.target_settings(),
-                      store.texts["text_id"].to_numpy())
+    key = targets_key(tkey, store, (array, teacher.array), anchors, corpus, dcfg.target_settings())
     teacher_features = read_teacher(tf, teacher.array)  # read once: a tuned teacher's come from its own store
     single_head = load_teacher(single, store, what="--single") if single else best_member(
         teacher, task, teacher_features, store.dim)

@@ -158,7 +158,7 @@ def _continue_head(cfg: ForgettingConfig, head_dir: Path, data: str, data_format
 
 
 class ForgettingSteps:
-    """The steps of one forgetting run, each cached by its settings (`compare.Steps`): the heads and their scores,
+    """The steps of one forgetting run, each cached by its key (`compare.Steps`): the heads and their scores,
     the stores featurized with a tuned encoder, and the two ways an encoder tuning meets task B (`TUNING_ROWS`)."""
 
     def __init__(self, cfg: ForgettingConfig, steps: Steps):

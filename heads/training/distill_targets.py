@@ -100,12 +100,13 @@ def rows_digest(rows: np.ndarray) -> str:
     return hashlib.sha256(np.ascontiguousarray(rows, dtype=np.int64).tobytes()).hexdigest()
 
 
-def targets_key(teacher_key: str, store_fingerprint: str, arrays: tuple[str, str], anchors: np.ndarray,
-                corpus: np.ndarray, settings: dict, text_ids: np.ndarray) -> str:
-    """sha256 of everything that makes the targets (module doc); `text_ids`: the store's text id of every row (the
-    texts the anchor and corpus rows stand for are in the key, not only their row numbers)."""
-    texts = hashlib.sha256("\n".join(map(str, text_ids[np.concatenate([anchors, corpus])])).encode()).hexdigest()
-    parts = {"format": TARGETS_FORMAT, "teacher": teacher_key, "store": store_fingerprint, "arrays": list(arrays),
+def targets_key(teacher_key: str, store, arrays: tuple[str, str], anchors: np.ndarray, corpus: np.ndarray,
+                settings: dict) -> str:
+    """sha256 of everything that makes the targets (module doc): of `store` (a FeatureStore) its fingerprint and
+    the text ids of the anchor and corpus rows (the texts those rows stand for, not only their row numbers)."""
+    text_ids = store.texts["text_id"].to_numpy()[np.concatenate([anchors, corpus])]
+    texts = hashlib.sha256("\n".join(map(str, text_ids)).encode()).hexdigest()
+    parts = {"format": TARGETS_FORMAT, "teacher": teacher_key, "store": store.fingerprint, "arrays": list(arrays),
              "anchors": rows_digest(anchors), "corpus": rows_digest(corpus), "texts": texts, "settings": settings,
              "chunk": CHUNK}  # the random candidates' stream is drawn per chunk
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()

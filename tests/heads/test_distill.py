@@ -408,13 +408,16 @@ def test_a_student_started_from_its_own_teacher_stays_there(world, taught, tmp_p
 def test_the_targets_key_holds_the_texts_its_rows_stand_for():
     """Issue 54, item 5's audit: a store made again with the same fingerprint can hold other texts at the same
     rows; the targets cache is keyed by the texts, not only the row numbers."""
+    from types import SimpleNamespace
+
     import numpy as np
+    import polars as pl
 
     from headstore.heads.training.distill_targets import targets_key
 
-    anchors, corpus = np.array([0, 2]), np.array([1, 2, 3])
-    ids = np.array(["t0", "t1", "t2", "t3"])
-    key = targets_key("teacher", "fp", ("features", "features"), anchors, corpus, {"teacher_k": 5}, ids)
-    assert key == targets_key("teacher", "fp", ("features", "features"), anchors, corpus, {"teacher_k": 5}, ids.copy())
-    moved = np.array(["t0", "t1", "t9", "t3"])  # row 2 holds another text now
-    assert key != targets_key("teacher", "fp", ("features", "features"), anchors, corpus, {"teacher_k": 5}, moved)
+    def key(ids):
+        store = SimpleNamespace(fingerprint="fp", texts=pl.DataFrame({"text_id": ids}))
+        return targets_key("teacher", store, ("features", "features"), np.array([0, 2]), np.array([1, 2, 3]),
+                           {"teacher_k": 5})
+    assert key(["t0", "t1", "t2", "t3"]) == key(["t0", "t1", "t2", "t3"])
+    assert key(["t0", "t1", "t2", "t3"]) != key(["t0", "t1", "t9", "t3"])  # row 2 holds another text now
