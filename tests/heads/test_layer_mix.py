@@ -42,13 +42,18 @@ def test_normalizer_l2_normalises_each_array():
     assert torch.allclose(y[:, :4].norm(dim=1), torch.ones(6)) and torch.allclose(y[:, 4:].norm(dim=1), torch.ones(6))
 
 
-@pytest.fixture(scope="module")
-def layer_store(data_world, tmp_path_factory):
-    store = tmp_path_factory.mktemp("layers") / "store"
-    r = cli("featurize", "--model", data_world["model"], "--data", data_world["sts05"], "--layers", "-1,-2",
+def two_layer_store(data_world, folder, data: str):
+    """A float32 store of `data_world[data]` holding the last two layers (features, features_layer-2)."""
+    store = folder / "store"
+    r = cli("featurize", "--model", data_world["model"], "--data", data_world[data], "--layers", "-1,-2",
             "--store", store, "--dtype", "float32")
     assert r.exit_code == 0, r.output
     return store
+
+
+@pytest.fixture(scope="module")
+def layer_store(data_world, tmp_path_factory):
+    return two_layer_store(data_world, tmp_path_factory.mktemp("layers"), "sts05")
 
 
 def test_train_head_on_a_layer_mix(data_world, layer_store, tmp_path):
@@ -167,11 +172,7 @@ def test_concat_identity_head_declares_the_width_it_outputs():
 
 @pytest.fixture(scope="module")
 def beir_layers(data_world, tmp_path_factory):
-    store = tmp_path_factory.mktemp("beir-layers") / "store"
-    r = cli("featurize", "--model", data_world["model"], "--data", data_world["beir"], "--layers", "-1,-2",
-            "--store", store, "--dtype", "float32")
-    assert r.exit_code == 0, r.output
-    return store
+    return two_layer_store(data_world, tmp_path_factory.mktemp("beir-layers"), "beir")
 
 
 def test_a_bare_concat_head_is_indexed_and_searched(data_world, beir_layers, tmp_path):
