@@ -25,7 +25,7 @@ from headstore.data.keys import content_digest, contents
 from headstore.heads.experiments.compare_config import device_key, mlm_loss_device
 from headstore.heads.training.eval_run import eval_head
 
-DATA = "[data] in_domain / out_of_domain"  # what a missing dataset's error names
+DATA = "--in-domain / --ood ([data] in_domain / out_of_domain)"  # what a missing dataset's error names
 GENERAL_MIN_CHARS = 50  # wikitext lines shorter than this are headings / fragments
 MLM_MASKS = {"seed": 0, "n_masks": 2}  # the same masks for every model: two draws of them per text
 

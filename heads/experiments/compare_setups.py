@@ -195,7 +195,7 @@ class Builder:
 
         fcfg = dataclasses.replace(fcfg, encoder_lr=lr)
         key = {"head": base.head_key, "finetune": resolved(fcfg), "model": model_key(self.cfg.model),
-               "data": content_digest(self.cfg.in_domain, "[data] in_domain")}
+               "data": content_digest(self.cfg.in_domain, "--in-domain ([data] in_domain)")}
         head_dir = base.heads["trained"]
         folder, result = self.steps.run(step, key, lambda d: _tuned_result(
             finetune(str(head_dir), str(d), fcfg, str(self.base_store), self.cfg.in_domain, self.cfg.model,
