@@ -39,7 +39,7 @@ ENSEMBLE_FILE = "ensemble.json"
 ENSEMBLE_FORMAT = "headstore.ensemble/1"
 ENSEMBLE_ENERGY = "l1"  # the one energy whose mean over heads is the energy of the concatenated outputs
 # result columns that are not settings (left out when grouping seeds into configurations)
-VARIED_EXCLUDE = {"head_id", "grid_version", "stack", "stack_index", "status", "reason", "best_epoch",
+VARIED_EXCLUDE = {"head_id", "grid_version", "made_of", "stack", "stack_index", "status", "reason", "best_epoch",
                   "train_seconds", "eval_seconds", "primary", "history", "n_labelled", "strength_chosen",
                   "strength_curve"}
 # result columns: per split, transfer and selection sets, and the frozen baseline of a stack's own texts
