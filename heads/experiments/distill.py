@@ -200,6 +200,10 @@ def _targets(out_dir, key: str, teacher: Head, teacher_features, search_features
     if cached is not None:
         progress_write(f"teacher targets: reused {path} ({len(cached)} anchors)")
         return cached, False
+    others = [p.name for p in Path(out_dir).glob("teacher-targets-*.npz") if p != path]
+    if others:  # made by another teacher, store, texts, settings or headstore: never this run's
+        progress_write(f"teacher targets: {len(others)} in {out_dir} of another key ({others[0]}; what made them "
+                       "differs) not reused: making this run's")
     parts = parts_path(Path(out_dir), key, tf.rows)
     made = make_targets(HeadTeacher(teacher, teacher_features), search_features, tf.positions(anchors),
                         tf.positions(corpus), dcfg.target_settings(), progress, parts)

@@ -248,6 +248,7 @@ def test_an_ensemble_teacher_with_the_pairs_own_loss_and_the_cache_keyed_by_what
     assert r.exit_code == 0 and "reused" in r.output, r.output
     r = cli(*args[:-1], "12", "--out", out, "--overwrite")  # other anchors: other targets, beside the first
     assert r.exit_code == 0 and "made" in r.output, r.output
+    assert "1 in " in r.output and "of another key" in r.output  # the other targets: said, not reused
     assert len(list(out.glob("teacher-targets-*.npz"))) == 2
 
 
