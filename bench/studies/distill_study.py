@@ -100,13 +100,12 @@ def save_teacher(grid: Path, k: int, seed: int, teacher_seeds: str | None, out: 
                  f"{grid}#ensemble={k}, seeds {teacher_seeds}").save(out)
 
 
-def check_kept(done: Path, dcfg: DistillConfig, cfg, train: dict, head_cfg: HeadConfig) -> None:
-    """A kept run is reused only when made with these settings (a tag names runs, a default may have changed
-    since: then another --tag)."""
+def check_kept(done: Path, dcfg: DistillConfig, cfg, head_cfg: HeadConfig) -> None:
+    """A kept run is reused only when made with these settings, every one resolved (data/keys.py's rule: a default
+    changed since is a difference; then another --tag)."""
     made = json.loads((done / "head" / "config.json").read_text())
     differ = {k: (made["distill"].get(k), v) for k, v in dcfg.to_dict().items() if made["distill"].get(k) != v}
-    differ |= {k: (made["train"].get(k), getattr(cfg, k)) for k in (*train, "seed")
-               if made["train"].get(k) != getattr(cfg, k)}
+    differ |= {k: (made["train"].get(k), v) for k, v in cfg.to_dict().items() if made["train"].get(k) != v}
     differ |= {k: (made["head"].get(k), getattr(head_cfg, k)) for k in ("depth", "hidden")
                if made["head"].get(k) != getattr(head_cfg, k)}
     if differ:
@@ -143,7 +142,7 @@ def run_one(args, name: str, seed: int, variant: str, settings: dict, transfer: 
     dcfg = DistillConfig(**{**{k: v for k, v in settings.items() if k not in train and k not in shape},
                             **({"unlabeled_anchors": 0} if variant == "without" else {})})
     if (done / "record.json").is_file():
-        check_kept(done, dcfg, cfg, train, head_cfg)
+        check_kept(done, dcfg, cfg, head_cfg)
         return json.loads((done / "record.json").read_text()) | {"items": dict(np.load(done / "items.npz"))}
     teacher_dir = Path(tuned) if tuned else work / "teachers" / teacher_name
     if not teacher_dir.is_dir():

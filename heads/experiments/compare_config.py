@@ -52,8 +52,8 @@ class CompareConfig:
     mlm_holdout_fraction: float = 0.02  # in-domain texts kept out of adaptation, scored for MLM loss
     mlm_probe_steps: int | None = None  # cap on the probe MLM head's steps on the frozen encoder (None: adapt's)
     # where every part runs (stores, heads, MLM adaptation and probe, tuning, evaluation, the MLM loss): "auto"
-    # leaves each part its own choice (cuda when available; the MLM loss on the CPU) and every step key as it
-    # was; "cpu" / "cuda" put all of them there, and the device is in every step's key (`on_device`)
+    # leaves each part its own choice (cuda when available; the MLM loss on the CPU); "cpu" / "cuda" put all of
+    # them there (`on_device`); the setting is in every step's key either way (`device_key`)
     device: str = "auto"
 
     def __post_init__(self):
@@ -172,8 +172,8 @@ def on_device(cfg: CompareConfig) -> CompareConfig:
 
 def device_key(cfg: CompareConfig) -> dict:
     """What a step without a device setting of its own (train-head, eval, the MLM loss) adds to its key: the
-    device when one is given, nothing for "auto" (the keys of runs made before the option stay as they were)."""
-    return {} if cfg.device == "auto" else {"device": cfg.device}
+    device setting, "auto" too (data/keys.py: every setting's value, never only a changed one)."""
+    return {"device": cfg.device}
 
 
 def mlm_loss_device(cfg: CompareConfig) -> str:

@@ -27,7 +27,8 @@ from tabulate import tabulate
 from headstore.data.files import atomic_write_text
 from headstore.heads.experiments.compare_parts import parts_section, split_evals
 from headstore.heads.experiments.compare_report import dataset_name
-from headstore.heads.experiments.compare_notes import adaptation_note, method, time_note, time_split, tuning_note
+from headstore.heads.experiments.compare_notes import (adaptation_note, method, recipe_note, time_note, time_split,
+                                                      tuning_note)
 from headstore.heads.experiments.compare_setups import REFERENCE, SETUPS
 from headstore.heads.experiments.plots import metric_family, plot_gain_vs_change
 from headstore.heads.kinds import kind_of_metric
@@ -227,7 +228,7 @@ def write_report(cfg, out: Path, built: dict, evals: dict, mlm: dict, steps) -> 
     rows = build_rows(cfg, built, evals, mlm, steps)
     terminal, md = tables(cfg, rows)
     split = time_split(steps)
-    notes = [n for n in (adaptation_note(steps), tuning_note(built), time_note(split)) if n]
+    notes = [n for n in (adaptation_note(steps), tuning_note(built), time_note(split), recipe_note(steps)) if n]
     md, terminal = "\n\n".join([md, *notes]), "\n\n".join([terminal, *notes])
     title = f"# compare: {cfg.model}, heads trained on {dataset_name(cfg.in_domain)}\n\n![in-domain gain against " \
             "out-of-domain change](compare.png)\n\n"
@@ -238,6 +239,6 @@ def write_report(cfg, out: Path, built: dict, evals: dict, mlm: dict, steps) -> 
         "rows": rows, "model": cfg.model, "in_domain": cfg.in_domain, "out_of_domain": list(cfg.out_of_domain),
         "seeds": list(cfg.seeds), "tune_seeds": cfg.tune_seeds, "n_boot": cfg.n_boot, "reference": REFERENCE,
         "tunings": {k: v for k, v in tunings.items() if v}, "time_split_seconds": split,
-        "step_seconds": steps.seconds, "step_peak_mb": steps.peak_mb}, indent=1, default=float))
+        "step_seconds": steps.seconds, "step_peak_mb": steps.peak_mb, "step_recipes": steps.recipes}, indent=1, default=float))
     plot_gain_vs_change(rows, out / "compare.png")
     return terminal + "\n\n" + method(cfg) + "\n"

@@ -45,6 +45,7 @@ from headstore.heads.training.distill import distill_stack
 from headstore.heads.training.distill_targets import (HeadTeacher, Targets, anchor_and_corpus_rows, make_targets,
                                                        parts_path, read_targets, targets_key, targets_path,
                                                        write_targets)
+from headstore.heads.network.features import array_list
 from headstore.heads.training.run import _array_layer, _data_notes, check_same_features, defaults_for_kind, head_shape
 
 def load_teacher(ref: str, store: FeatureStore, what: str = "--teacher") -> Head:
@@ -137,13 +138,13 @@ def distill(store_path: str, data_path: str, teacher_ref: str, out_dir: str, hea
     layer = _array_layer(store, array)
     teacher, read_teacher = open_teacher(teacher_ref, store, teacher_store, device)
     task = load_task(data_path, store, data_format, unlabeled=unlabeled)
-    head_cfg, cfg, defaults_note = defaults_for_kind(task, head_cfg, cfg, kind_defaults)
+    head_cfg, cfg, defaults_note = defaults_for_kind(task, head_cfg, cfg, kind_defaults, len(array_list(array)))
     anchors, corpus, anchors_note = anchor_and_corpus_rows(task, dcfg.unlabeled_anchors, dcfg.sample_seed)
     ood, ood_dropped = transfer_tasks(task, store, transfer, device, f"--data {data_path}")  # before positions
     tf = TaskFeatures.for_task(store, task, anchors, corpus, device=device)
     judged, (task, features) = judgement_pairs(task), (tf.remap(task), tf.read(array))  # judged: store rows
     tkey = teacher_key(teacher)
-    key = targets_key(tkey, store.fingerprint, (array, teacher.array), anchors, corpus, dcfg.target_settings())
+    key = targets_key(tkey, store, (array, teacher.array), anchors, corpus, dcfg.target_settings())
     teacher_features = read_teacher(tf, teacher.array)  # read once: a tuned teacher's come from its own store
     single_head = load_teacher(single, store, what="--single") if single else best_member(
         teacher, task, teacher_features, store.dim)
@@ -209,6 +210,10 @@ def _targets(out_dir, key: str, teacher: Head, teacher_features, search_features
     if cached is not None:
         progress_write(f"teacher targets: reused {path} ({len(cached)} anchors)")
         return cached, False
+    others = [p.name for p in Path(out_dir).glob("teacher-targets-*.npz") if p != path]
+    if others:  # made by another teacher, store, texts, settings or headstore: never this run's
+        progress_write(f"teacher targets: {len(others)} in {out_dir} of another key ({others[0]}; what made them "
+                       "differs) not reused: making this run's")
     parts = parts_path(Path(out_dir), key, tf.rows)
     made = make_targets(HeadTeacher(teacher, teacher_features), search_features, tf.positions(anchors),
                         tf.positions(corpus), dcfg.target_settings(), progress, parts)

@@ -9,8 +9,11 @@ as positions of that matrix. `ids` holds what every head id is keyed by besides 
 """
 from __future__ import annotations
 
+import hashlib
+import json
 from dataclasses import dataclass
 
+from headstore.data.keys import content_digest, contents, recipe
 from headstore.featurize.store.reader import FeatureStore
 from headstore.heads.artefacts.task_features import TaskFeatures, rows_of, rows_of_datasets
 from headstore.heads.experiments.grid_spec import split_settings
@@ -30,6 +33,7 @@ class GridInputs:
     tf: TaskFeatures
     selection: OodSelection
     ids: dict  # the head id's keys besides its settings
+    made_of: str  # every dataset file the heads read, by contents, and the train-head recipe: a row's `made_of`
     anchors: dict[str, AnchorPool]  # each anchor_data's pool ("": the task's own texts), at positions
     unlabeled_note: dict  # the roles they play (heads.kinds.unlabeled.grid_report)
     transfer_dropped: dict  # per --transfer set, its items whose text the heads trained on (baseline.json)
@@ -55,7 +59,18 @@ def load_inputs(combos: list[dict], store_path: str, data_path: str, grid_path: 
            "data_format": data_format,
            "unlabeled": unlabeled_note.get("digest")}
     anchors = {name: pool.mapped(tf.positions) for name, pool in anchors.items()}
-    return GridInputs(store, task, ood, tf, selection, ids, anchors, unlabeled_note, dropped)
+    return GridInputs(store, task, ood, tf, selection, ids, made_of(data_path, transfer, select_ood, unlabeled, combos),
+                      anchors, unlabeled_note, dropped)
+
+
+def made_of(data_path: str, transfer: tuple, select_ood: tuple, unlabeled: tuple, combos: list[dict]) -> str:
+    """What a grid's heads were made of beside their settings (data/keys.py; a head id names the dataset by its
+    path): the contents of --data, --transfer, --select-ood, --unlabeled and every anchor_data file of the grid, and
+    the train-head recipe version. A row made of anything else is never resumed (heads.artefacts.files.resume_rows)."""
+    anchors = sorted({c["anchor_data"] for c in combos if c.get("anchor_data")})
+    parts = [content_digest(data_path, "--data"), contents(transfer, "--transfer"),
+             contents(select_ood, "--select-ood"), contents(unlabeled, "--unlabeled"), contents(anchors, "anchor_data"), recipe("train-head")]
+    return hashlib.sha256(json.dumps(parts).encode()).hexdigest()[:16]
 
 
 def _anchor_pools(combos: list[dict], store: FeatureStore, task: Task) -> dict[str, AnchorPool]:

@@ -115,7 +115,7 @@ def train_head(store_path: str, data_path: str, out_dir: str, head_cfg: HeadConf
     store = FeatureStore.open(store_path)
     layer = _array_layer(store, array)
     task = load_task(data_path, store, data_format, score_range=score_range, unlabeled=unlabeled)
-    head_cfg, cfg, defaults_note = defaults_for_kind(task, head_cfg, cfg, kind_defaults)
+    head_cfg, cfg, defaults_note = defaults_for_kind(task, head_cfg, cfg, kind_defaults, len(array_list(array)))
     splits = ("dev", TEST_SPLIT)
     unlabeled_note = unlabeled_report(task, cfg, splits)  # the roles they play (none: an error, before training)
     warn_if_emulated_bf16(cfg.precision, device)  # one line where bf16 is emulated (a CPU without it)
@@ -214,10 +214,10 @@ def strength_report(run, cfg: TrainConfig, selection) -> dict:
             "curve": run.strength_curve, "plot": "strength.png" if run.strength_curve else None}
 
 
-def defaults_for_kind(task: Task, head_cfg: HeadConfig, cfg: TrainConfig, unset: tuple[str, ...]):
+def defaults_for_kind(task: Task, head_cfg: HeadConfig, cfg: TrainConfig, unset: tuple[str, ...], arrays: int = 1):
     """(head config, train config, note): the task kind's `defaults` fill the settings left unset (graded STS
     tables, labelled texts; the kind's `defaults_for` the loss that trains); kinds without their own keep the
-    dataclass defaults (the SciFact study's). An unset
+    dataclass defaults (the SciFact study's). `arrays`: how many stored arrays the head reads. An unset
     --normalize takes the loss's own where its registry entry names one (`LossSpec.normalize`: ce standardises)."""
     if not unset:
         return head_cfg, cfg, "every kind-dependent setting given"
@@ -233,10 +233,11 @@ def defaults_for_kind(task: Task, head_cfg: HeadConfig, cfg: TrainConfig, unset:
         values["normalize"] = preferred
     if not values:
         return head_cfg, cfg, f"{', '.join(unset)}: {kind.defaults_why}"
+    side_by_side = head_cfg.mix_mode == "concat" and arrays > 1  # one array read "side by side" is that array
     no_text = bool(values.get("anchor_weight")) and not cfg.anchor_data and not len(
         anchor_pool(task, *own_texts(task)).rows)
-    if values.get("anchor_weight") and (head_cfg.out_dim is not None or head_cfg.depth == 0
-                                        or head_cfg.mix_mode == "concat" or no_text):
+    if values.get("anchor_weight") and (head_cfg.out_dim is not None or head_cfg.depth == 0 or side_by_side
+                                        or no_text):
         values["anchor_weight"] = 0.0  # the anchor compares f(x) with x: a head of another width (or none), or one
         # reading arrays side by side (no one x), has none; nor has a task without a text of its own to anchor on
         # (positive pairs without --unlabeled); an anchor the user asks for is refused there

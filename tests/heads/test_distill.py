@@ -280,6 +280,7 @@ def test_an_ensemble_teacher_with_the_pairs_own_loss_and_the_cache_keyed_by_what
     assert r.exit_code == 0 and "reused" in r.output, r.output
     r = cli(*args[:-1], "12", "--out", out, "--overwrite")  # other anchors: other targets, beside the first
     assert r.exit_code == 0 and "made" in r.output, r.output
+    assert "1 in " in r.output and "of another key" in r.output  # the other targets: said, not reused
     assert len(list(out.glob("teacher-targets-*.npz"))) == 2
 
 
@@ -435,3 +436,21 @@ def test_a_student_started_from_its_own_teacher_stays_there(world, taught, tmp_p
     bad = cli("distill", "--store", world.store, "--data", taught["beir"], "--teacher", taught["teacher"],
               "--student-init", "single", *SHAPE, "--epochs", "1", "--out", tmp_path / "none")
     assert_bad_input(bad, "--student-init single", "--single")
+
+
+def test_the_targets_key_holds_the_texts_its_rows_stand_for():
+    """Issue 54, item 5's audit: a store made again with the same fingerprint can hold other texts at the same
+    rows; the targets cache is keyed by the texts, not only the row numbers."""
+    from types import SimpleNamespace
+
+    import numpy as np
+    import polars as pl
+
+    from headstore.heads.training.distill_targets import targets_key
+
+    def key(ids):
+        store = SimpleNamespace(fingerprint="fp", texts=pl.DataFrame({"text_id": ids}))
+        return targets_key("teacher", store, ("features", "features"), np.array([0, 2]), np.array([1, 2, 3]),
+                           {"teacher_k": 5})
+    assert key(["t0", "t1", "t2", "t3"]) == key(["t0", "t1", "t2", "t3"])
+    assert key(["t0", "t1", "t2", "t3"]) != key(["t0", "t1", "t9", "t3"])  # row 2 holds another text now

@@ -60,7 +60,12 @@ def test_heads_without_an_exact_stock_form_are_refused(world, tmp_path, head_cfg
     head_dir = world.random_head("refused", head_cfg)
     with pytest.raises(ValueError, match=error):
         export_head(str(head_dir), "sentence-transformers", tmp_path / "st")
-    assert not (tmp_path / "st" / "modules.json").exists()
+    assert not (tmp_path / "st").exists()  # issue 54, item 13: a refused export leaves nothing (no .headstore-partial)
+    (tmp_path / "empty").mkdir()  # a folder the user made: left as it was, empty
+    r = CliRunner().invoke(main, ["export", "--head", str(head_dir), "--format", "sentence-transformers", "--out",
+                                  str(tmp_path / "empty")])
+    assert r.exit_code == 2 and error in r.output and "Traceback" not in r.output, r.output
+    assert list((tmp_path / "empty").iterdir()) == []
 
 
 def test_export_refuses_a_non_empty_out_and_unknown_format(world, tmp_path):
