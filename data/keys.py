@@ -40,11 +40,26 @@ def recipe(name: str) -> str:
 
 def resolved(config) -> dict:
     """Every setting of a config dataclass with the value it resolves to (TrainConfig: flat, its to_dict),
-    defaults included: what a key holds."""
+    defaults included: what a key holds. A `device` setting is keyed by the kind it resolves to here
+    (`device_kind`: "auto" is cuda or cpu), since a card's numerics are not a CPU's."""
     if hasattr(config, "to_dict"):
-        return config.to_dict()
-    assert is_dataclass(config), type(config)
-    return asdict(config)
+        values = config.to_dict()
+    else:
+        assert is_dataclass(config), type(config)
+        values = asdict(config)
+    if isinstance(values.get("device"), str):
+        values["device"] = device_kind(values["device"])
+    return values
+
+
+def device_kind(device: str) -> str:
+    """The kind of device a setting resolves to on this machine: "auto" -> "cuda" where torch sees a card, else
+    "cpu"; "cuda:1" -> "cuda" (which card of a box does not change the numbers)."""
+    if device == "auto":
+        import torch  # here: only a key with an "auto" device needs it
+
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return device.split(":", 1)[0]
 
 
 def library_version(dist: str) -> str:

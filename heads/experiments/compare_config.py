@@ -9,6 +9,7 @@ import tomllib
 from dataclasses import asdict, dataclass, field, fields
 
 from headstore.featurize.encoder.config import AdaptConfig
+from headstore.data.keys import device_kind
 from headstore.featurize.encoder.config import DEVICES, FeaturizeConfig
 from headstore.heads.settings.config import setting_hints, TrainConfig
 from headstore.heads.apply.finetune import FinetuneConfig
@@ -171,9 +172,10 @@ def on_device(cfg: CompareConfig) -> CompareConfig:
 
 
 def device_key(cfg: CompareConfig) -> dict:
-    """What a step without a device setting of its own (train-head, eval, the MLM loss) adds to its key: the
-    device setting, "auto" too (data/keys.py: every setting's value, never only a changed one)."""
-    return {"device": cfg.device}
+    """What a step without a device setting of its own (train-head, eval, the MLM loss) adds to its key: the kind
+    of device the setting resolves to here (data/keys.py device_kind: "auto" is cuda on a box with a card, else
+    cpu), so a step made on a card is never reused on a CPU."""
+    return {"device": device_kind(cfg.device)}
 
 
 def mlm_loss_device(cfg: CompareConfig) -> str:

@@ -31,10 +31,25 @@ def compare(cfg, out, *args):
 
 def test_resolved_holds_every_setting_and_sees_a_changed_default(monkeypatch):
     before = resolved(FinetuneConfig())
-    assert before == dataclasses.asdict(FinetuneConfig()) and before["patience"] == 2  # defaults included
+    as_set = dataclasses.asdict(FinetuneConfig())
+    assert before == {**as_set, "device": keys.device_kind(as_set["device"])} and before["patience"] == 2  # defaults
     assert resolved(TrainConfig()) == TrainConfig().to_dict()
     patch_default(monkeypatch, FinetuneConfig, "patience", 3)
     assert resolved(FinetuneConfig())["patience"] == 3 and resolved(FinetuneConfig()) != before
+
+
+def test_an_auto_device_is_keyed_by_the_device_it_resolves_to(monkeypatch):
+    """"auto" resolves to cuda on a box with a card and to cpu without: two keys, so a step made on a card is
+    never reused on a CPU; "cuda:1" is keyed as "cuda" (the card's index does not change the numbers)."""
+    import torch
+
+    cfg = FinetuneConfig(device="auto")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    on_cpu = resolved(cfg)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    on_card = resolved(cfg)
+    assert on_cpu["device"] == "cpu" and on_card["device"] == "cuda" and on_cpu != on_card
+    assert resolved(dataclasses.replace(cfg, device="cuda:1"))["device"] == "cuda"
 
 
 def test_content_digest_reads_contents_not_paths(tmp_path):
