@@ -29,4 +29,6 @@ def metrics_table(metrics: dict) -> str:
     headers = ["split", f"baseline {base_primary}", "95% CI", f"head {primary}", "95% CI", "head - baseline"]
     table = tabulate(rows, headers=headers, disable_numparse=True)
     unlabeled = [unlabeled_line(metrics["unlabeled"])] if metrics.get("unlabeled") else []  # how many, which roles
-    return "\n".join([table, *unlabeled, *(f"WARNING: {w}" for w in metrics.get("warnings", []))])  # the kind's
+    decided = [metrics[k]["line"] for k in ("recipe", "reference") if metrics.get(k, {}).get("line")]  # labelled
+    # texts: the recipe dev chose and scikit-learn's tuned logistic regression beside the head (label_recipes)
+    return "\n".join([table, *decided, *unlabeled, *(f"WARNING: {w}" for w in metrics.get("warnings", []))])

@@ -12,7 +12,7 @@ from headstore.featurize.encoder.model import pick_device
 from headstore.featurize.store.reader import FeatureStore
 from headstore.heads.artefacts.task_features import TaskFeatures
 from headstore.heads.evaluation.evaluate import TEST_SPLIT, evaluate_head
-from headstore.heads.kinds import WHOLE, Task, kind_of, load_task, task_rows, without_overlap
+from headstore.heads.kinds import WHOLE, Task, check_scorable, kind_of, load_task, task_rows, without_overlap
 from headstore.heads.kinds.unlabeled import unlabeled_report
 from headstore.heads.settings.config import TrainConfig
 from headstore.heads.training.run import _data_notes, check_same_features, load_head, write_runs
@@ -47,6 +47,8 @@ def eval_head(store_path: str, head_dir: str, data_path: str, out_dir: str, data
     array = config.get("array", "features")
     check_same_features(head_dir, config, store, array)
     task = load_task(data_path, store, data_format, score_range=score_range, for_eval=True, unlabeled=unlabeled)
+    train_cfg = TrainConfig.from_dict(config["train"])
+    check_scorable(task, train_cfg.eval_energy, head_dir)  # a classifier head scores labelled texts only
     unlabeled_note = unlabeled_report(task, None, (eval_split(task),))
     dropped = None
     if exclude_overlap:
@@ -58,7 +60,6 @@ def eval_head(store_path: str, head_dir: str, data_path: str, out_dir: str, data
                              "nothing is left to score (exclude another dataset, or leave --exclude-overlap out)")
     tf = TaskFeatures.for_task(store, task, device=device)
     task, features = tf.remap(task), tf.read(array)  # only the rows the task uses (heads.artefacts.task_features)
-    train_cfg = TrainConfig.from_dict(config["train"])
     task = kind_of(task).for_eval(task, train_cfg)  # labelled texts: the labelled set k-NN / probe use
     energy = train_cfg.eval_energy
     split = eval_split(task)

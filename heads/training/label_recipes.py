@@ -1,0 +1,192 @@
+"""What a labelled table trains when the user names no loss: the recipe its own dev split picks (issue 59), and
+scikit-learn's tuned logistic regression reported beside the head (`reference_lr`).
+
+Candidates (RECIPES; each fills only the settings the user left unset, over the kind's defaults for its loss):
+- `lr`: scikit-learn's tuned logistic regression on the stored features as they are (`LogisticRegressionCV`
+  over C in {0.1, 1, 10, 100}, stratified 5-fold), as a linear classifier head (ce, depth 1, `--solver lbfgs`,
+  no scaling): what a user writes in three lines;
+- `ce`: the classifier head (2 layers of 1,024 on standardised features, AdamW; 20 Newsgroups' dev choice);
+- `ce-tree`: the same with one softmax per level of the label tree (hierarchical labels only);
+- `self-train`: the linear head self-trained over the `--unlabeled` texts (only with them);
+- `supcon-knn`: a supcon energy head, classifying by the k-NN vote of its outputs.
+Each trains on train less dev and is scored on dev by the accuracy of its own prediction (a classifier head's
+argmax, an energy head's k-NN vote). The rule (`choose`): the best dev accuracy among `lr` and the candidates
+that beat `lr` by more than one standard error of the paired difference on the same dev texts; a lead dev
+cannot resolve goes to `lr` (the one-standard-error rule the probe's dev choice follows, ESL 7.10). Never a head
+dev says is worse than the reference. When `lr` is chosen the head is refit on every train text (it needs no dev:
+C by cross-validation), so it *is* the reference and says so.
+
+The reference is fitted on every train text (dev included: a user's three lines do not hold dev out) and
+scored on test; with a head chosen on dev the head trained on train less dev, so the comparison is, if
+anything, unfair to the head.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, fields, replace
+
+import numpy as np
+import torch
+
+from headstore.data.progress import progress_write
+from headstore.heads.evaluation.evaluate import TEST_SPLIT, embedder
+from headstore.heads.kinds import PREFIX, kind_of
+from headstore.heads.kinds.label_probe import PROBE_CS, can_cross_validate, fit_cv_logistic
+from headstore.heads.kinds.label_shots import SELF_TRAIN_ROUNDS
+from headstore.heads.kinds.labels import with_every_train_text
+from headstore.heads.scoring.metrics import bootstrap_ci
+from headstore.heads.settings.config import HeadConfig
+from headstore.heads.training.kind_defaults import defaults_for_kind, head_shape
+from headstore.heads.training.train import train_one
+
+
+@dataclass(frozen=True)
+class Recipe:
+    loss: str
+    settings: dict  # over the kind's defaults for `loss` (only those the user left unset; hierarchy always)
+    what: str  # in words, for metrics.json and the terminal
+    needs: str = ""  # "" | "hierarchy" (a label tree) | "unlabeled" (--unlabeled texts)
+
+
+REFERENCE = "lr"
+RECIPES = {
+    REFERENCE: Recipe("ce", {"depth": 1, "solver": "lbfgs", "normalize": "none", "self_train": 0},
+                      "scikit-learn's tuned logistic regression (C by cross-validation) as a linear classifier head"),
+    "ce": Recipe("ce", {"solver": "adamw", "self_train": 0}, "the classifier head (ce, 2 layers, AdamW)"),
+    "ce-tree": Recipe("ce", {"solver": "adamw", "self_train": 0, "hierarchy": True},
+                      "the classifier head with one softmax per level of the label tree", needs="hierarchy"),
+    "self-train": Recipe("ce", {"depth": 1, "solver": "lbfgs", "normalize": "l2", "self_train": SELF_TRAIN_ROUNDS},
+                         "the linear head self-trained over the --unlabeled texts", needs="unlabeled"),
+    "supcon-knn": Recipe("supcon", {"solver": "adamw", "self_train": 0},
+                         "a supcon energy head, classifying by the k-NN vote of its outputs"),
+}
+
+
+def applies(recipe: Recipe, task) -> bool:
+    return (recipe.needs == "" or (recipe.needs == "hierarchy" and task.hierarchical)
+            or (recipe.needs == "unlabeled" and task.unlabeled is not None))
+
+
+def chooses(task, cfg, unset: tuple[str, ...]) -> bool:
+    """Whether train-head lets dev choose the recipe: labelled texts with a dev split, no --loss, no --shots
+    (few-shot has no dev: its own recipe), no --hierarchy (the user chose the tree), no --solver lbfgs."""
+    return (kind_of(task).scores_classes and "loss" in unset and "solver" in unset and not cfg.shots
+            and not cfg.hierarchy and "dev" in task.eval_sets)
+
+
+def recipe_configs(task, head_cfg: HeadConfig, cfg, unset: tuple[str, ...], recipe: Recipe):
+    """(head config, train config) of `recipe` from the user's configs (`unset`: the settings they left)."""
+    cfg = cfg.replace(loss=recipe.loss, hierarchy=recipe.settings.get("hierarchy", cfg.hierarchy))
+    head_cfg, cfg, _ = defaults_for_kind(task, head_cfg, cfg, tuple(k for k in unset if k != "loss"))
+    over = {k: v for k, v in recipe.settings.items() if k in unset}
+    head_keys = {f.name for f in fields(HeadConfig)}
+    head_cfg = replace(head_cfg, **{k: v for k, v in over.items() if k in head_keys})
+    return head_cfg, cfg.replace(**{k: v for k, v in over.items() if k not in head_keys})
+
+
+def dev_correct(task, features: torch.Tensor, head_cfg: HeadConfig, cfg, array: str) -> np.ndarray:
+    """(n_dev,) 1/0 per dev text: the head of (head_cfg, cfg), trained on train less dev, right or not."""
+    kind = kind_of(task)
+    trained = kind.for_training(task, cfg)
+    shape = head_shape(head_cfg, features, array, trained, cfg)
+    model, norm, _ = train_one(trained, features, shape, cfg, progress=False)
+    _, items = kind.evaluate(trained, "dev", embedder(model, features, norm), (cfg.eval_energy,))
+    return np.asarray(items[0][PREFIX[cfg.eval_energy]], dtype=np.float64)
+
+
+def choose(dev: dict[str, np.ndarray]) -> tuple[str, dict]:
+    """(the chosen recipe, per recipe: dev accuracy, minus the reference's, the standard error of that paired
+    difference, eligible) under the module doc's rule."""
+    base = dev[REFERENCE]
+    rows = {}
+    for name, correct in dev.items():
+        diff = correct - base
+        se = float(diff.std(ddof=1) / math.sqrt(len(diff))) if len(diff) > 1 else math.inf
+        rows[name] = {"dev_accuracy": float(correct.mean()), "minus_lr": float(diff.mean()), "se": se,
+                      "eligible": name == REFERENCE or float(diff.mean()) > se}
+    chosen = max((n for n in rows if rows[n]["eligible"]), key=lambda n: (rows[n]["dev_accuracy"], n == REFERENCE))
+    return chosen, rows
+
+
+def choose_recipe(task, features: torch.Tensor, head_cfg: HeadConfig, cfg, unset: tuple[str, ...], array: str):
+    """(head config, train config, task, report): the recipe dev chooses (module doc), its configs, the task it
+    trains on (the `lr` head: every train text), and metrics.json's "recipe" block (with a terminal `line`)."""
+    dev = {}
+    for name, recipe in RECIPES.items():
+        if applies(recipe, task):
+            progress_write(f"recipe choice: training {name} ({recipe.what}) and scoring it on dev")
+            dev[name] = dev_correct(task, features, *recipe_configs(task, head_cfg, cfg, unset, RECIPES[name]), array)
+    chosen, rows = choose(dev)
+    head_cfg, cfg = recipe_configs(task, head_cfg, cfg, unset, RECIPES[chosen])
+    r = rows[chosen]
+    why = ("no recipe beat the logistic regression on dev by more than one standard error of the difference"
+           if chosen == REFERENCE else f"dev accuracy {r['dev_accuracy']:.4f}, {r['minus_lr']:+.4f} over the "
+           f"logistic regression (standard error {r['se']:.4f})")
+    line = f"recipe: {chosen} ({RECIPES[chosen].what}), chosen on dev: {why}"
+    trained = kind_of(task).for_training(task, cfg)
+    if chosen == REFERENCE:
+        trained = with_every_train_text(trained, "the logistic regression chosen on dev, then refit")
+        line += "; refit on every train text: the head is the reference below"
+    report = {"chosen": chosen, "what": RECIPES[chosen].what, "why": why, "candidates": rows, "line": line,
+              "rule": "the best dev accuracy among lr and the recipes beating it by more than one standard error "
+                      "of the paired difference (heads.training.label_recipes)", "n_dev": len(dev[REFERENCE])}
+    return head_cfg, cfg, trained, report
+
+
+def reference_lr(task, features: torch.Tensor) -> tuple[dict, np.ndarray | None]:
+    """(metrics.json "reference", its per-text test correctness or None without test): LogisticRegressionCV on
+    the stored features of every train text (module doc), scored on test; `features` as stored (not normalised)."""
+    labelled = task.every_train if task.every_train is not None else task.pool
+    X = features.detach().double().cpu().numpy()
+    if not can_cross_validate(labelled.classes) or TEST_SPLIT not in task.eval_sets:
+        return {}, None
+    fitted = fit_cv_logistic(X[labelled.rows], labelled.classes)
+    test = task.eval_sets[TEST_SPLIT]
+    pred = fitted.predict(X[test.rows])
+    correct = (pred == test.classes).astype(np.float64)
+    out = {"method": f"scikit-learn LogisticRegressionCV(Cs={list(PROBE_CS)}, stratified {fitted.cv.get_n_splits()}"
+                     f"-fold) on the stored features of the {len(labelled)} train texts",
+           "C": float(np.ravel(fitted.C_)[0]), "test_accuracy": float(correct.mean()),
+           "test_ci": list(bootstrap_ci(correct))}
+    if task.coarse_of is not None:
+        known = test.classes >= 0
+        out["test_accuracy_coarse"] = float((known & (task.coarse_of[pred] == task.coarse_of[test.classes])).mean())
+    return out, correct
+
+
+def with_head(reference: dict, ref_correct: np.ndarray | None, head_correct, primary: str) -> dict:
+    """The reference block completed with the head's test accuracy beside it and the paired difference (95%
+    bootstrap CI over test texts), and the terminal `line`."""
+    if ref_correct is None or head_correct is None:
+        return reference
+    head = np.asarray(head_correct, dtype=np.float64)
+    lo, hi = bootstrap_ci(head, minus=ref_correct)
+    diff = float(head.mean() - ref_correct.mean())
+    line = (f"reference: {reference['method']}: C = {reference['C']:g}, test accuracy "
+            f"{reference['test_accuracy']:.4f}; the head ({primary}) {head.mean():.4f}, {diff:+.4f} "
+            f"[{lo:+.4f}, {hi:+.4f}]")
+    return {**reference, "head_minus_reference": diff, "head_minus_reference_ci": [lo, hi], "line": line}
+
+
+def decided_by_data(task, features: torch.Tensor, dim: int, given: tuple, unset: tuple[str, ...], array: str) -> dict:
+    """train-head's data-decided recipe ({} for other kinds): {"chosen": (head config, train config, the task it
+    trains on, config.json's "defaults" note), "recipe": choose_recipe's report (both absent where `chooses` says
+    no), "reference": reference_lr's pair}.
+    `given`: the user's (head config, train config); `features` as read (the reference takes the first `dim`)."""
+    if not kind_of(task).scores_classes:
+        return {}
+    reference = reference_lr(task, features[:, :dim])
+    if not chooses(task, given[1], unset):
+        return {"reference": reference}
+    head_cfg, cfg, trained, report = choose_recipe(task, features, *given, unset, array)
+    progress_write(report["line"])
+    return {"chosen": (head_cfg, cfg, trained, report["line"]), "recipe": report, "reference": reference}
+
+
+def data_decided_notes(decided: dict, items: dict, primary: str) -> dict:
+    """metrics.json's "recipe" and "reference" blocks (the head beside the reference on test)."""
+    out = {"recipe": decided["recipe"]} if "recipe" in decided else {}
+    if "reference" in decided and decided["reference"][0]:
+        head = items.get(TEST_SPLIT, {}).get("head")
+        out["reference"] = with_head(*decided["reference"], head, primary)
+    return out
