@@ -25,7 +25,6 @@ import argparse
 import json
 import sys
 import time
-from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -41,7 +40,7 @@ from headstore.featurize.store.reader import FeatureStore  # noqa: E402
 from headstore.heads.evaluation.evaluate import embedder  # noqa: E402
 from headstore.heads.experiments.datasets_root import datasets_root  # noqa: E402
 from headstore.heads.experiments.summary import mean_std_ci  # noqa: E402
-from headstore.heads.kinds import PREFIX, kind_of, load_task  # noqa: E402
+from headstore.heads.kinds import kind_of, load_task  # noqa: E402
 from headstore.heads.kinds.label_eval import class_scores, probe_choices, ranking_metrics  # noqa: E402
 from headstore.heads.network.features import load_features  # noqa: E402
 from headstore.heads.scoring.energy import pairwise_energy  # noqa: E402
@@ -139,6 +138,26 @@ def table_lines(name: str, rows: list[dict]) -> list[str]:
     return lines + [""]
 
 
+def matrix_lines(tables: dict) -> list[str]:
+    """Benchmarks x recipes: mean test accuracy over seeds [95% t-interval]; the default's minus the reference
+    with its paired bootstrap interval (docs/labels.md's opening table)."""
+    methods = [r["method"] for r in next(iter(tables.values()))["rows"]]
+    methods += [m for t in tables.values() for m in (r["method"] for r in t["rows"]) if m not in methods]
+    lines = ["| benchmark | " + " | ".join(methods) + " | default − tuned LR [CI] |",
+             "|---|" + "---|" * (len(methods) + 1)]
+    for name, t in tables.items():
+        by = {r["method"]: r for r in t["rows"]}
+        cells = []
+        for m in methods:
+            a = by[m]["accuracy"] if m in by else None
+            cells.append("–" if a is None else f"{a['mean']:.4f}" + (f" [{a['ci_lo']:.4f}, {a['ci_hi']:.4f}]"
+                                                                      if a["n"] > 1 else ""))
+        d = by["default (chosen on dev)"]
+        lines.append(f"| {name} | " + " | ".join(cells) + f" | {d['minus_lr']:+.4f} [{d['minus_ci'][0]:+.4f}, "
+                     f"{d['minus_ci'][1]:+.4f}] |")
+    return lines
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--work", required=True, help="folder of the tables (tables/) and the stores")
@@ -162,6 +181,7 @@ def main() -> None:
         out["tables"][name] = {"rows": rows, "seconds": time.perf_counter() - t0, "table": str(path)}
         print("\n".join(table_lines(name, rows)), flush=True)
         out_path.write_text(json.dumps(out, indent=1, default=float))
+    print("\n".join(matrix_lines(out["tables"])))
 
 
 if __name__ == "__main__":
