@@ -13,8 +13,8 @@ Each trains on train less dev and is scored on dev by the accuracy of its own pr
 argmax, an energy head's k-NN vote). The rule (`choose`): the best dev accuracy among `lr` and the candidates
 that beat `lr` by more than z standard errors of the paired difference on the same dev texts, z the one-sided
 5% normal quantile Bonferroni-corrected over the candidates (`margin_z`: 1.96 for 2, 2.13 for 3); a lead dev
-cannot resolve goes to `lr`. Never a head dev says is worse than the reference. When `lr` is chosen the head is refit on every train text (it needs no dev:
-C by cross-validation), so it *is* the reference and says so.
+cannot resolve goes to `lr`. Never a head dev says is worse than the reference. When `lr` is chosen the head is
+refit on every train text (it needs no dev: C by cross-validation), so it *is* the reference and says so.
 
 The reference is fitted on every train text (dev included: a user's three lines do not hold dev out) and
 scored on test; with a head chosen on dev the head trained on train less dev, so the comparison is, if
