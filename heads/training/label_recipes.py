@@ -121,6 +121,14 @@ def choose(dev: dict[str, np.ndarray]) -> tuple[str, dict]:
     return chosen, rows
 
 
+def unlabeled_cfg(task, given, cfg, unset: tuple[str, ...]):
+    """The config whose roles for --unlabeled texts train-head reports before training: where dev chooses the
+    recipe, the self-train candidate's (it pseudo-labels them), else `cfg`."""
+    if task.unlabeled is None or not kind_of(task).scores_classes or not chooses(task, given, unset):
+        return cfg
+    return cfg.replace(self_train=RECIPES["self-train"].settings["self_train"], solver="lbfgs")
+
+
 def small_with_unlabeled(task) -> bool:
     """A table of at most SELF_TRAIN_SHOTS train texts a class (the median) with --unlabeled texts: its dev slice
     (a text or two a class) cannot resolve a choice, and the few-shot recipe is the self-trained head (20

@@ -41,7 +41,7 @@ from headstore.heads.network.features import array_list
 from headstore.heads.settings.config import STRENGTH_AUTO, HeadConfig, TrainConfig
 from headstore.heads.training.anchor import anchor_rows_of
 from headstore.heads.training.kind_defaults import defaults_for_kind, head_shape  # noqa: F401  (importable here)
-from headstore.heads.training.label_recipes import data_decided_notes, decided_by_data
+from headstore.heads.training.label_recipes import data_decided_notes, decided_by_data, unlabeled_cfg
 from headstore.heads.training.selection import DEFAULT_DELTA, load_selection
 from headstore.heads.training.strength import STRENGTHS, plot_strength
 from headstore.heads.training.train import train_one
@@ -102,7 +102,7 @@ def train_head(store_path: str, data_path: str, out_dir: str, head_cfg: HeadConf
     task = load_task(data_path, store, data_format, score_range=score_range, unlabeled=unlabeled)
     given = (head_cfg, cfg)  # the user's settings: a recipe chosen on dev fills what they leave (label_recipes)
     head_cfg, cfg, defaults_note = defaults_for_kind(task, head_cfg, cfg, kind_defaults)
-    unlabeled_note = unlabeled_report(task, cfg, SPLITS)  # the roles they play (none: an error, before training)
+    unlabeled_note = unlabeled_report(task, unlabeled_cfg(task, given[1], cfg, kind_defaults), SPLITS)  # none: error
     warn_if_emulated_bf16(cfg.precision, device)  # one line where bf16 is emulated (a CPU without it)
     task = kind_of(task).for_training(task, cfg)  # labelled texts: shots, hierarchy
     if getattr(task, "report", {}).get("shots_clipped"):  # more --shots than a class has: said on the terminal
