@@ -172,8 +172,9 @@ def choose_recipe(task, features: torch.Tensor, head_cfg: HeadConfig, cfg, unset
 
 def reference_lr(task, features: torch.Tensor) -> tuple[dict, np.ndarray | None]:
     """(metrics.json "reference", its per-text test correctness or None without test): LogisticRegressionCV on
-    the stored features of every train text (module doc), scored on test; `features` as stored (not normalised)."""
-    labelled = task.every_train if task.every_train is not None else task.pool
+    the stored features of every train text (module doc; with --shots n, of the head's n texts a class), scored
+    on test; `features` as stored (not normalised)."""
+    labelled = task.reference if task.shots or task.every_train is None else task.every_train  # few-shot: its shots
     X = features.detach().double().cpu().numpy()
     if not can_cross_validate(labelled.classes) or TEST_SPLIT not in task.eval_sets:
         return {}, None

@@ -8,9 +8,11 @@ import numpy as np
 import polars as pl
 import pytest
 import torch
+from click.testing import CliRunner
 from sklearn.linear_model import LogisticRegressionCV
 from sklearn.model_selection import StratifiedKFold
 
+from headstore.cli import main
 from headstore.data.labels import LabelSpec, detect_label_sep, read_labels_counted
 from headstore.heads.kinds import load_task
 from headstore.heads.settings.config import KIND_DEPENDENT, HeadConfig, TrainConfig
@@ -113,3 +115,24 @@ def test_the_printed_reference_is_scikit_learns_logistic_regression(world):
     assert m["recipe"]["chosen"] in m["recipe"]["candidates"]
     assert any(x.startswith("recipe: ") for x in r.output.splitlines())
     assert 0.3 < want < 1.0 and len(m["reference"]["head_minus_reference_ci"]) == 2  # a task the C matters on
+
+
+def test_the_default_head_evaluates_predicts_and_exports(world, tmp_path):
+    """Whatever dev chose, the default head is a usable head: cli eval scores it, Head.predict names classes,
+    and cli export writes it (or refuses in one line)."""
+    import headstore
+
+    root, store = world
+    r, m = train_head(world, "news.parquet", "usable", "--epochs", "2")
+    assert r.exit_code == 0, r.output
+    ev = CliRunner().invoke(main, ["eval", "--store", str(store), "--head", str(root / "usable"), "--data",
+                                   str(root / "news.parquet"), "--out", str(tmp_path / "ev")])
+    assert ev.exit_code == 0, ev.output
+    head = headstore.Head.load(root / "usable")
+    texts = pl.read_parquet(root / "news.parquet")["text"].to_list()[:4]
+    features = headstore.Pipeline.from_head(head).features(texts)
+    if head.is_classifier:
+        assert set(head.predict(features)) <= {f"top{c // 2}.sub{c}" for c in range(4)}
+    ex = CliRunner().invoke(main, ["export", "--head", str(root / "usable"), "--format", "safetensors", "--out",
+                                   str(tmp_path / "x")])
+    assert ex.exit_code == 0 or ("Error:" in ex.output and "Traceback" not in ex.output), ex.output
