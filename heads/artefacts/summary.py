@@ -31,7 +31,9 @@ def metrics_table(metrics: dict) -> str:
     unlabeled = [unlabeled_line(metrics["unlabeled"])] if metrics.get("unlabeled") else []  # how many, which roles
     parts = [parts_table(block["parts"], split, base_primary, primary) for split, block in blocks if "parts" in block]
     parts += [f"note: {metrics['parts_note']}"] if metrics.get("parts_note") else []
-    return "\n".join([table, *unlabeled, *parts, *(f"WARNING: {w}" for w in metrics.get("warnings", []))])  # the kind's
+    decided = [metrics[k]["line"] for k in ("recipe", "reference") if metrics.get(k, {}).get("line")]  # labelled
+    # texts: the recipe dev chose and scikit-learn's tuned logistic regression beside the head (label_recipes)
+    return "\n".join([table, *decided, *unlabeled, *parts, *(f"WARNING: {w}" for w in metrics.get("warnings", []))])
 
 
 def _signed_ci(ci) -> str:

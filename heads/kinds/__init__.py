@@ -26,6 +26,7 @@ from headstore.heads.kinds import ir, labels, pairs, sts
 from headstore.heads.kinds.base import PREFIX, WHOLE, PairSet, Task, TaskKind, TrainSet  # noqa: F401
 from headstore.heads.kinds.seen import judged_documents
 from headstore.heads.kinds.unlabeled import join_unlabeled
+from headstore.heads.scoring.losses import CLASSES
 
 KINDS: dict[str, TaskKind] = {k.name: k for k in (ir.KIND, sts.KIND, pairs.KIND, labels.KIND)}
 BUILDERS = {"beir": ir.from_beir, "sts": sts.from_table, "pairs": pairs.from_table, "labels": labels.from_dataset}
@@ -38,6 +39,16 @@ def kind_of(task: Task) -> TaskKind:
 def for_training(task: Task, cfg) -> Task:
     """The task `cfg` trains on: its kind's `for_training` (labelled texts: shots, hierarchy)."""
     return kind_of(task).for_training(task, cfg)
+
+
+def check_scorable(task: Task, energy: str, head: str) -> None:
+    """One line unless `task`'s kind can score a head evaluated under `energy`: a classifier head's class scores
+    (heads.scoring.losses.CLASSES, no energy between texts) only labelled texts (TaskKind.scores_classes);
+    the line names the kinds that can (issue 54 item 14: it was a KeyError deep in the evaluation)."""
+    if energy == CLASSES and not kind_of(task).scores_classes:
+        can = sorted(name for name, kind in KINDS.items() if kind.scores_classes)
+        raise ValueError(f"{head} is a classifier head (its outputs are class scores, not an energy between texts): "
+                         f"it can score {', '.join(can)} data only; {task.name} is {task.kind} data")
 
 
 def primary_metric(kind: str, energy: str) -> str:

@@ -161,6 +161,7 @@ class TaskKind:
     suggestion = ""  # what to try when a head loses to the frozen features on dev
     metric_names: tuple[str, ...] = ()  # metric names, "{p}" standing for the energy's prefix
     items_name = "pairs"  # what an evaluation set's items are, in words (queries, pairs, texts)
+    scores_classes = False  # whether it evaluates a classifier head's class scores (CLASSES): labelled texts
     statistic = "mean"  # the bootstrap statistic of the primary metric from its per-item values
     # (heads.scoring.metrics: "mean" of per-query / per-text values, or "spearman" / "auc" against the gold)
 
@@ -169,11 +170,6 @@ class TaskKind:
         on n texts per class (labelled texts: the classifier head has its own, few-shot ones too, self-trained
         where `unlabeled` texts exist); here the kind's `defaults` whatever the loss."""
         return self.defaults
-
-    def implied_shots(self, task) -> int:
-        """Texts per class a task's training set holds when it is few-shot without --shots (a small labelled
-        table: labelled texts), else 0."""
-        return 0
 
     # --- metrics ---------------------------------------------------------------------------------
     def primary_metric(self, energy: str) -> str:

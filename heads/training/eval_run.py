@@ -16,7 +16,7 @@ from headstore.featurize.store.reader import FeatureStore
 from headstore.heads.artefacts.task_features import TaskFeatures
 from headstore.heads.evaluation.evaluate import TEST_SPLIT, evaluate_head
 from headstore.heads.artefacts.judged import read_judged
-from headstore.heads.kinds import (WHOLE, Task, kind_of, load_task, overlap_line, seen_masks, task_rows,
+from headstore.heads.kinds import (WHOLE, Task, check_scorable, kind_of, load_task, overlap_line, seen_masks, task_rows,
                                    without_overlap, without_seen)
 from headstore.heads.kinds.unlabeled import unlabeled_in_store, unlabeled_report
 from headstore.heads.settings.config import TrainConfig
@@ -105,13 +105,14 @@ def eval_head(store_path: str, head_dir: str, data_path: str, out_dir: str, data
     array = config.get("array", "features")
     check_same_features(head_dir, config, store, array)
     task = load_task(data_path, store, data_format, score_range=score_range, for_eval=True, unlabeled=unlabeled)
+    train_cfg = TrainConfig.from_dict(config["train"])
+    check_scorable(task, train_cfg.eval_energy, head_dir)  # a classifier head scores labelled texts only
     unlabeled_note = unlabeled_report(task, None, (eval_split(task),))
     task, dropped = without_excluded(task, exclude_overlap, store, data_path)
     task, trained_dropped = without_trained_unlabeled(task, config, store, data_path)
     seen, seen_note = eval_seen(head_dir, config, store, task, eval_split(task))  # store rows: before remapping
     tf = TaskFeatures.for_task(store, task, device=device)
     task, features = tf.remap(task), tf.read(array)  # only the rows the task uses (heads.artefacts.task_features)
-    train_cfg = TrainConfig.from_dict(config["train"])
     task = kind_of(task).for_eval(task, train_cfg)  # labelled texts: the labelled set k-NN / probe use
     energy = train_cfg.eval_energy
     split = eval_split(task)
