@@ -15,6 +15,7 @@ from headstore.heads.evaluation.evaluate import TEST_SPLIT, evaluate_head
 from headstore.heads.kinds import WHOLE, Task, kind_of, load_task, task_rows, without_overlap
 from headstore.heads.kinds.unlabeled import unlabeled_report
 from headstore.heads.settings.config import TrainConfig
+from headstore.heads.training.memory_use import eval_memory, load_for_eval
 from headstore.heads.training.run import _data_notes, check_same_features, load_head, write_runs
 
 
@@ -28,7 +29,8 @@ def eval_split(task: Task) -> str:
 
 def eval_head(store_path: str, head_dir: str, data_path: str, out_dir: str, data_format: str | None = None,
               exclude_overlap: str | None = None, score_range=None, overwrite: bool = False,
-              device: str = "auto", items: dict | None = None, unlabeled: tuple[str, ...] = ()) -> dict:
+              device: str = "auto", items: dict | None = None, unlabeled: tuple[str, ...] = (),
+              memory: str = "auto") -> dict:
     """Evaluate a trained head on any dataset whose texts are in the store; write metrics.json.
 
     Scores the test split, or the whole table when it has no split column (`eval_split`).
@@ -37,7 +39,8 @@ def eval_head(store_path: str, head_dir: str, data_path: str, out_dir: str, data
     `items`: filled with the scored split's per-item values ("baseline": cosine, "head") as lists, and
     "gold" (the gold scores / labels where the kind has them, else None): what bootstrap CIs resample.
     `unlabeled`: --unlabeled files, the distractors a positives-only pairs table's anchors rank
-    (heads.kinds.unlabeled)."""
+    (heads.kinds.unlabeled). `memory`: the head folder's document memory (heads.training.memory_use): auto (where
+    there is one), on (required), off."""
     inputs = (data_path, head_dir, exclude_overlap, *unlabeled)
     prepare_output_dir(out_dir, "eval", overwrite, inputs=inputs, create=False)  # refuse before the work
     device = pick_device(device)  # where the features and the head are held (auto: cuda when available)
@@ -57,6 +60,7 @@ def eval_head(store_path: str, head_dir: str, data_path: str, out_dir: str, data
                              f"{kind_of(task).items_name} of {data_path} split {split!r} uses a text of it, so "
                              "nothing is left to score (exclude another dataset, or leave --exclude-overlap out)")
     tf = TaskFeatures.for_task(store, task, device=device)
+    placed, memory_info = load_for_eval(head_dir, store, task, tf, memory)  # another store, a changed text: an error
     task, features = tf.remap(task), tf.read(array)  # only the rows the task uses (heads.artefacts.task_features)
     train_cfg = TrainConfig.from_dict(config["train"])
     task = kind_of(task).for_eval(task, train_cfg)  # labelled texts: the labelled set k-NN / probe use
@@ -66,6 +70,8 @@ def eval_head(store_path: str, head_dir: str, data_path: str, out_dir: str, data
     per_item: dict = {}
     metrics = evaluate_head(task, features, model, norm, energy, (split,), dim=store.dim, rankings=rankings,
                             items=per_item)
+    if memory_info is not None:
+        metrics["memory"] = eval_memory(task, features, model, norm, placed, energy, split, per_item, memory_info)
     if items is not None:
         gold = getattr(task.eval_sets[split], "labels", None)
         items.update({k: np.asarray(v, dtype=np.float64).tolist() for k, v in per_item[split].items()})

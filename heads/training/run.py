@@ -42,6 +42,8 @@ from headstore.heads.scoring.losses import LOSSES
 from headstore.heads.settings.config import KIND_DEPENDENT, STRENGTH_AUTO, HeadConfig, TrainConfig
 from headstore.heads.training.anchor import anchor_rows_of
 from headstore.heads.training.selection import DEFAULT_DELTA, load_selection
+from headstore.heads.artefacts.memory import MEMORY_FILE
+from headstore.heads.training.memory_use import fit_for_head, memory_block, wanted
 from headstore.heads.training.strength import STRENGTHS, plot_strength
 from headstore.heads.training.train import train_one
 
@@ -96,7 +98,7 @@ def train_head(store_path: str, data_path: str, out_dir: str, head_cfg: HeadConf
                data_format: str | None = None, array: str = "features", progress: bool = True,
                score_range=None, overwrite: bool = False, select_ood: tuple[str, ...] = (),
                ood_delta: float = DEFAULT_DELTA, kind_defaults: tuple[str, ...] = (), device: str = "auto",
-               unlabeled: tuple[str, ...] = ()) -> dict:
+               unlabeled: tuple[str, ...] = (), memory: str = "auto") -> dict:
     """Train one head on `data_path`'s train split, select on dev, report test once; write `out_dir`.
 
     score_range: the (LO, HI) scale of an STS table's scores (default: detected as 0-1 or 0-5).
@@ -105,7 +107,8 @@ def train_head(store_path: str, data_path: str, out_dir: str, head_cfg: HeadConf
     them (graded STS tables, labelled texts), other data keep the dataclass defaults (the SciFact study's).
     device: where the task's features and the head live while training and evaluating (auto: cuda when available).
     unlabeled: --unlabeled files (heads.kinds.unlabeled): for positives-only pairs the corpus dev and test rank and
-    impostors are mined from, and the anchor regulariser's sample; said in metrics.json "unlabeled"."""
+    impostors are mined from, and the anchor regulariser's sample; said in metrics.json "unlabeled".
+    memory: the document memory (heads.training.memory_use): auto | on | off; kept in `memory.safetensors`."""
     inputs = (data_path, *select_ood, *unlabeled)
     device = pick_device(device)
     prepare_output_dir(out_dir, "head", overwrite, inputs=inputs, create=False)  # refuse before training
@@ -119,6 +122,7 @@ def train_head(store_path: str, data_path: str, out_dir: str, head_cfg: HeadConf
     task = kind_of(task).for_training(task, cfg)  # labelled texts: shots, hierarchy
     if getattr(task, "report", {}).get("shots_clipped"):  # more --shots than a class has: said on the terminal
         progress_write(f"note: {shots_note(cfg.shots, task.report['shots_clipped'])}")
+    use_memory, raw_task = wanted(task, memory), task  # --memory on a dataset without judgements: before training
     task, features, selection, anchor = training_features(store, task, cfg, array, select_ood, ood_delta, device)
     head_cfg = head_shape(head_cfg, features, array, task, cfg)
     baseline = evaluate_baseline(task, features, splits, dim=store.dim)  # before the features are normalised
@@ -137,8 +141,11 @@ def train_head(store_path: str, data_path: str, out_dir: str, head_cfg: HeadConf
               **label_space(task), **({"selection": selection.describe()} if selection else {})}
     write_head_dir(out, model, norm, config)
     rankings: dict = {}  # the head's rankings of dev and test, kept for the run files and the candidate share
+    items: dict = {}  # per-query values of the frozen features and the head (the memory's comparison)
     metrics = evaluate_head(task, features, model, None, cfg.eval_energy, splits, dim=store.dim, baseline=baseline,
-                            rankings=rankings)
+                            rankings=rankings, items=items)
+    if use_memory:  # fitted on the head's inputs (features, normalised in place), saved beside it
+        metrics["memory"] = write_memory(out, store, raw_task, task, features, model, cfg, items)
     metrics.update(_data_notes(task))
     if unlabeled_note:
         metrics["unlabeled"] = unlabeled_note
@@ -151,6 +158,15 @@ def train_head(store_path: str, data_path: str, out_dir: str, head_cfg: HeadConf
                       title=f"{task.name}: strength a (chosen {run.strength:g})")
     end_output(out)
     return metrics
+
+
+def write_memory(out, store, raw_task, task, features, model, cfg: TrainConfig, items: dict) -> dict:
+    """Fit the head's document memory, save it in `out` where dev kept it, and say what it gives (metrics.json)."""
+    memory, placed, fit = fit_for_head(store, raw_task, task, features, model, cfg.eval_energy, cfg)
+    if memory is None:
+        return {"fit": fit}
+    memory.save(out / MEMORY_FILE)
+    return memory_block(task, features, model, None, placed, cfg.eval_energy, items, fit)
 
 
 def training_features(store: FeatureStore, task: Task, cfg: TrainConfig, array: str, select_ood: tuple[str, ...],
