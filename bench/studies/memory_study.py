@@ -110,11 +110,17 @@ def run_approach(name, spec, task, X, head_cfg, cfg, seeds, ood) -> dict:
     if spec.get("select"):
         work = dataclasses.replace(task, eval_sets={**task.eval_sets, "dev-unseen": unseen_dev(task)})
     out = {"heads": [], "spec": {k: v for k, v in spec.items()}}
-    for seed in seeds:  # one head per seed (one-per-doc draws its pairs per seed)
-        run_task = dataclasses.replace(work, train=one_per_doc(task.train, seed)) if spec.get("one_per_doc") else work
-        shaped = head_shape(head_cfg, train_X, "features", run_task, cfg)
-        model, norm, (run,) = train_stack(run_task, train_X, shaped, [cfg.replace(seed=seed)], progress=False,
-                                          select_split=spec.get("select", "dev"))
+    shaped = head_shape(head_cfg, train_X, "features", work, cfg)
+    select = spec.get("select", "dev")
+    if spec.get("one_per_doc"):  # each seed draws its own pairs: one stack per seed
+        trained = [train_stack(dataclasses.replace(work, train=one_per_doc(task.train, seed)), train_X, shaped,
+                               [cfg.replace(seed=seed)], progress=False, select_split=select) for seed in seeds]
+        heads = [(model, norm, run) for model, norm, (run,) in trained]
+    else:  # the seeds as one stack (per-head seeds: the numbers of separate runs)
+        model, norm, runs = train_stack(work, train_X, shaped, [cfg.replace(seed=s) for s in seeds], progress=False,
+                                        select_split=select)
+        heads = [(model.head_slice(h), norm, run) for h, run in enumerate(runs)]
+    for model, norm, run in heads:
         out["heads"].append(score_head(task, X, train_X, model, norm, run, ood))
     if frozen_mem is not None:
         out["frozen_memory"] = frozen_mem.describe()
@@ -151,14 +157,15 @@ def ood_sets(store_path: str | None, root: Path) -> dict:
     return out
 
 
-def ci_line(values: np.ndarray, minus: np.ndarray | None = None) -> tuple[float, float, float]:
-    """(mean over seeds of the mean over items, CI low, CI high); with `minus` the paired difference."""
+def ci_line(values: np.ndarray, minus: np.ndarray | None = None) -> tuple[float, float, float, float]:
+    """(mean over seeds of the mean over items, or with `minus` the paired difference; CI low, CI high; the
+    mean itself)."""
     values = np.atleast_2d(values)
     mean = float(values.mean() - (0 if minus is None else np.atleast_2d(minus).mean()))
     if values.shape[1] < 2:
-        return mean, float("nan"), float("nan")
+        return mean, float("nan"), float("nan"), float(values.mean())
     lo, hi = two_level_ci(values, N_BOOT, minus=None if minus is None else np.broadcast_to(minus, values.shape))
-    return mean, lo, hi
+    return mean, lo, hi, float(values.mean())
 
 
 def parts(task) -> dict:
@@ -191,13 +198,26 @@ def summarise(task, frozen: dict, results: dict, ood_frozen: dict) -> dict:
 
 
 def print_table(rows: dict, counts: dict) -> None:
-    print(f"nDCG@10 on SciFact test (frozen: the value; others: minus frozen), mean of seeds [95% two-level CI]; "
-          f"seen {counts['seen']}, unseen {counts['unseen']}, all {counts['all']} claims")
+    print(f"nDCG@10 on test: the value, then minus frozen [95% two-level CI over seeds and queries]; seen "
+          f"{counts['seen']}, unseen {counts['unseen']}, all {counts['all']} queries; {', '.join(OOD)}: the head alone")
     cols = ("seen", "unseen", "all", *OOD)
-    print(f"{'system':44s}" + "".join(f"{c:>26s}" for c in cols))
+    print(f"{'system':40s}" + "".join(f"{c:>31s}" for c in cols))
     for name, row in rows.items():
-        cells = [f"{row[c][0]:+.3f} [{row[c][1]:+.3f}, {row[c][2]:+.3f}]" if c in row else "" for c in cols]
-        print(f"{name:44s}" + "".join(f"{c:>26s}" for c in cells))
+        cells = [(f"{row[c][3]:.3f}" + (f" {row[c][0]:+.3f} [{row[c][1]:+.3f},{row[c][2]:+.3f}]" if name != "frozen"
+                  else "")) if c in row else "" for c in cols]
+        print(f"{name:40s}" + "".join(f"{c:>31s}" for c in cells))
+
+
+def print_placements(results: dict) -> None:
+    """Each approach's head and every memory placement: dev (what chooses) and test nDCG@10, all queries."""
+    keys = sorted({k for r in results.values() for k in r["heads"][0] if k.startswith("head")})
+    print("\nwhere the memory acts (mean of seeds, all queries): dev / test nDCG@10")
+    print(f"{'approach':22s}" + "".join(f"{k:>26s}" for k in keys))
+    for name, r in results.items():
+        cells = [f"{np.mean([np.mean(h[k]['dev']) for h in r['heads']]):.3f} / "
+                 f"{np.mean([np.mean(h[k]['test']) for h in r['heads']]):.3f}" if k in r["heads"][0] else ""
+                 for k in keys]
+        print(f"{name:22s}" + "".join(f"{c:>26s}" for c in cells))
 
 
 def main() -> None:
@@ -206,6 +226,7 @@ def main() -> None:
     ap.add_argument("--ood-store", default=None, help="a store with Cranfield and CACM (same fingerprint)")
     ap.add_argument("--work", required=True, help="per-approach caches (resumable)")
     ap.add_argument("--json", required=True)
+    ap.add_argument("--data", default=None, help="the IR dataset (default: DATASETS_ROOT/scifact)")
     ap.add_argument("--seeds", default="0,1,2")
     ap.add_argument("--approaches", default=",".join(APPROACHES))
     args = ap.parse_args()
@@ -213,7 +234,7 @@ def main() -> None:
     root, work = datasets_root(), Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
     seeds = [int(s) for s in args.seeds.split(",")]
-    store, task, X, head_cfg, cfg = setup(args.store, str(root / "scifact"))
+    store, task, X, head_cfg, cfg = setup(args.store, args.data or str(root / "scifact"))
     ood = ood_sets(args.ood_store, root)
     frozen = cached(work / "frozen.json", lambda: {**frozen_part(task, X), "ood": {
         n: ndcg_items(t, "test", None, None, F, energy="cosine")[0].tolist() for n, (t, F) in ood.items()}})
@@ -227,6 +248,7 @@ def main() -> None:
     m = machine()
     print(machine_line(m))
     print_table(rows, counts)
+    print_placements(results)
     out = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), "machine": m,
            "store": args.store, "ood_store": args.ood_store, "seeds": seeds, "counts": counts,
            "rows": rows, "fits": {k: v.get("fit") for k, v in frozen.items() if isinstance(v, dict) and "fit" in v},

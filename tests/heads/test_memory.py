@@ -149,3 +149,24 @@ def test_a_training_query_that_is_a_judged_document_and_an_all_seen_test_are_sai
     r = cli("train-head", "--store", store, "--data", allseen, "--out", tmp_path / "h2", *fast)
     assert r.exit_code == 0, r.output
     assert "every test query is seen" in r.output
+
+
+def test_a_memory_before_the_head_edits_its_inputs_and_after_it_its_outputs_documents_only():
+    from headstore.heads.artefacts.memory import PlacedMemory
+    from headstore.heads.evaluation.evaluate import embed_rows
+    from headstore.heads.network.model import HeadConfig, StackedMLP
+
+    model = StackedMLP(1, HeadConfig(in_dim=8, hidden=8, depth=2, residual=False), seeds=[0]).eval()
+    X = torch.randn(10, 8, generator=torch.Generator().manual_seed(0))
+    V = torch.randn(2, 8, generator=torch.Generator().manual_seed(1))
+    rows = np.array([7, 1, 3])
+    edited = X.clone()
+    edited[[3, 7]] = V
+    before = PlacedMemory(np.array([3, 7]), V, "features")
+    with torch.no_grad():
+        expect = model.encode(edited[rows], "document")
+        plain = model.encode(X[rows], "query")
+    assert torch.equal(embed_rows(model, X, rows, "document", memory=before), expect)
+    assert torch.equal(embed_rows(model, X, rows, "query", memory=before), plain)  # a query is never edited
+    after = embed_rows(model, X, rows, "document", memory=PlacedMemory(np.array([3, 7]), V, "outputs"))
+    assert torch.equal(after[0, [0, 2]], V[[1, 0]]) and torch.equal(after[0, 1], plain[0, 1])
