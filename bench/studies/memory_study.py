@@ -47,9 +47,10 @@ APPROACHES = {
     "default": {},
     "unseen-dev": {"select": "dev-unseen"},  # epochs chosen on the dev claims whose abstracts training never judged
     "one-per-doc": {"one_per_doc": True},  # each judged abstract trains once per epoch (no abstract dominates)
+    "doc-dev": {"select": "dev-docs"},  # a document-disjoint dev carved from training: epochs chosen on new documents
     "anchor-5": {"cfg": {"anchor_weight": 5.0}},  # a stronger pull to the frozen geometry (default 2)
     "residual": {"residual": True},  # trained where the memory has already moved the judged abstracts
-    "residual+unseen-dev": {"residual": True, "select": "dev-unseen"},
+    "residual+doc-dev": {"residual": True, "select": "dev-docs"},
 }
 
 
@@ -70,6 +71,36 @@ def unseen_dev(task):
     mask = ~seen_mask(dev, judged_documents(task.train.positive))
     ids = [q for q, m in zip(dev.query_ids, mask) if m]
     return dataclasses.replace(dev, query_ids=ids, query_rows=dev.query_rows[mask], qrels={q: dev.qrels[q] for q in ids})
+
+
+def document_disjoint(task, share: float = 0.1, seed: int = 0):
+    """(training pairs, dev split): whole components of the training judgements' query-document graph moved out of
+    training into a dev split until it holds `share` of the training queries, so no dev document is judged in
+    what is left: a dev of new documents (every dev query unseen), ranked against the whole corpus."""
+    from scipy.sparse import coo_matrix
+    from scipy.sparse.csgraph import connected_components
+
+    a, p = np.asarray(task.train.anchor), np.asarray(task.train.positive)
+    nodes, inv = np.unique(np.concatenate([a, p + (a.max() + 1)]), return_inverse=True)  # queries and documents
+    qa, qp = inv[:len(a)], inv[len(a):]
+    graph = coo_matrix((np.ones(len(a)), (qa, qp)), shape=(len(nodes), len(nodes)))
+    _, label = connected_components(graph, directed=False)
+    comps = np.random.default_rng(seed).permutation(np.unique(label[qa]))
+    target, moved, n_moved = share * len(np.unique(a)), [], 0
+    for c in comps:
+        if n_moved >= target:
+            break
+        moved.append(c)
+        n_moved += len(np.unique(a[label[qa] == c]))
+    out = np.isin(label[qa], moved)
+    test = task.eval_sets["test"]
+    doc_id = dict(zip(np.asarray(test.doc_rows).tolist(), test.doc_ids))
+    qrels: dict = {}
+    for q, d in zip(a[out], p[out]):
+        qrels.setdefault(f"q{int(q)}", {})[doc_id[int(d)]] = 1
+    ids = sorted(qrels)
+    dev = dataclasses.replace(test, query_ids=ids, query_rows=np.array([int(q[1:]) for q in ids]), qrels=qrels)
+    return task.train.subset(np.flatnonzero(~out)), dev
 
 
 def one_per_doc(train: PairSet, seed: int) -> PairSet:
@@ -107,8 +138,11 @@ def run_approach(name, spec, task, X, head_cfg, cfg, seeds, ood) -> dict:
         train_X = X.clone()
         train_X[torch.as_tensor(frozen_mem.positions)] = frozen_mem.vectors
     work = task
-    if spec.get("select"):
+    if spec.get("select") == "dev-unseen":
         work = dataclasses.replace(task, eval_sets={**task.eval_sets, "dev-unseen": unseen_dev(task)})
+    if spec.get("select") == "dev-docs":  # trained without the moved judgements; the memory keeps all of them
+        train, dev_docs = document_disjoint(task)
+        work = dataclasses.replace(task, train=train, eval_sets={**task.eval_sets, "dev-docs": dev_docs})
     out = {"heads": [], "spec": {k: v for k, v in spec.items()}}
     shaped = head_shape(head_cfg, train_X, "features", work, cfg)
     select = spec.get("select", "dev")
@@ -212,12 +246,12 @@ def print_placements(results: dict) -> None:
     """Each approach's head and every memory placement: dev (what chooses) and test nDCG@10, all queries."""
     keys = sorted({k for r in results.values() for k in r["heads"][0] if k.startswith("head")})
     print("\nwhere the memory acts (mean of seeds, all queries): dev / test nDCG@10")
-    print(f"{'approach':22s}" + "".join(f"{k:>26s}" for k in keys))
+    print(f"{'approach':22s}" + "".join(f"{k[12:-1] or k:>30s}" for k in keys))
     for name, r in results.items():
         cells = [f"{np.mean([np.mean(h[k]['dev']) for h in r['heads']]):.3f} / "
                  f"{np.mean([np.mean(h[k]['test']) for h in r['heads']]):.3f}" if k in r["heads"][0] else ""
                  for k in keys]
-        print(f"{name:22s}" + "".join(f"{c:>26s}" for c in cells))
+        print(f"{name:22s}" + "".join(f"{c:>30s}" for c in cells))
 
 
 def main() -> None:
