@@ -47,6 +47,18 @@ def _doc_ids(raw_task, rows) -> list[str]:
     return [of.get(int(r), "") for r in rows]
 
 
+def _rows_of_positions(raw_task, task) -> dict[int, int]:
+    """{matrix position: store row} of the training pairs and the dev split (task is raw_task remapped)."""
+    out: dict[int, int] = {}
+    pairs = [(task.train.anchor, raw_task.train.anchor), (task.train.positive, raw_task.train.positive)]
+    if "dev" in task.eval_sets and isinstance(task.eval_sets["dev"], IRSplit):
+        dev, raw = task.eval_sets["dev"], raw_task.eval_sets["dev"]
+        pairs += [(dev.query_rows, raw.query_rows), (dev.doc_rows, raw.doc_rows)]
+    for pos, rows in pairs:
+        out.update(zip(np.asarray(pos).tolist(), np.asarray(rows).tolist()))
+    return out
+
+
 def fit_for_head(store, raw_task, task, features, model, energy: str, cfg, space: str = DEFAULT_SPACE):
     """(DocumentMemory or None where dev chose no edit, the same on the task's matrix, the fit's report): the memory
     of a head just trained;
@@ -55,10 +67,10 @@ def fit_for_head(store, raw_task, task, features, model, energy: str, cfg, space
     report = fitted.describe()
     if fitted.gamma == 0:
         return None, None, {**report, "kept": False, "why": "dev chose strength 0 (the memory helps no dev query)"}
-    to_row = dict(zip(np.asarray(task.train.positive).tolist(), np.asarray(raw_task.train.positive).tolist()))
+    to_row = _rows_of_positions(raw_task, task)
     rows = [to_row[int(p)] for p in fitted.positions]
-    q_ids = text_ids_of(store, raw_task.train.anchor)
-    d_ids = text_ids_of(store, raw_task.train.positive)
+    q_ids = text_ids_of(store, [to_row[int(p)] for p in fitted.pairs[0]])
+    d_ids = text_ids_of(store, [to_row[int(p)] for p in fitted.pairs[1]])
     memory = DocumentMemory(tuple(text_ids_of(store, rows)), tuple(_doc_ids(raw_task, rows)), fitted.vectors.cpu(),
                             space, fitted.move, fitted.gamma, task.name, store.fingerprint,
                             judgements_digest(list(zip(q_ids, d_ids))))
@@ -118,6 +130,8 @@ def memory_block(task, features, model, norm, placed: PlacedMemory, energy: str,
 
     block: dict = {"fit": fit}
     for split, per in items.items():
+        if split == "dev" and fit.get("judgements") == "train+dev":
+            continue  # the memory was fitted on dev's judgements too: no held-out figure there (the fit's dev curve is)
         with_memory = memory_items(task, split, features, model, norm, placed, energy)
         head, frozen = np.asarray(per["head"]), np.asarray(per["baseline"])
         ci = (lambda a, b: list(two_level_ci(a, minus=b)) if len(a) > 1 else None)

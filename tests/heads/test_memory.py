@@ -58,8 +58,10 @@ def test_memory_file_is_keyed_by_the_store_and_the_judgements_and_no_larger_than
     ids, texts = _corpus(mw)
     queries = _queries(mw)
     assert memory.store_fingerprint == store.fingerprint
-    assert memory.judgements == judgements_digest([(text_id(queries[f"t{i}"]), text_id(texts[i]))
-                                                  for i in range(N_JUDGED)])
+    # refitted on the training and dev judgements once dev chose the strength (the dev queries v_i judge d_i too)
+    assert memory.judgements == judgements_digest([(text_id(queries[f"{s}{i}"]), text_id(texts[i]))
+                                                  for i in range(N_JUDGED) for s in ("t", "v")])
+    assert mw.metrics["memory"]["fit"]["judgements"] == "train+dev" and "dev" not in mw.metrics["memory"]
     assert memory.vectors.shape == (N_JUDGED, Head.load(mw.head).out_dim) and set(memory.doc_ids) == set(ids[:N_JUDGED])
     assert mw.metrics["memory"]["fit"]["fit_seconds"] < 60
 
