@@ -51,6 +51,8 @@ APPROACHES = {
     "anchor-5": {"cfg": {"anchor_weight": 5.0}},  # a stronger pull to the frozen geometry (default 2)
     "residual": {"residual": True},  # trained where the memory has already moved the judged abstracts
     "residual+doc-dev": {"residual": True, "select": "dev-docs"},
+    # epochs and the head's strength a (f_a = x + a g(x), heads.training.strength) both chosen on new documents
+    "doc-dev+strength": {"select": "dev-docs", "cfg": {"strength": "auto"}},
 }
 
 
