@@ -53,6 +53,8 @@ APPROACHES = {
     "residual+doc-dev": {"residual": True, "select": "dev-docs"},
     # epochs and the head's strength a (f_a = x + a g(x), heads.training.strength) both chosen on new documents
     "doc-dev+strength": {"select": "dev-docs", "cfg": {"strength": "auto"}},
+    # only queries pass through the head: documents keep their frozen features, so it cannot learn where they lie
+    "query-side": {"head": {"sides": "query"}},
 }
 
 
@@ -134,6 +136,7 @@ def frozen_part(task, X) -> dict:
 def run_approach(name, spec, task, X, head_cfg, cfg, seeds, ood) -> dict:
     t0 = time.perf_counter()
     cfg = cfg.replace(**spec.get("cfg", {}))
+    head_cfg = dataclasses.replace(head_cfg, **spec.get("head", {}))
     train_X, frozen_mem = X, None
     if spec.get("residual"):  # the judged abstracts' features moved by the frozen memory, for training and after
         frozen_mem = fit_memory(task, X, None, None, "cosine", "features", "nudge-n", refit=False)  # dev kept clean

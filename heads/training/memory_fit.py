@@ -128,6 +128,7 @@ def dev_pairs(task) -> tuple[np.ndarray, np.ndarray]:
             np.array([d for _, d in pairs], dtype=np.int64).reshape(-1))
 
 
+@torch.no_grad()
 def dev_scores(task, features, model, norm, energy, docs, candidates, space, cfg, precision) -> np.ndarray:
     """(G,) dev nDCG@10 of the head with each candidate's judged documents (all strengths in one ranking pass)."""
     if "dev" not in task.eval_sets:
@@ -146,5 +147,4 @@ def dev_scores(task, features, model, norm, energy, docs, candidates, space, cfg
         if space == "features" and model is not None:
             edited = model.eval().encode(edited, "document")[0] if len(hit) else edited
         stack[g, cols] = edited.to(stack.dtype)
-    with torch.no_grad():
-        return np.asarray(selection_ndcg(dev, zq.expand(len(candidates), -1, -1), stack, energy, precision))
+    return np.asarray(selection_ndcg(dev, zq.expand(len(candidates), -1, -1), stack, energy, precision))
