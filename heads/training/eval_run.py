@@ -29,8 +29,7 @@ def eval_split(task: Task) -> str:
 
 def eval_head(store_path: str, head_dir: str, data_path: str, out_dir: str, data_format: str | None = None,
               exclude_overlap: str | None = None, score_range=None, overwrite: bool = False,
-              device: str = "auto", items: dict | None = None, unlabeled: tuple[str, ...] = (),
-              memory: str = "auto") -> dict:
+              device: str = "auto", items: dict | None = None, unlabeled: tuple[str, ...] = (), memory="auto") -> dict:
     """Evaluate a trained head on any dataset whose texts are in the store; write metrics.json.
 
     Scores the test split, or the whole table when it has no split column (`eval_split`).
@@ -39,8 +38,7 @@ def eval_head(store_path: str, head_dir: str, data_path: str, out_dir: str, data
     `items`: filled with the scored split's per-item values ("baseline": cosine, "head") as lists, and
     "gold" (the gold scores / labels where the kind has them, else None): what bootstrap CIs resample.
     `unlabeled`: --unlabeled files, the distractors a positives-only pairs table's anchors rank
-    (heads.kinds.unlabeled). `memory`: the head folder's document memory (heads.training.memory_use): auto (where
-    there is one), on (required), off."""
+    (heads.kinds.unlabeled). `memory`: auto | on | off, the head's document memory (heads.training.memory_use)."""
     inputs = (data_path, head_dir, exclude_overlap, *unlabeled)
     prepare_output_dir(out_dir, "eval", overwrite, inputs=inputs, create=False)  # refuse before the work
     device = pick_device(device)  # where the features and the head are held (auto: cuda when available)
@@ -70,8 +68,7 @@ def eval_head(store_path: str, head_dir: str, data_path: str, out_dir: str, data
     per_item: dict = {}
     metrics = evaluate_head(task, features, model, norm, energy, (split,), dim=store.dim, rankings=rankings,
                             items=per_item)
-    if memory_info is not None:
-        metrics["memory"] = eval_memory(task, features, model, norm, placed, energy, split, per_item, memory_info)
+    metrics.update(eval_memory(task, features, model, norm, placed, energy, split, per_item, memory_info))
     if items is not None:
         gold = getattr(task.eval_sets[split], "labels", None)
         items.update({k: np.asarray(v, dtype=np.float64).tolist() for k, v in per_item[split].items()})

@@ -175,9 +175,12 @@ def memory_line(block: dict) -> str:
 
 def eval_memory(task, features, model, norm, placed: PlacedMemory, energy: str, split: str, per_item: dict,
                 info: dict) -> dict:
-    """`cli eval`'s metrics.json "memory": head + memory on the scored split, or why it changes nothing here."""
+    """{"memory": ...} of `cli eval`'s metrics.json: head + memory on the scored split, or why it changes nothing
+    here; {} without a memory (info None)."""
+    if info is None:
+        return {}
     fit = {**info, "kept": True}
     if not len(placed) or not isinstance(task.eval_sets.get(split), IRSplit):
-        return {"fit": fit, "note": f"none of the memory's {info['documents']} documents is in {task.name}: the "
-                                    "figures are the head's alone"}
-    return memory_block(task, features, model, norm, placed, energy, {split: per_item[split]}, fit)
+        return {"memory": {"fit": fit, "note": f"none of the memory's {info['documents']} documents is in "
+                                               f"{task.name}: the figures are the head's alone"}}
+    return {"memory": memory_block(task, features, model, norm, placed, energy, {split: per_item[split]}, fit)}

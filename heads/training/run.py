@@ -10,7 +10,9 @@ Output directory:
   the task kind says a reader must know of the figures (`"warnings"`, also printed under the terminal table:
   e.g. no test query with a relevant document);
 - `curve.png`: training loss and dev metric per epoch;
-- `run.<split>.trec` (IR tasks): the head's top-100 per query, for trec_eval (`heads.trec`).
+- `run.<split>.trec` (IR tasks): the head's top-100 per query, for trec_eval (`heads.trec`);
+- `memory.safetensors` (IR tasks with training judgements, where dev keeps it; `memory`: auto | on | off): the
+  document memory (heads.training.memory_use, docs/memory.md), said in metrics.json "memory".
 `cli eval` writes `metrics.json` and the run files of the splits it scores.
 
 `--out` is checked before any work (`data.outputs.prepare_output_dir`): an existing file, a store, or a
@@ -107,8 +109,7 @@ def train_head(store_path: str, data_path: str, out_dir: str, head_cfg: HeadConf
     them (graded STS tables, labelled texts), other data keep the dataclass defaults (the SciFact study's).
     device: where the task's features and the head live while training and evaluating (auto: cuda when available).
     unlabeled: --unlabeled files (heads.kinds.unlabeled): for positives-only pairs the corpus dev and test rank and
-    impostors are mined from, and the anchor regulariser's sample; said in metrics.json "unlabeled".
-    memory: the document memory (heads.training.memory_use): auto | on | off; kept in `memory.safetensors`."""
+    impostors are mined from, and the anchor regulariser's sample; said in metrics.json "unlabeled" (memory: above)."""
     inputs = (data_path, *select_ood, *unlabeled)
     device = pick_device(device)
     prepare_output_dir(out_dir, "head", overwrite, inputs=inputs, create=False)  # refuse before training
@@ -122,7 +123,7 @@ def train_head(store_path: str, data_path: str, out_dir: str, head_cfg: HeadConf
     task = kind_of(task).for_training(task, cfg)  # labelled texts: shots, hierarchy
     if getattr(task, "report", {}).get("shots_clipped"):  # more --shots than a class has: said on the terminal
         progress_write(f"note: {shots_note(cfg.shots, task.report['shots_clipped'])}")
-    use_memory, raw_task = wanted(task, memory), task  # --memory on a dataset without judgements: before training
+    raw_task = task if wanted(task, memory) else None  # (store rows) a memory asked for where it cannot be: an error
     task, features, selection, anchor = training_features(store, task, cfg, array, select_ood, ood_delta, device)
     head_cfg = head_shape(head_cfg, features, array, task, cfg)
     baseline = evaluate_baseline(task, features, splits, dim=store.dim)  # before the features are normalised
@@ -140,13 +141,10 @@ def train_head(store_path: str, data_path: str, out_dir: str, head_cfg: HeadConf
               "best_epoch": run.best_epoch, "train_seconds": run.seconds, "defaults": defaults_note, "device": device,
               **label_space(task), **({"selection": selection.describe()} if selection else {})}
     write_head_dir(out, model, norm, config)
-    rankings: dict = {}  # the head's rankings of dev and test, kept for the run files and the candidate share
-    items: dict = {}  # per-query values of the frozen features and the head (the memory's comparison)
+    rankings, items = {}, {}  # the head's rankings of dev and test (run files, candidate share); per-query values
     metrics = evaluate_head(task, features, model, None, cfg.eval_energy, splits, dim=store.dim, baseline=baseline,
                             rankings=rankings, items=items)
-    if use_memory:  # fitted on the head's inputs (features, normalised in place), saved beside it
-        metrics["memory"] = write_memory(out, store, raw_task, task, features, model, cfg, items)
-    metrics.update(_data_notes(task))
+    metrics.update(_data_notes(task), **write_memory(out, store, raw_task, task, features, model, cfg, items))
     if unlabeled_note:
         metrics["unlabeled"] = unlabeled_note
     metrics.update(training_notes(task, metrics, run, cfg, head_cfg, selection, ood_delta, rankings, data_path))
@@ -161,12 +159,15 @@ def train_head(store_path: str, data_path: str, out_dir: str, head_cfg: HeadConf
 
 
 def write_memory(out, store, raw_task, task, features, model, cfg: TrainConfig, items: dict) -> dict:
-    """Fit the head's document memory, save it in `out` where dev kept it, and say what it gives (metrics.json)."""
+    """{"memory": ...}: the head's document memory fitted on its inputs (`features`, normalised in place), saved in
+    `out` where dev kept it, and what it gives (metrics.json); {} without one (raw_task None)."""
+    if raw_task is None:
+        return {}
     memory, placed, fit = fit_for_head(store, raw_task, task, features, model, cfg.eval_energy, cfg)
     if memory is None:
-        return {"fit": fit}
+        return {"memory": {"fit": fit}}
     memory.save(out / MEMORY_FILE)
-    return memory_block(task, features, model, None, placed, cfg.eval_energy, items, fit)
+    return {"memory": memory_block(task, features, model, None, placed, cfg.eval_energy, items, fit)}
 
 
 def training_features(store: FeatureStore, task: Task, cfg: TrainConfig, array: str, select_ood: tuple[str, ...],
