@@ -61,7 +61,14 @@ def _edit(known, values: torch.Tensor, start: int, space: str) -> torch.Tensor:
 class Head:
     """One head: `model` (a one-head StackedMLP), `normalizer`, `config` (config.json's content)."""
 
-    memory: DocumentMemory | None = None  # the judged documents' vectors (memory.safetensors), where kept
+    _memory: DocumentMemory | None = None  # the judged documents' vectors (memory.safetensors), where kept
+    _memory_file: Path | None = None  # read on first use: a head used without its memory never reads it
+
+    @property
+    def memory(self) -> DocumentMemory | None:
+        if self._memory is None and self._memory_file is not None:
+            self._memory = DocumentMemory.load(self._memory_file)
+        return self._memory
 
     def __init__(self, model: StackedMLP, normalizer: Normalizer, config: dict, source: str = ""):
         if model.n_heads != 1:
@@ -99,7 +106,7 @@ class Head:
             return EnsembleHead.load_dir(d)
         head = cls(*read_head_dir(d), str(d))
         if (d / MEMORY_FILE).is_file():  # train-head's document memory (heads.artefacts.memory)
-            head.memory = DocumentMemory.load(d / MEMORY_FILE)
+            head._memory_file = d / MEMORY_FILE
         return head
 
     def save(self, out_dir: str | Path) -> Path:

@@ -124,6 +124,11 @@ def test_memory_of_another_store_and_a_changed_document_are_one_line(mw, tmp_pat
     r = cli("eval", "--store", mw.store, "--head", head, "--data", mw.beir, "--out", tmp_path / "e1")
     assert_bad_input(r, "fingerprint", "--no-memory")
     assert not (tmp_path / "e1").exists()
+    (head / MEMORY_FILE).write_bytes((head / MEMORY_FILE).read_bytes()[:100])  # truncated: one line; --no-memory
+    assert_bad_input(cli("eval", "--store", mw.store, "--head", head, "--data", mw.beir, "--out", tmp_path / "e1"),
+                     "not a document memory")  # ... leaves it unread
+    assert cli("eval", "--store", mw.store, "--head", head, "--data", mw.beir, "--out", tmp_path / "e1",
+               "--no-memory").exit_code == 0
     changed = tmp_path / "other" / mw.beir.name  # the same dataset, document d0 edited since
     shutil.copytree(mw.beir, changed)
     rows = [json.loads(line) for line in (changed / "corpus.jsonl").read_text().splitlines()]
