@@ -143,7 +143,7 @@ class PlacedMemory:
         values = values.clone()
         src = torch.as_tensor(order[at[hit]], device=self.vectors.device)
         values[..., torch.as_tensor(np.flatnonzero(hit), device=values.device), :] = \
-            self.vectors[src].to(values.dtype)
+            self.vectors[src].to(values.device, values.dtype)
         return values
 
 
@@ -179,5 +179,6 @@ class Known:
         if not inside.any():
             return values
         values = values.clone()
-        values[torch.as_tensor(self.rows[inside] - start)] = self.vectors[torch.as_tensor(np.flatnonzero(inside))].to(values.dtype)
+        values[torch.as_tensor(self.rows[inside] - start, device=values.device)] = \
+            self.vectors[torch.as_tensor(np.flatnonzero(inside))].to(values.device, values.dtype)
         return values

@@ -78,7 +78,7 @@ def strengths(name: str, D: torch.Tensor, Q: torch.Tensor, owner: torch.Tensor) 
     if name != "l1-box":
         return list(SPHERE_GAMMAS)
     full = (apply_move(name, D, Q, owner, float("inf")) - D).abs().flatten()
-    qs = torch.quantile(full[full > 0][:1 << 24].float(), torch.tensor(BOX_QUANTILES[1:])) if (full > 0).any() else []
+    qs = torch.quantile(full[full > 0][:1 << 24].float(), torch.tensor(BOX_QUANTILES[1:], device=full.device)) if (full > 0).any() else []
     return [0.0, *sorted({float(v) for v in qs})]
 
 
