@@ -43,6 +43,7 @@ from headstore.featurize.encoder.sentence import SentenceSpec
 from headstore.featurize.store.layout import array_names
 from headstore.heads.apply.pipeline import check_encoder, encoder_source
 from headstore.heads.artefacts.head import Head
+from headstore.heads.artefacts.memory import MEMORY_FILE
 from headstore.heads.apply.formats import EXPORT_FORMATS
 
 SIMILARITY = {"l1": "manhattan", "l2": "euclidean", "cosine": "cosine",
@@ -333,5 +334,10 @@ def export_head(ref: str, fmt: str, out: str | Path, model: str | None = None) -
         if not existed:
             out.rmdir()
         raise
+    if head.memory is not None and fmt != "safetensors":  # (a safetensors head folder carries it: Head.save)
+        head.memory.save(out / MEMORY_FILE)
+        summary.setdefault("notes", []).append(
+            f"a {fmt} model cannot carry per-document vectors: the head's document memory ({len(head.memory)} "
+            f"documents) is written beside it, {out / MEMORY_FILE} (text ids -> vectors; docs/memory.md loads it)")
     end_output(out)
     return summary

@@ -27,7 +27,7 @@ import numpy as np
 import torch
 
 from headstore.data.progress import progress_bar
-from headstore.data.text_id import ROLES
+from headstore.data.text_id import ROLES, row_id
 from headstore.featurize.encoder.encode import CODE_VERSION, Batch, collate, encode_batch, prompt_length, tokenize
 from headstore.featurize.encoder.model import load_encoder, model_identity
 from headstore.featurize.encoder.packed import hold_numerics
@@ -162,9 +162,12 @@ class Pipeline:
                role: str | None = None) -> np.ndarray:
         """Head outputs of `texts` encoded in `role`: "query" or "document" (unset: the document prompt, the role
         of symmetric data, and a head of both sides; a store without prompts encodes both alike). A query-side
-        head (--sides query) needs the role: documents keep their normalised features. (n, d) float32 numpy."""
+        head (--sides query) needs the role: documents keep their normalised features. (n, d) float32 numpy.
+        A document the head's memory knows (by its text: docs/memory.md) gets the memory's vector; such a text with
+        no role is refused (it could be a query)."""
         features = self.features(texts, batch_size, progress, role or "document")
-        return self.head.embed(features, role)
+        ids = None if self.head.memory is None else [row_id(t, self.prompt("document")) for t in texts]
+        return self.head.embed(features, role, ids)
 
     def score(self, queries: Sequence[str], docs: Sequence[str], batch_size: int = 32) -> np.ndarray:
         """Energy of every query (query role) against every doc (document role), (Q, N); low = relevant."""

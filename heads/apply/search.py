@@ -82,6 +82,8 @@ def document_space(head: Head) -> str:
     h = hashlib.sha256()
     members = getattr(head, "members", [head])
     h.update(json.dumps([head.store_fingerprint, head.array, head.energy_name, len(members)]).encode())
+    if head.memory is not None:  # the documents it edited, and how (the index holds its vectors)
+        h.update(json.dumps([head.memory.judgements, head.memory.space, head.memory.move, head.memory.gamma]).encode())
     for m in members:
         h.update(m.normalizer.kind.encode())
         for t in (m.normalizer.center, m.normalizer.scale):
@@ -132,6 +134,8 @@ def build_index(store_path: str, head_ref: str, data_path: str | None, out_dir: 
     if store.fingerprint != head.store_fingerprint:
         raise ValueError(f"{store_path}: its fingerprint differs from the store {head_ref} was trained on "
                          f"({head.store_fingerprint[:12]}); index with the head's own store")
+    if head.memory is not None:  # (the store's fingerprint is the head's: a memory of another store is refused)
+        head.memory.check_store(store.fingerprint, f"{head_ref}: memory")
     items = corpus_items(data_path, data_format, unlabeled, store)
     if items.is_empty():
         raise ValueError(f"{data_path or ' '.join(unlabeled)}: no texts to index")
@@ -148,7 +152,8 @@ def build_index(store_path: str, head_ref: str, data_path: str | None, out_dir: 
     bar = progress_bar(total=len(rows), unit="text", desc="index", disable=not progress)
     for start in range(0, len(rows), EMBED_CHUNK):
         chunk = rows[start:start + EMBED_CHUNK]
-        index.add(_prepare(head.embed(read_features(store, head.array, rows=chunk), "document"), energy))
+        ids = items["text_id"][start:start + EMBED_CHUNK].to_list()  # documents the head's memory knows: its vectors
+        index.add(_prepare(head.embed(read_features(store, head.array, rows=chunk), "document", ids), energy))
         bar.update(len(chunk))
     bar.close()
     out.mkdir(parents=True, exist_ok=True)
@@ -164,7 +169,9 @@ def build_index(store_path: str, head_ref: str, data_path: str | None, out_dir: 
             "data": str(data_path) if data_path else None,
             **({"unlabeled": list(unlabeled)} if unlabeled else {}),
             "sides": "query" if head.query_side else "both", "document_space": document_space(head),
-            "judged": judged_share(head_ref, head, store, rows)}
+            "judged": judged_share(head_ref, head, store, rows),
+            **({"memory": {**head.memory.describe(), "documents_indexed": int(np.isin(
+                items["text_id"].to_numpy(), list(head.memory.text_ids)).sum())}} if head.memory is not None else {})}
     atomic_write_json(out / INFO_FILE, info, sort_keys=True)
     end_output(out)
     return info

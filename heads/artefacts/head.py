@@ -48,14 +48,28 @@ from headstore.heads.settings.config import TrainConfig
 from headstore.heads.scoring.energy import pairwise_energy
 from headstore.heads.network.features import Normalizer
 from headstore.heads.network.model import HeadConfig, StackedMLP
+from headstore.heads.artefacts.memory import MEMORY_FILE, DocumentMemory, known_texts
 from headstore.heads.artefacts.soup import load_soup
 
 GRID_REF = re.compile(r"(?P<key>rank|id|ensemble|soup)=(?P<value>.+)")  # what may follow '#' in a grid reference
 EMBED_BATCH = 8192  # rows per forward pass; bounds memory, not results
 
 
+def _edit(known, values: torch.Tensor, start: int, space: str) -> torch.Tensor:
+    return values if known is None else known.edit(values, start, space)
+
+
 class Head:
     """One head: `model` (a one-head StackedMLP), `normalizer`, `config` (config.json's content)."""
+
+    _memory: DocumentMemory | None = None  # the judged documents' vectors (memory.safetensors), where kept
+    _memory_file: Path | None = None  # read on first use: a head used without its memory never reads it
+
+    @property
+    def memory(self) -> DocumentMemory | None:
+        if self._memory is None and self._memory_file is not None:
+            self._memory = DocumentMemory.load(self._memory_file)
+        return self._memory
 
     def __init__(self, model: StackedMLP, normalizer: Normalizer, config: dict, source: str = ""):
         if model.n_heads != 1:
@@ -91,13 +105,18 @@ class Head:
     def _load_dir(cls, d: Path) -> "Head":
         if is_ensemble_dir(d):
             return EnsembleHead.load_dir(d)
-        return cls(*read_head_dir(d), str(d))
+        head = cls(*read_head_dir(d), str(d))
+        if (d / MEMORY_FILE).is_file():  # train-head's document memory (heads.artefacts.memory)
+            head._memory_file = d / MEMORY_FILE
+        return head
 
     def save(self, out_dir: str | Path) -> Path:
-        """Write a directory `Head.load` (and `cli eval --head`) reads: head, normaliser, config.json, and the
-        training judgements where the head has them (heads.artefacts.judged)."""
+        """Write a directory `Head.load` (and `cli eval --head`) reads: head, normaliser, config.json, the
+        training judgements where the head has them (heads.artefacts.judged) and its document memory, where it has one."""
         out = write_head_dir(out_dir, self.model, self.normalizer, self.config)
         copy_judgements(self.source, self.config, out)
+        if self.memory is not None:
+            self.memory.save(Path(out) / MEMORY_FILE)
         return out
 
     # --- what the head is ---------------------------------------------------------------------
@@ -167,18 +186,22 @@ class Head:
             raise ValueError(f"role {role!r}; valid: {list(ROLES)}")
         return role or "query"
 
-    def embed_tensor(self, features, role: str | None = None) -> torch.Tensor:
-        """Normaliser then head: (n, D) features of texts in `role` -> (n, d) float32 tensor."""
+    def embed_tensor(self, features, role: str | None = None, text_ids=None) -> torch.Tensor:
+        """Normaliser then head: (n, D) features of texts in `role` -> (n, d) float32 tensor. text_ids (the texts'
+        store row ids): documents the head's memory knows get its vectors (heads.artefacts.memory)."""
+        known = known_texts(self.memory, text_ids, role)
         x, role = self._inputs(features), self.role_of(role)
         with torch.no_grad():
-            parts = [self.model.encode(self.normalizer(x[s:s + EMBED_BATCH]), role)[0]
+            parts = [self.model.encode(_edit(known, self.normalizer(x[s:s + EMBED_BATCH]), s, "features"), role)[0]
                      for s in range(0, len(x), EMBED_BATCH)]
-        return torch.cat(parts) if parts else torch.zeros(0, self.out_dim)
+        out = torch.cat(parts) if parts else torch.zeros(0, self.out_dim)
+        return _edit(known, out, 0, "outputs")
 
-    def embed(self, features, role: str | None = None) -> np.ndarray:
+    def embed(self, features, role: str | None = None, text_ids=None) -> np.ndarray:
         """Head outputs of stored (or Pipeline-pooled) features of texts in `role` ("query" or "document"; a head
-        of both sides embeds both alike, a query-side head needs the role): (n, D) -> (n, d) float32 numpy."""
-        return self.embed_tensor(features, role).numpy()
+        of both sides embeds both alike, a query-side head needs the role): (n, D) -> (n, d) float32 numpy.
+        text_ids: as embed_tensor's (documents the memory knows)."""
+        return self.embed_tensor(features, role, text_ids).numpy()
 
     def energy(self, a, b) -> np.ndarray:
         """Energy of every row of `a` (queries) against every row of `b` (documents), both features as `embed`

@@ -20,14 +20,22 @@ TEST_SPLIT = "test"
 
 
 def embed_rows(model: torch.nn.Module | None, features: torch.Tensor, rows: np.ndarray,
-               role: str = "query", norm=None) -> torch.Tensor:
+               role: str = "query", norm=None, memory=None) -> torch.Tensor:
     """Head outputs of store rows holding texts in `role`, (H, n, d); `model=None` is the frozen baseline,
     (1, n, D). A query-side head gives documents their features unchanged (heads.network.model.StackedMLP.encode).
     norm: a Normalizer applied to the rows read (row by row: the numbers of norm(features)[rows], without a
-    normalised copy of every feature)."""
+    normalised copy of every feature). memory: a PlacedMemory (heads.artefacts.memory) whose vectors replace the
+    documents it holds, in the head's inputs (space "features") or its outputs ("outputs"); queries are never edited."""
     idx = torch.as_tensor(np.asarray(rows), dtype=torch.long)
-    if norm is not None:
-        features = _Normalized(features, norm)
+    memory = memory if role == "document" and memory is not None and len(memory) else None
+    if norm is not None or (memory is not None and memory.space == "features"):
+        features = _Normalized(features, norm, memory)
+    out = _embed(model, features, idx, role)
+    return memory.replace(idx, out) if memory is not None and memory.space == "outputs" else out
+
+
+def _embed(model, features, idx: torch.Tensor, role: str) -> torch.Tensor:
+    """(H, n, d) outputs of the rows idx of `features` (a tensor or a _Normalized view); (1, n, D) for no model."""
     if model is None:
         return features[idx].unsqueeze(0)
     was_training = model.training
@@ -45,20 +53,22 @@ def embed_rows(model: torch.nn.Module | None, features: torch.Tensor, rows: np.n
     return out
 
 
-def embedder(model: torch.nn.Module | None, features: torch.Tensor, norm=None) -> Embed:
-    """The `Embed` of a stack over `features` (normalised row by row by `norm` when given): (store rows, role)
-    -> (H, n, d) (`embed_rows`)."""
-    return lambda rows, role="query": embed_rows(model, features, rows, role, norm)
+def embedder(model: torch.nn.Module | None, features: torch.Tensor, norm=None, memory=None) -> Embed:
+    """The `Embed` of a stack over `features` (normalised row by row by `norm` when given; the documents a
+    PlacedMemory holds replaced): (store rows, role) -> (H, n, d) (`embed_rows`)."""
+    return lambda rows, role="query": embed_rows(model, features, rows, role, norm, memory)
 
 
 class _Normalized:
-    """features[idx] -> norm(features[idx]): the rows a head reads, normalised as they are read."""
+    """features[idx] -> norm(features[idx]): the rows a head reads, normalised as they are read (and, where a
+    memory acts on the head's inputs, the rows it holds replaced by its vectors)."""
 
-    def __init__(self, features: torch.Tensor, norm):
-        self.features, self.norm = features, norm
+    def __init__(self, features: torch.Tensor, norm, memory=None):
+        self.features, self.norm, self.memory = features, norm, memory
 
     def __getitem__(self, idx) -> torch.Tensor:
-        return self.norm(self.features[idx])
+        x = self.features[idx] if self.norm is None else self.norm(self.features[idx])
+        return x if self.memory is None else self.memory.replace(torch.as_tensor(idx).reshape(-1), x)
 
 
 def evaluate_split(task: Task, split: str, embed: Embed, energies: tuple[str, ...]) -> tuple[list[dict], list[dict]]:

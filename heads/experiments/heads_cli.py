@@ -25,6 +25,15 @@ overwrite_option = click.option(
     "--overwrite", is_flag=True,
     help="Replace what --out already holds (a head, an eval, a grid); a feature store is never replaced.")
 
+def memory_option(help_text: str):
+    """--memory/--no-memory: the document memory (heads.training.memory_use); unset = auto."""
+    return click.option("--memory/--no-memory", "memory", default=None, help=help_text)
+
+
+def memory_setting(flag: bool | None) -> str:
+    return {None: "auto", True: "on", False: "off"}[flag]
+
+
 heads_device_option = click.option(
     "--device", type=click.Choice(DEVICES), default="auto", show_default=True,
     help="Where the task's features and the heads live while training and evaluating (auto: cuda when available).")
@@ -41,10 +50,13 @@ heads_device_option = click.option(
 @score_range_option
 @overwrite_option
 @heads_device_option
+@memory_option("The document memory (docs/memory.md): the judged documents' vectors moved toward their training "
+               "queries, strength chosen on dev, saved as memory.safetensors. Default: on for IR data with training "
+               "judgements where dev keeps it; --no-memory: off; --memory: required (an error without judgements).")
 @head_and_train_options
 @label_options
 def train_head_command(store, data, data_format, unlabeled, out, array, select_ood, ood_delta, score_range,
-                       overwrite, device, **settings):
+                       overwrite, device, memory, **settings):
     """Train one siamese energy head on stored features: train on train, select on dev, report test once."""
     from headstore.heads.training.run import train_head as run_train_head
 
@@ -52,7 +64,8 @@ def train_head_command(store, data, data_format, unlabeled, out, array, select_o
     data_format = fold_label_options(data_format, label_settings)
     metrics = run_train_head(store, data, out, head_cfg, cfg, data_format, array, score_range=score_range,
                              overwrite=overwrite, select_ood=tuple(select_ood), ood_delta=ood_delta,
-                             kind_defaults=unset, device=device, unlabeled=tuple(unlabeled))
+                             kind_defaults=unset, device=device, unlabeled=tuple(unlabeled),
+                             memory=memory_setting(memory))
     _echo_metrics(metrics, out)
 
 
@@ -60,7 +73,11 @@ def _echo_metrics(metrics: dict, out: str) -> None:
     """A short table on the terminal (baseline vs head per split); the full JSON is in OUT's files."""
     from headstore.heads.artefacts.summary import metrics_table
 
+    from headstore.heads.training.memory_use import memory_line
+
     click.echo(metrics_table(metrics))
+    if metrics.get("memory"):
+        click.echo(memory_line(metrics["memory"]))
     click.echo(f"full metrics: {out}/metrics.json")
     warning = metrics.get("guard", {}).get("warning")
     if warning:
@@ -80,9 +97,11 @@ def _echo_metrics(metrics: dict, out: str) -> None:
 @score_range_option
 @overwrite_option
 @heads_device_option
+@memory_option("Apply the head's document memory (memory.safetensors) to the documents it knows. Default: where the "
+               "head folder has one; --no-memory: the head alone; --memory: required.")
 @label_options
 def eval_command(store, head_dir, data, data_format, unlabeled, out, exclude_overlap, score_range, overwrite,
-                 device, **label_settings):
+                 device, memory, **label_settings):
     """Evaluate a trained head (and the frozen baseline beside it) on any dataset whose texts are in the store.
 
     Scores the dataset's test split; a table without a split column is scored whole."""
@@ -90,7 +109,8 @@ def eval_command(store, head_dir, data, data_format, unlabeled, out, exclude_ove
 
     data_format = fold_label_options(data_format, label_settings)
     metrics = eval_head(store, head_dir, data, out, data_format, exclude_overlap, score_range=score_range,
-                        overwrite=overwrite, device=device, unlabeled=tuple(unlabeled))
+                        overwrite=overwrite, device=device, unlabeled=tuple(unlabeled),
+                        memory=memory_setting(memory))
     _echo_metrics(metrics, out)
 
 

@@ -20,6 +20,7 @@ from headstore.heads.kinds import (WHOLE, Task, check_scorable, kind_of, load_ta
                                    without_overlap, without_seen)
 from headstore.heads.kinds.unlabeled import unlabeled_in_store, unlabeled_report
 from headstore.heads.settings.config import TrainConfig
+from headstore.heads.training.memory_use import eval_memory, load_for_eval
 from headstore.heads.training.run import _data_notes, check_same_features, load_head, write_runs
 
 
@@ -85,7 +86,7 @@ def without_trained_unlabeled(task: Task, config: dict, store, data_path: str) -
 
 def eval_head(store_path: str, head_dir: str, data_path: str, out_dir: str, data_format: str | None = None,
               exclude_overlap: str | None = None, score_range=None, overwrite: bool = False,
-              device: str = "auto", items: dict | None = None, unlabeled: tuple[str, ...] = ()) -> dict:
+              device: str = "auto", items: dict | None = None, unlabeled: tuple[str, ...] = (), memory="auto") -> dict:
     """Evaluate a trained head on any dataset whose texts are in the store; write metrics.json.
 
     Scores the test split, or the whole table when it has no split column (`eval_split`).
@@ -95,7 +96,7 @@ def eval_head(store_path: str, head_dir: str, data_path: str, out_dir: str, data
     "gold" (the gold scores / labels where the kind has them, else None): what bootstrap CIs resample; "seen":
     the items' seen mask (heads.kinds.seen; None where the figures are not split).
     `unlabeled`: --unlabeled files, the distractors a positives-only pairs table's anchors rank
-    (heads.kinds.unlabeled)."""
+    (heads.kinds.unlabeled). `memory`: auto | on | off, the head's document memory (heads.training.memory_use)."""
     inputs = (data_path, head_dir, exclude_overlap, *unlabeled)
     prepare_output_dir(out_dir, "eval", overwrite, inputs=inputs, create=False)  # refuse before the work
     device = pick_device(device)  # where the features and the head are held (auto: cuda when available)
@@ -112,6 +113,7 @@ def eval_head(store_path: str, head_dir: str, data_path: str, out_dir: str, data
     task, trained_dropped = without_trained_unlabeled(task, config, store, data_path)
     seen, seen_note = eval_seen(head_dir, config, store, task, eval_split(task))  # store rows: before remapping
     tf = TaskFeatures.for_task(store, task, device=device)
+    placed, memory_info = load_for_eval(head_dir, store, task, tf, memory)  # another store, a changed text: an error
     task, features = tf.remap(task), tf.read(array)  # only the rows the task uses (heads.artefacts.task_features)
     task = kind_of(task).for_eval(task, train_cfg)  # labelled texts: the labelled set k-NN / probe use
     energy = train_cfg.eval_energy
@@ -120,6 +122,7 @@ def eval_head(store_path: str, head_dir: str, data_path: str, out_dir: str, data
     per_item: dict = {}
     metrics = evaluate_head(task, features, model, norm, energy, (split,), dim=store.dim, rankings=rankings,
                             items=per_item, seen=seen)
+    metrics.update(eval_memory(task, features, model, norm, placed, energy, split, per_item, memory_info))
     if items is not None:
         items.update(_items_of(task, split, per_item[split], seen))
     if split != TEST_SPLIT:  # report the split there is under the usual keys

@@ -12,7 +12,9 @@ Output directory:
 - `judgements.parquet`: the training pairs as text ids (heads.artefacts.judged), what any later scoring splits
   its IR figures on: seen and unseen queries (heads.kinds.seen; metrics.json "parts" of test and dev);
 - `curve.png`: training loss and dev metric per epoch;
-- `run.<split>.trec` (IR tasks): the head's top-100 per query, for trec_eval (`heads.trec`).
+- `run.<split>.trec` (IR tasks): the head's top-100 per query, for trec_eval (`heads.trec`);
+- `memory.safetensors` (IR tasks with training judgements, where dev keeps it; `memory`: auto | on | off): the
+  document memory (heads.training.memory_use, docs/memory.md), said in metrics.json "memory".
 `cli eval` writes `metrics.json` and the run files of the splits it scores.
 
 `--out` is checked before any work (`data.outputs.prepare_output_dir`): an existing file, a store, or a
@@ -46,6 +48,8 @@ from headstore.heads.training.anchor import anchor_rows_of
 from headstore.heads.training.kind_defaults import defaults_for_kind, head_shape  # noqa: F401  (importable here)
 from headstore.heads.training.label_recipes import data_decided_notes, decided_by_data, unlabeled_cfg
 from headstore.heads.training.selection import DEFAULT_DELTA, load_selection
+from headstore.heads.artefacts.memory import MEMORY_FILE
+from headstore.heads.training.memory_use import fit_for_head, memory_block, wanted
 from headstore.heads.training.strength import STRENGTHS, plot_strength
 from headstore.heads.training.train import train_one
 
@@ -87,7 +91,7 @@ def train_head(store_path: str, data_path: str, out_dir: str, head_cfg: HeadConf
                data_format: str | None = None, array: str = "features", progress: bool = True,
                score_range=None, overwrite: bool = False, select_ood: tuple[str, ...] = (),
                ood_delta: float = DEFAULT_DELTA, kind_defaults: tuple[str, ...] = (), device: str = "auto",
-               unlabeled: tuple[str, ...] = ()) -> dict:
+               unlabeled: tuple[str, ...] = (), memory: str = "auto") -> dict:
     """Train one head on `data_path`'s train split, select on dev, report test once; write `out_dir`.
 
     score_range: the (LO, HI) scale of an STS table's scores (default: detected as 0-1 or 0-5).
@@ -111,6 +115,7 @@ def train_head(store_path: str, data_path: str, out_dir: str, head_cfg: HeadConf
     if getattr(task, "report", {}).get("shots_clipped"):  # more --shots than a class has: said on the terminal
         progress_write(f"note: {shots_note(cfg.shots, task.report['shots_clipped'])}")
     seen, judged_pairs = task_seen_masks(task, SPLITS), judgement_pairs(task)  # store rows (heads.kinds.seen)
+    raw_task = task if wanted(task, memory) else None  # (store rows) a memory asked for where it cannot be: an error
     task, features, selection, anchor = training_features(store, task, cfg, array, select_ood, ood_delta, device,
                                                           f"--data {data_path}")
     decided = decided_by_data(task, features, store.dim, given, kind_defaults, array)  # labelled texts: dev's recipe
@@ -135,6 +140,7 @@ def train_head(store_path: str, data_path: str, out_dir: str, head_cfg: HeadConf
     metrics = evaluate_head(task, features, model, None, cfg.eval_energy, SPLITS, dim=store.dim, baseline=baseline,
                             rankings=rankings, items=items, seen=seen)
     metrics.update(_data_notes(task), **data_decided_notes(decided, items, metrics["primary"]),
+                   **write_memory(out, store, raw_task, task, features, model, cfg, items),
                    **({"unlabeled": unlabeled_note} if unlabeled_note else {}))
     metrics.update(training_notes(task, metrics, run, cfg, head_cfg, selection, ood_delta, rankings, data_path))
     atomic_write_json(out / "metrics.json", metrics, sort_keys=True)
@@ -145,6 +151,18 @@ def train_head(store_path: str, data_path: str, out_dir: str, head_cfg: HeadConf
                       title=f"{task.name}: strength a (chosen {run.strength:g})")
     end_output(out)
     return metrics
+
+
+def write_memory(out, store, raw_task, task, features, model, cfg: TrainConfig, items: dict) -> dict:
+    """{"memory": ...}: the head's document memory fitted on its inputs (`features`, normalised in place), saved in
+    `out` where dev kept it, and what it gives (metrics.json); {} without one (raw_task None)."""
+    if raw_task is None:
+        return {}
+    memory, placed, fit = fit_for_head(store, raw_task, task, features, model, cfg.eval_energy, cfg)
+    if memory is None:
+        return {"memory": {"fit": fit}}
+    memory.save(out / MEMORY_FILE)
+    return {"memory": memory_block(task, features, model, None, placed, cfg.eval_energy, items, fit)}
 
 
 def training_features(store: FeatureStore, task: Task, cfg: TrainConfig, array: str, select_ood: tuple[str, ...],
