@@ -31,6 +31,7 @@ from headstore.featurize.run.committer import Committer
 from headstore.featurize.run.plan import Plan
 from headstore.featurize.run.source import all_chunks, open_sources
 from headstore.featurize.run.windows import encode_in_plan_order, new_windows
+from headstore.featurize.store.layout import bytes_per_text
 
 
 def featurize(config: FeaturizeConfig, data_paths: Sequence[str | Path], store_path: str | Path,
@@ -71,6 +72,7 @@ def run_local(plan: Plan, chunks: Iterable[list[str]]) -> dict:
                 counts.update(backend=choice.backend, backend_choice=choice.why)
                 committer = Committer(plan.writer, config.commit_seconds, config.shard_rows)
                 next_row = plan.writer.n_texts
+                progress_write(f"featurize: {_bytes_line(plan)}")
                 bar = _token_bar()
             t = time.perf_counter()
             _encode_window(config, encoder, plan.device, committer, bar, counts,
@@ -92,6 +94,13 @@ def run_local(plan: Plan, chunks: Iterable[list[str]]) -> dict:
     if committer is not None:
         _finish_local(plan, committer, encoder, counts, t_encode)
     return plan.summary(counts, t0)
+
+
+def _bytes_line(plan: Plan) -> str:
+    """The store's bytes per text, said before encoding: its arrays and, with --taps, what the taps add."""
+    size = bytes_per_text({**plan.parts, "dim": plan.dim})
+    taps = f" ({size['features']:,} features + {size['taps']:,} taps)" if size["taps"] else ""
+    return f"{size['total']:,} bytes per text{taps}"
 
 
 def _token_bar():
@@ -133,8 +142,12 @@ def _open_encoder(config: FeaturizeConfig, device: str, n_chars: int | None = No
     encoder = load_encoder(config.model, device, config.max_length)
     path = prepare_encoder(encoder, config, device)
     precision = config.resolved_precision(device)
-    choice = (choose_backend(encoder, config.layers, precision, path.packing, config.num_threads, config.export_cache,
-                             n_chars) if config.backend == AUTO else Choice(config.backend, "given (--backend)"))
+    if config.taps:  # FeaturizeConfig allows torch or auto only
+        choice = Choice("torch", "torch: --taps reads the encoder's modules by forward hooks")
+    else:
+        choice = (choose_backend(encoder, config.layers, precision, path.packing, config.num_threads,
+                                 config.export_cache, n_chars) if config.backend == AUTO
+                  else Choice(config.backend, "given (--backend)"))
     return use_backend(encoder, choice.backend, config.layers, precision,  # torch: itself
                        config.num_threads, config.export_cache), choice
 

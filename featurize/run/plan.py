@@ -16,9 +16,11 @@ from headstore.featurize.encoder.config import FINGERPRINTED_NUMERICS, Featurize
 from headstore.featurize.encoder.encode import CODE_VERSION
 from headstore.featurize.encoder.hardware import warn_if_emulated_bf16
 from headstore.featurize.encoder.model import check_options, model_identity, pick_device
+from headstore.featurize.encoder.taps import tap_part
 from headstore.featurize.encoder.sentence import SentenceSpec, resolve_prompts, resolve_spec, sentence_dim
 from headstore.featurize.store.ids import IdSet, digests, first_occurrences, keys_of_digests, keys_of_hex
-from headstore.featurize.store.layout import MANIFEST, StoreError, check_fingerprint, segment_backends
+from headstore.featurize.store.layout import (MANIFEST, StoreError, bytes_per_text, check_fingerprint,
+                                              segment_backends)
 from headstore.featurize.store.reader import FeatureStore, stored_ids
 from headstore.featurize.store.writer import StoreWriter
 
@@ -35,7 +37,8 @@ def fingerprint_parts(config: FeaturizeConfig, device: str | None = None) -> dic
             "dtype": config.dtype, "precision": config.resolved_precision(device),
             "code_version": CODE_VERSION,
             **({"prompts": prompts} if any(prompts.values()) else {}),  # absent: stores made before prompts
-            **numerics_part(config, device), **backend_part(config.backend, config.resolved_precision(device))}
+            **numerics_part(config, device), **backend_part(config.backend, config.resolved_precision(device)),
+            **({"taps": tap_part(identity.model_dir)} if config.taps else {})}  # absent: a store without taps
 
 
 def numerics_part(config: FeaturizeConfig, device: str) -> dict:
@@ -126,4 +129,5 @@ class Plan:
                 "n_texts": store.n_texts if store else 0,
                 "fingerprint": store.fingerprint if store else None,
                 "rows_by_backend": segment_backends(store.manifest) if store else {},
+                "bytes_per_text": bytes_per_text(store.manifest if store else {**self.parts, "dim": self.dim}),
                 "n_truncated_in_store": n_truncated, "seconds": round(time.perf_counter() - t0, 3)}

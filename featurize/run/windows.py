@@ -15,6 +15,7 @@ from headstore.featurize.encoder.encode import (Batch, Tokenized, encode_batch, 
 from headstore.featurize.encoder.packed import prepare_encoder
 from headstore.featurize.encoder.pooling import Pooler
 from headstore.featurize.encoder.sentence import resolve_spec
+from headstore.featurize.encoder.taps import tap_arrays, tap_part
 from headstore.featurize.run.plan import Plan
 from headstore.featurize.run.source import windows
 from headstore.featurize.store.layout import array_names
@@ -50,7 +51,8 @@ def encode_in_plan_order(config: FeaturizeConfig, encoder, device: str, ids: lis
     """Tokenise prompt + text (as sentence-transformers does) and plan the texts (longest first), encode
     batch by batch: yields (indices into texts, {array name: (B, D) features in the store dtype}, the
     tokenisation, the batch). `prompts`: one prompt for every text, or one per text."""
-    names = list(array_names(config.layers))
+    tapped = tap_arrays(tap_part(encoder.identity.model_dir)) if config.taps else {}  # the store's order
+    names, taps = [*array_names(config.layers), *tapped], [(t["tap"], t["layer"]) for t in tapped.values()]
     np_dtype = np.dtype(config.dtype)
     path = encoder.path or prepare_encoder(encoder, config, device)  # numerics, packing: once per encoder
     prompts = [prompts] * len(texts) if isinstance(prompts, str) else list(prompts)
@@ -69,7 +71,7 @@ def encode_in_plan_order(config: FeaturizeConfig, encoder, device: str, ids: lis
         for batch in prefetch_batches(tok, order, batches, pad_id, pin=device == "cuda", depth=depth,
                                       packed=path.packing):
             lengths = prompt_lengths[order[batch.start: batch.start + batch.n_texts]]  # (B,)
-            yield batch, encode_batch(encoder, batch, pooler, config.layers, path.autocast, lengths)  # [(B, D)]
+            yield batch, encode_batch(encoder, batch, pooler, config.layers, path.autocast, lengths, taps)  # [(B, D)]
 
     for batch, host in features_to_host(pooled_batches(), cuda=device == "cuda"):
         with np.errstate(over="ignore"):  # a float16 overflow is refused just below, naming the text
