@@ -18,6 +18,7 @@ folder holding another head or another command's output is refused unless `--ove
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import asdict, fields, replace
 
 import torch
@@ -37,7 +38,7 @@ from headstore.heads.evaluation.evaluate import TEST_SPLIT, embedder, evaluate_b
 from headstore.heads.kinds import Task, kind_of, load_task
 from headstore.heads.kinds.labels import classifier_width, label_space, shots_note
 from headstore.heads.kinds.unlabeled import unlabeled_report
-from headstore.heads.network.features import array_list
+from headstore.heads.network.features import array_list, array_widths
 from headstore.heads.scoring.losses import LOSSES
 from headstore.heads.settings.config import KIND_DEPENDENT, STRENGTH_AUTO, HeadConfig, TrainConfig
 from headstore.heads.training.anchor import anchor_rows_of
@@ -71,11 +72,18 @@ def _array_layer(store: FeatureStore, array: str):
 
 
 def head_shape(head_cfg: HeadConfig, features: torch.Tensor, array: str, task: Task | None = None,
-               cfg: TrainConfig | None = None) -> HeadConfig:
+               cfg: TrainConfig | None = None, widths: Sequence[int] | None = None) -> HeadConfig:
     """The head config completed from the features: in_dim (one array's dim) and mix (arrays mixed); a
-    classifier head (a loss whose outputs are classes: ce) ends in the task's classes, not residual."""
+    classifier head (a loss whose outputs are classes: ce) ends in the task's classes, not residual. Arrays of
+    several `widths` (taps: featurize.encoder.taps) are one input read side by side: in_dim their sum, mix 1."""
     mix = len(array_list(array))
-    shape = {**asdict(head_cfg), "in_dim": features.shape[1] // mix, "mix": mix}
+    in_dim = features.shape[1] // mix
+    if widths is not None and len(set(widths)) > 1:
+        if head_cfg.mix_mode != "concat":
+            raise ValueError(f"--array {array}: arrays of widths {list(widths)} have no one width to mix; read them "
+                             "side by side: --mix-mode concat --no-residual")
+        in_dim, mix = features.shape[1], 1
+    shape = {**asdict(head_cfg), "in_dim": in_dim, "mix": mix}
     if cfg is not None and LOSSES[cfg.loss].outputs == "classes":
         if head_cfg.depth < 1:
             raise ValueError(f"loss {cfg.loss} trains a classifier head: it needs --depth >= 1 (its last layer "
@@ -120,7 +128,7 @@ def train_head(store_path: str, data_path: str, out_dir: str, head_cfg: HeadConf
     if getattr(task, "report", {}).get("shots_clipped"):  # more --shots than a class has: said on the terminal
         progress_write(f"note: {shots_note(cfg.shots, task.report['shots_clipped'])}")
     task, features, selection, anchor = training_features(store, task, cfg, array, select_ood, ood_delta, device)
-    head_cfg = head_shape(head_cfg, features, array, task, cfg)
+    head_cfg = head_shape(head_cfg, features, array, task, cfg, array_widths(store, array))
     baseline = evaluate_baseline(task, features, splits, dim=store.dim)  # before the features are normalised
     trim_heap()
     model, norm, run = train_one(task, features, head_cfg, cfg, progress, selection, anchor, in_place=True)

@@ -1,0 +1,75 @@
+"""A head on taps (featurize --taps) is a head: train-head reads arrays of several widths side by side, eval scores
+it again, the Pipeline computes the taps of new texts (equal to the store's), and a sentence-transformers export
+is refused in one line (safetensors works)."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+import headstore
+from headstore.cli import main
+from headstore.featurize.encoder.config import FeaturizeConfig
+from headstore.featurize.run.local import featurize
+from headstore.featurize.store.reader import FeatureStore
+from headstore.heads.settings.config import HeadConfig, TrainConfig
+from headstore.heads.training.run import train_head
+
+from .finetune_world import tiny_beir, tiny_bert
+
+ARRAY = "features+tap_mlp_1+tap_attn_2"  # of widths d, d_ff and d: one input, read side by side
+
+
+@pytest.fixture(scope="module")
+def tapped(tmp_path_factory):
+    root = tmp_path_factory.mktemp("taps")
+    model, beir = tiny_bert(root / "model", layers=2), tiny_beir(root / "beir", n_docs=40, n_train=20, n_test=8)
+    featurize(FeaturizeConfig(model=str(model), dtype="float32", batch_tokens=2048, taps=True), [str(beir)],
+              root / "store")
+    head = root / "head"
+    train_head(str(root / "store"), str(beir), str(head), HeadConfig(hidden=16, residual=False, out_dim=16,
+                                                                      mix_mode="concat"),
+               TrainConfig(epochs=1, batch_size=8, mined_k=2, normalize="standardize"), array=ARRAY, progress=False)
+    return root, beir, head
+
+
+def test_a_tap_head_reads_the_arrays_side_by_side(tapped):
+    root, _, head_dir = tapped
+    store = FeatureStore.open(root / "store")
+    head = headstore.Head.load(head_dir)
+    widths = [store.array(a).shape[1] for a in ARRAY.split("+")]
+    assert len(set(widths)) > 1 and head.in_dim == sum(widths)
+    assert head.head_config.mix == 1 and head.array == ARRAY
+
+
+def test_the_pipeline_computes_the_taps_of_new_texts(tapped):
+    root, _, head_dir = tapped
+    store = FeatureStore.open(root / "store")
+    texts = store.texts["text"].to_list()[:12]
+    pipe = headstore.Pipeline.from_head(str(head_dir))
+    assert pipe.taps == [("mlp", 1), ("attn", 2)]
+    rows = store.rows_for(store.row_ids(texts))
+    stored = np.concatenate([store.features(rows, a) for a in ARRAY.split("+")], axis=1)
+    np.testing.assert_allclose(pipe.features(texts, batch_size=5), stored, atol=1e-5, rtol=1e-5)
+    head = headstore.Head.load(head_dir)
+    np.testing.assert_allclose(pipe.encode(texts), head.embed(stored), atol=1e-4, rtol=1e-4)
+
+
+def test_eval_and_export_of_a_tap_head(tapped, tmp_path):
+    root, beir, head_dir = tapped
+    runner = CliRunner()
+    r = runner.invoke(main, ["eval", "--store", str(root / "store"), "--head", str(head_dir), "--data", str(beir),
+                             "--out", str(tmp_path / "eval")])
+    assert r.exit_code == 0, r.output
+    r = runner.invoke(main, ["export", "--head", str(head_dir), "--format", "sentence-transformers",
+                             "--out", str(tmp_path / "st")])
+    assert r.exit_code != 0 and "export refused" in r.output and "Traceback" not in r.output
+    r = runner.invoke(main, ["export", "--head", str(head_dir), "--format", "safetensors", "--out", str(tmp_path / "sf")])
+    assert r.exit_code == 0, r.output
+
+
+def test_a_scalar_mix_of_arrays_of_several_widths_is_refused(tapped, tmp_path):
+    root, beir, _ = tapped
+    with pytest.raises(ValueError, match="--mix-mode concat"):
+        train_head(str(root / "store"), str(beir), str(tmp_path / "h"), HeadConfig(hidden=16, residual=False),
+                   TrainConfig(epochs=1, batch_size=8, mined_k=2), array=ARRAY, progress=False)
