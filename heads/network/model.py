@@ -61,8 +61,10 @@ def _check_buildable(cfg: HeadConfig) -> None:
     if cfg.mix_mode == "concat" and cfg.mix > 1 and cfg.residual and cfg.depth > 0:
         raise ValueError(f"a head reading its {cfg.mix} arrays side by side (mix_mode 'concat') has no one input to add "
                          f"back: use --no-residual (a grid: residual = false), or --mix-mode scalar")
-    if cfg.residual and cfg.depth > 0 and cfg.out_features != cfg.in_dim:
-        raise ValueError(f"residual heads need out_dim == in_dim ({cfg.in_dim}); got out_dim={cfg.out_dim}")
+    leading = cfg.mix_mode == "concat" and cfg.mix == 1 and cfg.out_features < cfg.in_dim  # arrays of several widths
+    if cfg.residual and cfg.depth > 0 and cfg.out_features != cfg.in_dim and not leading:
+        raise ValueError(f"residual heads need out_dim == in_dim ({cfg.in_dim}), or, reading arrays of several widths "
+                         f"side by side, out_dim = the first array's width; got out_dim={cfg.out_dim}")
     if cfg.sides == "query" and (cfg.out_features != cfg.in_dim or cfg.mix > 1):
         raise ValueError(f"a query-side head (sides='query') compares f(q) with a document's own features, so it needs "
                          f"out_dim == in_dim ({cfg.in_dim}) and one stored array; got out_dim={cfg.out_dim}, "
@@ -152,7 +154,9 @@ class StackedMLP(nn.Module):
                 if cfg.layer_norm:
                     h = F.layer_norm(h, h.shape[-1:]) * self.ln_weights[l].unsqueeze(1) + self.ln_biases[l].unsqueeze(1)
                 h = F.dropout(act(h), cfg.dropout, self.training)
-        return x + h if cfg.residual and cfg.depth > 0 else h
+        # a residual head adds its input back; one narrower than its input (arrays of several widths side by side,
+        # out_dim the first's) adds back the leading columns: the first array (taps: `features`)
+        return x[..., :h.shape[-1]] + h if cfg.residual and cfg.depth > 0 else h
 
     def encode(self, x: torch.Tensor, role: str = "query") -> torch.Tensor:
         """(B, D) or (H, B, D) features of texts in `role` -> (H, B, out_features). A query-side head

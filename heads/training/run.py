@@ -81,7 +81,10 @@ def head_shape(head_cfg: HeadConfig, features: torch.Tensor, array: str, task: T
     if widths is not None and len(set(widths)) > 1:
         if head_cfg.mix_mode != "concat":
             raise ValueError(f"--array {array}: arrays of widths {list(widths)} have no one width to mix; read them "
-                             "side by side: --mix-mode concat --no-residual")
+                             "side by side: --mix-mode concat")
+        if head_cfg.residual and head_cfg.depth > 0 and head_cfg.out_dim != widths[0]:
+            raise ValueError(f"--array {array}: a residual head over arrays of several widths adds back the first "
+                             f"({widths[0]} wide): give --out-dim {widths[0]}, or --no-residual")
         in_dim, mix = features.shape[1], 1
     shape = {**asdict(head_cfg), "in_dim": in_dim, "mix": mix}
     if cfg is not None and LOSSES[cfg.loss].outputs == "classes":

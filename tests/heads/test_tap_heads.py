@@ -73,3 +73,39 @@ def test_a_scalar_mix_of_arrays_of_several_widths_is_refused(tapped, tmp_path):
     with pytest.raises(ValueError, match="--mix-mode concat"):
         train_head(str(root / "store"), str(beir), str(tmp_path / "h"), HeadConfig(hidden=16, residual=False),
                    TrainConfig(epochs=1, batch_size=8, mined_k=2), array=ARRAY, progress=False)
+
+
+def test_a_residual_tap_head_starts_at_the_first_array(tapped, tmp_path):
+    """--out-dim the first array's width: f(x) = x_first + g(x), g's last layer zero at the start, so the head's
+    first output is the (normalised) first array exactly; any other --out-dim is refused naming the width."""
+    import torch
+
+    from headstore.heads.network.model import StackedMLP
+
+    root, beir, _ = tapped
+    store = FeatureStore.open(root / "store")
+    widths = [store.array(a).shape[1] for a in ARRAY.split("+")]
+    cfg = HeadConfig(depth=1, out_dim=widths[0], mix_mode="concat", in_dim=sum(widths))
+    x = torch.randn(5, sum(widths))
+    assert torch.equal(StackedMLP(1, cfg)(x)[0], x[:, :widths[0]])
+    with pytest.raises(ValueError, match=f"--out-dim {widths[0]}"):
+        train_head(str(root / "store"), str(beir), str(tmp_path / "h"), HeadConfig(depth=1, mix_mode="concat"),
+                   TrainConfig(epochs=1, batch_size=8, mined_k=2), array=ARRAY, progress=False)
+
+
+def test_select_taps_ranks_every_tap_but_the_features_own(tapped, tmp_path):
+    import json
+
+    root, beir, _ = tapped
+    out = tmp_path / "sel.json"
+    r = CliRunner().invoke(main, ["select-taps", "--store", str(root / "store"), "--data", str(beir), "--keep", "2",
+                                  "--epochs", "1", "--out", str(out)])
+    assert r.exit_code == 0, r.output
+    result = json.loads(out.read_text())
+    store = FeatureStore.open(root / "store")
+    taps = [a for a in store.arrays if a.startswith("tap_")]
+    assert sorted(result["ranking"]) == sorted(set(taps) - {"tap_block_2"})  # tap_block_2 is `features` itself
+    assert result["array"].startswith("features+") and len(result["array"].split("+")) <= 3
+    assert f"--array {result['array']}" in r.output
+    r = CliRunner().invoke(main, ["select-taps", "--store", str(root / "store"), "--data", str(beir), "--keep", "0"])
+    assert r.exit_code != 0 and "keep" in r.output and "Traceback" not in r.output
