@@ -31,12 +31,20 @@ from headstore.heads.scoring.bootstrap import two_level_ci  # noqa: E402
 
 N_BOOT = 1000
 WIDE = ["--mix-mode", "concat", "--no-residual", "--normalize", "standardize", "--out-dim", "384"]
-# name -> (the --array: "features", or "select:K" for features + the K best taps of --select, train-head options)
+# f(x) = features + W [features; taps]: starts at the (standardised) features, as frozen + head starts at its own
+RESIDUAL = ["--mix-mode", "concat", "--normalize", "standardize", "--out-dim", "384"]
+# key -> (the table's name, the --array: "features", or "select:K" for features + the K best taps of --select,
+# train-head options)
 CANDIDATES = {
-    "frozen + head": ("features", []),
-    "taps top-4, linear": ("select:4", WIDE),
-    "taps top-2, linear": ("select:2", WIDE),
-    "taps top-4, linear, weight decay 0.1": ("select:4", [*WIDE, "--weight-decay", "0.1"]),
+    "frozen-head": ("frozen + head", "features", []),
+    "top4-linear": ("taps top-4, linear (concat)", "select:4", WIDE),
+    "top2-linear": ("taps top-2, linear (concat)", "select:2", WIDE),
+    "top4-linear-wd": ("taps top-4, linear, weight decay 0.1", "select:4", [*WIDE, "--weight-decay", "0.1"]),
+    "top2-residual": ("taps top-2, residual on features", "select:2", RESIDUAL),
+    "top4-residual": ("taps top-4, residual on features", "select:4", RESIDUAL),
+    "top2-residual-wd": ("taps top-2, residual, weight decay 0.1", "select:2", [*RESIDUAL, "--weight-decay", "0.1"]),
+    "top2-residual-lowrank": ("taps top-2, residual, low-rank 64 (linear)", "select:2",
+                              [*RESIDUAL, "--depth", "2", "--hidden", "64", "--activation", "identity"]),
 }
 
 
@@ -61,7 +69,7 @@ def run_cli(args: list[str], log: Path) -> float:
 
 
 def train_and_eval(a, name: str, array: str, options: list[str], seed: int) -> dict:
-    folder = Path(a.work) / f"{name.replace(' ', '_').replace(',', '')}-s{seed}"
+    folder = Path(a.work) / f"{name}-s{seed}"
     record = folder / "study.json"
     if record.is_file():
         return json.loads(record.read_text())
@@ -91,7 +99,7 @@ def scored(a, records: list[dict], store: FeatureStore, sets: dict) -> dict:
     """Per-pair values of every candidate's seeds on each set, (S, n)."""
     values = {}
     for r in records:
-        head = Head.load(Path(a.work) / f"{r['name'].replace(' ', '_').replace(',', '')}-s{r['seed']}" / "head")
+        head = Head.load(Path(a.work) / f"{r['name']}-s{r['seed']}" / "head")
         for split, pairs in sets.items():
             values.setdefault((r["name"], split), []).append(pair_values(head, store, pairs))
     return {k: np.stack(v) for k, v in values.items()}
@@ -116,7 +124,7 @@ def summarize(a, records: list[dict]) -> list[dict]:
     names = ["frozen cosine", *dict.fromkeys(r["name"] for r in records)]
     rows = []
     for name in names:
-        row = {"name": name, "seeds": sorted(r["seed"] for r in records if r["name"] == name)}
+        row = {"name": name, "label": CANDIDATES[name][0] if name in CANDIDATES else name, "seeds": sorted(r["seed"] for r in records if r["name"] == name)}
         mine = [r for r in records if r["name"] == name]
         if mine:
             row.update(dev=float(np.mean([r["dev"] for r in mine])), train_seconds=float(np.mean(
@@ -126,8 +134,8 @@ def summarize(a, records: list[dict]) -> list[dict]:
             row[s] = float(np.mean([spearmanr(x, gold[s]).statistic for x in v]))
             row[f"{s}_per_seed"] = [float(spearmanr(x, gold[s]).statistic) for x in v]
             row[f"{s}_ci"] = two_level_ci(v, N_BOOT, 0, gold=gold[s], statistic="spearman")
-            ref = values.get(("frozen + head", s))
-            if ref is not None and name != "frozen + head":
+            ref = values.get(("frozen-head", s))
+            if ref is not None and name != "frozen-head":
                 v2 = v if len(v) == len(ref) else np.repeat(v, len(ref), axis=0)
                 row[f"{s}_minus_frozen_head_ci"] = two_level_ci(v2, N_BOOT, 0, gold=gold[s], statistic="spearman",
                                                                 minus=ref)
@@ -141,7 +149,7 @@ def table(rows: list[dict]) -> str:
     for r in rows:
         diff = r.get("test_minus_frozen_head_ci")
         sdiff = r.get("semeval_minus_frozen_head_ci")
-        lines.append(f"| {r['name']} | {r.get('dev', float('nan')):.4f} | {r['test']:.4f} "
+        lines.append(f"| {r['label']} | {r.get('dev', float('nan')):.4f} | {r['test']:.4f} "
                      f"({', '.join(f'{x:.4f}' for x in r['test_per_seed'])}) | [{r['test_ci'][0]:.3f}, "
                      f"{r['test_ci'][1]:.3f}] | {f'[{diff[0]:+.4f}, {diff[1]:+.4f}]' if diff else ''} | "
                      f"{r['semeval']:.4f} | {f'[{sdiff[0]:+.4f}, {sdiff[1]:+.4f}]' if sdiff else ''} | "
@@ -165,7 +173,7 @@ def main() -> None:
     for name in a.candidates.split(","):
         if name not in CANDIDATES:
             parser.error(f"--candidates: {name!r}; valid: {list(CANDIDATES)}")
-        spec, options = CANDIDATES[name]
+        _, spec, options = CANDIDATES[name]
         for seed in map(int, a.seeds.split(",")):
             records.append(train_and_eval(a, name, array_of(spec, selection), options, seed))
             print(f"{name} s{seed}: dev {records[-1]['dev']:.4f} ({records[-1]['train_seconds']:.0f} s)", flush=True)

@@ -109,3 +109,21 @@ def test_select_taps_ranks_every_tap_but_the_features_own(tapped, tmp_path):
     assert f"--array {result['array']}" in r.output
     r = CliRunner().invoke(main, ["select-taps", "--store", str(root / "store"), "--data", str(beir), "--keep", "0"])
     assert r.exit_code != 0 and "keep" in r.output and "Traceback" not in r.output
+
+
+def test_index_and_search_with_a_tap_head(tapped, tmp_path):
+    """`cli index` embeds the corpus from the stored taps; `cli search` computes a new query's taps (Pipeline):
+    a stored document's own text as the query finds that document among the first three."""
+    import json
+
+    pytest.importorskip("faiss")
+    root, beir, head_dir = tapped
+    runner = CliRunner()
+    r = runner.invoke(main, ["index", "--store", str(root / "store"), "--head", str(head_dir), "--data", str(beir),
+                             "--out", str(tmp_path / "index")])
+    assert r.exit_code == 0, r.output
+    doc = json.loads((beir / "corpus.jsonl").read_text().splitlines()[3])
+    r = runner.invoke(main, ["search", "--index", str(tmp_path / "index"), "--query", f"{doc['title']} {doc['text']}",
+                             "--k", "3", "--out", str(tmp_path / "hits.json")])
+    assert r.exit_code == 0, r.output
+    assert doc["_id"] in r.output
