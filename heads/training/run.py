@@ -86,7 +86,8 @@ def head_shape(head_cfg: HeadConfig, features: torch.Tensor, array: str, task: T
             raise ValueError(f"--array {array}: a residual head over arrays of several widths adds back the first "
                              f"({widths[0]} wide): give --out-dim {widths[0]}, or --no-residual")
         in_dim, mix = features.shape[1], 1
-    shape = {**asdict(head_cfg), "in_dim": in_dim, "mix": mix}
+    shape = {**asdict(head_cfg), "in_dim": in_dim, "mix": mix,
+             "array_widths": ",".join(map(str, widths)) if widths is not None and len(set(widths)) > 1 else None}
     if cfg is not None and LOSSES[cfg.loss].outputs == "classes":
         if head_cfg.depth < 1:
             raise ValueError(f"loss {cfg.loss} trains a classifier head: it needs --depth >= 1 (its last layer "

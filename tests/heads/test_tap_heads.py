@@ -127,3 +127,27 @@ def test_index_and_search_with_a_tap_head(tapped, tmp_path):
                              "--k", "3", "--out", str(tmp_path / "hits.json")])
     assert r.exit_code == 0, r.output
     assert doc["_id"] in r.output
+
+
+def test_array_dropout_drops_whole_arrays_but_the_first():
+    """In training each array but the first is zeroed whole or kept scaled by 1 / (1 - p), per text; the first
+    never; off in eval. A loop over the arrays' bounds is the reference."""
+    import torch
+
+    from headstore.heads.network.model import StackedMLP
+
+    cfg = HeadConfig(depth=1, out_dim=4, mix_mode="concat", in_dim=4 + 6 + 3, array_widths="4,6,3", array_dropout=0.5)
+    model = StackedMLP(1, cfg).train()
+    x = torch.rand(1, 200, 13) + 0.5
+    torch.manual_seed(0)
+    dropped = model.dropped_arrays(x)
+    bounds = [0, 4, 10, 13]
+    assert torch.equal(dropped[..., :4], x[..., :4])
+    for a, b in zip(bounds[1:-1], bounds[2:]):
+        part = dropped[..., a:b] / x[..., a:b]  # 0 or 2 on every column of the array, the same across it
+        assert torch.allclose(part, part[..., :1].expand_as(part))
+        assert set(part[..., 0].flatten().round().tolist()) == {0.0, 2.0}
+    model.eval()
+    assert torch.equal(model(x), StackedMLP(1, cfg).eval()(x))  # eval: no dropping (and the same start)
+    with pytest.raises(ValueError, match="several arrays"):
+        StackedMLP(1, HeadConfig(depth=1, in_dim=4, array_dropout=0.3))
