@@ -47,6 +47,16 @@ CANDIDATES = {
                               [*RESIDUAL, "--depth", "2", "--hidden", "64", "--activation", "identity"]),
     "top4-residual-adrop": ("taps top-4, residual, array dropout 0.3", "select:4", [*RESIDUAL, "--array-dropout", "0.3"]),
     "top2-residual-adrop": ("taps top-2, residual, array dropout 0.3", "select:2", [*RESIDUAL, "--array-dropout", "0.3"]),
+    "top4-residual-adrop-lr3e-4": ("taps top-4, residual, array dropout 0.3, lr 3e-4", "select:4",
+                                   [*RESIDUAL, "--array-dropout", "0.3", "--lr", "3e-4"]),
+    "top2-residual-lr3e-4": ("taps top-2, residual, lr 3e-4", "select:2", [*RESIDUAL, "--lr", "3e-4"]),
+    "top4-residual-lr3e-4": ("taps top-4, residual, lr 3e-4", "select:4", [*RESIDUAL, "--lr", "3e-4"]),
+    "top2-residual-lr1e-4": ("taps top-2, residual, lr 1e-4", "select:2", [*RESIDUAL, "--lr", "1e-4"]),
+    "top8-residual-adrop5-lr3e-4": ("taps top-8, residual, array dropout 0.5, lr 3e-4", "select:8",
+                                    [*RESIDUAL, "--array-dropout", "0.5", "--lr", "3e-4"]),
+    "top4-residual-adrop5-lr3e-4": ("taps top-4, residual, array dropout 0.5, lr 3e-4", "select:4",
+                                    [*RESIDUAL, "--array-dropout", "0.5", "--lr", "3e-4"]),
+    "top8-residual-adrop5": ("taps top-8, residual, array dropout 0.5", "select:8", [*RESIDUAL, "--array-dropout", "0.5"]),
 }
 
 
@@ -133,8 +143,12 @@ def summarize(a, records: list[dict]) -> list[dict]:
         row = {"name": name, "label": CANDIDATES[name][0] if name in CANDIDATES else name, "seeds": sorted(r["seed"] for r in records if r["name"] == name)}
         mine = [r for r in records if r["name"] == name]
         if mine:
-            row.update(dev=float(np.mean([r["dev"] for r in mine])), train_seconds=float(np.mean(
-                [r["train_seconds"] for r in mine])), array=mine[0]["array"], options=mine[0]["options"])
+            loop = [json.loads((Path(a.work) / f"{name}-s{r['seed']}" / "head" / "config.json").read_text())
+                    ["train_seconds"] for r in mine]  # the training loop alone (train-head's own timing)
+            row.update(dev=float(np.mean([r["dev"] for r in mine])), dev_per_seed=[r["dev"] for r in mine],
+                       train_seconds=float(np.mean(loop)), train_seconds_per_seed=loop,
+                       load=[r["load"] for r in mine], cli_seconds=[r["train_seconds"] for r in mine],
+                       array=mine[0]["array"], options=mine[0]["options"])
         for s in sets:
             v = values[name, s]
             row[s] = float(np.mean([spearmanr(x, gold[s]).statistic for x in v]))
@@ -151,7 +165,7 @@ def summarize(a, records: list[dict]) -> list[dict]:
 
 def table(rows: list[dict]) -> str:
     lines = ["| STS-B Spearman | dev | test (seeds) | test 95% CI | - frozen + head [95% CI] | SemEval | SemEval - "
-             "frozen + head [95% CI] | train s |", "|---|---|---|---|---|---|---|---|"]
+             "frozen + head [95% CI] | training s |", "|---|---|---|---|---|---|---|---|"]
     for r in rows:
         diff = r.get("test_minus_frozen_head_ci")
         sdiff = r.get("semeval_minus_frozen_head_ci")
@@ -159,7 +173,7 @@ def table(rows: list[dict]) -> str:
                      f"({', '.join(f'{x:.4f}' for x in r['test_per_seed'])}) | [{r['test_ci'][0]:.3f}, "
                      f"{r['test_ci'][1]:.3f}] | {f'[{diff[0]:+.4f}, {diff[1]:+.4f}]' if diff else ''} | "
                      f"{r['semeval']:.4f} | {f'[{sdiff[0]:+.4f}, {sdiff[1]:+.4f}]' if sdiff else ''} | "
-                     f"{r.get('train_seconds', 0):.0f} |")
+                     f"{r.get('train_seconds', 0):.1f} |")
     return "\n".join(lines)
 
 
@@ -172,6 +186,8 @@ def main() -> None:
     parser.add_argument("--select", default=None, help="`cli select-taps --out` JSON (for the select:K candidates).")
     parser.add_argument("--candidates", default=",".join(CANDIDATES), help="Comma-separated names of CANDIDATES.")
     parser.add_argument("--seeds", default="0,1,2")
+    parser.add_argument("--existing", action="store_true",
+                        help="Only the finished runs of --candidates and --seeds (train nothing): the summary.")
     parser.add_argument("--json", required=True)
     a = parser.parse_args()
     selection = json.loads(Path(a.select).read_text()) if a.select else None
@@ -181,6 +197,8 @@ def main() -> None:
             parser.error(f"--candidates: {name!r}; valid: {list(CANDIDATES)}")
         _, spec, options = CANDIDATES[name]
         for seed in map(int, a.seeds.split(",")):
+            if a.existing and not (Path(a.work) / f"{name}-s{seed}" / "study.json").is_file():
+                continue
             records.append(train_and_eval(a, name, array_of(spec, selection), options, seed))
             print(f"{name} s{seed}: dev {records[-1]['dev']:.4f} ({records[-1]['train_seconds']:.0f} s)", flush=True)
     rows = summarize(a, records)
