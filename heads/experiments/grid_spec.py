@@ -117,7 +117,7 @@ def resolved_settings(settings: dict, in_dim: int | None = None) -> dict:
     if train_dict["precision"] == "fp32":  # fp32 heads keep the ids they had before `precision` existed
         del train_dict["precision"]
     for key, unset in UNSET_SINCE_ID.items():  # settings added since: at their default, ids do not move
-        if train_dict.get(key) == unset:
+        if key in train_dict and train_dict[key] == unset:
             del train_dict[key]
     return {"head": head_dict, "train": train_dict, "array": array, "loss": loss,
             "constants": {"dev_fraction": DEV_FRACTION, "dev_seed": DEV_SEED, "genuine_threshold": GENUINE_THRESHOLD,
