@@ -9,7 +9,7 @@ from headstore.data.options import (PATH, fold_label_options, format_option, lab
 from headstore.featurize.encoder.config import DEVICES
 from headstore.heads.settings.config import TEST_SCOPES
 from headstore.heads.settings.options import configs_from_options, head_and_train_options
-from headstore.heads.training.tap_select import TapSelectConfig
+from headstore.heads.settings.taps import TapSelectConfig
 
 
 def select_ood_options(f):

@@ -11,7 +11,8 @@ import numpy as np
 from headstore.data.files import atomic_write_json
 from headstore.featurize.store.reader import FeatureStore
 from headstore.heads.kinds import load_task
-from headstore.heads.training.tap_select import TapSelectConfig, chosen_spec, group_scores, pair_targets
+from headstore.heads.settings.taps import TapSelectConfig
+from headstore.heads.training.tap_select import chosen_spec, group_scores, pair_targets
 
 
 def candidate_taps(store: FeatureStore, first: str) -> list[str]:

@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 
 from headstore.data.errors import SettingError
-from headstore.heads.training.tap_select import TapSelectConfig, chosen_spec, group_scores, pair_targets
+from headstore.heads.settings.taps import TapSelectConfig
+from headstore.heads.training.tap_select import chosen_spec, group_scores, pair_targets
 
 
 def planted(n_texts=400, n_pairs=1500, informative=2, widths=(16, 64, 16, 64, 16), seed=0):
