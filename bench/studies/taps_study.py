@@ -56,6 +56,10 @@ CANDIDATES = {
                                     [*RESIDUAL, "--array-dropout", "0.5", "--lr", "3e-4"]),
     "top4-residual-adrop5-lr3e-4": ("taps top-4, residual, array dropout 0.5, lr 3e-4", "select:4",
                                     [*RESIDUAL, "--array-dropout", "0.5", "--lr", "3e-4"]),
+    "top6-residual-adrop-lr3e-4": ("taps top-6, residual, array dropout 0.3, lr 3e-4", "select:6",
+                                   [*RESIDUAL, "--array-dropout", "0.3", "--lr", "3e-4"]),
+    "top4-residual-adrop-lr1e-4": ("taps top-4, residual, array dropout 0.3, lr 1e-4", "select:4",
+                                   [*RESIDUAL, "--array-dropout", "0.3", "--lr", "1e-4"]),
     "top8-residual-adrop5": ("taps top-8, residual, array dropout 0.5", "select:8", [*RESIDUAL, "--array-dropout", "0.5"]),
 }
 
