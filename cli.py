@@ -132,6 +132,8 @@ def main(debug):
               help="One of the model's own prompts (config_sentence_transformers.json) for both roles.")
 @click.option("--layers", default="-1", show_default=True,
               help="Comma-separated hidden layers, e.g. -1,-4; the first is `features`.")
+@click.option("--taps", is_flag=True, help="Also store every layer's taps, mean-pooled: attention output, MLP "
+              "intermediate, block output (arrays tap_<attn|mlp|block>_<layer>; docs/taps.md). Part of the fingerprint.")
 @click.option("--dtype", type=click.Choice(["float16", "float32"]), default="float16",
               show_default=True)
 @click.option("--max-length", type=int, default=None, help="Tokens per text (default: the model's).")
@@ -164,7 +166,7 @@ def main(debug):
               help="--engine ray: GPUs per actor (0: CPU actors).")
 @label_options
 def featurize(model, data_paths, unlabeled, formats, store, pooling, query_prompt, document_prompt, prompt_name,
-              layers, dtype, max_length, batch_tokens, precision, packing, device, backend, export_cache, engine,
+              layers, taps, dtype, max_length, batch_tokens, precision, packing, device, backend, export_cache, engine,
               address, workers, gpus_per_worker, **label_settings):
     """Encode every text of the datasets (and --unlabeled texts) that STORE does not hold yet (a no-op when none
     are new)."""
@@ -174,7 +176,7 @@ def featurize(model, data_paths, unlabeled, formats, store, pooling, query_promp
     # --batch-tokens unset (None): the device's default, resolved with the other settings (featurize.encoder.resolved)
     with named_as_typed():  # --max-length 1: the option named as typed
         config = FeaturizeConfig(model=model, pooling=pooling, query_prompt=query_prompt, document_prompt=document_prompt,
-                                 prompt_name=prompt_name, layers=parse_layers(layers),
+                                 prompt_name=prompt_name, layers=parse_layers(layers), taps=taps,
                                  max_length=max_length, dtype=dtype, batch_tokens=batch_tokens, precision=precision,
                                  packing=packing, device=device, backend=backend, export_cache=export_cache)
     if any(label_settings.values()):  # labelled texts: the options apply to every --data
@@ -250,12 +252,14 @@ from headstore.featurize.tuning.adapt_cli import adapt_command  # noqa: E402
 from headstore.heads.apply.export_cli import export_command, index_command, search_command  # noqa: E402
 from headstore.heads.apply.finetune_cli import finetune_command  # noqa: E402
 from headstore.heads.experiments.compare_cli import compare_command  # noqa: E402
-from headstore.heads.experiments.heads_cli import eval_command, grid_command, train_head_command  # noqa: E402
+from headstore.heads.experiments.heads_cli import (eval_command, grid_command, select_taps_command,  # noqa: E402
+                                                  train_head_command)
 from headstore.heads.experiments.labels_cli import forgetting_command, setfit_command  # noqa: E402
 
 # the other commands live beside the library they drive, a thin click layer each (`<area>_cli.py`)
 for _command in (train_head_command, eval_command, grid_command, finetune_command, compare_command, adapt_command,
-                 export_command, index_command, search_command, forgetting_command, setfit_command):
+                 export_command, index_command, search_command, forgetting_command, setfit_command,
+                 select_taps_command):
     main.add_command(_command)
 
 from headstore.heads.experiments.distill_cli import distill_command  # noqa: E402

@@ -42,6 +42,10 @@ class FeaturizeConfig:
     prompt_name: str | None = None
     # hidden-state layers to store; -1 (the last) is what every head uses by default.
     layers: tuple[int, ...] = (-1,)
+    # also store every layer's taps (featurize.encoder.taps: attention output, MLP intermediate, block output,
+    # mean-pooled) as arrays tap_<kind>_<layer>: Head2Toe's inputs, one forward pass; off by default, as they
+    # cost ~(2 d + d_ff) x layers values per text (27.6 kB a text for MiniLM in float16, 36x the features')
+    taps: bool = False
     # None: the model's own (sentence_bert_config max_seq_length, else tokenizer max up to 512).
     max_length: int | None = None
     # float16 halves the store and the heads' memory; its ~1e-3 relative error is far below
@@ -108,6 +112,10 @@ class FeaturizeConfig:
             raise ValueError(f"packing {self.packing!r} not valid; choose one of {list(PACKINGS)}")
         if self.backend not in CHOICES:
             raise ValueError(f"backend {self.backend!r} not valid; choose one of {list(CHOICES)}")
+        if self.taps and (self.packing == "on" or self.backend not in ("torch", AUTO)):
+            raise ValueError(f"--taps reads the encoder's modules by forward hooks on padded batches: give --backend "
+                             f"torch (or auto) and --packing off (or auto); got --backend {self.backend}, "
+                             f"--packing {self.packing}")
         if self.precision == "bf16-weights" and self.backend not in ("torch", AUTO):
             raise ValueError(f"precision bf16-weights holds torch's weights in bf16; give --backend torch (--backend "
                              f"{self.backend} takes --precision bf16 or fp32)")

@@ -13,7 +13,7 @@ import queue
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -236,11 +236,13 @@ def prompt_length(tokenizer, prompt: str) -> int:
 
 
 def encode_batch(encoder, batch: Batch, pooling, layers: tuple[int, ...], precision: str = "fp32",
-                 prompt_lengths: torch.Tensor | None = None) -> list[torch.Tensor]:
-    """Pooled features of one batch, one float32 (B, D) tensor per layer, on the model's device.
-    `pooling`: a pooling.Pooler (or a mode name); `prompt_lengths` (B,): prompt tokens per text, left out
-    of the pooling where the model's Pooling says so. A packed batch goes through featurize.encoder.packed."""
+                 prompt_lengths: torch.Tensor | None = None, taps: Sequence[tuple[str, int]] = ()) -> list[torch.Tensor]:
+    """Pooled features of one batch, one float32 (B, D) tensor per layer, then one per tap of `taps`
+    (featurize.encoder.taps), on the model's device. `pooling`: a pooling.Pooler (or a mode name);
+    `prompt_lengths` (B,): prompt tokens per text, left out of the pooling where the model's Pooling says so.
+    A packed batch goes through featurize.encoder.packed (no taps there: a run of taps is padded)."""
     if batch.packed is not None:
+        assert not taps, "taps are read from padded batches (FeaturizeConfig turns packing off for them)"
         with torch.inference_mode():
             return packed_forward(encoder, batch.input_ids, batch.packed, pooling, layers,
                                   None if prompt_lengths is None or not prompt_lengths.any() else prompt_lengths)
@@ -250,7 +252,7 @@ def encode_batch(encoder, batch: Batch, pooling, layers: tuple[int, ...], precis
     mask = batch.attention_mask.to(device, non_blocking=cuda) if batch.attention_mask is not None else None
     with torch.inference_mode():
         return pooled_forward(encoder.model, input_ids, mask, pooling, layers, precision,
-                              None if prompt_lengths is None or not prompt_lengths.any() else prompt_lengths)
+                              None if prompt_lengths is None or not prompt_lengths.any() else prompt_lengths, taps)
 
 
 def features_to_host(items: Iterator[tuple[Batch, list[torch.Tensor]]], cuda: bool

@@ -10,11 +10,13 @@ from __future__ import annotations
 import contextlib
 import hashlib
 from pathlib import Path
+from typing import Sequence
 
 import torch
 from safetensors.torch import load
 
 from headstore.featurize.encoder.sentence import POOLING_MODES, SentenceSpec
+from headstore.featurize.encoder.taps import recording
 
 
 def pooling_mask(mask: torch.Tensor, prompt_lengths: torch.Tensor | None) -> torch.Tensor:
@@ -127,9 +129,10 @@ def compute_context(device_type: str, precision: str):
 
 def pooled_forward(model, input_ids: torch.Tensor, attention_mask: torch.Tensor | None, pooling: "Pooler | str",
                    layers: tuple[int, ...] = (-1,), precision: str = "fp32",
-                   prompt_lengths: torch.Tensor | None = None) -> list[torch.Tensor]:
+                   prompt_lengths: torch.Tensor | None = None, taps: Sequence[tuple[str, int]] = ()) -> list[torch.Tensor]:
     """THE encode-and-pool step (featurize, finetune and Pipeline all call it): the encoder's hidden
-    states of `layers`, pooled by `pooling` (a Pooler, or a mode name), one float32 (B, D) tensor per layer.
+    states of `layers`, pooled by `pooling` (a Pooler, or a mode name), one float32 (B, D) tensor per layer,
+    then one per tap of `taps` ((kind, layer) pairs, featurize.encoder.taps), mean-pooled over the same tokens.
 
     `attention_mask` None means no text of the batch is padded (the encoder then takes its fast
     unmasked path, and mean pooling is a plain mean). `prompt_lengths` (B,): prompt tokens to leave out
@@ -138,16 +141,18 @@ def pooled_forward(model, input_ids: torch.Tensor, attention_mask: torch.Tensor 
     finetune trains through it)."""
     pooler = pooling if isinstance(pooling, Pooler) else Pooler.of(pooling)
     want_hidden = tuple(layers) != (-1,)
-    with compute_context(input_ids.device.type, precision):
+    with compute_context(input_ids.device.type, precision), recording(model, taps) as tapped:
         out = model(input_ids=input_ids, attention_mask=attention_mask,
                     output_hidden_states=want_hidden, return_dict=True)
     hidden = [out.hidden_states[layer] for layer in layers] if want_hidden else [out.last_hidden_state]
+    tap_states = [tapped[tap] for tap in taps]  # (B, S, D_tap) each
     if pooler.spec.include_prompt:
         prompt_lengths = None
     if attention_mask is None and prompt_lengths is None and pooler.spec.modes == ("mean",) and not pooler.dense:
-        return [h.to(torch.float32).mean(dim=1) for h in hidden]  # no padding: a plain mean, no (B, S, D) temporary
+        return [h.to(torch.float32).mean(dim=1) for h in hidden + tap_states]  # no padding: a plain mean, no temporary
     mask = attention_mask if attention_mask is not None else torch.ones_like(input_ids)
-    return pool_states(pooler, hidden, layers, mask, prompt_lengths)
+    pooled = pool_states(pooler, hidden, layers, mask, prompt_lengths)
+    return pooled + [mean_pool(h, pooling_mask(mask, prompt_lengths)) for h in tap_states]
 
 
 def pool_states(pooler: Pooler, hidden: list[torch.Tensor], layers: tuple[int, ...], mask: torch.Tensor,

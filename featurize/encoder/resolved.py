@@ -25,6 +25,7 @@ from headstore.featurize.encoder.config import FINGERPRINTED_NUMERICS, Featurize
 from headstore.featurize.encoder.encode import CODE_VERSION
 from headstore.featurize.encoder.model import ModelIdentity, check_options, pick_device
 from headstore.featurize.encoder.sentence import SentenceSpec, resolve_prompts, resolve_spec, sentence_dim
+from headstore.featurize.encoder.taps import tap_part
 
 GPU_BATCH_TOKENS = 65536  # batch_tokens None on cuda: a GPU wants far larger batches than a CPU's cache
 
@@ -54,6 +55,7 @@ class ResolvedSettings:
     commit_seconds: float
     chunk_rows: int
     shard_rows: int
+    taps: dict | None = None  # --taps: the store's `taps` part (featurize.encoder.taps.tap_part); None without
 
     @property
     def max_length(self) -> int:
@@ -72,7 +74,8 @@ class ResolvedSettings:
                 "layers": list(self.layers), "max_length": identity.max_length,
                 "dtype": self.dtype, "precision": self.precision, "code_version": CODE_VERSION,
                 **({"prompts": dict(self.prompts)} if any(self.prompts.values()) else {}),  # absent: before prompts
-                **numerics_part(self.numerics), **backend_part(self.backend, self.precision)}
+                **numerics_part(self.numerics), **backend_part(self.backend, self.precision),
+                **({"taps": self.taps} if self.taps else {})}  # absent: a store without taps
 
 
 def resolve(config: FeaturizeConfig, device: str | None = None) -> ResolvedSettings:
@@ -92,14 +95,14 @@ def resolve(config: FeaturizeConfig, device: str | None = None) -> ResolvedSetti
     return ResolvedSettings(
         identity=identity, spec=spec, prompts=prompts, layers=tuple(config.layers),
         dim=dim, dtype=config.dtype, device=device, precision=precision, numerics=numerics,
-        packing=config.packing == "on" or (config.packing == "auto" and device == "cuda"),
+        packing=config.packing == "on" or (config.packing == "auto" and device == "cuda" and not config.taps),
         backend=config.backend, export_cache=config.export_cache,
         num_threads=config.num_threads,
         tokenize_threads=config.tokenize_threads or (4 if device == "cuda" else 1),
         batch_tokens=batch_tokens, max_batch_size=config.max_batch_size,
         batch_overhead_tokens=batch_overhead(config.batch_overhead_tokens, batch_tokens, precision, device),
         window_texts=config.window_texts, commit_seconds=config.commit_seconds, chunk_rows=config.chunk_rows,
-        shard_rows=config.shard_rows)
+        shard_rows=config.shard_rows, taps=tap_part(identity.model_dir) if config.taps else None)
 
 
 def resolved_precision(precision: str, device: str) -> str:

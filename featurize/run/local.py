@@ -30,6 +30,7 @@ from headstore.featurize.run.committer import Committer
 from headstore.featurize.run.plan import Plan
 from headstore.featurize.run.source import all_chunks, open_sources
 from headstore.featurize.run.windows import encode_in_plan_order, new_windows, open_encoder
+from headstore.featurize.store.layout import bytes_per_text
 
 
 def featurize(config: FeaturizeConfig, data_paths: Sequence[str | Path], store_path: str | Path,
@@ -70,6 +71,7 @@ def run_local(plan: Plan, chunks: Iterable[list[str]]) -> dict:
                 counts.update(backend=choice.backend, backend_choice=choice.why)
                 committer = Committer(plan.writer, settings.commit_seconds, settings.shard_rows)
                 next_row = plan.writer.n_texts
+                progress_write(f"featurize: {_bytes_line(plan)}")
                 bar = _token_bar()
             t = time.perf_counter()
             _encode_window(settings, encoder, committer, bar, counts,
@@ -91,6 +93,13 @@ def run_local(plan: Plan, chunks: Iterable[list[str]]) -> dict:
     if committer is not None:
         _finish_local(plan, committer, encoder, counts, t_encode)
     return plan.summary(counts, t0)
+
+
+def _bytes_line(plan: Plan) -> str:
+    """The store's bytes per text, said before encoding: its arrays and, with --taps, what the taps add."""
+    size = bytes_per_text({**plan.parts, "dim": plan.settings.dim})
+    taps = f" ({size['features']:,} features + {size['taps']:,} taps)" if size["taps"] else ""
+    return f"{size['total']:,} bytes per text{taps}"
 
 
 def _token_bar():

@@ -16,7 +16,8 @@ from headstore.featurize.encoder.config import FeaturizeConfig
 from headstore.featurize.encoder.hardware import warn_if_emulated_bf16
 from headstore.featurize.encoder.resolved import ResolvedSettings, resolve
 from headstore.featurize.store.ids import IdSet, digests, first_occurrences, keys_of_digests, keys_of_hex
-from headstore.featurize.store.layout import MANIFEST, StoreError, check_fingerprint, segment_backends
+from headstore.featurize.store.layout import (MANIFEST, StoreError, bytes_per_text, check_fingerprint,
+                                              segment_backends)
 from headstore.featurize.store.reader import FeatureStore, stored_ids
 from headstore.featurize.store.writer import StoreWriter
 
@@ -98,4 +99,5 @@ class Plan:
                 "n_texts": store.n_texts if store else 0,
                 "fingerprint": store.fingerprint if store else None,
                 "rows_by_backend": segment_backends(store.manifest) if store else {},
+                "bytes_per_text": bytes_per_text(store.manifest if store else {**self.parts, "dim": self.settings.dim}),
                 "n_truncated_in_store": n_truncated, "seconds": round(time.perf_counter() - t0, 3)}

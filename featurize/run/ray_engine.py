@@ -126,6 +126,8 @@ def featurize_ray(config: FeaturizeConfig, data_paths: Sequence[str | Path], sto
     """The ray engine; returns the same summary as `featurize` (plus engine, workers)."""
     if workers < 1:
         raise ValueError(f"--workers must be at least 1, got {workers}")
+    if config.taps:
+        raise ValueError("--taps runs in the local engine (--engine local): its actors store the layers' arrays only")
     if gpus_per_worker < 0:
         raise ValueError(f"--gpus-per-worker must be >= 0, got {gpus_per_worker}")
     device = "cuda" if gpus_per_worker > 0 else "cpu"

@@ -16,6 +16,7 @@ from headstore.featurize.encoder.model import open_model
 from headstore.featurize.encoder.packed import prepare_encoder
 from headstore.featurize.encoder.pooling import Pooler
 from headstore.featurize.encoder.resolved import ResolvedSettings
+from headstore.featurize.encoder.taps import tap_arrays
 from headstore.featurize.run.plan import Plan
 from headstore.featurize.run.source import windows
 from headstore.featurize.store.layout import array_names
@@ -55,8 +56,11 @@ def open_encoder(settings: ResolvedSettings, n_chars: int | None = None) -> tupl
     s = settings
     encoder = open_model(s.identity, s.device)
     path = prepare_encoder(encoder, s.numerics, s.packing)
-    choice = (choose_backend(encoder, s.layers, s.precision, path.packing, s.num_threads, s.export_cache, n_chars)
-              if s.backend == AUTO else Choice(s.backend, "given (--backend)"))
+    if s.taps:  # FeaturizeConfig allows torch or auto only
+        choice = Choice("torch", "torch: --taps reads the encoder's modules by forward hooks")
+    else:
+        choice = (choose_backend(encoder, s.layers, s.precision, path.packing, s.num_threads, s.export_cache, n_chars)
+                  if s.backend == AUTO else Choice(s.backend, "given (--backend)"))
     return use_backend(encoder, choice.backend, s.layers, s.precision,  # torch: itself
                        s.num_threads, s.export_cache), choice
 
@@ -66,7 +70,8 @@ def encode_in_plan_order(settings: ResolvedSettings, encoder, ids: list[str], te
     """Tokenise prompt + text (as sentence-transformers does) and plan the texts (longest first), encode
     batch by batch: yields (indices into texts, {array name: (B, D) features in the store dtype}, the
     tokenisation, the batch). `prompts`: one prompt for every text, or one per text."""
-    names = list(array_names(settings.layers))
+    tapped = tap_arrays(settings.taps)  # {} without --taps; the store's order
+    names, taps = [*array_names(settings.layers), *tapped], [(t["tap"], t["layer"]) for t in tapped.values()]
     np_dtype = np.dtype(settings.dtype)
     # numerics, packing: once per encoder
     path = encoder.path or prepare_encoder(encoder, settings.numerics, settings.packing)
@@ -86,7 +91,7 @@ def encode_in_plan_order(settings: ResolvedSettings, encoder, ids: list[str], te
         for batch in prefetch_batches(tok, order, batches, pad_id, pin=settings.cuda, depth=depth,
                                       packed=path.packing):
             lengths = prompt_lengths[order[batch.start: batch.start + batch.n_texts]]  # (B,)
-            yield batch, encode_batch(encoder, batch, pooler, settings.layers, path.autocast, lengths)  # [(B, D)]
+            yield batch, encode_batch(encoder, batch, pooler, settings.layers, path.autocast, lengths, taps)  # [(B, D)]
 
     for batch, host in features_to_host(pooled_batches(), cuda=settings.cuda):
         with np.errstate(over="ignore"):  # a float16 overflow is refused just below, naming the text

@@ -8,6 +8,7 @@ Layout of a store S (format 2, an append-only segment store):
     S/features.zarr            Zarr v3 array (N, D), float16 or float32, chunked and sharded, every
                                chunk carrying a crc32c checksum (zarr's crc32c codec)
     S/features_layer-4.zarr    one sibling array per extra layer (named in the manifest)
+    S/tap_mlp_3.zarr           with --taps: one array per tap and layer, its own width (featurize.encoder.taps)
     S/.lock                    held by the one writer (the OS drops it when the writer dies)
 
 Commit protocol (writer.py; what makes a SIGKILL at any moment safe): features of the new rows
@@ -35,6 +36,7 @@ import polars as pl
 import zarr
 
 from headstore.data.text_id import TEXT_ID_BYTES
+from headstore.featurize.encoder.taps import tap_arrays
 
 MANIFEST = "manifest.json"
 TEXTS_DIR = "texts"
@@ -45,9 +47,9 @@ FINGERPRINT_PARTS = ("model_id", "weights_hash", "tokenizer_hash", "pooling", "l
                      "max_length", "dtype", "precision", "code_version")
 # parts present only where they differ from what stores had before them (so those stores keep their
 # fingerprint): the model's sentence modules (featurize.encoder.sentence), the roles' prompts, the encoder's
-# numerics where the weights are held in half precision (config.FINGERPRINTED_NUMERICS), and a CPU runtime
-# out of fp32 (featurize.encoder.backends.backend_part; fp32 stores made while every runtime was a part keep it)
-OPTIONAL_PARTS = ("include_prompt", "dense", "normalize", "prompts", "numerics", "backend")
+# numerics where the weights are held in half precision (config.FINGERPRINTED_NUMERICS), the taps (featurize.
+# encoder.taps: their kinds, pooling and widths), and a CPU runtime out of fp32 (featurize.encoder.backends.backend_part; fp32 stores made while every runtime was a part keep it)
+OPTIONAL_PARTS = ("include_prompt", "dense", "normalize", "prompts", "numerics", "backend", "taps")
 TEXTS_SCHEMA = {"text_id": pl.String, "text": pl.String, "row": pl.Int64,
                 "n_tokens": pl.Int32, "truncated": pl.Boolean}
 PLAIN_ID = f"^[0-9a-fA-F]{{{2 * TEXT_ID_BYTES}}}$"  # a text id as stored (hex of 16 bytes)
@@ -73,6 +75,28 @@ def array_names(layers: Sequence[int]) -> dict[str, int]:
     """The first listed layer is `features`; every other one `features_layer{L}`."""
     return {("features" if i == 0 else f"features_layer{layer}"): layer
             for i, layer in enumerate(layers)}
+
+
+def store_arrays(parts: dict) -> dict[str, dict]:
+    """Every array a store of these fingerprint parts holds, in the order a batch's features come: the layers'
+    ({"layer": L}, the store's dim), then the taps' ({"tap": kind, "layer": i, "dim": their width})."""
+    return {**{name: {"layer": layer} for name, layer in array_names(parts["layers"]).items()},
+            **tap_arrays(parts.get("taps"))}
+
+
+def array_dim(manifest: dict, name: str) -> int:
+    """The width of array `name`: its own (a tap's), else the store's dim."""
+    return int(manifest["arrays"][name].get("dim", manifest["dim"]))
+
+
+def bytes_per_text(manifest: dict) -> dict[str, int]:
+    """Feature bytes a text takes in a store (a manifest, or fingerprint parts with its dim): {"features": the
+    layers' arrays, "taps": the taps', "total"}."""
+    itemsize = 2 if manifest["dtype"] == "float16" else 4
+    arrays = manifest.get("arrays") or store_arrays(manifest)
+    taps = sum(int(a.get("dim", manifest["dim"])) for a in arrays.values() if "tap" in a) * itemsize
+    total = sum(int(a.get("dim", manifest["dim"])) for a in arrays.values()) * itemsize
+    return {"features": total - taps, "taps": taps, "total": total}
 
 
 _crash_counts: dict[str, int] = {}

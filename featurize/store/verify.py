@@ -18,7 +18,8 @@ import zarr
 
 from headstore.featurize.store.ids import IdSet, digests, keys_of_digests, keys_of_hex
 from headstore.featurize.store.layout import (FINGERPRINT_PARTS, FORMAT_VERSION, LEGACY_TEXTS, MANIFEST, TEXTS_DIR,
-                                              TEXTS_SCHEMA, fingerprint_of, shard_file, shard_rows_of)
+                                              TEXTS_SCHEMA, array_dim, bytes_per_text, fingerprint_of, shard_file,
+                                              shard_rows_of)
 from headstore.featurize.store.reader import FeatureStore
 
 RERUN = "an interrupted featurize: rerunning featurize into this store completes it"
@@ -149,8 +150,8 @@ def _verify_array(array_path: Path, name: str, n: int, manifest: dict) -> list[s
     elif arr.shape[0] < n:
         problems.append(f"{array_path}: {arr.shape[0]} rows, but {n} are committed: rows "
                         f"{arr.shape[0]}..{n - 1} are lost")
-    if arr.ndim != 2 or arr.shape[1] != manifest["dim"]:
-        problems.append(f"{array_path}: shape {arr.shape}, expected ({n}, {manifest['dim']})")
+    if arr.ndim != 2 or arr.shape[1] != array_dim(manifest, name):
+        problems.append(f"{array_path}: shape {arr.shape}, expected ({n}, {array_dim(manifest, name)})")
         return problems
     if str(arr.dtype) != manifest["dtype"]:
         problems.append(f"{array_path}: dtype {arr.dtype}, manifest says {manifest['dtype']}")
@@ -204,7 +205,7 @@ def store_info(path: str | Path) -> dict:
     return {"path": str(store.path), "format_version": store.format_version,
             "model_id": m["model_id"], "pooling": m["pooling"],
             "layers": m["layers"], "max_length": m["max_length"], "dtype": m["dtype"],
-            "dim": m["dim"], "n_texts": store.n_texts,
+            "dim": m["dim"], "n_texts": store.n_texts, "bytes_per_text": bytes_per_text(m),
             "arrays": {name: spec["path"] for name, spec in m["arrays"].items()},
             "n_parts": len(store.part_files()),
             "n_truncated": int(stats["trunc"].item() or 0),

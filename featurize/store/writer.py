@@ -27,7 +27,7 @@ from zarr.codecs import Crc32cCodec
 
 from headstore.data.files import atomic_write_bytes, atomic_write_parquet, fsync_dir, writing
 from headstore.featurize.store.layout import (FINGERPRINT_PARTS, FORMAT_VERSION, LOCK, MANIFEST, OPTIONAL_PARTS,
-                                              TEXTS_DIR, TEXTS_SCHEMA, StoreError, array_names, check_fingerprint,
+                                              TEXTS_DIR, TEXTS_SCHEMA, StoreError, check_fingerprint, store_arrays,
                                               crash_point, fingerprint_of, format_version, read_manifest, shard_file,
                                               shard_rows_of)
 
@@ -226,11 +226,11 @@ def _create(path: Path, parts: dict, dim: int, chunk_rows: int, shard_rows: int)
             if child.name != LOCK:
                 shutil.rmtree(child) if child.is_dir() else child.unlink()
         arrays = {}
-        for name, layer in array_names(parts["layers"]).items():
+        for name, info in store_arrays(parts).items():
             with writing(path / f"{name}.zarr"):  # an OS error (a full disk) names the array
-                create_array(tmp / f"{name}.zarr", dim, parts["dtype"], chunk_rows, shard_rows)
-            arrays[name] = {"path": f"{name}.zarr", "layer": layer}
-            if parts.get("normalize") and layer == -1:  # the model's Normalize: on the last layer, on read
+                create_array(tmp / f"{name}.zarr", info.get("dim", dim), parts["dtype"], chunk_rows, shard_rows)
+            arrays[name] = {"path": f"{name}.zarr", **info}
+            if parts.get("normalize") and "tap" not in info and info["layer"] == -1:  # the model's Normalize, on read
                 arrays[name]["normalize"] = True
         (tmp / TEXTS_DIR).mkdir()
         write_manifest(tmp, new_manifest(parts, dim, arrays, chunk_rows, shard_rows))

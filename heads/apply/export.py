@@ -44,6 +44,7 @@ from headstore.featurize.store.layout import array_names
 from headstore.heads.apply.pipeline import check_encoder, encoder_source
 from headstore.heads.artefacts.head import Head
 from headstore.heads.artefacts.memory import MEMORY_FILE
+from headstore.heads.network.features import array_list
 from headstore.heads.apply.formats import EXPORT_FORMATS
 
 SIMILARITY = {"l1": "manhattan", "l2": "euclidean", "cosine": "cosine",
@@ -200,10 +201,14 @@ def export_sentence_transformers(head: Head, out: Path, model: str | None = None
     except ImportError:
         raise ValueError("export to sentence-transformers needs it installed: pip install 'headstore[export]'") from None
     parts = head.store_manifest
-    if head.head_config.mix > 1:
+    if head.head_config.mix > 1 or len(array_list(head.array)) > 1:
         raise ValueError(f"{head.source} mixes several encoder layers ({head.array}); a sentence-transformers "
                          "Transformer module gives the last layer only; export refused (use --format safetensors "
                          "and headstore.Pipeline)")
+    if head.array not in _array_names(parts):
+        raise ValueError(f"{head.source} reads taps ({head.array}: featurize --taps), which no stock "
+                         "sentence-transformers module gives; export refused (use --format safetensors and "
+                         "headstore.Pipeline, which computes them)")
     layer = dict(zip(_array_names(parts), parts["layers"]))[head.array]
     name = encoder_source(head, model)
     check_encoder(head, name)

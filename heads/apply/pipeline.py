@@ -35,7 +35,7 @@ from headstore.featurize.encoder.resolved import store_numerics
 from headstore.featurize.encoder.pooling import Pooler
 from headstore.featurize.encoder.sentence import SentenceSpec
 from headstore.featurize.store.rows import unit_rows
-from headstore.featurize.store.layout import array_names, fingerprint_of
+from headstore.featurize.store.layout import fingerprint_of, store_arrays
 from headstore.heads.scoring.energy import pairwise_energy
 from headstore.heads.network.features import array_list
 from headstore.heads.artefacts.head import Head
@@ -89,13 +89,18 @@ class Pipeline:
         self.encoder, self.head, self.model_source = encoder, head, model_source
         self.spec = SentenceSpec.from_parts(parts)
         self.pooler = Pooler.of(self.spec, encoder.identity.model_dir)
-        names = array_names(parts["layers"])
+        names = store_arrays(parts)  # the layers' arrays, then the taps' (featurize --taps)
         unknown = [a for a in array_list(head.array) if a not in names]
         if unknown:
             raise ValueError(f"{head.source}: array {unknown[0]!r} is not one of the store's {sorted(names)}")
-        self.layers = tuple(names[a] for a in array_list(head.array))  # a mixing head takes several, side by side
-        self.layer = self.layers[0]
-        self.normalized = [self.spec.normalize and layer == -1 for layer in self.layers]  # read as the store reads
+        wanted = [names[a] for a in array_list(head.array)]  # a mixing head takes several, side by side
+        self.layers = tuple(a["layer"] for a in wanted if "tap" not in a)
+        self.taps = [(a["tap"], a["layer"]) for a in wanted if "tap" in a]  # read by hooks in the same forward
+        # encode_batch gives the layers, then the taps: the head's order of them
+        self.order = [self.layers.index(a["layer"]) if "tap" not in a else len(self.layers)
+                      + self.taps.index((a["tap"], a["layer"])) for a in wanted]
+        self.layer = self.layers[0] if self.layers else None
+        self.normalized = [self.spec.normalize and "tap" not in a and a["layer"] == -1 for a in wanted]  # as read
         self.precision = parts.get("precision", "fp32")
         self.numerics = store_numerics(parts)  # weights in bf16/fp16, or fp32 (under bf16 autocast): as the store
         if encoder.path is None:
@@ -117,7 +122,8 @@ class Pipeline:
         return cls(encoder, head, name)
 
     def __repr__(self) -> str:
-        return (f"Pipeline({self.model_source!r}, {self.spec.describe()}, layer {self.layer if len(self.layers) == 1 else list(self.layers)}, "
+        return (f"Pipeline({self.model_source!r}, {self.spec.describe()}, layer {self.layer if len(self.layers) == 1 else list(self.layers)}"
+                f"{f', taps {self.taps}' if self.taps else ''}, "
                 f"max_length {self.max_length}, {self.numerics}, head {self.head!r})")
 
     def prompt(self, role: str) -> str:
@@ -150,8 +156,9 @@ class Pipeline:
             input_ids, mask = collate([tok.ids[i] for i in idx], pad_id, pin=False)
             batch = Batch(start, input_ids, mask, int(tok.n_tokens[idx].sum()))
             pooled = encode_batch(self.encoder, batch, self.pooler, self.layers, self.encoder.path.autocast,
-                                  skip[:len(idx)])  # L x (B, D)
-            rows = [p.cpu().numpy().astype(self.store_dtype).astype(np.float32) for p in pooled]  # the store's dtype
+                                  skip[:len(idx)], self.taps)  # L x (B, D), then the taps
+            rows = [pooled[i].cpu().numpy().astype(self.store_dtype).astype(np.float32)  # the store's dtype
+                    for i in self.order]
             rows = [unit_rows(r) if unit else r for r, unit in zip(rows, self.normalized)]  # as the store is read
             out[idx] = np.concatenate(rows, axis=1)  # (B, L * D)
             bar.update(batch.n_real_tokens)

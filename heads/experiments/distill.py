@@ -37,6 +37,7 @@ from headstore.heads.experiments.distill_report import (SPLITS, Beside, best_mem
 from headstore.heads.experiments.distill_tuned import TunedTeacherStore, tuned_head_dir
 from headstore.heads.kinds import judgement_pairs, load_task
 from headstore.heads.kinds.unlabeled import unlabeled_report
+from headstore.heads.network.features import array_widths
 from headstore.heads.scoring.losses import distill_losses
 from headstore.heads.artefacts.task_features import TaskFeatures
 from headstore.heads.settings.config import HeadConfig, TrainConfig
@@ -150,7 +151,8 @@ def distill(store_path: str, data_path: str, teacher_ref: str, out_dir: str, hea
         teacher, task, teacher_features, store.dim)
     beside = Beside(task, store, tf, array, teacher, single_head, ood, (tf.positions(anchors), tf.positions(corpus)),
                     device, items, read_teacher)
-    head_cfg, init = student_start(dcfg, single_head, head_shape(head_cfg, features, array, task, cfg), array)
+    shape = head_shape(head_cfg, features, array, task, cfg, array_widths(store, array))
+    head_cfg, init = student_start(dcfg, single_head, shape, array)
     embedding_loss = any(spec.reads == "embeddings" for spec in distill_losses(dcfg.distill_loss))
     if embedding_loss:
         check_embedding_student(teacher, head_cfg, dcfg)  # before the teacher's pass writes its targets

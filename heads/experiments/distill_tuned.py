@@ -72,10 +72,10 @@ def featurize_config(store: FeatureStore, head: Head, teacher_store: FeatureStor
 def check_planned(cfg: FeaturizeConfig, head: Head, path: Path) -> None:
     """ValueError, before any text is encoded, where `cfg` would make a store of another fingerprint than the one
     the teacher head was trained on, naming the parts that differ."""
-    from headstore.featurize.run.plan import fingerprint_parts
+    from headstore.featurize.encoder.resolved import resolve
     from headstore.featurize.store.layout import fingerprint_of
 
-    parts = fingerprint_parts(cfg)
+    parts = resolve(cfg).parts()
     if fingerprint_of(parts) == head.store_fingerprint:
         return
     want = head.store_manifest

@@ -37,7 +37,8 @@ GRID_VERSION = 2
 # settings added after grid ids were first recorded, with their default (left out of the id when at it)
 UNSET_SINCE_ID = {"strength": "1", "anchor_weight": 0.0, "anchor_data": "", "exact_max": 20_000, "pool_k": 100,
                   "sides": "both", "remine_every": 1, "label_smoothing": 0.1, "solver": "adamw", "self_train": 0,
-                  "self_train_add": 64, "self_train_c": 10.0, "mix_mode": "scalar"}
+                  "self_train_add": 64, "self_train_c": 10.0, "mix_mode": "scalar", "array_dropout": 0.0,
+                  "array_widths": None}
 
 
 def _check_values(path: str, where: str, key: str, values: list) -> None:
@@ -117,7 +118,7 @@ def resolved_settings(settings: dict, in_dim: int | None = None) -> dict:
     if train_dict["precision"] == "fp32":  # fp32 heads keep the ids they had before `precision` existed
         del train_dict["precision"]
     for key, unset in UNSET_SINCE_ID.items():  # settings added since: at their default, ids do not move
-        if train_dict.get(key) == unset:
+        if key in train_dict and train_dict[key] == unset:
             del train_dict[key]
     return {"head": head_dict, "train": train_dict, "array": array, "loss": loss,
             "constants": {"dev_fraction": DEV_FRACTION, "dev_seed": DEV_SEED, "genuine_threshold": GENUINE_THRESHOLD,

@@ -22,7 +22,7 @@ from headstore.heads.experiments.grid_scope import heads_to_test, scored_heads
 from headstore.heads.experiments.grid_spec import GRID_VERSION
 from headstore.heads.kinds import PREFIX, Task, kind_of
 from headstore.heads.kinds.labels import label_space
-from headstore.heads.network.features import Normalizer
+from headstore.heads.network.features import Normalizer, array_widths
 from headstore.heads.network.model import StackedMLP
 from headstore.heads.settings.config import TEST_SCOPES, TrainConfig
 from headstore.heads.training.run import head_shape
@@ -131,7 +131,7 @@ class StackRunner:
         X = self.features(array)
         configs = [it[2] for it in items]
         stask = self.scored_task(configs[0])
-        head_cfg = head_shape(items[0][1], X, array, stask, configs[0])  # a classifier head ends in the classes
+        head_cfg = head_shape(items[0][1], X, array, stask, configs[0], array_widths(self.store, array))  # a classifier head ends in the classes
         t0 = time.perf_counter()
         model, norm, runs = train_stack(stask, X, head_cfg, configs, progress=progress, selection=self.selection,
                                         anchor_rows=self.anchor_positions(configs[0]))

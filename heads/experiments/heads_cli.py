@@ -9,6 +9,7 @@ from headstore.data.options import (PATH, fold_label_options, format_option, lab
 from headstore.featurize.encoder.config import DEVICES
 from headstore.heads.settings.config import TEST_SCOPES
 from headstore.heads.settings.options import configs_from_options, head_and_train_options
+from headstore.heads.settings.taps import TapSelectConfig
 
 
 def select_ood_options(f):
@@ -166,3 +167,22 @@ def grid_command(store, data, data_format, unlabeled, grid_path, out, transfer, 
              overwrite=overwrite, select_ood=tuple(select_ood), ood_delta=ood_delta, ensembles=tuple(ensembles),
              dry_run=dry_run, soups=tuple(soups), test_scope=test_scope, device=device, unlabeled=tuple(unlabeled),
              engine=engine, ray_options=ray_options)
+
+
+@click.command("select-taps")
+@click.option("--store", type=PATH, required=True, help="A store featurized with --taps.")
+@click.option("--data", type=PATH, required=True, help="Dataset whose training pairs choose the taps (dev and test unread).")
+@format_option
+@click.option("--first", default="features", show_default=True, help="The array the head reads first, always kept.")
+@click.option("--keep", type=int, default=TapSelectConfig.keep, show_default=True, help="Taps kept beside --first.")
+@click.option("--penalty", type=float, default=TapSelectConfig.penalty, show_default=True, help="Group-lasso strength.")
+@click.option("--rank", type=int, default=TapSelectConfig.rank, show_default=True, help="Width of the linear map.")
+@click.option("--epochs", type=int, default=TapSelectConfig.epochs, show_default=True)
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--out", type=PATH, default=None, help="JSON file for every tap's score and the chosen --array.")
+def select_taps_command(store, data, data_format, first, keep, penalty, rank, epochs, seed, out):
+    """Rank a store's taps by a group lasso on the training pairs; print the --array a head should read."""
+    from headstore.heads.experiments.tap_selection import select_taps, selection_table
+
+    cfg = TapSelectConfig(penalty=penalty, rank=rank, epochs=epochs, keep=keep, seed=seed)
+    click.echo(selection_table(select_taps(store, data, cfg, first, data_format, out)))

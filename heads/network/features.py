@@ -10,6 +10,7 @@ import torch
 from safetensors.torch import load_file, save
 
 from headstore.data.files import atomic_write_bytes
+from headstore.featurize.store.layout import array_dim
 from headstore.featurize.store.reader import FeatureStore
 
 
@@ -23,6 +24,13 @@ def array_list(array: str) -> list[str]:
         raise ValueError(f"array {array!r}: give store array names joined by '{MIX_SEP}', each once "
                          f"(e.g. features+features_layer-4)")
     return names
+
+
+def array_widths(store, array: str) -> list[int]:
+    """The width of each store array an array spec names (a tap's own, else the store's dim)."""
+    manifest = store.manifest
+    return [array_dim(manifest, name) if name in manifest.get("arrays", {}) else int(manifest["dim"])
+            for name in array_list(array)]
 
 
 def read_features(store, array: str = "features", rows=None) -> np.ndarray:

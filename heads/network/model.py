@@ -58,11 +58,16 @@ def autocast(precision: str, device: str | torch.device = "cpu"):
 def _check_buildable(cfg: HeadConfig) -> None:
     if cfg.in_dim is None or cfg.in_dim < 1:
         raise ValueError(f"HeadConfig.in_dim must be set to the feature dim (got {cfg.in_dim})")
+    if cfg.array_dropout > 0 and len(cfg.array_bounds()) < 3:
+        raise ValueError(f"array_dropout {cfg.array_dropout} drops arrays beside the first: it needs several arrays "
+                         "read side by side (--array A+B+... --mix-mode concat)")
     if cfg.mix_mode == "concat" and cfg.mix > 1 and cfg.residual and cfg.depth > 0:
         raise ValueError(f"a head reading its {cfg.mix} arrays side by side (mix_mode 'concat') has no one input to add "
                          f"back: use --no-residual (a grid: residual = false), or --mix-mode scalar")
-    if cfg.residual and cfg.depth > 0 and cfg.out_features != cfg.in_dim:
-        raise ValueError(f"residual heads need out_dim == in_dim ({cfg.in_dim}); got out_dim={cfg.out_dim}")
+    leading = cfg.mix_mode == "concat" and cfg.mix == 1 and cfg.out_features < cfg.in_dim  # arrays of several widths
+    if cfg.residual and cfg.depth > 0 and cfg.out_features != cfg.in_dim and not leading:
+        raise ValueError(f"residual heads need out_dim == in_dim ({cfg.in_dim}), or, reading arrays of several widths "
+                         f"side by side, out_dim = the first array's width; got out_dim={cfg.out_dim}")
     if cfg.sides == "query" and (cfg.out_features != cfg.in_dim or cfg.mix > 1):
         raise ValueError(f"a query-side head (sides='query') compares f(q) with a document's own features, so it needs "
                          f"out_dim == in_dim ({cfg.in_dim}) and one stored array; got out_dim={cfg.out_dim}, "
@@ -145,14 +150,26 @@ class StackedMLP(nn.Module):
         elif x.dim() == 2:
             x = x.unsqueeze(0).expand(H, *x.shape)  # shared input, a view: (H, B, D)
         act = ACTIVATIONS[cfg.activation]
-        h = x
+        h = self.dropped_arrays(x) if self.training and cfg.array_dropout > 0 else x
         for l in range(cfg.depth):
             h = torch.baddbmm(self.biases[l].unsqueeze(1), h, self.weights[l])  # (H, B, out_l)
             if l < cfg.depth - 1:
                 if cfg.layer_norm:
                     h = F.layer_norm(h, h.shape[-1:]) * self.ln_weights[l].unsqueeze(1) + self.ln_biases[l].unsqueeze(1)
                 h = F.dropout(act(h), cfg.dropout, self.training)
-        return x + h if cfg.residual and cfg.depth > 0 else h
+        # a residual head adds its input back; one narrower than its input (arrays of several widths side by side,
+        # out_dim the first's) adds back the leading columns: the first array (taps: `features`)
+        return x[..., :h.shape[-1]] + h if cfg.residual and cfg.depth > 0 else h
+
+    def dropped_arrays(self, x: torch.Tensor) -> torch.Tensor:
+        """(H, B, W) input with each array but the first zeroed, whole, per head and text, with probability
+        array_dropout, the kept ones scaled by 1 / (1 - p) (the residual adds back the first array, never dropped)."""
+        bounds, p = self.cfg.array_bounds(), self.cfg.array_dropout
+        keep = (torch.rand(*x.shape[:-1], len(bounds) - 2, device=x.device) >= p).to(x.dtype) / (1 - p)  # (H, B, A-1)
+        sizes = torch.tensor([b - a for a, b in zip(bounds[1:-1], bounds[2:])], device=x.device)
+        mask = torch.cat([torch.ones(*x.shape[:-1], bounds[1], device=x.device, dtype=x.dtype),
+                          keep.repeat_interleave(sizes, dim=-1)], dim=-1)  # (H, B, W)
+        return x * mask
 
     def encode(self, x: torch.Tensor, role: str = "query") -> torch.Tensor:
         """(B, D) or (H, B, D) features of texts in `role` -> (H, B, out_features). A query-side head

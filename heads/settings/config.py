@@ -78,6 +78,14 @@ class HeadConfig:
         "concat (the arrays side by side into the MLP's first layer; needs --no-residual).", choices=MIX_MODES))
     # scalar: the small head of docs/l1-energy.md; concat: the distillation student of a tuned encoder keeps 2-3x
     # more of its gain with it (docs/distill.md), at the cost of a first layer L x as wide
+    # with --array A+B+... read side by side: drop each array but the first, whole, per text in training, with this
+    # probability (the kept ones scaled by 1 / (1 - p)); on STS-B's taps 0.3 lifted dev above frozen + head where
+    # the same wide input without it fell below (docs/taps.md)
+    array_dropout: float = field(default=0.0, metadata=option_meta(
+        "With --array A+B+... read side by side (--mix-mode concat): the probability of dropping each array but the "
+        "first, whole, per text in training."))
+    # arrays of several widths read side by side (taps): their widths, comma-separated, set from --array
+    array_widths: Optional[str] = field(default=None, metadata=option_meta(cli=False))
     sides: str = field(default="both", metadata=option_meta(
         "Which texts pass through the head: both (queries and documents), or query (documents keep their frozen "
         "normalised features, E(q, d) = ||f(q) - n(d)||: a corpus index serves every such head).", choices=SIDES))
@@ -91,7 +99,8 @@ class HeadConfig:
             raise ValueError(f"init={self.init!r}; valid: {list(INITS)}")
         bounds = [("depth", self.depth >= 0, ">= 0 (0 = identity)"), ("hidden", self.hidden >= 1, ">= 1"),
                   ("dropout", 0.0 <= self.dropout < 1.0, "in [0, 1)"), ("mix", self.mix >= 1, ">= 1 (arrays mixed)"),
-                  ("mix_init", 0.0 < self.mix_init < 1.0, "in (0, 1)")]
+                  ("mix_init", 0.0 < self.mix_init < 1.0, "in (0, 1)"),
+                  ("array_dropout", 0.0 <= self.array_dropout < 1.0, "in [0, 1)")]
         for name, holds, what in bounds:
             if not holds:
                 raise SettingError(name, f"must be {what}, got {getattr(self, name)}")
@@ -115,6 +124,12 @@ class HeadConfig:
         if self.depth == 0:
             return [self.in_dim]
         return [self.input_width] + [self.hidden] * (self.depth - 1) + [self.out_features]
+
+    def array_bounds(self) -> list[int]:
+        """[0, w_1, w_1 + w_2, ...]: where each array read side by side starts and ends in the head's input."""
+        widths = ([int(w) for w in self.array_widths.split(",")] if self.array_widths
+                  else [self.in_dim] * (self.mix if self.mix_mode == "concat" else 1))
+        return [sum(widths[:i]) for i in range(len(widths) + 1)]
 
     @property
     def input_width(self) -> int:

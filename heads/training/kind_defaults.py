@@ -2,6 +2,7 @@
 (`defaults_for_kind`), and the head's shape completed from the features and the task (`head_shape`)."""
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import asdict, fields, replace
 
 import torch
@@ -15,11 +16,22 @@ from headstore.heads.training.anchor import anchor_pool, own_texts
 
 
 def head_shape(head_cfg: HeadConfig, features: torch.Tensor, array: str, task: Task | None = None,
-               cfg: TrainConfig | None = None) -> HeadConfig:
+               cfg: TrainConfig | None = None, widths: Sequence[int] | None = None) -> HeadConfig:
     """The head config completed from the features: in_dim (one array's dim) and mix (arrays mixed); a
-    classifier head (a loss whose outputs are classes: ce) ends in the task's classes, not residual."""
+    classifier head (a loss whose outputs are classes: ce) ends in the task's classes, not residual. Arrays of
+    several `widths` (taps: featurize.encoder.taps) are one input read side by side: in_dim their sum, mix 1."""
     mix = len(array_list(array))
-    shape = {**asdict(head_cfg), "in_dim": features.shape[1] // mix, "mix": mix}
+    in_dim = features.shape[1] // mix
+    if widths is not None and len(set(widths)) > 1:
+        if head_cfg.mix_mode != "concat":
+            raise ValueError(f"--array {array}: arrays of widths {list(widths)} have no one width to mix; read them "
+                             "side by side: --mix-mode concat")
+        if head_cfg.residual and head_cfg.depth > 0 and head_cfg.out_dim != widths[0]:
+            raise ValueError(f"--array {array}: a residual head over arrays of several widths adds back the first "
+                             f"({widths[0]} wide): give --out-dim {widths[0]}, or --no-residual")
+        in_dim, mix = features.shape[1], 1
+    shape = {**asdict(head_cfg), "in_dim": in_dim, "mix": mix,
+             "array_widths": ",".join(map(str, widths)) if widths is not None and len(set(widths)) > 1 else None}
     if cfg is not None and LOSSES[cfg.loss].outputs == "classes":
         if head_cfg.depth < 1:
             raise ValueError(f"loss {cfg.loss} trains a classifier head: it needs --depth >= 1 (its last layer "

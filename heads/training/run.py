@@ -42,7 +42,7 @@ from headstore.heads.evaluation.evaluate import TEST_SPLIT, embedder, evaluate_b
 from headstore.heads.kinds import Task, judgement_pairs, kind_of, load_task, task_seen_masks
 from headstore.heads.kinds.labels import label_space, shots_note
 from headstore.heads.kinds.unlabeled import unlabeled_report
-from headstore.heads.network.features import array_list
+from headstore.heads.network.features import array_list, array_widths
 from headstore.heads.settings.config import STRENGTH_AUTO, HeadConfig, TrainConfig
 from headstore.heads.training.anchor import anchor_rows_of
 from headstore.heads.training.kind_defaults import defaults_for_kind, head_shape  # noqa: F401  (importable here)
@@ -120,7 +120,7 @@ def train_head(store_path: str, data_path: str, out_dir: str, head_cfg: HeadConf
                                                           f"--data {data_path}")
     decided = decided_by_data(task, features, store.dim, given, kind_defaults, array)  # labelled texts: dev's recipe
     head_cfg, cfg, task, defaults_note = decided.get("chosen", (head_cfg, cfg, task, defaults_note))
-    head_cfg = head_shape(head_cfg, features, array, task, cfg)
+    head_cfg = head_shape(head_cfg, features, array, task, cfg, array_widths(store, array))
     baseline = evaluate_baseline(task, features, SPLITS, dim=store.dim)  # before the features are normalised
     trim_heap()  # (and after training: its freed transients back to the OS before evaluation adds its own)
     model, norm, run = train_one(task, features, head_cfg, cfg, progress, selection, anchor, in_place=True)
