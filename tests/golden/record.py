@@ -34,14 +34,29 @@ def cpu_info() -> dict:
     return {"model": model, "avx512f": "avx512f" in flags}
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
+    """`record.py`: every scenario into this CPU kind's file. `record.py --only A B`: only scenarios A and B (their
+    numbers changed on purpose), kept in this kind's file beside the others and dropped from the other kind's file,
+    whose tests then compare them with this recording at its wider tolerance until that kind records them too."""
     sys.path.insert(0, str(HERE.parent))  # tests/: the shared helpers import by name (as under pytest)
     from golden.scenarios import run_all
 
+    argv = sys.argv[1:] if argv is None else argv
+    only = argv[argv.index("--only") + 1:] if "--only" in argv else None
     with tempfile.TemporaryDirectory() as tmp:
         results = run_all(Path(tmp))
     cpu = cpu_info()
-    path = golden_path(cpu["avx512f"])
+    path, other = golden_path(cpu["avx512f"]), golden_path(not cpu["avx512f"])
+    if only is not None:
+        unknown = sorted(set(only) - set(results))
+        if unknown:
+            raise SystemExit(f"--only: no scenario {unknown}; the scenarios: {sorted(results)}")
+        kept = json.loads(path.read_text()) if path.exists() else {}
+        results = {**{k: v for k, v in kept.items() if k != "cpu"}, **{k: results[k] for k in only}}
+        if other.exists():
+            theirs = json.loads(other.read_text())
+            other.write_text(json.dumps({k: v for k, v in theirs.items() if k not in only}, sort_keys=True,
+                                        indent=1) + "\n")
     path.write_text(json.dumps({**results, "cpu": cpu}, sort_keys=True, indent=1) + "\n")
     print(f"wrote {path}: {len(results)} scenarios")
 
