@@ -80,11 +80,9 @@ def plan_seconds(groups: dict, task: Task, store_dim: int) -> list[float]:
     return [stack_seconds(items, task, store_dim) for items in groups.values()]
 
 
-def pace_line(measured: float, modelled: list[float], compiled: float = 0.0) -> str:
-    """After the first stack: its time (`measured`, less `compiled`, the seconds it spent compiling the fused
-    optimiser step once for the process), and the other stacks' at its measured pace."""
+def pace_line(measured: float, modelled: list[float]) -> str:
+    """After the first stack: its time (`measured`), and the other stacks' at its measured pace."""
     pace = measured / max(modelled[0], 1e-9)
     rest = pace * sum(modelled[1:])
-    also = f" + {compiled:.0f} s compiling, once" if compiled >= 1 else ""
-    return (f"grid: the first stack took {measured:.0f} s{also} ({pace:.1f}x the plan's model): the other "
+    return (f"grid: the first stack took {measured:.0f} s ({pace:.1f}x the plan's model): the other "
             f"{len(modelled) - 1} stack(s) about {rest / 60:.1f} min at this pace (early stopping shortens it)")
