@@ -43,7 +43,8 @@ class StackOptimizer:
         self.init = [p.detach().clone() for p in self.params]  # for decay_to_init
         self.grad_clip = cfg.grad_clip
         self.base_lr = torch.tensor([c.lr for c in configs], dtype=torch.float64)
-        self.factor = lr_lambda(cfg.schedule, warmup_steps(cfg, total_steps), total_steps)
+        self.warmup = warmup_steps(cfg, total_steps)
+        self.factor = lr_lambda(cfg.schedule, self.warmup, total_steps)
         self.steps_taken = 0
         self.opt = None
         if self.params:
