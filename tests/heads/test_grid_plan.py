@@ -97,6 +97,7 @@ def test_an_ir_task_above_exact_max_is_costed_on_its_candidates_not_the_corpus()
     from headstore.heads.experiments import grid_estimate as ge
     from headstore.heads.kinds import kind_of
     from headstore.heads.kinds.ranking import IRSplit
+    from headstore.heads.training.cost import EVAL_SECONDS
     from headstore.heads.settings.config import HeadConfig, TrainConfig
 
     from .synthetic import planted_ir_task
@@ -116,7 +117,7 @@ def test_an_ir_task_above_exact_max_is_costed_on_its_candidates_not_the_corpus()
     params = 2 * ge.head_params(head, 8)
     seconds = {cfg.exact_max: ge.stack_seconds([(i, head, cfg, "features") for i in range(2)], task, 8)
                for cfg in (small, large)}
-    assert seconds[400] - seconds[100] == pytest.approx(3 * ge.EVAL_SECONDS * params * (400 - 55))
+    assert seconds[400] - seconds[100] == pytest.approx(3 * EVAL_SECONDS * params * (400 - 55))
 
 
 def test_re_mining_is_costed_on_the_pooled_documents_above_exact_max():
