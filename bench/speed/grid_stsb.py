@@ -60,6 +60,9 @@ def run_child(pp: str, label: str, precision: str, args, work: Path) -> dict:
     out, account = work / f"{label}-{precision}", work / f"{label}-{precision}.json"
     env = {**os.environ, "PYTHONPATH": pp}
     load = os.getloadavg()[0]
+    if account.exists() and args.resume:  # measured by an earlier call (a long bench under load, interrupted)
+        return {**json.loads(account.read_text()), "label": label, "precision": precision, "load_before": None,
+                "load_after": None, "out": str(out)}
     cmd = [sys.executable, str(HERE / "grid_account.py"), "--store", args.store, "--data", args.data,
            "--grid", grid_file(args.grid, precision, work), "--out", str(out), "--account", str(account)]
     subprocess.run(cmd, env=env, check=True, cwd=work)
@@ -115,7 +118,8 @@ def print_tables(runs: list[dict], limit: dict, machine: dict) -> None:
     print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in runs:
         m = r["summary"]
-        print(f"| {r['label']} | {r['precision']} | {r['wall_s']:.1f} s | {r['cpu_s']:.0f} | {r['load_before']:.1f} | "
+        load = "?" if r["load_before"] is None else f"{r['load_before']:.1f}"
+        print(f"| {r['label']} | {r['precision']} | {r['wall_s']:.1f} s | {r['cpu_s']:.0f} | {load} | "
               f"{m['train_gflop']:,.0f} GFLOP | {m['dev_gflop']:,.0f} GFLOP | {m['rate_fwd_bwd']:,.0f} GFLOP/s | "
               f"{m['share_fwd_bwd']:.0%} | {m['rate_steps']:,.0f} GFLOP/s | {m['share_steps']:.0%} | "
               f"{m['modelled_s']:.0f} s | {m['trained_s']:.0f} s |")
@@ -154,7 +158,9 @@ def main() -> None:
     ap.add_argument("--precisions", default="fp32,bf16")
     ap.add_argument("--before", default=None, help="a PYTHONPATH folder holding the old headstore, run beside")
     ap.add_argument("--golden", default=None, help="a grid folder of the same grid to compare dev figures with")
+    ap.add_argument("--before-precisions", default=None, help="the old code's precisions (default: --precisions)")
     ap.add_argument("--work", default=None, help="where the grids are written (default: a temporary folder)")
+    ap.add_argument("--resume", action="store_true", help="reuse the accounts --work holds (their loads unknown)")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     work = Path(args.work or tempfile.mkdtemp(prefix="grid-stsb-"))
@@ -163,9 +169,11 @@ def main() -> None:
     trees = ([("before", args.before)] if args.before else []) + [("after", here_pp)]
     probes = [limits.probe()]
     runs = []
+    before = (args.before_precisions or args.precisions).split(",")
     for precision in args.precisions.split(","):
         for label, pp in trees:
-            runs.append(run_child(pp, label, precision, args, work))
+            if label == "after" or precision in before:
+                runs.append(run_child(pp, label, precision, args, work))
             print(f"  {label} {precision}: {runs[-1]['wall_s']:.1f} s", file=sys.stderr, flush=True)
     probes.append(limits.probe())
     limit = limits.best_of(*probes)

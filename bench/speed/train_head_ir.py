@@ -18,6 +18,7 @@ import argparse
 import json
 import os
 import random
+import resource
 import subprocess
 import sys
 import time
@@ -63,24 +64,25 @@ def build_set(folder: Path) -> Path:
     return folder
 
 
-def run_cli(pp: str, args: list[str], log: Path) -> float:
-    """Wall seconds of one CLI command in its own process on the checkout `pp`."""
-    t0 = time.perf_counter()
+def run_cli(pp: str, args: list[str], log: Path) -> tuple[float, float]:
+    """(wall seconds, CPU seconds) of one CLI command in its own process on the checkout `pp`."""
+    t0, cpu0 = time.perf_counter(), resource.getrusage(resource.RUSAGE_CHILDREN)
     with open(log, "w") as out:
         subprocess.run([sys.executable, "-m", "headstore.cli", *args], stdout=out, stderr=subprocess.STDOUT,
                        env={**os.environ, "PYTHONPATH": pp, "HEADSTORE_PROGRESS": "off"}, check=True)
-    return time.perf_counter() - t0
+    cpu = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return time.perf_counter() - t0, cpu.ru_utime + cpu.ru_stime - cpu0.ru_utime - cpu0.ru_stime
 
 
 def train_head(pp: str, label: str, store: Path, data: Path, work: Path) -> dict:
     out = work / f"head-{label}"
     load = os.getloadavg()[0]
-    wall = run_cli(pp, ["train-head", "--store", str(store), "--data", str(data), "--out", str(out), "--overwrite"],
+    wall, cpu = run_cli(pp, ["train-head", "--store", str(store), "--data", str(data), "--out", str(out), "--overwrite"],
                    work / f"head-{label}.log")
     m = json.loads((out / "metrics.json").read_text())
     scoring = m.get("dev_scoring", {})
     last = m["history"][-1] if m["history"] else {}
-    return {"label": label, "wall_s": round(wall, 1), "load_before": round(load, 2),
+    return {"label": label, "wall_s": round(wall, 1), "cpu_s": round(cpu, 1), "load_before": round(load, 2),
             "steps_run": scoring.get("steps_run"), "planned_steps": scoring.get("planned_steps"),
             "epochs_run": last.get("epoch"),
             "scorings": len(m["history"]), "dev_scoring": scoring, "best_epoch": m["guard"]["best_epoch"],
@@ -103,11 +105,11 @@ def main() -> None:
                           str(store)], work / "featurize.log")
     rows = [train_head(pp, label, store, data, work)
             for label, pp in ([("before", args.before)] if args.before else []) + [("after", here_pp)]]
-    print("\n| run | wall | load | steps run / planned | epochs run | dev scorings | test nDCG@10 | frozen | "
+    print("\n| run | wall | CPU s | load | steps run / planned | epochs run | dev scorings | test nDCG@10 | frozen | "
           "dev: head / frozen |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
-        print(f"| {r['label']} | {r['wall_s']:.0f} s | {r['load_before']:.1f} | {r['steps_run']} / {r['planned_steps']} "
+        print(f"| {r['label']} | {r['wall_s']:.0f} s | {r['cpu_s']:.0f} | {r['load_before']:.1f} | {r['steps_run']} / {r['planned_steps']} "
               f"| {r['epochs_run']} | {r['scorings']} | {r['test_ndcg10']:.4f} | {r['frozen_test_ndcg10']:.4f} | "
               f"{r['head_dev'] or float('nan'):.4f} / {r['frozen_dev'] or float('nan'):.4f} |")
     if args.json:
