@@ -19,7 +19,7 @@ bf16 matmul) is measured before and after, the best kept. Per grid:
   scoring, writing, Python / other;
 - per stack: steps, seconds, first and median step; the GEMM shapes (H, m, k, n) of the training steps;
 - with `--golden DIR` (a grid folder of the same grid, e.g. the main job's): every configuration's dev figure
-  against it (max |difference|, fp32 rows matched by head id, others by their settings) and whether the
+  against it (max |difference|, rows matched by their settings) and whether the
   leaderboard's best configuration is the same.
 """
 from __future__ import annotations
@@ -100,13 +100,12 @@ def golden_check(acc: dict, golden: str) -> dict:
     """Every configuration's dev figure against the golden grid's, and the best configuration of each."""
     new, old = (pl.read_parquet(Path(d) / "results.parquet").filter(pl.col("status") == "ok")
                 for d in (acc["out"], golden))
-    on = ["head_id"] if acc["precision"] == "fp32" else SETTINGS
-    both = new.join(old, on=on, suffix="_golden")
-    diff = (both["dev_primary"] - both["dev_primary_golden"]).abs()
+    both = new.join(old, on=SETTINGS, suffix="_golden")  # ids name the data path and the precision: settings
+    diff = (both["dev_primary"] - both["dev_primary_golden"]).abs().fill_nan(None).drop_nulls()
     best = [pl.read_csv(Path(d) / "configs.csv").row(0, named=True) for d in (acc["out"], golden)]
     key = [k for k in SETTINGS[:-1] if k in best[0]]
-    return {"matched": both.height, "of": new.height, "max_abs_dev_diff": float(diff.max()),
-            "mean_abs_dev_diff": float(diff.mean()), "best": {k: best[0][k] for k in key},
+    return {"matched": both.height, "of": new.height, "max_abs_dev_diff": float(diff.max() or 0.0) if len(diff) else None,
+            "mean_abs_dev_diff": float(diff.mean()) if len(diff) else None, "best": {k: best[0][k] for k in key},
             "best_golden": {k: best[1][k] for k in key}, "same_best": all(best[0][k] == best[1][k] for k in key)}
 
 
@@ -174,7 +173,7 @@ def main() -> None:
         for label, pp in trees:
             if label == "after" or precision in before:
                 runs.append(run_child(pp, label, precision, args, work))
-            print(f"  {label} {precision}: {runs[-1]['wall_s']:.1f} s", file=sys.stderr, flush=True)
+                print(f"  {label} {precision}: {runs[-1]['wall_s']:.1f} s", file=sys.stderr, flush=True)
     probes.append(limits.probe())
     limit = limits.best_of(*probes)
     for r in runs:
