@@ -6,9 +6,8 @@ head parameter and embedded row. Above exact_max, dev scores the candidates and 
 (heads.network.candidates), not the corpus: counting the corpus put a 1M-document grid at 18x its time.
 The step's fixed part (the loss, the batching and the optimiser's calls, whatever the heads' size) dominates
 the small heads of a grid, which is why a count of training pairs x head-epochs (the earlier estimate) was off
-by up to 18x: the stacks share their steps. The constants are the STS-B grid's (examples/grid.toml, 12 stacks
-of 12 MiniLM heads) on a 2-core AMD EPYC (AVX2) fitted per stack, re-mining's a matmul rate; early stopping
-only shortens the time.
+by up to 18x: the stacks share their steps. The step and scoring constants are the STS-B grid's
+(heads.training.cost), re-mining's a matmul rate; early stopping only shortens the time.
 
 After the first stack the grid prints the other stacks' time at the pace the first one measured (its seconds
 over its modelled seconds, applied to the rest): the machine, its load and the task's costs the model misses
