@@ -61,13 +61,14 @@ def run_child(pp: str, label: str, precision: str, args, work: Path) -> dict:
     env = {**os.environ, "PYTHONPATH": pp}
     load = os.getloadavg()[0]
     if account.exists() and args.resume:  # measured by an earlier call (a long bench under load, interrupted)
-        return {**json.loads(account.read_text()), "label": label, "precision": precision, "load_before": None,
-                "load_after": None, "out": str(out)}
+        return {"load_before": None, "load_after": None, **json.loads(account.read_text()), "label": label,
+                "precision": precision, "out": str(out)}
     cmd = [sys.executable, str(HERE / "grid_account.py"), "--store", args.store, "--data", args.data,
            "--grid", grid_file(args.grid, precision, work), "--out", str(out), "--account", str(account)]
     subprocess.run(cmd, env=env, check=True, cwd=work)
     acc = json.loads(account.read_text())
     acc.update(label=label, precision=precision, load_before=load, load_after=os.getloadavg()[0], out=str(out))
+    account.write_text(json.dumps(acc, indent=1))  # with its load, for --resume
     return acc
 
 
