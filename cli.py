@@ -169,12 +169,9 @@ def featurize(model, data_paths, unlabeled, formats, store, pooling, query_promp
     """Encode every text of the datasets (and --unlabeled texts) that STORE does not hold yet (a no-op when none
     are new)."""
     from headstore.featurize.encoder.config import FeaturizeConfig, parse_layers
-    from headstore.featurize.encoder.model import pick_device
     from headstore.featurize.run.local import featurize as run_featurize
 
-    if batch_tokens is None:
-        on_gpu = gpus_per_worker > 0 if engine == "ray" else pick_device(device) == "cuda"
-        batch_tokens = 65536 if on_gpu else FeaturizeConfig.batch_tokens
+    # --batch-tokens unset (None): the device's default, resolved with the other settings (featurize.encoder.resolved)
     with named_as_typed():  # --max-length 1: the option named as typed
         config = FeaturizeConfig(model=model, pooling=pooling, query_prompt=query_prompt, document_prompt=document_prompt,
                                  prompt_name=prompt_name, layers=parse_layers(layers),

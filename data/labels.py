@@ -128,17 +128,50 @@ def _string_values(table: Table, column: str, what: str) -> list[str]:
     return series.to_list()
 
 
+AUTO_SEP = "auto"  # --label-sep auto: the separator detect_label_sep finds (flat labels when none)
+LABEL_SEPS = (":", ".", "/", ">")  # separators a hierarchy is looked for under, in this order (TREC's COARSE:fine
+# before 20 Newsgroups' a.b.c: `topic:comp.graphics` is read on ':')
+
+
+def detect_label_sep(labels) -> str | None:
+    """The separator that makes the labels a hierarchy, or None: the first of LABEL_SEPS that splits every
+    label into non-empty parts and whose top level groups the labels (at least 2 top nodes, fewer than the
+    labels: some node has two children)."""
+    names = sorted(set(labels))
+    for sep in LABEL_SEPS:
+        parts = [name.split(sep) for name in names]
+        if all(len(p) > 1 and all(x.strip() for x in p) for p in parts):
+            tops = {p[0].strip() for p in parts}
+            if 2 <= len(tops) < len(names):
+                return sep
+    return None
+
+
+def hierarchy_note(labels, spec: LabelSpec) -> str | None:
+    """The note for flat labels that look hierarchical (None otherwise): which separator, and the option."""
+    sep = None if spec.hierarchical else detect_label_sep(labels)
+    if sep is None:
+        return None
+    return f"note: your labels look hierarchical (sep {sep!r}); --label-sep {sep!r} uses it"
+
+
 def _labels_and_paths(table: Table, spec: LabelSpec) -> tuple[list[str], list[tuple[str, ...]]]:
-    """The label (leaf) and its path (root to leaf) of every row."""
+    """The label (leaf) and its path (root to leaf) of every row (`--label-sep auto`: split on the detected
+    separator, flat labels when none is found)."""
     if not spec.label_columns:
         labels = _string_values(table, spec.label_column, "label")
-        if spec.label_sep is None:
+        sep = detect_label_sep(labels) if spec.label_sep == AUTO_SEP else spec.label_sep
+        if spec.label_sep == AUTO_SEP:
+            log.warning("%s: --label-sep auto: %s", table.path,
+                        f"labels split on {sep!r}" if sep else "no separator makes these labels a hierarchy "
+                        f"(looked for {' '.join(LABEL_SEPS)}): flat labels")
+        if sep is None:
             return labels, [(label,) for label in labels]
         paths = []
         for i, label in enumerate(labels):
-            parts = tuple(p.strip() for p in label.split(spec.label_sep))
+            parts = tuple(p.strip() for p in label.split(sep))
             if not all(parts):
-                raise table.error(i, f"label {label!r} has an empty level when split on {spec.label_sep!r}")
+                raise table.error(i, f"label {label!r} has an empty level when split on {sep!r}")
             paths.append(parts)
         return labels, paths
     paths = list(zip(*[_string_values(table, c, "label level") for c in spec.label_columns]))
@@ -191,6 +224,9 @@ def read_labels_counted(path: str | Path, spec: LabelSpec = LabelSpec()) -> tupl
     if len(labels) < 2:
         raise table.whole_file_error(f"a single class ({labels.to_list()!r}): classification needs at least two "
                                      f"labels in {spec.leaf_column!r}")
+    note = hierarchy_note(frame.filter(pl.col("split") == "train")["label"].to_list(), spec)
+    if note:
+        log.warning("%s: %s", table.path, note)
     for split, counts in unseen_labels(frame).items():
         log.warning("%s: %d %s text(s) carry %d label(s) absent from train: %s", table.path,
                     sum(counts.values()), split, len(counts), ", ".join(sorted(counts)[:10]))

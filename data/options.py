@@ -98,7 +98,9 @@ def label_options(f):
     options = [
         click.option("--text-column", default=None, help="Labelled texts: the column to encode (20 Newsgroups: body)."),
         click.option("--label-column", default=None, help="Labelled texts: the class column (default label)."),
-        click.option("--label-sep", default=None, help="Labelled texts: split labels into levels on this string (e.g. '.')."),
+        click.option("--label-sep", default=None,
+                     help="Labelled texts: split labels into levels on this string (e.g. '.' or ':'); 'auto': the "
+                          "separator the labels show (':', '.', '/', '>'), flat when none."),
         click.option("--label-columns", default=None,
                      help="Labelled texts: one column per level, coarse to fine, the last the label (level1,level2,label)."),
         click.option("--pair-roles", type=click.Choice(PAIR_ROLES), default=None,

@@ -16,7 +16,8 @@ from headstore.data.files import atomic_write_text
 
 # what each command leaves in its folder; the first file of each list marks the folder as that output
 OUTPUTS: dict[str, tuple[str, ...]] = {
-    "head": ("head.safetensors", "normalizer.safetensors", "config.json", "metrics.json", "curve.png"),
+    "head": ("head.safetensors", "normalizer.safetensors", "config.json", "metrics.json", "curve.png",
+             "judgements.parquet"),
     "grid": ("results.parquet", "grid.toml", "results.csv", "leaderboard.md", "configs.csv", "baseline.json",
              "by_setting.png", "best_curves.png", "heads", "summary.json", "summary.md", "ensembles.json"),
     "finetune": ("finetune.json", "encoder", "head"),

@@ -45,12 +45,13 @@ def run_setting(model: str, device: str, precision: str, packing: str, texts: li
     from headstore.featurize.encoder.config import FeaturizeConfig
     from headstore.featurize.encoder.model import load_encoder
     from headstore.featurize.encoder.packed import prepare_encoder
+    from headstore.featurize.encoder.resolved import resolve
     from headstore.featurize.run.windows import encode_in_plan_order
 
-    config = FeaturizeConfig(model=model, device=device, precision=precision, packing=packing, dtype="float32",
-                             batch_tokens=65536 if device == "cuda" else 4096)
-    encoder = load_encoder(model, device, None)
-    path = prepare_encoder(encoder, config, device)
+    settings = resolve(FeaturizeConfig(model=model, device=device, precision=precision, packing=packing,
+                                       dtype="float32", batch_tokens=None))  # 65536 on cuda, 4096 on a CPU
+    encoder = load_encoder(model, settings.device, settings.max_length)
+    path = prepare_encoder(encoder, settings.numerics, settings.packing)
     ids = text_ids(texts)
     for attempt in range(2):  # the first pass warms up
         if device == "cuda":
@@ -60,7 +61,7 @@ def run_setting(model: str, device: str, precision: str, packing: str, texts: li
         real = slots = 0
         tokenize_s = 0.0
         t0 = time.perf_counter()
-        for idx, out, tok, batch in encode_in_plan_order(config, encoder, device, ids, texts):
+        for idx, out, tok, batch in encode_in_plan_order(settings, encoder, ids, texts):
             feats[idx] = out["features"]
             real, slots, tokenize_s = real + batch.n_real_tokens, slots + batch.n_slots, tok.seconds
         seconds = time.perf_counter() - t0

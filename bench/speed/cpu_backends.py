@@ -55,20 +55,20 @@ def headstore_worker(texts: list[str], cache: str) -> None:
     from headstore.featurize.encoder.config import FeaturizeConfig
     from headstore.featurize.encoder.model import encoding_settings
     from headstore.featurize.encoder.backends import AUTO_MIN_CHARS
-    from headstore.featurize.run.local import _open_encoder
-    from headstore.featurize.run.windows import encode_in_plan_order
+    from headstore.featurize.encoder.resolved import resolve
+    from headstore.featurize.run.windows import encode_in_plan_order, open_encoder
 
     loaded = {}
 
     def encode(backend: str, batch_tokens: int, texts: list[str]) -> np.ndarray:
-        config = FeaturizeConfig(model="minilm", max_length=MAX_LENGTH, dtype="float32", backend=backend,
-                                 export_cache=cache, batch_tokens=batch_tokens, device="cpu")
+        settings = resolve(FeaturizeConfig(model="minilm", max_length=MAX_LENGTH, dtype="float32", backend=backend,
+                                           export_cache=cache, batch_tokens=batch_tokens, device="cpu"))
         if backend not in loaded:  # auto chooses as for a run that repays an export (the main job's 36k texts do)
-            loaded[backend], choice = _open_encoder(config, "cpu", AUTO_MIN_CHARS)
+            loaded[backend], choice = open_encoder(settings, AUTO_MIN_CHARS)
             print(f"headstore --backend {backend}: {choice.backend} ({choice.why})", file=sys.stderr, flush=True)
         ids = [f"{i:032x}" for i in range(len(texts))]
         out = np.zeros((len(texts), 384), dtype=np.float32)
-        for idx, feats, _, _ in encode_in_plan_order(config, loaded[backend], "cpu", ids, texts):
+        for idx, feats, _, _ in encode_in_plan_order(settings, loaded[backend], ids, texts):
             out[idx] = feats["features"]
         return out
 

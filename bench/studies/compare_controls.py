@@ -33,7 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "speed"))
 from headstore.heads.experiments.compare_report import _eval  # noqa: E402
 from headstore.heads.experiments.datasets_root import datasets_root  # noqa: E402
 from headstore.heads.scoring.bootstrap import two_level_ci  # noqa: E402
-from distill_study import share_ci  # noqa: E402
+from distill_study import share_ci, share_words  # noqa: E402
 from limits import machine, machine_line  # noqa: E402
 
 DATASETS = ("scifact", "cranfield", "cacm")  # in domain first; the others drop queries that use a SciFact text
@@ -74,10 +74,11 @@ def forced_items(controls: Path, seed: int, dataset: str) -> dict:
     return record
 
 
-def share_of_gain(head: np.ndarray, tuned: np.ndarray, cosine: np.ndarray) -> tuple[float, tuple[float, float]]:
+def share_of_gain(head: np.ndarray, tuned: np.ndarray, cosine: np.ndarray) -> tuple[float, dict]:
     """mean(head - cosine) / mean(tuned - cosine) over seeds: the share of the tuned encoder's in-domain gain over
     the frozen encoder that frozen + head recovers, with its 95% interval from the two-level resamples
-    (distill_study.share_ci: the same ratio of paired gains, the cosine in the reference's place)."""
+    (distill_study.share_ci: the same ratio of paired gains, the cosine in the reference's place; no interval, and
+    "gain not resolved", where over 5% of the resamples have no tuned gain)."""
     point = float(np.mean(head - cosine) / np.mean(tuned - cosine))
     return point, share_ci({"single": cosine, "teacher": tuned, "distilled": head, "gold": None}, "mean")
 
@@ -116,9 +117,8 @@ def main() -> None:
         if ds == DATASETS[0]:
             r["share_of_tuned_gain"], r["share_of_tuned_gain_ci"] = share_of_gain(
                 head_base, head_forced, np.broadcast_to(cos_frozen, head_base.shape))
-            print(f"frozen + head recovers {r['share_of_tuned_gain']:.1%} [{r['share_of_tuned_gain_ci'][0]:.1%}, "
-                  f"{r['share_of_tuned_gain_ci'][1]:.1%}] of the forced fine-tuning's in-domain gain over the frozen "
-                  "encoder")
+            print(f"frozen + head recovers {share_words(r['share_of_tuned_gain'], r['share_of_tuned_gain_ci'])} of "
+                  "the forced fine-tuning's in-domain gain over the frozen encoder")
         lo, hi = r["forced_minus_frozen_head_ci"]
         print(f"{ds:10s} frozen + head {np.mean(r['frozen_head']):.4f}  fine-tuned (epoch 1 forced) + head "
               f"{np.mean(r['forced_head']):.4f}  diff {np.mean(r['forced_head']) - np.mean(r['frozen_head']):+.4f} "

@@ -94,7 +94,7 @@ def main() -> None:
                                                      statistic="spearman", minus=items["single"]),
            "share": (np.mean(plain["distilled"]) - np.mean(plain["single"])) / (np.mean(plain["teacher"]) -
                                                                                  np.mean(plain["single"])),
-           "share_ci": share_ci(items, "spearman")}
+           "share_ci": share_ci(items, "spearman")}  # {"ci": [lo, hi] or None (gain not resolved), "dropped": ...}
     print(json.dumps({k: v for k, v in row.items() if k != "runs"}, indent=1, default=float))
     Path(args.json).write_text(json.dumps(row, indent=1, default=float))
 

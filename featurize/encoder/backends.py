@@ -35,7 +35,7 @@ from dataclasses import dataclass
 class Backend:
     name: str
     modules: tuple[str, ...]  # Python modules it needs (all installed by the `cpu-fast` extra)
-    precisions: tuple[str, ...]  # resolved precisions it runs (config.resolved_precision)
+    precisions: tuple[str, ...]  # resolved precisions it runs (resolved.ResolvedSettings.precision)
 
 
 BACKENDS = {

@@ -1,4 +1,5 @@
-"""The settings of one featurize run, as a small frozen dataclass of plain values.
+"""The settings of one featurize run as given, as a small frozen dataclass of plain values (`auto`, None and 0
+mean "the default for where it runs": featurize.encoder.resolved resolves them, once, at the run's door).
 
 The parts that change the stored numbers (model, pooling, layers, max length, dtype, precision) go
 into the store's fingerprint; the rest (batch size, device, commit period; the
@@ -48,8 +49,8 @@ class FeaturizeConfig:
     dtype: str = "float16"
     # padded tokens per forward batch on CPU: 2-4k keeps a batch's activations in cache (MiniLM
     # on 2 cores: 2048-4096 ran 6-15% faster than 8192 with the same plan, fp32 and bf16).
-    # GPUs want far more (cli uses 65536 there).
-    batch_tokens: int = 4096
+    # GPUs want far more: None is 4096 on CPU and 65536 on cuda (resolved.GPU_BATCH_TOKENS; the cli's default).
+    batch_tokens: int | None = 4096
     # modelled cost of one forward call, in padded tokens, for the batch plan (encode.plan_batches):
     # it trades padding against the number of calls. None: on CPU 128 for fp32 and 512 for bf16
     # (measured on MiniLM: a call costs about 100 fp32 tokens of work, and bf16 work is ~3x
@@ -61,7 +62,7 @@ class FeaturizeConfig:
     # on MiniLM on the README's AMX Xeon, within its +-30% noise) at ~1e-2 absolute error; where the
     # CPU lacks them it is emulated and 5-300x slower, and an explicit bf16 warns (featurize.encoder.hardware).
     # Pooling is fp32 either way; precision is part of the fingerprint. bf16-weights: the weights held in bf16 on any
-    # device (on CPU too: no per-matmul cast), in the fingerprint's numerics part (resolved_numerics).
+    # device (on CPU too: no per-matmul cast), in the fingerprint's numerics part (resolved.resolved_numerics).
     precision: str = "auto"
     # unpadded batches: a batch's real tokens as one sequence, attention kept within each text (varlen;
     # featurize.encoder.packed). auto: on for cuda where the architecture supports it (no padding computed, one
@@ -123,54 +124,10 @@ class FeaturizeConfig:
         if self.max_length is not None and self.max_length < 2:
             raise SettingError("max_length", f"must be >= 2 (room for [CLS] and [SEP]), got {self.max_length}")
         for name in ("batch_tokens", "max_batch_size", "window_texts"):
-            if getattr(self, name) < 1:
+            if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise SettingError(name, f"must be >= 1, got {getattr(self, name)}")
         if self.shard_rows % self.chunk_rows:
             raise ValueError(f"shard_rows ({self.shard_rows}) must be a multiple of chunk_rows ({self.chunk_rows})")
-
-    def resolved_precision(self, device: str) -> str:
-        """fp32 or bf16 on the resolved device ("cpu" or "cuda"). auto picks fp32 on every CPU, with
-        native bf16 (AMX, AVX-512-BF16) or without, and bf16 on CUDA. Not bf16 on a CPU with native bf16:
-        docs/speed.md's runs on an AMX Xeon gave bf16 only 1.0-1.7x fp32's tokens/s under +-30% noise,
-        at ~1e-2 instead of 1e-6 feature error, and precision is part of a store's fingerprint: a store
-        begun with auto must take more texts with auto on any other CPU. On a CPU without native bf16 an
-        explicit bf16 is emulated (5-300x slower) and warns (featurize.encoder.hardware)."""
-        if self.precision in ("bf16-autocast", "bf16-weights"):
-            return "bf16"
-        if self.precision != "auto":
-            return self.precision
-        return "bf16" if device == "cuda" else "fp32"
-
-    def resolved_numerics(self, device: str) -> str:
-        """A key of NUMERICS. On cuda bf16 (and auto) hold the weights in bf16: no per-matmul re-cast of fp32
-        weights, half the weight traffic; bf16-autocast keeps the old path. On CPU bf16 stays autocast (the
-        numerics CPU bf16 stores were made with); bf16-weights holds them in bf16 on any device (a CPU with native
-        bf16: no per-matmul cast, half the weight traffic); fp16 has no CPU path worth having and is refused there."""
-        if self.precision == "bf16-weights":
-            return "bf16-weights"
-        precision = self.resolved_precision(device)
-        if precision == "fp32":
-            return "fp32"
-        if precision == "fp16" and device != "cuda":
-            raise ValueError("precision fp16 needs --device cuda (on a CPU it is emulated); use fp32 or bf16")
-        if self.precision == "bf16-autocast" or device != "cuda":
-            return "bf16-autocast"
-        return f"{precision}-weights"
-
-    def wants_packing(self, device: str) -> bool:
-        """Whether to ask for unpadded batches (the architecture may still refuse: featurize.encoder.packed)."""
-        return self.packing == "on" or (self.packing == "auto" and device == "cuda")
-
-    def resolved_tokenize_threads(self, device: str) -> int:
-        return self.tokenize_threads or (4 if device == "cuda" else 1)
-
-    def resolved_batch_overhead(self, device: str) -> int:
-        """batch_overhead_tokens, or its default for the device and precision."""
-        if self.batch_overhead_tokens is not None:
-            return self.batch_overhead_tokens
-        if device == "cuda":
-            return self.batch_tokens
-        return 512 if self.resolved_precision(device) == "bf16" else 128
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self), indent=2)

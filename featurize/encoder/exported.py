@@ -25,10 +25,10 @@ import json
 import os
 import shutil
 import sys
-from importlib import metadata
 from pathlib import Path
 
 from headstore.data.files import atomic_write_json
+from headstore.data.keys import library_version
 
 EXPORT_VERSION = 2  # bump when the exported graph changes (inputs, outputs, wrapper); 2: OpenVINO from torch
 OPSET = 17  # LayerNormalization is one op from 17: ONNX Runtime and OpenVINO fuse it
@@ -53,13 +53,6 @@ def _sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def _version(dist: str) -> str:
-    try:
-        return metadata.version(dist)
-    except metadata.PackageNotFoundError:
-        return "absent"
-
-
 def export_key(encoder, fmt: str, layers: tuple[int, ...]) -> dict:
     """Everything that decides the exported files' contents."""
     identity = encoder.identity
@@ -68,7 +61,7 @@ def export_key(encoder, fmt: str, layers: tuple[int, ...]) -> dict:
             "weights_hash": identity.weights_hash, "tokenizer_hash": identity.tokenizer_hash,
             "config_sha256": _sha256(config_json) if config_json.is_file() else None,
             "attn_implementation": encoder.attn_implementation, "layers": list(layers),
-            "libraries": {name: _version(name) for name in LIBRARIES[fmt]}}
+            "libraries": {name: library_version(name) for name in LIBRARIES[fmt]}}
 
 
 def _folder(root: Path, encoder, key: dict) -> Path:

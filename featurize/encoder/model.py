@@ -192,14 +192,25 @@ def pick_device(device: str) -> str:
 
 
 def load_encoder(name_or_path: str, device: str = "auto", max_length: int | None = None) -> Encoder:
-    """Model (safetensors, no remote code, SDPA attention unless unsupported) and tokenizer."""
+    """Model (safetensors, no remote code, SDPA attention unless unsupported) and tokenizer; max_length None: the
+    model's own (sentence_bert_config, else the tokenizer's, within its position embeddings)."""
+    identity = model_identity(name_or_path, max_length)
+    encoder = open_model(identity, pick_device(device))
+    if max_length is None:
+        model_dir = Path(identity.model_dir)
+        default = default_max_length(model_dir, encoder.tokenizer)
+        default = min(default, position_limit(model_dir) or default)
+        encoder.identity = ModelIdentity(**{**identity.__dict__, "max_length": default})
+    return encoder
+
+
+def open_model(identity: ModelIdentity, device: str) -> Encoder:
+    """The model `identity` names on `device` ("cpu" or "cuda", resolved), texts cut at identity.max_length."""
     from transformers import AutoModel, AutoTokenizer  # here: seconds to import; only loading needs it
 
     from headstore.featurize.encoder.adapters import attach_saved, has_adapters  # here: it imports torch
 
-    identity = model_identity(name_or_path, max_length)
     model_dir = identity.model_dir
-    device = pick_device(device)
     with quiet_library_bars():  # a log gets no "Loading weights" carriage-return frames
         model, attn = _from_pretrained(AutoModel, model_dir)
     if has_adapters(model_dir):  # an encoder folder of `cli finetune --setup adapters`
@@ -208,12 +219,7 @@ def load_encoder(name_or_path: str, device: str = "auto", max_length: int | None
     # numerics are the run's (config.NUMERICS: prepare_encoder casts to bf16/fp16 where they say), not the file's
     model.eval().requires_grad_(False).float().to(device)
     tokenizer = AutoTokenizer.from_pretrained(model_dir, trust_remote_code=False)
-    if max_length is None:
-        default = default_max_length(Path(model_dir), tokenizer)
-        default = min(default, position_limit(Path(model_dir)) or default)
-        identity = ModelIdentity(**{**identity.__dict__, "max_length": default})
-    return Encoder(model=model, tokenizer=tokenizer, identity=identity, device=device,
-                   attn_implementation=attn)
+    return Encoder(model=model, tokenizer=tokenizer, identity=identity, device=device, attn_implementation=attn)
 
 
 def _from_pretrained(auto_model, model_dir: str) -> tuple[Any, str]:

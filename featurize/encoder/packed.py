@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from headstore.featurize.encoder.config import NUMERICS, FeaturizeConfig
+from headstore.featurize.encoder.config import NUMERICS
 from headstore.featurize.encoder.pooling import Pooler, pool_states
 from headstore.featurize.encoder.varlen import (ATTENTION_NAME, CPU_KERNELS, KERNELS, Pack, active_pack, kernel_works,
                                                 register_attention, use_attention)
@@ -91,14 +91,14 @@ def refusal(encoder) -> str | None:
     return None
 
 
-def prepare_encoder(encoder, config: FeaturizeConfig, device: str, kernels: tuple[str, ...] | None = None):
-    """Hold the weights in the numerics' dtype, and switch to packed batches where the config asks for them
-    and this encoder, device and transformers version give the padded path's features (a probe batch).
-    Sets and returns `encoder.path` (an EncodePath). `kernels`: the varlen kernels to try (tests)."""
-    numerics = config.resolved_numerics(device)
+def prepare_encoder(encoder, numerics: str, packing: bool, kernels: tuple[str, ...] | None = None):
+    """Hold the weights in `numerics`' dtype (a config.NUMERICS key, resolved.ResolvedSettings.numerics), and
+    switch to packed batches where `packing` asks for them and this encoder, device and transformers version give
+    the padded path's features (a probe batch). Sets and returns `encoder.path` (an EncodePath). `kernels`: the
+    varlen kernels to try (tests)."""
     weights, autocast = NUMERICS[numerics]
     path = encoder.path = EncodePath(numerics, forward_args=_forward_args(encoder))
-    if config.wants_packing(device):  # before the cast: the probe runs in fp32
+    if packing:  # before the cast: the probe runs in fp32
         try:
             path.packing_reason = _switch_to_packing(encoder, path, kernels, getattr(torch, autocast or weights))
         except Exception as err:  # another transformers/torch API: padded batches, and say why
@@ -112,19 +112,10 @@ def prepare_encoder(encoder, config: FeaturizeConfig, device: str, kernels: tupl
     return path
 
 
-def store_numerics(parts: dict) -> str:
-    """The config.NUMERICS key a store's encoder ran in, from its fingerprint parts: its `numerics` part (weights
-    held in bf16/fp16), else by its precision (fp32, or bf16 autocast over fp32 weights: the stores made before
-    the part; fp16 came with it, as fp16 weights)."""
-    if "numerics" in parts:
-        return parts["numerics"]
-    return {"fp32": "fp32", "bf16": "bf16-autocast", "fp16": "fp16-weights"}[parts.get("precision", "fp32")]
-
-
 def hold_numerics(encoder, numerics: str) -> EncodePath:
     """Padded batches in `numerics` (a config.NUMERICS key): the weights cast to its dtype, autocast where it
     says (EncodePath.autocast). Sets and returns `encoder.path`: how new text is encoded as a store's rows were
-    (heads.apply.pipeline: numerics from store_numerics, whichever device runs it)."""
+    (heads.apply.pipeline: numerics from resolved.store_numerics, whichever device runs it)."""
     path = encoder.path = EncodePath(numerics, forward_args=_forward_args(encoder))
     encoder.model.to(getattr(torch, NUMERICS[numerics][0]))
     return path

@@ -22,24 +22,23 @@ import polars as pl
 
 from headstore.data.progress import progress_bar, progress_write
 from headstore.data.text_id import ROLES
-from headstore.featurize.encoder.backends import AUTO, Choice, choose_backend, use_backend
 from headstore.featurize.encoder.config import FeaturizeConfig
 from headstore.featurize.encoder.hardware import bf16_note
-from headstore.featurize.encoder.model import encoding_settings, load_encoder
-from headstore.featurize.encoder.packed import prepare_encoder
+from headstore.featurize.encoder.model import encoding_settings
+from headstore.featurize.encoder.resolved import ResolvedSettings
 from headstore.featurize.run.committer import Committer
 from headstore.featurize.run.plan import Plan
 from headstore.featurize.run.source import all_chunks, open_sources
-from headstore.featurize.run.windows import encode_in_plan_order, new_windows
+from headstore.featurize.run.windows import encode_in_plan_order, new_windows, open_encoder
 
 
 def featurize(config: FeaturizeConfig, data_paths: Sequence[str | Path], store_path: str | Path,
               formats: Sequence[str | None] | None = None, unlabeled: Sequence[str | Path] = ()) -> dict:
     """Encode every text of the datasets (and of the `unlabeled` files, data.unlabeled: documents) that the store
     does not hold yet; returns a summary."""
-    plan = Plan.make(config, store_path)  # refuses bad options before anything is read or created
+    plan = Plan.make(config, store_path)  # resolves the settings, refuses bad ones before anything is read or created
     sources = open_sources(data_paths, formats, unlabeled)
-    with encoding_settings(plan.device, config.num_threads):  # restored after the run
+    with encoding_settings(plan.settings.device, plan.settings.num_threads):  # restored after the run
         return run_local(plan, all_chunks(sources))
 
 
@@ -51,14 +50,14 @@ def featurize_texts(config: FeaturizeConfig, texts: Sequence[str], store_path: s
     plan = Plan.make(config, store_path)
     if not len(texts):
         raise ValueError("no texts to featurize (an empty input); give at least one text")
-    with encoding_settings(plan.device, config.num_threads):  # restored after the run
+    with encoding_settings(plan.settings.device, plan.settings.num_threads):  # restored after the run
         return run_local(plan, [(role, list(texts))])
 
 
 def run_local(plan: Plan, chunks: Iterable[list[str]]) -> dict:
     """The local engine: this process encodes every window, a thread commits."""
     t0 = time.perf_counter()
-    config = plan.config
+    settings = plan.settings
     counts = {"n_input_texts": 0, "n_encoded": 0, "n_truncated": 0, "real_tokens": 0,
               "padded_tokens": 0, "n_batches": 0, "n_windows": 0}
     committer = encoder = bar = None
@@ -66,14 +65,14 @@ def run_local(plan: Plan, chunks: Iterable[list[str]]) -> dict:
     try:
         for prompt, new_ids, new_texts in new_windows(plan, chunks, counts):
             if committer is None:  # the first new texts: the store is locked now
-                encoder, choice = _open_encoder(config, plan.device, sum(map(len, new_texts)))
+                encoder, choice = open_encoder(settings, sum(map(len, new_texts)))
                 plan.writer.provenance = {"backend": choice.backend}
                 counts.update(backend=choice.backend, backend_choice=choice.why)
-                committer = Committer(plan.writer, config.commit_seconds, config.shard_rows)
+                committer = Committer(plan.writer, settings.commit_seconds, settings.shard_rows)
                 next_row = plan.writer.n_texts
                 bar = _token_bar()
             t = time.perf_counter()
-            _encode_window(config, encoder, plan.device, committer, bar, counts,
+            _encode_window(settings, encoder, committer, bar, counts,
                            base=next_row, new_ids=new_ids, new_texts=new_texts, prompt=prompt)
             next_row += len(new_ids)
             t_encode += time.perf_counter() - t
@@ -102,17 +101,17 @@ def _token_bar():
 
 def _finish_local(plan: Plan, committer: Committer, encoder, counts: dict, t_encode: float) -> None:
     """The engine's counts (the last segment is committed, the store released)."""
-    config = plan.config
+    settings = plan.settings
     if counts["n_truncated"]:
         progress_write(f"featurize: {counts['n_truncated']} of {counts['n_encoded']} texts were "
                    f"truncated at {encoder.max_length} tokens (column `truncated` in texts/)")
-    counts.update(precision=config.resolved_precision(plan.device), device=plan.device,
+    counts.update(precision=settings.precision, device=settings.device,
                   max_length=encoder.max_length, encode_seconds=round(t_encode, 3),
                   texts_per_s=round(counts["n_encoded"] / max(t_encode, 1e-9), 1),
                   tokens_per_s=round(counts["real_tokens"] / max(t_encode, 1e-9), 1),
                   **_speed_parts(counts, t_encode), **encoder.path.summary(),
                   commit_seconds_total=round(committer.seconds, 3), n_commits=committer.n_commits)
-    note = bf16_note(counts["precision"], plan.device)  # fp32 on a CPU with native bf16: what bf16 would gain
+    note = bf16_note(settings.precision, settings.device)  # fp32 on a CPU with native bf16: what bf16 would gain
     if note:
         counts["bf16"] = note
 
@@ -127,28 +126,11 @@ def _speed_parts(counts: dict, t_encode: float) -> dict:
             "encoder_tokens_per_s": round(counts["real_tokens"] / encoder_s, 1)}
 
 
-def _open_encoder(config: FeaturizeConfig, device: str, n_chars: int | None = None) -> tuple:
-    """(the run's encoder, its forward in the backend chosen once for the run; that Choice). auto weighs
-    `n_chars` characters of new text against building a missing export (featurize.encoder.backends.choose_backend)."""
-    encoder = load_encoder(config.model, device, config.max_length)
-    path = prepare_encoder(encoder, config, device)
-    precision = config.resolved_precision(device)
-    choice = (choose_backend(encoder, config.layers, precision, path.packing, config.num_threads, config.export_cache,
-                             n_chars) if config.backend == AUTO else Choice(config.backend, "given (--backend)"))
-    return use_backend(encoder, choice.backend, config.layers, precision,  # torch: itself
-                       config.num_threads, config.export_cache), choice
-
-
-def _load(config: FeaturizeConfig, device: str):
-    """The encoder as a run opens it (auto: a runtime only where its export is cached)."""
-    return _open_encoder(config, device)[0]
-
-
-def _encode_window(config: FeaturizeConfig, encoder, device: str, committer: Committer, bar,
+def _encode_window(settings: ResolvedSettings, encoder, committer: Committer, bar,
                    counts: dict, base: int, new_ids: list[str], new_texts: list[str], prompt: str = "") -> None:
     """Encode one window's new texts under `prompt`; rows base, base+1, ... in plan order go to the committer."""
     done = 0
-    for idx, feats, tok, batch in encode_in_plan_order(config, encoder, device, new_ids, new_texts, prompt):
+    for idx, feats, tok, batch in encode_in_plan_order(settings, encoder, new_ids, new_texts, prompt):
         if done == 0:  # the window is tokenised: its tokens join the bar's total
             bar.total += int(tok.n_tokens.sum())
             bar.refresh()

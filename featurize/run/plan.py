@@ -1,62 +1,35 @@
-"""What a featurize run needs before it reads any input: the checked options, the fingerprint parts, the ids
-already stored (`Plan`); the store is opened for writing (`Plan.open_writer`) only at the first new text."""
+"""What a featurize run needs before it reads any input: its settings resolved once (featurize.encoder.resolved),
+the fingerprint parts, the ids already stored (`Plan`); the store is opened for writing (`Plan.open_writer`) only
+at the first new text."""
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
 import polars as pl
 
 from headstore.data.files import atomic_write_text
-from headstore.featurize.encoder.backends import backend_part, check_backend
-from headstore.featurize.encoder.config import FINGERPRINTED_NUMERICS, FeaturizeConfig
-from headstore.featurize.encoder.encode import CODE_VERSION
+from headstore.featurize.encoder.config import FeaturizeConfig
 from headstore.featurize.encoder.hardware import warn_if_emulated_bf16
-from headstore.featurize.encoder.model import check_options, model_identity, pick_device
-from headstore.featurize.encoder.sentence import SentenceSpec, resolve_prompts, resolve_spec, sentence_dim
+from headstore.featurize.encoder.resolved import ResolvedSettings, resolve
 from headstore.featurize.store.ids import IdSet, digests, first_occurrences, keys_of_digests, keys_of_hex
 from headstore.featurize.store.layout import MANIFEST, StoreError, check_fingerprint, segment_backends
 from headstore.featurize.store.reader import FeatureStore, stored_ids
 from headstore.featurize.store.writer import StoreWriter
 
 
-def fingerprint_parts(config: FeaturizeConfig, device: str | None = None) -> dict:
-    """The fingerprint parts of a run with this config (hashes are cached: cheap to repeat)."""
-    identity = model_identity(config.model, config.max_length)
-    device = device or pick_device(config.device)
-    spec = resolve_spec(config.pooling, identity.model_dir)
-    prompts = resolve_prompts(identity.model_dir, config.query_prompt, config.document_prompt, config.prompt_name)
-    return {"model_id": identity.model_id, "weights_hash": identity.weights_hash,
-            "tokenizer_hash": identity.tokenizer_hash, **spec.parts(),
-            "layers": list(config.layers), "max_length": identity.max_length,
-            "dtype": config.dtype, "precision": config.resolved_precision(device),
-            "code_version": CODE_VERSION,
-            **({"prompts": prompts} if any(prompts.values()) else {}),  # absent: stores made before prompts
-            **numerics_part(config, device), **backend_part(config.backend, config.resolved_precision(device))}
-
-
-def numerics_part(config: FeaturizeConfig, device: str) -> dict:
-    """{"numerics": ...} for weights held in bf16/fp16, else {} (fp32 and bf16-autocast stores predate the
-    part and keep their fingerprint). Packing is not a part: in fp32 it moves features by ~1e-7, as a
-    different batch plan does (also not a part); in bf16 a packed and a padded batch differ by bf16's rounding
-    in different kernels, as two batch plans' shapes already do, far inside the bf16-vs-fp32 bound (1e-2),
-    while bf16-weights and bf16-autocast round different tensors (weights vs each matmul's inputs)."""
-    numerics = config.resolved_numerics(device)
-    return {"numerics": numerics} if numerics in FINGERPRINTED_NUMERICS else {}
-
-
 @dataclass
 class Plan:
-    """What a run needs before reading any input: checked options, fingerprint, the stored ids."""
+    """What a run needs before reading any input: its settings resolved (featurize.encoder.resolved), the
+    fingerprint, the stored ids."""
 
-    config: FeaturizeConfig
+    settings: ResolvedSettings  # every setting, resolved once (the rooms below read these, never the config)
+    options_json: str  # the options as given, saved beside the store (config.json) once the run added rows
     store_path: Path
-    parts: dict
-    dim: int
-    device: str
+    parts: dict  # the fingerprint parts (settings.parts())
     stored: IdSet  # committed ids when the run began (marks count the ones the input holds)
     n_stored: int  # committed rows when the run began
     added: IdSet = field(default_factory=IdSet)  # ids queued for encoding by this run
@@ -64,13 +37,11 @@ class Plan:
 
     @classmethod
     def make(cls, config: FeaturizeConfig, store_path: str | Path, device: str | None = None) -> "Plan":
+        """The run's door: `config` resolved on `device` (None: config.device), the store checked against it."""
         store_path = Path(store_path)
-        device = device or pick_device(config.device)
-        _, hidden = check_options(config.model, config.max_length, config.layers)
-        parts = fingerprint_parts(config, device)
-        dim = sentence_dim(SentenceSpec.from_parts(parts), hidden, config.layers)
-        check_backend(config.backend, device, parts["precision"], config.packing == "on")
-        warn_if_emulated_bf16(parts["precision"], device)  # one line on stderr where bf16 is emulated
+        settings = resolve(config, device)  # refuses options that cannot run
+        parts = settings.parts()
+        warn_if_emulated_bf16(settings.precision, settings.device)  # one line on stderr where bf16 is emulated
         if store_path.exists() and (not store_path.is_dir() or (
                 any(store_path.iterdir()) and not (store_path / MANIFEST).is_file())):
             raise StoreError(f"{store_path}: exists and is not a feature store (no {MANIFEST}); "
@@ -80,11 +51,12 @@ class Plan:
             store = FeatureStore.open(store_path)
             check_fingerprint(store_path, store.manifest, parts)
             stored, n_stored = stored_ids(store), store.n_texts
-        return cls(config, store_path, parts, dim, device, stored, n_stored)
+        options = replace(config, batch_tokens=settings.batch_tokens)  # as given, with the batch budget used
+        return cls(settings, options.to_json(), store_path, parts, stored, n_stored)
 
     def prompt(self, role: str) -> str:
         """The prompt texts of `role` are encoded under ("" for a store without prompts)."""
-        return self.parts.get("prompts", {}).get(role, "")
+        return self.settings.prompts.get(role, "")
 
     def new_in_window(self, window: list[str], prompt: str = "") -> tuple[list[str], list[str], np.ndarray]:
         """(hex row ids, texts, keys) of the window's texts (under `prompt`) neither stored nor queued."""
@@ -98,11 +70,11 @@ class Plan:
     def open_writer(self) -> StoreWriter:
         """Lock the store (creating it) as `self.writer`; ids another writer committed meanwhile
         join `added`."""
-        config = self.config
-        writer = self.writer = StoreWriter.open_or_create(self.store_path, self.parts, dim=self.dim,
-                                                          chunk_rows=config.chunk_rows,
-                                                          shard_rows=config.shard_rows)
-        writer.provenance = {"backend": config.backend}  # the local engine puts auto's choice here (run_local)
+        settings = self.settings
+        writer = self.writer = StoreWriter.open_or_create(self.store_path, self.parts, dim=settings.dim,
+                                                          chunk_rows=settings.chunk_rows,
+                                                          shard_rows=settings.shard_rows)
+        writer.provenance = {"backend": settings.backend}  # the local engine puts auto's choice here (run_local)
         if writer.n_texts != self.n_stored:
             for part in writer.manifest["parts"]:
                 if part["start"] >= self.n_stored:
@@ -114,7 +86,7 @@ class Plan:
     def save_config(self) -> None:
         """The settings of the latest run that added rows, beside the store (speed settings may
         differ between runs; the parts that change numbers are in the fingerprint)."""
-        atomic_write_text(self.store_path / "config.json", self.config.to_json())
+        atomic_write_text(self.store_path / "config.json", self.options_json)
 
     def summary(self, counts: dict, t0: float) -> dict:
         store = FeatureStore.open(self.store_path) if (self.store_path / MANIFEST).is_file() else None

@@ -22,7 +22,7 @@ import shutil
 import signal
 import time
 from collections.abc import Sequence
-from dataclasses import asdict
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -33,12 +33,10 @@ from headstore.data.progress import progress_bar
 from headstore.data.errors import SystemFailure
 from headstore.data.files import writing
 from headstore.featurize.encoder.config import FeaturizeConfig
-from headstore.featurize.encoder.backends import use_backend
-from headstore.featurize.encoder.model import load_encoder
-from headstore.featurize.encoder.packed import prepare_encoder
+from headstore.featurize.encoder.resolved import ResolvedSettings
 from headstore.featurize.run.ray_cluster import connect, ray_module
 from headstore.featurize.run.plan import Plan
-from headstore.featurize.run.windows import encode_in_plan_order, new_windows
+from headstore.featurize.run.windows import encode_in_plan_order, new_windows, open_encoder
 from headstore.featurize.run.source import all_chunks, open_sources
 from headstore.featurize.store.layout import array_names
 from headstore.featurize.store.writer import StoreWriter
@@ -56,19 +54,14 @@ STAGING = ".ray-staging"  # in the store: the new texts as segment files Ray Dat
 class SegmentEncoder:
     """Ray actor: loads the encoder once, then encodes one segment per call (batch_size=1)."""
 
-    def __init__(self, config: dict, device: str, num_threads: int, crash_at: str | None = None,
-                 crash_marker: str | None = None, max_attempts: int = ACTOR_RESTARTS + 1):
-        self.config = FeaturizeConfig(**{**config, "layers": tuple(config["layers"])})
-        self.device = device
-        if device == "cpu":
-            torch.set_num_threads(max(1, num_threads))
-        # as the local engine loads it (run._load), with this actor's threads: the numerics are set on the torch
-        # model first (prepare_encoder reads its forward, casts its weights), then a runtime may replace its forward
-        self.encoder = load_encoder(self.config.model, device, self.config.max_length)
-        prepare_encoder(self.encoder, self.config, device)
-        self.encoder = use_backend(self.encoder, self.config.backend, self.config.layers,  # torch: itself
-                                   self.config.resolved_precision(device), num_threads, self.config.export_cache)
-        self.names = list(array_names(self.config.layers))
+    def __init__(self, settings: ResolvedSettings, crash_at: str | None = None, crash_marker: str | None = None,
+                 max_attempts: int = ACTOR_RESTARTS + 1):
+        self.settings = settings  # the driver's, resolved once; num_threads: this actor's
+        if settings.device == "cpu":
+            torch.set_num_threads(settings.num_threads)
+        # as the local engine opens it (auto: a runtime only where its export is cached), with this actor's threads
+        self.encoder, _ = open_encoder(settings)
+        self.names = list(array_names(settings.layers))
         self.crash_at, self.crash_marker, self.calls = crash_at, crash_marker, 0
         self.max_attempts = max_attempts
 
@@ -80,8 +73,7 @@ class SegmentEncoder:
         ids, texts, prompts = frame["text_id"].to_list(), frame["text"].to_list(), frame["prompt"].to_list()
         segment = np.full(len(ids), int(batch["segment"][0]), dtype=np.int64)
         out = {k: [] for k in ("index", "n_tokens", "truncated", *self.names)}
-        for idx, feats, tok, _ in encode_in_plan_order(self.config, self.encoder, self.device,
-                                                       ids, texts, prompts):
+        for idx, feats, tok, _ in encode_in_plan_order(self.settings, self.encoder, ids, texts, prompts):
             out["index"].append(idx)
             out["n_tokens"].append(tok.n_tokens[idx])
             out["truncated"].append(tok.truncated[idx])
@@ -177,7 +169,7 @@ def run_ray(plan: Plan, chunks, *, address: str | None = None, workers: int = 2,
                                      gpus_per_worker=gpus_per_worker, cpus_per_worker=cpus_per_worker)
             try:
                 commit_seconds = _commit_segments(plan.writer, blocks, sizes, counts,
-                                                  list(array_names(plan.config.layers)))
+                                                  list(array_names(plan.settings.layers)))
             except ray.exceptions.RayError as err:  # an actor error (Ray's traceback is in its logs)
                 raise WorkersFailed(
                     f"--engine ray: the encoder actors failed ({_actor_error(err)[:300]}; a segment is retried "
@@ -191,7 +183,7 @@ def run_ray(plan: Plan, chunks, *, address: str | None = None, workers: int = 2,
             plan.writer.close()
     encode_seconds = time.perf_counter() - t0
     counts.update(engine="ray", workers=workers, gpus_per_worker=gpus_per_worker,
-                  device=plan.device, precision=plan.config.resolved_precision(plan.device),
+                  device=plan.settings.device, precision=plan.settings.precision,
                   encode_seconds=round(encode_seconds, 3),
                   texts_per_s=round(counts["n_encoded"] / max(encode_seconds, 1e-9), 1),
                   commit_seconds_total=round(commit_seconds, 3), n_commits=counts["n_segments"])
@@ -245,8 +237,7 @@ def _encoded_blocks(ray, plan: Plan, staging: Path, sizes: dict[int, int], *, wo
     """2. Ray Data reads the segments and the actor pool encodes them: blocks of encoded rows."""
     from ray.data import ActorPoolStrategy  # here: Ray is optional
 
-    actor_args = {"config": {**asdict(plan.config), "layers": list(plan.config.layers)},
-                  "device": plan.device, "num_threads": int(max(1, cpus_per_worker)),
+    actor_args = {"settings": replace(plan.settings, num_threads=int(max(1, cpus_per_worker))),  # an actor's threads
                   "crash_at": os.environ.get("HEADSTORE_CRASH_AT"),
                   "crash_marker": os.environ.get("HEADSTORE_CRASH_MARKER"), "max_attempts": ACTOR_RESTARTS + 1}
     items = [{"segment": k, "path": str(_segment_file(staging, k))} for k in sorted(sizes)]

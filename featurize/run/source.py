@@ -15,7 +15,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from headstore.data.dataset import detect_format, load_dataset, resolve_data_path
+from headstore.data.dataset import load_dataset, resolve_data_path
 from headstore.data.errors import DataError
 from headstore.data.readers import (TEXT_FILE_SUFFIXES, check_passage_values, passage_of_line,
                                     string_columns)

@@ -1,6 +1,6 @@
 """A run's input windows, shared by both engines: the new texts of each window (`new_windows`, where a rerun
-resumes) and their features in plan order (`encode_in_plan_order`: tokenised, planned longest first, encoded,
-checked finite before anything is committed)."""
+resumes), the run's encoder (`open_encoder`) and their features in plan order (`encode_in_plan_order`: tokenised,
+planned longest first, encoded, checked finite before anything is committed)."""
 
 from __future__ import annotations
 
@@ -9,12 +9,13 @@ from collections.abc import Iterable, Iterator
 import numpy as np
 import torch
 
-from headstore.featurize.encoder.config import FeaturizeConfig
+from headstore.featurize.encoder.backends import AUTO, Choice, choose_backend, use_backend
 from headstore.featurize.encoder.encode import (Batch, Tokenized, encode_batch, features_to_host, plan_batches,
                                                 prefetch_batches, prompt_length, tokenize)
+from headstore.featurize.encoder.model import open_model
 from headstore.featurize.encoder.packed import prepare_encoder
 from headstore.featurize.encoder.pooling import Pooler
-from headstore.featurize.encoder.sentence import resolve_spec
+from headstore.featurize.encoder.resolved import ResolvedSettings
 from headstore.featurize.run.plan import Plan
 from headstore.featurize.run.source import windows
 from headstore.featurize.store.layout import array_names
@@ -32,7 +33,7 @@ def new_windows(plan: Plan, chunks: Iterable[tuple[str, list[str]]],
     window looked at again, as another writer may have committed some of its texts meanwhile; a run
     with nothing new never opens (nor creates) the store."""
     by_prompt = ((plan.prompt(role), chunk) for role, chunk in chunks)
-    for prompt, window in windows(by_prompt, plan.config.window_texts):
+    for prompt, window in windows(by_prompt, plan.settings.window_texts):
         counts["n_input_texts"] += len(window)
         counts["n_windows"] += 1
         new_ids, new_texts, keys = plan.new_in_window(window, prompt)
@@ -45,33 +46,49 @@ def new_windows(plan: Plan, chunks: Iterable[tuple[str, list[str]]],
         yield prompt, new_ids, new_texts
 
 
-def encode_in_plan_order(config: FeaturizeConfig, encoder, device: str, ids: list[str], texts: list[str],
+def open_encoder(settings: ResolvedSettings, n_chars: int | None = None) -> tuple:
+    """(the run's encoder, its forward in the backend chosen once for the run; that Choice). The numerics are set
+    on the torch model first (prepare_encoder reads its forward, casts its weights), then a runtime may replace its
+    forward. auto weighs `n_chars` characters of new text against building a missing export (None: only a cached
+    one; featurize.encoder.backends.choose_backend). Both engines open theirs so (a Ray actor
+    in its process)."""
+    s = settings
+    encoder = open_model(s.identity, s.device)
+    path = prepare_encoder(encoder, s.numerics, s.packing)
+    choice = (choose_backend(encoder, s.layers, s.precision, path.packing, s.num_threads, s.export_cache, n_chars)
+              if s.backend == AUTO else Choice(s.backend, "given (--backend)"))
+    return use_backend(encoder, choice.backend, s.layers, s.precision,  # torch: itself
+                       s.num_threads, s.export_cache), choice
+
+
+def encode_in_plan_order(settings: ResolvedSettings, encoder, ids: list[str], texts: list[str],
                          prompts: str | list[str] = "") -> Iterator[tuple[np.ndarray, dict, Tokenized, Batch]]:
     """Tokenise prompt + text (as sentence-transformers does) and plan the texts (longest first), encode
     batch by batch: yields (indices into texts, {array name: (B, D) features in the store dtype}, the
     tokenisation, the batch). `prompts`: one prompt for every text, or one per text."""
-    names = list(array_names(config.layers))
-    np_dtype = np.dtype(config.dtype)
-    path = encoder.path or prepare_encoder(encoder, config, device)  # numerics, packing: once per encoder
+    names = list(array_names(settings.layers))
+    np_dtype = np.dtype(settings.dtype)
+    # numerics, packing: once per encoder
+    path = encoder.path or prepare_encoder(encoder, settings.numerics, settings.packing)
     prompts = [prompts] * len(texts) if isinstance(prompts, str) else list(prompts)
     tok = tokenize(encoder.tokenizer, [p + t for p, t in zip(prompts, texts)], encoder.max_length,
-                   threads=config.resolved_tokenize_threads(device))
+                   threads=settings.tokenize_threads)
     prompt_lengths = torch.as_tensor([prompt_length(encoder.tokenizer, p) for p in prompts], dtype=torch.int64)
-    order, batches = plan_batches(tok.n_tokens, ids, config.batch_tokens, config.max_batch_size,
-                                  batch_overhead_tokens=config.resolved_batch_overhead(device),
+    order, batches = plan_batches(tok.n_tokens, ids, settings.batch_tokens, settings.max_batch_size,
+                                  batch_overhead_tokens=settings.batch_overhead_tokens,
                                   attention_width=6 * encoder.model.config.hidden_size, packed=path.packing)
     pad_id = encoder.tokenizer.pad_token_id or 0
-    pooler = Pooler.of(resolve_spec(config.pooling, encoder.identity.model_dir), encoder.identity.model_dir)
+    pooler = Pooler.of(settings.spec, encoder.identity.model_dir)
     # CPU: collate inline (the cores are busy with the forward); GPU: in a background thread
-    depth = 4 if device == "cuda" else 0
+    depth = 4 if settings.cuda else 0
 
     def pooled_batches():
-        for batch in prefetch_batches(tok, order, batches, pad_id, pin=device == "cuda", depth=depth,
+        for batch in prefetch_batches(tok, order, batches, pad_id, pin=settings.cuda, depth=depth,
                                       packed=path.packing):
             lengths = prompt_lengths[order[batch.start: batch.start + batch.n_texts]]  # (B,)
-            yield batch, encode_batch(encoder, batch, pooler, config.layers, path.autocast, lengths)  # [(B, D)]
+            yield batch, encode_batch(encoder, batch, pooler, settings.layers, path.autocast, lengths)  # [(B, D)]
 
-    for batch, host in features_to_host(pooled_batches(), cuda=device == "cuda"):
+    for batch, host in features_to_host(pooled_batches(), cuda=settings.cuda):
         with np.errstate(over="ignore"):  # a float16 overflow is refused just below, naming the text
             feats = {name: h.astype(np_dtype, copy=False) for name, h in zip(names, host)}
         check_finite(feats, host, order[batch.start: batch.start + batch.n_texts], ids, texts)

@@ -7,7 +7,9 @@ the encoder to `out_dir` (plus tokenizer, `mlm_head.safetensors` and `adapt.json
 
 Resuming: `out_dir/checkpoint-last/` (model, optimizer, RNG states, step, losses) is written every
 `save_every` steps by writing a temporary folder and renaming it. A rerun with the same config
-continues from it; a rerun that changes anything but the run length refuses. The learning rate
+continues from it; a rerun that changes anything but the run length refuses (the key: every setting's resolved
+value, the starting model's contents and the adapt recipe version; a checkpoint of an older headstore, without a
+recipe version, is refused in one line). The learning rate
 is a pure function of (step, total steps), so there is no scheduler state to save: extending
 `max_steps` re-plans the decay from the current step.
 
@@ -32,8 +34,9 @@ import torch
 
 from headstore.data.progress import progress_bar
 from headstore.data.files import atomic_write_json
+from headstore.data.keys import content_digest, recipe, resolved
 from headstore.featurize.encoder.config import AdaptConfig
-from headstore.featurize.encoder.model import pick_device
+from headstore.featurize.encoder.model import pick_device, resolve_model
 from headstore.featurize.tuning.checkpoint import checkpoint_state, copy_sidecars, read_checkpoint, write_checkpoint
 from headstore.featurize.tuning.mlm_head import head_parameters, load_mlm_model, masked_lm_loss, save_encoder, save_head
 from headstore.featurize.tuning.packing import MLMCollator, load_texts, pack_texts, split_holdout, texts_fingerprint
@@ -166,7 +169,13 @@ def _start(config: AdaptConfig, model_dir: Path, data: AdaptData, tokenizer) -> 
 
 
 def _resume_key(config: AdaptConfig) -> dict:
-    return {k: v for k, v in dataclasses.asdict(config).items() if k not in RUN_LENGTH_FIELDS}
+    """What a checkpoint belongs to (data/keys.py's rule): every setting's resolved value but the run length, the
+    starting model's files by their contents (a local folder; a Hub id by its name) and the adapt recipe version."""
+    key = {k: v for k, v in resolved(config).items() if k not in RUN_LENGTH_FIELDS}
+    where = resolve_model(config.model)
+    if Path(where).is_dir():
+        key["model"] = {"weights": content_digest(where, "--model")}
+    return {**key, "recipe": recipe("adapt")}
 
 
 def _resume(run: _Run, out_dir: Path, data: AdaptData) -> None:
@@ -175,9 +184,10 @@ def _resume(run: _Run, out_dir: Path, data: AdaptData) -> None:
     if found is None:
         return
     folder, state = found
-    defaults = _resume_key(AdaptConfig())  # a setting newer than the checkpoint: it ran with the default
-    want = _resume_key(run.config)
-    have = {**{k: defaults[k] for k in want if k not in state["resume_key"]}, **state["resume_key"]}
+    want, have = _resume_key(run.config), state["resume_key"]
+    if "recipe" not in have:
+        raise ValueError(f"{folder} was written by an older headstore (its key holds no recipe version, so what made "
+                         "it cannot be told); delete it to start over, or use another output folder")
     if want != have:
         diff = ", ".join(f"{k}: {have.get(k)!r} -> {want.get(k)!r}"
                          for k in sorted(set(want) | set(have)) if want.get(k) != have.get(k))

@@ -322,8 +322,16 @@ def export_head(ref: str, fmt: str, out: str | Path, model: str | None = None) -
     if out.exists() and not clear_partial(out, "export") and (not out.is_dir() or any(out.iterdir())):
         raise ValueError(f"{out}: exists and is not an empty directory; give a new --out")
     head = Head.load(ref)
+    existed = out.exists()
     out.mkdir(parents=True, exist_ok=True)
     begin_output(out, "export")  # an interrupted export (a full disk) is replaced by the same command's rerun
-    summary = WRITERS[fmt](head, out, model)
+    try:
+        summary = WRITERS[fmt](head, out, model)
+    except ValueError:  # refused (no exact form, another layer, ...): nothing is left behind
+        clear_partial(out, "export")
+        end_output(out)
+        if not existed:
+            out.rmdir()
+        raise
     end_output(out)
     return summary

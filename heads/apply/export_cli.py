@@ -79,6 +79,10 @@ def index_command(store, head, data, data_format, unlabeled, out, hnsw, ef_const
     info = build_index(store, head, data, out, hnsw, data_format, ef_construction, unlabeled=tuple(unlabeled))
     kind = f"HNSW (M={info['hnsw_m']})" if info["kind"] == "hnsw" else "flat (exact)"
     click.echo(f"{out}: {info['n']} vectors of dim {info['dim']}, {kind}, {info['metric']} ({info['energy']} energy)")
+    judged = info["judged"]
+    click.echo(f"seen / unseen: {judged['documents']:,} of the {judged['of']:,} documents were judged in the head's "
+               f"training (seen), {judged['of'] - judged['documents']:,} are new to it (unseen)"
+               if "documents" in judged else f"seen / unseen: {judged['note']}")
 
 
 @click.command("search")

@@ -60,6 +60,7 @@ from headstore.heads.apply.row_inputs import RowInputs, tuning_precision
 from headstore.heads.apply.tunings import TUNINGS
 from headstore.heads.settings.config import TrainConfig
 from headstore.heads.kinds import kind_of, load_task
+from headstore.heads.network.features import array_list
 from headstore.heads.training.run import load_head
 
 UNFREEZE_MODES = ("all", "top-k", "gradual")
@@ -228,6 +229,7 @@ def prepare(head_dir: str, cfg: FinetuneConfig, store_path: str | None = None, d
             encoder: str | None = None) -> Prepared:
     """Everything `finetune` trains with, built from the head's directory (its args)."""
     head, norm, head_config = load_head(head_dir)
+    _check_one_array(head_config, head_dir)  # before the store, the data or the encoder is read
     src = _training_source(head_config, store_path or head_config["store"], data_path or head_config["data"],
                            head_dir)
     model, tokenizer, model_dir = _load_encoder(cfg, encoder or head_config.get("encoder_dir")
@@ -253,6 +255,17 @@ def prepare(head_dir: str, cfg: FinetuneConfig, store_path: str | None = None, d
     scorer = None if dev is None else DevScorer(dev, row_encoder, norm, head, train_cfg.eval_energy,
                                                 train_cfg.precision)
     return Prepared(model, tokenizer, Path(model_dir), head, norm, head_config, src, tuning, trainer, scorer)
+
+
+def _check_one_array(head_config: dict, head_dir: str) -> None:
+    """A head that reads several stored arrays (a scalar or concat layer mix) cannot be tuned with its encoder
+    (the tuned encoder gives one layer's features): ValueError saying what to do instead."""
+    arrays = array_list(head_config.get("array", "features"))
+    if len(arrays) > 1:
+        raise ValueError(f"{head_dir}: the head reads {len(arrays)} stored arrays ({'+'.join(arrays)}, a "
+                         f"{head_config.get('head', {}).get('mix_mode', 'scalar')} layer mix); cli finetune tunes "
+                         "an encoder under a head of one array: train a head on one array (--array features) and "
+                         "finetune that")
 
 
 @dataclass

@@ -9,14 +9,15 @@ run does). `Checkpoint.save` writes it to `OUT/checkpoint.pt.incomplete`, then r
 `OUT/checkpoint.pt` (a killed write leaves the old checkpoint whole; an `.incomplete` file is never read). The
 finished run removes both.
 
-A checkpoint belongs to the run that made it (`run_key`): the FinetuneConfig's settings that differ from their
-defaults (as `cli compare` keys its steps: a setting added later at its default leaves a checkpoint valid),
+A checkpoint belongs to the run that made it (`run_key`, data/keys.py's rule): every FinetuneConfig setting's
+resolved value and the finetune recipe version (a default changed in the code, or a new recipe, is another run),
 the source head's weights, Normalizer and config, the store's fingerprint and the data (the train pairs,
 their negatives, the judged pairs and the dev set). A checkpoint of another run is refused with a one-line
 error naming it rather than replaced: the out dir is the user's, an hour of training is not thrown away on a
 mistyped setting, and `rm OUT/checkpoint.pt` is the one step to start over. (In `cli compare` each finetune
 step's folder is named by its settings' key, so a mismatch cannot happen there.) A checkpoint of another
-checkpoint FORMAT (an older headstore) cannot be continued and is started over, said in one line.
+checkpoint FORMAT (an older headstore: format 1 keyed only the settings that differed from the defaults) cannot
+be continued and is started over, said in one line.
 """
 from __future__ import annotations
 
@@ -25,16 +26,16 @@ import json
 import os
 import sys
 import time
-from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
 import torch
 
 from headstore.data.files import INCOMPLETE, fsync_dir, writing
+from headstore.data.keys import recipe, resolved
 
 CHECKPOINT = "checkpoint.pt"
-FORMAT = 1  # bumped when the state's layout changes: an older checkpoint is started over, not misread
+FORMAT = 2  # bumped when the state's layout or key changes: an older checkpoint is started over, not misread
 KEY_PARTS = ("settings", "head", "store", "data")
 
 
@@ -57,12 +58,6 @@ def _tensor(t: torch.Tensor | None) -> bytes:
     return _json([str(t.dtype), list(t.shape)]) + t.numpy().tobytes()
 
 
-def changed_settings(cfg) -> dict:
-    """The settings of `cfg` that differ from its class's defaults."""
-    values, defaults = asdict(cfg), asdict(type(cfg)())
-    return {k: v for k, v in values.items() if k not in defaults or v != defaults[k]}
-
-
 def run_key(cfg, run) -> dict:
     """{part: hash} of what made a finetune run (module doc); `run`: finetune.Prepared, before any step."""
     trainer, head_state = run.trainer, run.head.state_dict()
@@ -72,7 +67,7 @@ def run_key(cfg, run) -> dict:
     data = _sha(_tensor(trainer.anchor), _tensor(trainer.positive), _tensor(trainer.labels), _tensor(negatives),
                 _tensor(trainer.relevant), _json(None if run.dev is None else run.dev.describe()),
                 _json(None if run.dev is None else _dev_rows(run.dev)))
-    return {"settings": _sha(_json(changed_settings(cfg))), "head": head, "store": run.src.store.fingerprint,
+    return {"settings": _sha(_json({**resolved(cfg), "recipe": recipe("finetune")})), "head": head, "store": run.src.store.fingerprint,
             "data": data}
 
 

@@ -8,8 +8,8 @@
 Texts go through the same steps as `cli featurize`: `encode.tokenize` (truncation at the store's max
 length), `encode.collate`, `encode.encode_batch` (the one encode-and-pool step, `pooling.pooled_forward`,
 in the store's numerics: its encoder's weights held in bf16/fp16 where the store's were, else fp32 weights
-under the store's precision; featurize.encoder.packed.store_numerics, hold_numerics), a round trip through the
-store's dtype (float16 stores round there), then the head's normaliser and MLP. So a text's `encode`
+under the store's precision; featurize.encoder.resolved.store_numerics, packed.hold_numerics), a round trip
+through the store's dtype (float16 stores round there), then the head's normaliser and MLP. So a text's `encode`
 equals the head applied to its stored features up to batch-composition rounding (~1e-6 in fp32; within
 the store's half precision for a bf16/fp16 store).
 
@@ -30,7 +30,8 @@ from headstore.data.progress import progress_bar
 from headstore.data.text_id import ROLES
 from headstore.featurize.encoder.encode import CODE_VERSION, Batch, collate, encode_batch, prompt_length, tokenize
 from headstore.featurize.encoder.model import load_encoder, model_identity
-from headstore.featurize.encoder.packed import hold_numerics, store_numerics
+from headstore.featurize.encoder.packed import hold_numerics
+from headstore.featurize.encoder.resolved import store_numerics
 from headstore.featurize.encoder.pooling import Pooler
 from headstore.featurize.encoder.sentence import SentenceSpec
 from headstore.featurize.store.rows import unit_rows

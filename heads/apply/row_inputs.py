@@ -17,8 +17,8 @@ from headstore.data.text_id import row_id
 from headstore.featurize.encoder.config import NUMERICS
 from headstore.featurize.encoder.encode import prompt_length
 from headstore.featurize.encoder.hardware import warn_if_emulated_bf16
-from headstore.featurize.encoder.packed import store_numerics
 from headstore.featurize.encoder.pooling import Pooler, pooled_forward
+from headstore.featurize.encoder.resolved import store_numerics
 from headstore.featurize.store.layout import StoreError
 
 

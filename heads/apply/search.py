@@ -38,6 +38,7 @@ from headstore.featurize.store.api import Store
 from headstore.heads.apply.pipeline import Pipeline
 from headstore.heads.network.features import read_features
 from headstore.heads.artefacts.head import Head
+from headstore.heads.artefacts.judged import read_judged
 from headstore.heads.kinds.unlabeled import unlabeled_in_store
 
 INDEX_FILE, ITEMS_FILE, INFO_FILE, HEAD_DIR = "index.faiss", "items.parquet", "index.json", "head"
@@ -162,10 +163,22 @@ def build_index(store_path: str, head_ref: str, data_path: str | None, out_dir: 
             "store": str(store_path), "store_fingerprint": store.fingerprint,
             "data": str(data_path) if data_path else None,
             **({"unlabeled": list(unlabeled)} if unlabeled else {}),
-            "sides": "query" if head.query_side else "both", "document_space": document_space(head)}
+            "sides": "query" if head.query_side else "both", "document_space": document_space(head),
+            "judged": judged_share(head_ref, head, store, rows)}
     atomic_write_json(out / INFO_FILE, info, sort_keys=True)
     end_output(out)
     return info
+
+
+def judged_share(head_ref: str, head: Head, store: Store, rows: np.ndarray) -> dict:
+    """How many indexed documents the head's training judged relevant (heads.kinds.seen: a query on one of them is
+    seen, its figure the head's learned one; the others are new to it), or why that is not known."""
+    judged, why = read_judged(head_ref, head.config, store.feature_store)
+    if judged is None:
+        return {"note": why}
+    n = int(np.isin(rows, np.fromiter(judged, dtype=np.int64, count=len(judged))).sum())
+    return {"documents": n, "of": int(len(rows)),
+            **({"note": "all unseen: no indexed document was judged in the head's training"} if not n else {})}
 
 
 def _read_index(faiss, path: Path):

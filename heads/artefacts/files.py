@@ -39,7 +39,7 @@ ENSEMBLE_FILE = "ensemble.json"
 ENSEMBLE_FORMAT = "headstore.ensemble/1"
 ENSEMBLE_ENERGY = "l1"  # the one energy whose mean over heads is the energy of the concatenated outputs
 # result columns that are not settings (left out when grouping seeds into configurations)
-VARIED_EXCLUDE = {"head_id", "grid_version", "stack", "stack_index", "status", "reason", "best_epoch",
+VARIED_EXCLUDE = {"head_id", "grid_version", "made_of", "stack", "stack_index", "status", "reason", "best_epoch",
                   "train_seconds", "eval_seconds", "primary", "history", "n_labelled", "strength_chosen",
                   "strength_curve"}
 # result columns: per split, transfer and selection sets, and the frozen baseline of a stack's own texts
@@ -176,20 +176,26 @@ def read_results(grid_dir: str | Path) -> pl.DataFrame:
                                          "another --out")
 
 
-def resume_rows(grid_dir: str | Path, version: int) -> tuple[list[dict], list[dict]]:
-    """(rows of grid format `version`, rows of other versions: kept in the file, never reused or aggregated);
+def resume_rows(grid_dir: str | Path, version: int, made_of: str | None = None) -> tuple[list[dict], list[dict]]:
+    """(rows of grid format `version` made of `made_of` (the datasets' contents and the recipe, a digest: the
+    `made_of` column; None: any), rows of anything else: kept in the file, never reused or aggregated, said in one line each);
     ([], []) for a grid not started."""
     path = Path(grid_dir) / RESULTS_FILE
     if not path.is_file():
         return [], []
     rows = read_results(grid_dir).to_dicts()
-    current = [r for r in rows if r.get("grid_version") == version]
     old = [r for r in rows if r.get("grid_version") != version]
+    other = [r for r in rows if r.get("grid_version") == version and made_of is not None and r.get("made_of") != made_of]
     if old:
         versions = sorted({str(r.get("grid_version") or 1) for r in old})
         print(f"{path}: {len(old)} row(s) of grid format version {', '.join(versions)} ignored "
               f"(this is version {version}: they are neither resumed from nor aggregated)")
-    return current, old
+    if other:
+        print(f"{path}: {len(other)} row(s) made from other contents of the datasets (an edited --data, --transfer, "
+              "--select-ood, --unlabeled or anchor_data file), by another train-head recipe, or by a headstore that "
+              "did not record either, ignored: their heads train again")
+    stale = {id(r) for r in old + other}
+    return [r for r in rows if id(r) not in stale], old + other
 
 
 def write_results(grid_dir: str | Path, rows: list[dict]) -> pl.DataFrame:

@@ -41,6 +41,7 @@ import torch
 from headstore.data.text_id import ROLES
 from headstore.heads.artefacts.files import (ENSEMBLE_ENERGY, ensemble_ids, is_ensemble_dir, load_grid_head,
                                        read_ensemble_dir, read_head_dir, write_ensemble_dir, write_head_dir)
+from headstore.heads.artefacts.judged import copy_judgements
 from headstore.heads.kinds.label_eval import class_scores
 from headstore.heads.scoring.losses import LOSSES
 from headstore.heads.settings.config import TrainConfig
@@ -93,8 +94,11 @@ class Head:
         return cls(*read_head_dir(d), str(d))
 
     def save(self, out_dir: str | Path) -> Path:
-        """Write a directory `Head.load` (and `cli eval --head`) reads: head, normaliser, config.json."""
-        return write_head_dir(out_dir, self.model, self.normalizer, self.config)
+        """Write a directory `Head.load` (and `cli eval --head`) reads: head, normaliser, config.json, and the
+        training judgements where the head has them (heads.artefacts.judged)."""
+        out = write_head_dir(out_dir, self.model, self.normalizer, self.config)
+        copy_judgements(self.source, self.config, out)
+        return out
 
     # --- what the head is ---------------------------------------------------------------------
     @property

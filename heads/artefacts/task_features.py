@@ -7,7 +7,7 @@ and `remap` rewrites the task's row numbers once into positions of that matrix. 
 of store rows (the rows are sorted), so every ranking, tie-break and mined negative is what it is over the
 whole store: the numbers do not change, only the memory (peak RSS ~ a fixed overhead + n * D * 4 bytes).
 
-`rows=None` keeps every store row (positions = store rows): an anchor drawn from the whole store needs it.
+`rows=None` keeps every store row (positions = store rows).
 """
 from __future__ import annotations
 

@@ -13,6 +13,7 @@ import torch
 
 from headstore.heads.kinds import PREFIX, Task, kind_of, primary_metric  # noqa: F401  (PREFIX re-exported)
 from headstore.heads.kinds.base import Embed
+from headstore.heads.kinds.seen import parts_block
 
 EMBED_BATCH = 8192  # rows per forward pass when embedding a split; bounds memory, not results
 TEST_SPLIT = "test"
@@ -86,13 +87,15 @@ def evaluate_baseline(task: Task, features: torch.Tensor, splits: tuple[str, ...
 
 def evaluate_head(task: Task, features: torch.Tensor, model, norm, energy: str, splits: tuple[str, ...],
                   dim: int | None = None, baseline: dict | None = None, rankings: dict | None = None,
-                  items: dict | None = None) -> dict:
+                  items: dict | None = None, seen: dict | None = None) -> dict:
     """metrics.json content for the splits present: baseline and head, with CIs of the primary metric.
 
     dim: as `evaluate_baseline`'s. baseline: `evaluate_baseline`'s result when it was scored already (train-head
     scores it before training normalises the features in place; `features` and norm=None are the head's inputs).
     rankings: filled with the head's rankings where the kind keeps them (run files then rank nothing again).
-    items: filled with {split: {"baseline": cosine per-item values, "head": the head's}} (what the CIs resample)."""
+    items: filled with {split: {"baseline": cosine per-item values, "head": the head's}} (what the CIs resample).
+    seen: {split: seen mask} (heads.kinds.seen_masks): each such split's primary metric also on its seen and unseen
+    queries and all, under "parts" (heads.kinds.seen.parts_block), and a warning where every query is seen."""
     kind = kind_of(task)
     if baseline is None:
         baseline = evaluate_baseline(task, features, splits, dim)
@@ -109,6 +112,10 @@ def evaluate_head(task: Task, features: torch.Tensor, model, norm, energy: str, 
         out["n_scored"][split] = kind.n_items(task.eval_sets[split])  # queries, pairs or texts
         ci = {"baseline": kind.ci(task, split, base_items["cosine"]),
               "head": kind.ci(task, split, head_items[0][PREFIX[energy]])}
+        if seen and split in seen:
+            block["parts"] = parts_block(base_items["cosine"], head_items[0][PREFIX[energy]], seen[split], split)
+            if not block["parts"]["unseen"]["n"] and block["parts"]["all"]["n"]:  # training judged every query's
+                out["warnings"].append(f"{task.name}: {block['parts']['note']}")  # document: said in one line
         if items is not None:
             items[split] = {"baseline": base_items["cosine"], "head": head_items[0][PREFIX[energy]]}
         if split == TEST_SPLIT:

@@ -9,10 +9,13 @@ seconds and peak memory it cost, its trainable parameters and, optionally, the M
 (forgetting). `heads.experiments.compare_report` turns the per-query / per-pair values into mean +- std over
 seeds, bootstrap CIs and each setup's paired difference from frozen + head.
 
-Each step writes `OUT/<step>-<key>/` where key hashes the settings that step depends on (including
-its inputs' keys and its seed) and records `step.json` (settings, seconds, peak memory, result) when it
+Each step writes `OUT/<step>-<key>/` where key hashes what made it (data/keys.py's rule): the resolved value
+of every setting that step depends on (including its inputs' keys and its seed), its recipe version and a digest
+of the contents of each dataset and model it reads (never a path), and records `step.json` (settings, seconds, peak memory, result) when it
 finishes: a rerun (or a run after an interruption) reuses every finished step, and a changed setting reruns
-only what depends on it. A finetune step killed mid-run goes on from its last finished epoch (the checkpoint
+only what depends on it; an edited dataset or a changed default reruns every step it feeds, and a dataset that
+is gone is a one-line error. A step folder of an older headstore (no recipe version in its key) is never reused:
+said in one line, its steps run again. A finetune step killed mid-run goes on from its last finished epoch (the checkpoint
 `cli finetune` keeps in the step's folder), its step.json's seconds those of all its processes.
 """
 from __future__ import annotations
@@ -25,9 +28,11 @@ from dataclasses import asdict
 from pathlib import Path
 
 from headstore.data.files import atomic_write_json
+from headstore.data.keys import content_digest, contents, recipe, resolved
 from headstore.heads.experiments.compare_config import CompareConfig, device_key, on_device
 from headstore.heads.experiments.compare_config import load_compare_config, split_list  # noqa: F401
-from headstore.heads.experiments.compare_setups import SETUPS, TUNED, Builder, changed_settings, settled
+from headstore.heads.experiments.compare_report import DATA  # what a missing dataset's error names
+from headstore.heads.experiments.compare_setups import SETUPS, TUNED, Builder, model_key, settled
 from headstore.heads.experiments.datasets_root import missing_mlm_text_note
 
 
@@ -56,7 +61,8 @@ def _peak_memory_mb() -> float | None:
 
 
 class Steps:
-    """Runs named steps once per settings key; `run(name, settings, fn)` -> (dir, result).
+    """Runs named steps once per settings key; `run(name, settings, fn, made_by)` -> (dir, result); `made_by`:
+    the step's recipe (data/keys.py RECIPES), whose version the key holds and `recipes` keeps by step name.
 
     Each step's record holds its seconds and the process's peak resident memory while it ran (MB; None
     off Linux), kept in `seconds` and `peak_mb` by step name, also for steps reused from a record.
@@ -69,13 +75,23 @@ class Steps:
         self.results: dict[str, dict] = {}
         self.dirs: dict[str, Path] = {}
         self.keys: dict[Path, str] = {}  # step folder -> its key
+        self.recipes: dict[str, str] = {}  # step name -> the recipe version that made it
+        older = sorted(p.parent.name for p in out.glob("*/step.json") if "recipe" not in _settings_of(p))
+        if older:
+            log(f"[compare] {out}: {len(older)} step folder(s) of an older headstore (no recipe version in their "
+                f"key, e.g. {older[0]}) are not reused: their steps run again")
 
     def key_of(self, path) -> str | None:
         """The key of the step whose folder holds `path`; None for a path no step of this run made."""
         path = Path(path).resolve()
         return next((key for folder, key in self.keys.items() if folder == path or folder in path.parents), None)
 
-    def run(self, name: str, settings: dict, fn) -> tuple[Path, dict]:
+    def register(self, path, key: str) -> None:
+        """`path` (a folder a step's result names, outside OUT too: a given base store) is made by key `key`."""
+        self.keys[Path(path).resolve()] = key
+
+    def run(self, name: str, settings: dict, fn, made_by: str) -> tuple[Path, dict]:
+        settings = {**settings, "recipe": recipe(made_by)}
         key = _key(settings)
         folder = self.out / f"{name}-{key}"
         record = folder / "step.json"
@@ -93,9 +109,17 @@ class Steps:
                     "peak_mb": _peak_memory_mb() if measured else None, "result": result}
             atomic_write_json(record, done, indent=1)
         self.seconds[name], self.dirs[name] = float(done["seconds"]), folder
-        self.keys[folder.resolve()] = key
+        self.register(folder, key)
+        self.recipes[name] = settings["recipe"]
         self.peak_mb[name], self.results[name] = done.get("peak_mb"), done["result"]
         return folder, done["result"]
+
+
+def _settings_of(record: Path) -> dict:
+    try:
+        return json.loads(record.read_text()).get("settings") or {}
+    except (OSError, ValueError):
+        return {}
 
 
 def _earlier_seconds(result) -> float:
@@ -110,15 +134,25 @@ def _featurize(steps: Steps, name: str, cfg: CompareConfig, model: str, parent_k
 
     fcfg = dataclasses.replace(cfg.featurize, model=model)
     datasets = [cfg.in_domain, *cfg.out_of_domain]
-    settings = {"encoder": parent_key, "featurize": changed_settings(fcfg), "data": datasets, "store": store}
+    settings = {"encoder": parent_key, "featurize": _without_model(fcfg), "data": contents(datasets, DATA),
+                "store": "given" if store else "own"}  # a given store's features: those the settings make (checked)
 
     def go(folder: Path) -> dict:
         summary = featurize(fcfg, datasets, store or folder / "store")
         return {"store": str(store or folder / "store"), "fingerprint": summary["fingerprint"],
                 "n_encoded": summary["n_encoded"]}
 
-    folder, result = steps.run(name, settings, go)
-    return Path(result["store"]), settings
+    folder, result = steps.run(name, settings, go, "featurize")
+    where = Path(store) if store else folder / "store"  # a given store where it is now, not where a record says
+    steps.register(where, steps.keys[folder.resolve()])
+    return where, settings
+
+
+
+def _without_model(config) -> dict:
+    """A config's resolved settings less its `model` (a path: the key names the encoder by what made it)."""
+    return {k: v for k, v in resolved(config).items() if k != "model"}
+
 
 
 def _train_head(steps: Steps, name: str, cfg: CompareConfig, store: Path, store_key: dict,
@@ -126,12 +160,12 @@ def _train_head(steps: Steps, name: str, cfg: CompareConfig, store: Path, store_
     from headstore.heads.training.run import train_head
 
     train = cfg.train.replace(seed=seed)
-    settings = {"store": store_key, "head": changed_settings(cfg.head), "train": changed_settings(train),
-                "data": cfg.in_domain, **device_key(cfg)}
+    settings = {"store": store_key, "head": resolved(cfg.head), "train": resolved(train),
+                "data": content_digest(cfg.in_domain, DATA), **device_key(cfg)}
     # the step's own folder (overwrite): a rerun after a crash replaces its half-made head
     folder, _ = steps.run(name, settings, lambda d: _first_metric(
         train_head(str(store), cfg.in_domain, str(d / "head"), cfg.head, train, progress=True,
-                   overwrite=True, device=cfg.device)))
+                   overwrite=True, device=cfg.device)), "train-head")
     return folder / "head", settings
 
 
@@ -151,8 +185,10 @@ def _probe(cfg: CompareConfig, steps: Steps) -> tuple[Path, dict]:
 
     probe_cfg = dataclasses.replace(_adapt_settings(cfg), train_encoder=False,
                                     max_steps=cfg.mlm_probe_steps or cfg.adapt.max_steps)
-    key = {"adapt": changed_settings(probe_cfg), "data": cfg.in_domain}
-    folder, _ = steps.run("mlm-probe", key, lambda d: _adapt_result(adapt(probe_cfg, [cfg.in_domain], d / "model")))
+    key = {"adapt": _without_model(probe_cfg), "model": model_key(cfg.model),
+           "data": content_digest(cfg.in_domain, DATA)}
+    folder, _ = steps.run("mlm-probe", key, lambda d: _adapt_result(adapt(probe_cfg, [cfg.in_domain], d / "model")),
+                          "adapt")
     return folder / "model", key
 
 
@@ -162,8 +198,9 @@ def _adapt_step(cfg: CompareConfig, steps: Steps, probe_key: dict):
 
     def run(name: str, probe: Path, seed: int):
         adapt_cfg = dataclasses.replace(_adapt_settings(cfg), model=str(probe), seed=seed)
-        key = {"adapt": {**changed_settings(adapt_cfg), "model": cfg.model}, "probe": probe_key, "data": cfg.in_domain}
-        folder, _ = steps.run(name, key, lambda d: _adapt_result(adapt(adapt_cfg, [cfg.in_domain], d / "model")))
+        key = {"adapt": _without_model(adapt_cfg), "probe": probe_key, "data": content_digest(cfg.in_domain, DATA)}
+        folder, _ = steps.run(name, key, lambda d: _adapt_result(adapt(adapt_cfg, [cfg.in_domain], d / "model")),
+                              "adapt")
         return folder / "model", key
     return run
 

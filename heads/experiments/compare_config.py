@@ -9,6 +9,7 @@ import tomllib
 from dataclasses import asdict, dataclass, field, fields
 
 from headstore.featurize.encoder.config import AdaptConfig
+from headstore.data.keys import device_kind
 from headstore.featurize.encoder.config import DEVICES, FeaturizeConfig
 from headstore.heads.settings.config import setting_hints, TrainConfig
 from headstore.heads.apply.finetune import FinetuneConfig
@@ -52,8 +53,8 @@ class CompareConfig:
     mlm_holdout_fraction: float = 0.02  # in-domain texts kept out of adaptation, scored for MLM loss
     mlm_probe_steps: int | None = None  # cap on the probe MLM head's steps on the frozen encoder (None: adapt's)
     # where every part runs (stores, heads, MLM adaptation and probe, tuning, evaluation, the MLM loss): "auto"
-    # leaves each part its own choice (cuda when available; the MLM loss on the CPU) and every step key as it
-    # was; "cpu" / "cuda" put all of them there, and the device is in every step's key (`on_device`)
+    # leaves each part its own choice (cuda when available; the MLM loss on the CPU); "cpu" / "cuda" put all of
+    # them there (`on_device`); the setting is in every step's key either way (`device_key`)
     device: str = "auto"
 
     def __post_init__(self):
@@ -171,9 +172,10 @@ def on_device(cfg: CompareConfig) -> CompareConfig:
 
 
 def device_key(cfg: CompareConfig) -> dict:
-    """What a step without a device setting of its own (train-head, eval, the MLM loss) adds to its key: the
-    device when one is given, nothing for "auto" (the keys of runs made before the option stay as they were)."""
-    return {} if cfg.device == "auto" else {"device": cfg.device}
+    """What a step without a device setting of its own (train-head, eval, the MLM loss) adds to its key: the kind
+    of device the setting resolves to here (data/keys.py device_kind: "auto" is cuda on a box with a card, else
+    cpu), so a step made on a card is never reused on a CPU."""
+    return {"device": device_kind(cfg.device)}
 
 
 def mlm_loss_device(cfg: CompareConfig) -> str:

@@ -14,6 +14,9 @@ import json
 import random
 from pathlib import Path
 
+from headstore.data.keys import content_digest
+
+SUBSAMPLE_VERSION = 1  # bumped when the subsample drawn from the same folder, size and seed changes
 JUDGED_SHARE = 0.5  # at most this share of the kept corpus is judged documents; the rest are distractors
 
 
@@ -24,14 +27,15 @@ def _read_qrels(path: Path) -> tuple[str, list[list[str]]]:
 
 def subsample_beir(src: str, out_root: Path, max_docs: int, seed: int) -> str:
     """The subsample of BEIR folder `src` under out_root/<key>/<src's name> (written once; the same
-    settings give the same folder); `src` itself when it is not a BEIR folder or is small enough."""
+    contents of `src`, size, seed and SUBSAMPLE_VERSION give the same folder); `src` itself when it is not a BEIR folder or is small enough."""
     folder = Path(src)
     if not (folder / "corpus.jsonl").is_file() or not (folder / "qrels").is_dir():
         return src  # an STS / pairs table: its pairs are few and short
     docs = [json.loads(line) for line in (folder / "corpus.jsonl").read_text().splitlines() if line.strip()]
     if len(docs) <= max_docs:
         return src
-    key = hashlib.sha256(json.dumps([str(folder.resolve()), max_docs, seed]).encode()).hexdigest()[:10]
+    key = hashlib.sha256(json.dumps([content_digest(folder, "--in-domain / --out-of-domain"), max_docs, seed,
+                                     SUBSAMPLE_VERSION]).encode()).hexdigest()[:10]  # data/keys.py's rule
     dest = out_root / key / folder.name
     if (dest / "corpus.jsonl").is_file():
         return str(dest)

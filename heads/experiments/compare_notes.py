@@ -87,3 +87,13 @@ def time_note(split: dict[str, float]) -> str:
     parts = ", ".join(f"{p} {s / 60:.1f} min ({100 * s / total:.0f}%)" for p, s in
                       sorted(split.items(), key=lambda kv: -kv[1]))
     return f"Time, all steps of the run from scratch: {total / 60:.1f} min = {parts}."
+
+
+def recipe_note(steps) -> str:
+    """Which recipe versions (data/keys.py RECIPES) made the table's steps, each with its steps: a table that
+    spans several days of code says what made its rows (a step of another version is made again, never reused)."""
+    by: dict[str, list[str]] = {}
+    for name, made_by in sorted(steps.recipes.items()):
+        by.setdefault(made_by, []).append(name)
+    return "Made by recipe versions: " + "; ".join(f"{r} ({len(names)} steps)" for r, names in sorted(by.items())) \
+        + "." if by else ""

@@ -21,9 +21,11 @@ import os
 import shutil
 from pathlib import Path
 
+from headstore.data.keys import content_digest, contents
 from headstore.heads.experiments.compare_config import device_key, mlm_loss_device
 from headstore.heads.training.eval_run import eval_head
 
+DATA = "--in-domain / --ood ([data] in_domain / out_of_domain)"  # what a missing dataset's error names
 GENERAL_MIN_CHARS = 50  # wikitext lines shorter than this are headings / fragments
 MLM_MASKS = {"seed": 0, "n_masks": 2}  # the same masks for every model: two draws of them per text
 
@@ -43,7 +45,8 @@ def _eval(store: Path, head: Path, data: str, folder: Path, exclude: str | None,
     return {"metric": m["primary"], "value": m["head"][m["primary"]], "baseline_metric": m["baseline_primary"],
             "baseline": m["baseline"][m["baseline_primary"]], "split": m["split"],
             "n_scored": m["n_scored"].get(m["split"]), "dropped": m.get("overlap_dropped"),
-            "items": {"head": items["head"], "baseline": items["baseline"]}, "gold": items.get("gold")}
+            "items": {"head": items["head"], "baseline": items["baseline"]}, "gold": items.get("gold"),
+            "seen": items.get("seen")}  # the items' seen mask (heads.experiments.compare_parts)
 
 
 def evaluate_built(cfg, steps, built: dict) -> dict:
@@ -58,11 +61,13 @@ def evaluate_built(cfg, steps, built: dict) -> dict:
             head = next(iter(b.heads.values()))
             for ds in datasets:
                 exclude = cfg.in_domain if cfg.ood_exclude_overlap and ds != cfg.in_domain else None
-                settings = {"store": str(b.store), "head": str(head), "data": ds, "exclude_overlap": exclude,
-                            **device_key(cfg)}
+                settings = {"store": steps.key_of(b.store), "head": steps.key_of(head), "data": content_digest(ds, DATA),
+                            "exclude_overlap": contents(exclude, DATA), **device_key(cfg)}
+                assert None not in (settings["store"], settings["head"]), (b.store, head)  # made by steps of this run
                 _, evals[enc, seed, _name(ds)] = steps.run(
                     f"eval-{enc}-s{seed}-{_name(ds)}", settings,
-                    lambda d, b=b, head=head, ds=ds, exclude=exclude: _eval(b.store, head, ds, d, exclude, cfg.device))
+                    lambda d, b=b, head=head, ds=ds, exclude=exclude: _eval(b.store, head, ds, d, exclude, cfg.device),
+                    "eval")
     return evals
 
 
@@ -99,8 +104,9 @@ def with_head(encoder_dir: Path, head_source: Path, folder: Path) -> Path:
 def mlm_settings(cfg) -> dict:
     """What an MLM loss depends on besides the model: the texts (which, how many, which split) and how they
     are cut and masked."""
-    return {"text": cfg.mlm_text, "text_split": cfg.mlm_text_split, "min_chars": GENERAL_MIN_CHARS,
-            "max_texts": cfg.mlm_max_texts, "in_domain": cfg.in_domain, "holdout": cfg.mlm_holdout_fraction,
+    return {"text": contents(cfg.mlm_text or None, "[data] mlm_text"), "text_split": cfg.mlm_text_split,
+            "min_chars": GENERAL_MIN_CHARS, "max_texts": cfg.mlm_max_texts,
+            "in_domain": content_digest(cfg.in_domain, DATA), "holdout": cfg.mlm_holdout_fraction,
             "max_length": cfg.adapt.max_length, **MLM_MASKS}
 
 
@@ -133,6 +139,6 @@ def mlm_losses(cfg, steps, built: dict, probe: Path) -> dict:
         assert model_dir is None or encoder_key is not None, f"{model_dir}: made by no step of this run"
         settings = {"encoder": encoder_key, "probe": probe_key, "own_head": own_head, "texts": mlm_settings(cfg),
                     **device_key(cfg)}
-        _, res = steps.run(name, settings, go)
+        _, res = steps.run(name, settings, go, "mlm-loss")
         results[enc, seed] = {**res, "head": head}
     return results

@@ -17,9 +17,10 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
+from headstore.data.keys import content_digest, resolved
 from headstore.featurize.tuning.settle import SETTLE_CHANGE, settled  # the rule adapt stops on; the table says it
 
 
@@ -48,15 +49,13 @@ SETUPS = {
 REFERENCE = "frozen-head"  # every setup's paired difference is taken against this one
 
 
-def changed_settings(config) -> dict:
-    """The settings of a config dataclass that differ from its defaults (TrainConfig: flat, its to_dict): what a
-    step key holds. A setting added to headstore later, at its default, leaves every finished step's key as it
-    was, so a table that runs over several sessions keeps its steps while the code gains options; a setting
-    the run gives (even the default value, said explicitly) is in the key, and so is any change of it."""
-    def flat(c) -> dict:
-        return c.to_dict() if hasattr(c, "to_dict") else asdict(c)
-    values, defaults = flat(config), flat(type(config)())
-    return {k: v for k, v in values.items() if k not in defaults or v != defaults[k]}
+def model_key(model: str) -> dict:
+    """The base encoder in a step's key (data/keys.py's rule): a local model's files by their contents, a Hub id
+    by its name."""
+    from headstore.featurize.encoder.model import resolve_model
+
+    where = resolve_model(model)
+    return {"weights": content_digest(where, "--model")} if Path(where).is_dir() else {"model": model}
 
 
 def finetune_setting(cfg, encoder: str, seed: int):
@@ -142,7 +141,7 @@ class Builder:
         self.base_params = None
 
     def base(self, seeds, base_model_dir: str) -> dict[int, Built]:
-        store, key = self.featurize("featurize-base", self.cfg.model, {"model": self.cfg.model}, self.cfg.base_store)
+        store, key = self.featurize("featurize-base", self.cfg.model, model_key(self.cfg.model), self.cfg.base_store)
         self.base_store, self.base_key = store, key
         self.base_params = count_parameters(base_model_dir)
         out = {}
@@ -195,11 +194,12 @@ class Builder:
         from headstore.heads.apply.finetune import finetune
 
         fcfg = dataclasses.replace(fcfg, encoder_lr=lr)
-        key = {"head": base.head_key, "finetune": changed_settings(fcfg)}
+        key = {"head": base.head_key, "finetune": resolved(fcfg), "model": model_key(self.cfg.model),
+               "data": content_digest(self.cfg.in_domain, "--in-domain ([data] in_domain)")}
         head_dir = base.heads["trained"]
         folder, result = self.steps.run(step, key, lambda d: _tuned_result(
             finetune(str(head_dir), str(d), fcfg, str(self.base_store), self.cfg.in_domain, self.cfg.model,
-                     progress=True)))
+                     progress=True)), "finetune")
         return folder, result, key
 
 

@@ -25,8 +25,10 @@ import numpy as np
 from tabulate import tabulate
 
 from headstore.data.files import atomic_write_text
+from headstore.heads.experiments.compare_parts import parts_section, split_evals
 from headstore.heads.experiments.compare_report import dataset_name
-from headstore.heads.experiments.compare_notes import adaptation_note, method, time_note, time_split, tuning_note
+from headstore.heads.experiments.compare_notes import (adaptation_note, method, recipe_note, time_note, time_split,
+                                                      tuning_note)
 from headstore.heads.experiments.compare_setups import REFERENCE, SETUPS
 from headstore.heads.experiments.plots import metric_family, plot_gain_vs_change
 from headstore.heads.kinds import kind_of_metric
@@ -118,26 +120,35 @@ def build_rows(cfg, built: dict, evals: dict, mlm: dict, steps) -> list[dict]:
     datasets = [dataset_name(d) for d in [cfg.in_domain, *cfg.out_of_domain]]
     names = [s for s in SETUPS if s in cfg.setups or s == REFERENCE]
     seeds_of = {name: _instances(SETUPS[name], built) for name in names}
-    ref_seeds = [s for _, s in seeds_of[REFERENCE]]
-    values = {ds: _dataset(names, seeds_of, evals, ds, cfg.n_boot) for ds in datasets}
+    part_evals, parts = split_evals(evals, datasets[0])  # the in-domain queries, seen and unseen
+    values = {ds: _dataset(names, seeds_of, {**evals, **part_evals}, ds, cfg.n_boot) for ds in datasets + parts}
     rows = []
     for name in names:
         setup = SETUPS[name]
         seeds = [s for _, s in seeds_of[name]]
         row = {"setup": name, "label": setup.label, "encoder": setup.encoder, "head": setup.head,
-               "seeds": seeds, "datasets": {}}
-        for ds in datasets:
-            metric, per_seed, boot = values[ds][name]
-            block = {"metric": metric, **figure(per_seed, boot)}
-            if name != REFERENCE:
-                paired_seeds, *sides = by_seed(seeds, per_seed, boot, (ref_seeds, *values[ds][REFERENCE][1:]),
-                                               _seed_independent(setup, seeds_of[name]))
-                block["vs_frozen_head"] = {**paired(*sides), "seeds": paired_seeds}
-            row["datasets"][ds] = block
+               "seeds": seeds, "datasets": {ds: _block(name, seeds_of, values[ds]) for ds in datasets}}
+        if parts:
+            row["parts"] = {ds: {**_block(name, seeds_of, values[ds]), "n": part_evals[next(
+                k for k in part_evals if k[2] == ds)]["n_scored"]} for ds in parts}
         row.update(_cost(setup, seeds_of[name], steps))
         row["mlm_loss"] = _forgetting(setup, seeds_of[name], mlm)
         rows.append(row)
     return rows
+
+
+def _block(name: str, seeds_of: dict, values: dict) -> dict:
+    """One row's figure on one dataset (values: `_dataset`'s) and, but for the reference, its paired
+    difference from the reference seed by seed."""
+    setup, seeds = SETUPS[name], [s for _, s in seeds_of[name]]
+    metric, per_seed, boot = values[name]
+    block = {"metric": metric, **figure(per_seed, boot)}
+    if name != REFERENCE:
+        ref_seeds = [s for _, s in seeds_of[REFERENCE]]
+        paired_seeds, *sides = by_seed(seeds, per_seed, boot, (ref_seeds, *values[REFERENCE][1:]),
+                                       _seed_independent(setup, seeds_of[name]))
+        block["vs_frozen_head"] = {**paired(*sides), "seeds": paired_seeds}
+    return block
 
 
 def _cost(setup, instances, steps) -> dict:
@@ -204,6 +215,7 @@ def tables(cfg, rows: list[dict]) -> tuple[str, str]:
         tabulate(figures, headers=fig_head, tablefmt="github", disable_numparse=True),
         "## Paired difference from frozen + head, seed by seed (Δ, [95% two-level CI]; * = the CI excludes 0)",
         tabulate(diffs, headers=["setup", *datasets], tablefmt="github", disable_numparse=True),
+        *[x for x in [parts_section(rows, ind, lambda b: f"{_pm(b)} {_ci(b['ci'])}", _diff)] if x],
         "## Forgetting and cost",
         tabulate(cost, headers=["setup", "MLM loss general", "MLM loss in-domain held-out", "trainable parameters",
                                 "seconds (from scratch)", "peak MB"], tablefmt="github", disable_numparse=True),
@@ -216,7 +228,7 @@ def write_report(cfg, out: Path, built: dict, evals: dict, mlm: dict, steps) -> 
     rows = build_rows(cfg, built, evals, mlm, steps)
     terminal, md = tables(cfg, rows)
     split = time_split(steps)
-    notes = [n for n in (adaptation_note(steps), tuning_note(built), time_note(split)) if n]
+    notes = [n for n in (adaptation_note(steps), tuning_note(built), time_note(split), recipe_note(steps)) if n]
     md, terminal = "\n\n".join([md, *notes]), "\n\n".join([terminal, *notes])
     title = f"# compare: {cfg.model}, heads trained on {dataset_name(cfg.in_domain)}\n\n![in-domain gain against " \
             "out-of-domain change](compare.png)\n\n"
@@ -227,6 +239,6 @@ def write_report(cfg, out: Path, built: dict, evals: dict, mlm: dict, steps) -> 
         "rows": rows, "model": cfg.model, "in_domain": cfg.in_domain, "out_of_domain": list(cfg.out_of_domain),
         "seeds": list(cfg.seeds), "tune_seeds": cfg.tune_seeds, "n_boot": cfg.n_boot, "reference": REFERENCE,
         "tunings": {k: v for k, v in tunings.items() if v}, "time_split_seconds": split,
-        "step_seconds": steps.seconds, "step_peak_mb": steps.peak_mb}, indent=1, default=float))
+        "step_seconds": steps.seconds, "step_peak_mb": steps.peak_mb, "step_recipes": steps.recipes}, indent=1, default=float))
     plot_gain_vs_change(rows, out / "compare.png")
     return terminal + "\n\n" + method(cfg) + "\n"

@@ -31,10 +31,11 @@ from headstore.featurize.store.reader import FeatureStore
 from headstore.heads.artefacts.curve import plot_curve
 from headstore.heads.artefacts.files import write_head_dir
 from headstore.heads.artefacts.head import EnsembleHead, Head
+from headstore.heads.artefacts.judged import write_judgements
 from headstore.heads.experiments.distill_report import (SPLITS, Beside, best_member, n_parameters, read_stored,
                                                         to_device, transfer_tasks)
 from headstore.heads.experiments.distill_tuned import TunedTeacherStore, tuned_head_dir
-from headstore.heads.kinds import load_task
+from headstore.heads.kinds import judgement_pairs, load_task
 from headstore.heads.kinds.unlabeled import unlabeled_report
 from headstore.heads.scoring.losses import distill_losses
 from headstore.heads.artefacts.task_features import TaskFeatures
@@ -44,6 +45,7 @@ from headstore.heads.training.distill import distill_stack
 from headstore.heads.training.distill_targets import (HeadTeacher, Targets, anchor_and_corpus_rows, make_targets,
                                                        parts_path, read_targets, targets_key, targets_path,
                                                        write_targets)
+from headstore.heads.network.features import array_list
 from headstore.heads.training.run import _array_layer, _data_notes, check_same_features, defaults_for_kind, head_shape
 
 def load_teacher(ref: str, store: FeatureStore, what: str = "--teacher") -> Head:
@@ -136,13 +138,13 @@ def distill(store_path: str, data_path: str, teacher_ref: str, out_dir: str, hea
     layer = _array_layer(store, array)
     teacher, read_teacher = open_teacher(teacher_ref, store, teacher_store, device)
     task = load_task(data_path, store, data_format, unlabeled=unlabeled)
-    head_cfg, cfg, defaults_note = defaults_for_kind(task, head_cfg, cfg, kind_defaults)
+    head_cfg, cfg, defaults_note = defaults_for_kind(task, head_cfg, cfg, kind_defaults, len(array_list(array)))
     anchors, corpus, anchors_note = anchor_and_corpus_rows(task, dcfg.unlabeled_anchors, dcfg.sample_seed)
-    ood = transfer_tasks(task, store, transfer, device)  # before the task's rows become positions
+    ood, ood_dropped = transfer_tasks(task, store, transfer, device, f"--data {data_path}")  # before positions
     tf = TaskFeatures.for_task(store, task, anchors, corpus, device=device)
-    task, features = tf.remap(task), tf.read(array)
+    judged, (task, features) = judgement_pairs(task), (tf.remap(task), tf.read(array))  # judged: store rows
     tkey = teacher_key(teacher)
-    key = targets_key(tkey, store.fingerprint, (array, teacher.array), anchors, corpus, dcfg.target_settings())
+    key = targets_key(tkey, store, (array, teacher.array), anchors, corpus, dcfg.target_settings())
     teacher_features = read_teacher(tf, teacher.array)  # read once: a tuned teacher's come from its own store
     single_head = load_teacher(single, store, what="--single") if single else best_member(
         teacher, task, teacher_features, store.dim)
@@ -154,10 +156,8 @@ def distill(store_path: str, data_path: str, teacher_ref: str, out_dir: str, hea
         check_embedding_student(teacher, head_cfg, dcfg)  # before the teacher's pass writes its targets
     targets, made = _targets(out_dir, key, teacher, teacher_features, features[:, :store.dim], tf,
                              anchors, corpus, dcfg, progress)
-    if embedding_loss:
-        z = HeadTeacher(teacher, teacher_features).embed(tf.positions(anchors), "query")
-        assert np.array_equal(targets.anchors, anchors)
-        targets = targets.with_embeddings(z.cpu().numpy())  # (U, d) the teacher's outputs of the anchors
+    if embedding_loss:  # (U, d) the teacher's outputs of the anchors
+        targets = targets.with_embeddings(teacher_outputs(teacher, teacher_features, tf, anchors, targets))
     del teacher_features  # not held through training (Beside reads what it scores again)
     model, norm, (run,) = distill_stack(task, features, head_cfg, [cfg], dcfg, targets.mapped(tf.positions),
                                         progress, in_place=True, init=init)  # the raw features' last use was above
@@ -171,19 +171,30 @@ def distill(store_path: str, data_path: str, teacher_ref: str, out_dir: str, hea
               **({"unlabeled": list(unlabeled)} if unlabeled else {}), **_data_notes(task),
               "store": str(store_path), "array": array, "array_layer": layer, "best_epoch": run.best_epoch,
               "train_seconds": run.seconds, "defaults": defaults_note, "device": device, "distill": note}
-    write_head_dir(out, model, norm, {**config, **_store_notes(store)})
+    write_head_dir(out, model, norm, {**config, **_store_notes(store), "judged": write_judgements(out, store, judged)})
     metrics = beside.student(model, norm, cfg.eval_energy, features)
     metrics.update(_data_notes(task), **{k: v for k, v in beside.columns.items() if k != "distilled"})
     metrics["distill"] = {**note, **beside.columns["distilled"], "student_parameters": n_parameters(model),
                           "best_epoch": run.best_epoch, "start_dev": run.start_dev, "train_seconds": run.seconds}
-    unlabeled_note = _unlabeled_note(task, cfg, anchors_note)
-    if unlabeled_note:
-        metrics["unlabeled"] = unlabeled_note
-    metrics["history"] = run.history
+    metrics.update(_run_notes(task, cfg, anchors_note, run, ood_dropped))
     atomic_write_json(out / "metrics.json", metrics, sort_keys=True)
     plot_curve(run.history, out / "curve.png", title=f"{task.name}: distilled ({dcfg.distill_loss})")
     end_output(out)
     return metrics
+
+
+def teacher_outputs(teacher: Head, teacher_features, tf: TaskFeatures, anchors, targets: Targets) -> np.ndarray:
+    """(U, d) the teacher's outputs of the targets' anchors (store rows `anchors`), what embedding-mse regresses on."""
+    assert np.array_equal(targets.anchors, anchors)
+    return HeadTeacher(teacher, teacher_features).embed(tf.positions(anchors), "query").cpu().numpy()
+
+
+def _run_notes(task, cfg: TrainConfig, anchors_note: dict, run, ood_dropped: dict) -> dict:
+    """metrics.json's "unlabeled", "history", "transfer_dropped" (out-of-domain items whose text the student trained
+    on: heads.kinds.without_seen) and "anchor" (the anchor regulariser's sample, the task's own texts)."""
+    notes = {"unlabeled": _unlabeled_note(task, cfg, anchors_note), "history": run.history,
+             "transfer_dropped": ood_dropped, "anchor": run.anchor}
+    return {k: v for k, v in notes.items() if k == "history" or v}
 
 
 def _store_notes(store: FeatureStore) -> dict:
@@ -199,6 +210,10 @@ def _targets(out_dir, key: str, teacher: Head, teacher_features, search_features
     if cached is not None:
         progress_write(f"teacher targets: reused {path} ({len(cached)} anchors)")
         return cached, False
+    others = [p.name for p in Path(out_dir).glob("teacher-targets-*.npz") if p != path]
+    if others:  # made by another teacher, store, texts, settings or headstore: never this run's
+        progress_write(f"teacher targets: {len(others)} in {out_dir} of another key ({others[0]}; what made them "
+                       "differs) not reused: making this run's")
     parts = parts_path(Path(out_dir), key, tf.rows)
     made = make_targets(HeadTeacher(teacher, teacher_features), search_features, tf.positions(anchors),
                         tf.positions(corpus), dcfg.target_settings(), progress, parts)

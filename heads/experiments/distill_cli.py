@@ -95,9 +95,11 @@ def _fmt(value, ci=None) -> str:
 
 def _columns(metrics: dict) -> list[tuple[str, dict]]:
     """(header, column) of frozen, the best single head (when any), the teacher and the distilled head."""
+    from headstore.heads.experiments.distill_report import split_parts
+
     d, base = metrics["distill"], metrics["baseline_primary"]
     student = {"primary": metrics["primary"], "head": metrics.get("head"), "ci": metrics.get("ci", {}).get("head"),
-               "dev": metrics.get("dev", {}).get("head"), **d}
+               "dev": metrics.get("dev", {}).get("head"), **d, **split_parts(metrics)}
     frozen = {**metrics.get("frozen", {}), "primary": base, "head": metrics.get("baseline"),
               "ci": metrics.get("ci", {}).get("baseline"), "dev": metrics.get("dev", {}).get("baseline")}
     cols = [(f"frozen {base}", frozen)]
@@ -118,6 +120,7 @@ def distill_table(metrics: dict) -> str:
         rows.append(("test", *(_fmt((c.get("head") or {}).get(c["primary"]), c.get("ci")) for _, c in cols)))
     for name in metrics["distill"].get("transfer", {}):
         rows.append((f"{name} (out of domain)", *(_fmt(c.get("transfer", {}).get(name)) for _, c in cols)))
+    rows += part_rows(cols)
     rows.append(("parameters", *(f"{c.get('parameters', 0):,}" for _, c in cols)))
     rows.append(("s / 1,000 queries", *(f"{c['seconds_per_1000']:.3f}" if "seconds_per_1000" in c else "–"
                                         for _, c in cols)))
@@ -134,6 +137,21 @@ def distill_table(metrics: dict) -> str:
     if share is not None:
         lines.append(f"the distilled head keeps {share:.0%} of the teacher's test gain over the best single head")
     return "\n".join([*lines, *(f"WARNING: {w}" for w in metrics.get("warnings", []))])
+
+
+def part_rows(cols: list[tuple[str, dict]]) -> list[tuple]:
+    """The dev and test rows of the seen and unseen queries (heads.kinds.seen): each head's figure, the frozen
+    column's from the distilled head's parts (the same baseline beside every head)."""
+    parts = cols[-1][1].get("parts", {})
+    rows = []
+    for split, by_part in parts.items():
+        for part in ("seen", "unseen"):
+            if not by_part[part]["n"]:
+                continue
+            values = [((c.get("parts") or {}).get(split) or {}).get(part, {}).get("head") for _, c in cols[1:]]
+            rows.append((f"{split} {part} ({by_part[part]['n']})", _fmt(by_part[part]["baseline"]),
+                         *(_fmt(v) for v in values)))
+    return rows
 
 
 def gain_share(metrics: dict) -> float | None:

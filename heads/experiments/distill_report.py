@@ -3,8 +3,12 @@ and the teacher, in domain (dev, test with CIs) and out of domain (`--transfer` 
 
 - The best single head: `--single REF` (any head over the store), else for an ensemble teacher its member with
   the best dev figure (a grid ensemble's members are single pair-trained heads); none for a one-head teacher.
-- Out of domain: each `--transfer` dataset without any item that shares a text with the in-domain dataset
-  (counted), on its test split (else the whole table), as `cli grid --transfer` scores it.
+- Out of domain: each `--transfer` dataset without any item that shares a text with the in-domain dataset or its
+  `--unlabeled` texts (the student trained on both: counted, on the terminal and in metrics.json
+  "transfer_dropped"; heads.kinds.without_seen), on its test split (else the whole table), as `cli grid
+  --transfer` scores it.
+- Seen / unseen: each column's dev and test figures also on the queries a relevant document of which the training
+  judged and on the others (heads.kinds.seen; "parts").
 - Cost: seconds to score 1,000 queries against the corpus (the task's corpus; for a pairs or STS table the
   distillation's candidate texts): the queries through normaliser and head, their energies to every corpus
   text and the top 10 of each, the corpus embedded beforehand (an index holds it), on this process's
@@ -24,7 +28,7 @@ from headstore.heads.artefacts.head import EnsembleHead, Head
 from headstore.heads.artefacts.task_features import TaskFeatures
 from headstore.heads.evaluation.evaluate import TEST_SPLIT, embedder, evaluate_baseline, evaluate_head, evaluate_split
 from headstore.heads.experiments.grid_inputs import transfer_split
-from headstore.heads.kinds import load_task, primary_metric, task_rows, without_overlap
+from headstore.heads.kinds import load_task, overlap_line, primary_metric, seen_rows, task_seen_masks, without_seen
 from headstore.heads.scoring.energy import pairwise_energy
 
 SPLITS = ("dev", TEST_SPLIT)
@@ -57,17 +61,19 @@ def best_member(teacher: Head, task, features: torch.Tensor, dim: int) -> Head |
     return max(teacher.members, key=dev)
 
 
-def transfer_tasks(task, store, paths, device) -> dict:
-    """name -> (the out-of-domain task at positions, its TaskFeatures), without items sharing a text with `task`
-    (its store rows: call before the task is remapped)."""
-    out, own = {}, task_rows(task)
+def transfer_tasks(task, store, paths, device, data: str) -> tuple[dict, dict]:
+    """(name -> (the out-of-domain task at positions, its TaskFeatures), name -> {what: {split: dropped}}), without
+    items sharing a text with `task` or its --unlabeled texts (store rows: call before the task is remapped);
+    data: how the user named the task ("--data FILE")."""
+    out, dropped, seen = {}, {}, seen_rows(task, data)
     for path in paths:
-        t, dropped = without_overlap(load_task(path, store, for_eval=True), own)
-        if any(dropped.values()):
-            print(f"{t.name}: dropped items sharing a text with {task.name}: {dropped}")
+        t, lost = without_seen(load_task(path, store, for_eval=True), seen, f"--transfer {path}", transfer_split)
+        if lost:
+            print(overlap_line(f"--transfer {path}", lost))
+            dropped[t.name] = lost
         tf = TaskFeatures.for_task(store, t, device=device)
         out[t.name] = (tf.remap(t), tf)
-    return out
+    return out, dropped
 
 
 def read_stored(tf: TaskFeatures, array: str) -> torch.Tensor:
@@ -96,6 +102,12 @@ def scoring_seconds(model, norm, energy: str, queries: torch.Tensor, corpus: tor
     return (time.perf_counter() - t0) * COST_QUERIES / len(queries)
 
 
+def split_parts(metrics: dict) -> dict:
+    """{"parts": {split: seen / unseen / all}} of an evaluate_head result (heads.kinds.seen), {} without them."""
+    parts = {s: b["parts"] for s, b in ((TEST_SPLIT, metrics), ("dev", metrics.get("dev", {}))) if "parts" in b}
+    return {"parts": parts} if parts else {}
+
+
 class Beside:
     """The columns beside the student (module doc), scored on the raw features before training. `items`, when
     given, is filled with each column's per-item test values (what the CIs resample) and the gold labels."""
@@ -104,6 +116,7 @@ class Beside:
                  ood: dict, cost_rows: tuple[np.ndarray, np.ndarray], device, items: dict | None = None,
                  teacher_read=read_stored):
         self.task, self.dim, self.array, self.items = task, store.dim, array, items
+        self.seen = task_seen_masks(task, SPLITS)  # seen / unseen queries (heads.kinds.seen; positions: the same)
         features = tf.read(array)
         q, c = (torch.as_tensor(r, device=tf.device) for r in (np.resize(cost_rows[0], COST_TIMED), cost_rows[1]))
         self.cost_inputs = {(a, read): (read(tf, a)[q].clone(), read(tf, a)[c].clone()) for a, read in
@@ -123,7 +136,7 @@ class Beside:
     def _column(self, name: str, head: Head, features: torch.Tensor, read) -> dict:
         items = {} if self.items is not None else None
         m = evaluate_head(self.task, features, head.model, head.normalizer, head.energy_name, SPLITS, dim=self.dim,
-                          baseline=self.baseline, items=items)
+                          baseline=self.baseline, items=items, seen=self.seen)
         self._keep(items, name)
         col = {"ref": str(head.source), "primary": m["primary"], "head": m.get("head"),
                "ci": m.get("ci", {}).get("head"), "parameters": n_parameters(head),
@@ -133,7 +146,7 @@ class Beside:
                                                    *self.cost_inputs[head.array, read])}
         if "dev" in m:
             col["dev"] = m["dev"]["head"]
-        return col
+        return col | split_parts(m)
 
     def _keep(self, items: dict | None, name: str) -> None:
         if items is None or TEST_SPLIT not in items:
@@ -149,7 +162,7 @@ class Beside:
         ones) with its transfer and cost."""
         items = {} if self.items is not None else None
         metrics = evaluate_head(self.task, features, model, None, energy, SPLITS, dim=self.dim,
-                                baseline=self.baseline, items=items)
+                                baseline=self.baseline, items=items, seen=self.seen)
         self._keep(items, "distilled")
         self.columns["distilled"] = {"parameters": n_parameters(model),
                                      "transfer": score_transfer(self.ood, model, norm, energy, self.array),

@@ -7,11 +7,14 @@ The teacher's head was trained over the tuned encoder's features (its config nam
 and that store's fingerprint). Every text the distillation scores (the task's texts, anchors, candidates, the
 --transfer sets) is looked up in the teacher's store by its text id (the student store's row ids: the same texts
 and prompts); texts it lacks are encoded with the tuned encoder into it first (`featurize_texts`, the teacher
-store's own settings, or for a new one the student store's with the teacher head's layers, the tuned encoder as the
-model), said on the terminal with how many texts, tokens and an estimated time before it starts. The teacher's
+store's own settings, or for a new one every fingerprint setting of the store the teacher head was trained on (its
+layers, length, dtype, precision, numerics, runtime: `manifest_settings`), the tuned encoder as the model), said on
+the terminal with how many texts, tokens and an estimated time before it starts. The teacher's
 store defaults to `<finetune folder>/store-<its fingerprint's first 12>`: keyed by what made it (the encoder's
 weights and the numerics).
-Refused in one line: a teacher store of another fingerprint, a store with prompts (its ids are per role).
+Refused in one line: a teacher store of another fingerprint, a store with prompts (its ids are per role), and
+settings that would make a store of another fingerprint than the teacher head's (checked before any text is
+encoded: nothing is written, so no bad store is left at the default path).
 """
 from __future__ import annotations
 
@@ -45,17 +48,42 @@ def default_teacher_store(head: Head) -> Path:
     return Path(head.config["encoder_dir"]).parent / f"store-{head.store_fingerprint[:12]}"
 
 
+def manifest_settings(parts: dict) -> dict:
+    """The FeaturizeConfig settings that remake a store's fingerprint parts `parts` (a manifest's)."""
+    numerics = parts.get("numerics")
+    precision = {"bf16-weights": "bf16-weights", "fp16-weights": "fp16"}.get(numerics) or \
+        {"bf16": "bf16-autocast"}.get(parts.get("precision"), parts.get("precision", "fp32"))
+    return {"layers": tuple(parts.get("layers", (-1,))), "max_length": parts.get("max_length"),
+            "dtype": parts["dtype"], "precision": precision, "backend": parts.get("backend", "torch")}
+
+
 def featurize_config(store: FeatureStore, head: Head, teacher_store: FeatureStore | None) -> FeaturizeConfig:
     """The settings the teacher store's missing texts are encoded with: its own (its config.json) where it exists,
-    else the student store's with the layers the teacher's head was trained on (a student store of several layers
-    would make a store of another fingerprint than the head's), the tuned encoder as the model either way."""
+    else every fingerprint setting of the store the teacher's head was trained on (`manifest_settings`; the
+    student store's would make another fingerprint wherever its layers, dtype or precision differ) and the
+    student store's for the rest (batches, threads), the tuned encoder as the model either way."""
     saved = json.loads((Path((teacher_store or store).path) / "config.json").read_text())
     names = {f.name for f in fields(FeaturizeConfig)}
     cfg = replace(FeaturizeConfig(**{k: v for k, v in saved.items() if k in names}),
                   model=str(head.config["encoder_dir"]))
-    if teacher_store is None:
-        cfg = replace(cfg, layers=tuple(head.store_manifest.get("layers", (-1,))))
-    return cfg
+    return cfg if teacher_store is not None else replace(cfg, **manifest_settings(head.store_manifest))
+
+
+def check_planned(cfg: FeaturizeConfig, head: Head, path: Path) -> None:
+    """ValueError, before any text is encoded, where `cfg` would make a store of another fingerprint than the one
+    the teacher head was trained on, naming the parts that differ."""
+    from headstore.featurize.run.plan import fingerprint_parts
+    from headstore.featurize.store.layout import fingerprint_of
+
+    parts = fingerprint_parts(cfg)
+    if fingerprint_of(parts) == head.store_fingerprint:
+        return
+    want = head.store_manifest
+    diff = ", ".join(f"{k} {parts[k]!r} vs {want.get(k)!r}" for k in sorted(parts) if parts[k] != want.get(k)) \
+        or "parts hash differently"
+    raise ValueError(f"teacher store {path}: the tuned encoder {cfg.model} would give features of another "
+                     f"fingerprint than {head.source} was trained on ({diff}); nothing encoded: featurize its store "
+                     "with finetune.json's suggested command and give it with --teacher-store")
 
 
 def estimated_seconds(encoder_dir: str, tokens: int, precision: str) -> float:
@@ -76,6 +104,8 @@ class TunedTeacherStore:
             raise ValueError(f"{store.path} has prompts ({store.prompts}): a tuned teacher's store is matched by text "
                              "id per role; featurize it with finetune.json's suggested command and give a head teacher")
         self.teacher_store = self._open() if (self.path / "manifest.json").is_file() else None
+        if self.teacher_store is None:  # to be made: checked now, before the distillation's work
+            check_planned(featurize_config(store, head, None), head, self.path)
 
     def _open(self) -> FeatureStore:
         ts = FeatureStore.open(self.path)

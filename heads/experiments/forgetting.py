@@ -22,7 +22,8 @@ texts, Spearman for STS, nDCG@10 for IR).
 `split_classes` makes the 20 Newsgroups pair: the labelled dataset's classes (sorted) split into two
 disjoint halves, A the first and B the second, with `train_per_class` / `test_per_class` texts per
 class drawn with a seed (full 20 Newsgroups re-featurized twice would take hours on a CPU), written
-as two Parquet files under the output folder. Every step is cached by its settings (`compare.Steps`).
+as two Parquet files under the output folder. Every step is cached by its key (`compare.Steps`; data/keys.py:
+the resolved settings, the recipe version, the datasets' contents).
 """
 from __future__ import annotations
 
@@ -35,6 +36,7 @@ import polars as pl
 
 from headstore.data.dataset import load_dataset
 from headstore.data.files import atomic_write_json, atomic_write_text
+from headstore.data.keys import content_digest, resolved
 from headstore.featurize.encoder.config import FeaturizeConfig
 from headstore.featurize.run.local import featurize
 from headstore.featurize.store.reader import FeatureStore
@@ -47,6 +49,7 @@ from headstore.heads.artefacts.files import write_head_dir
 from headstore.heads.settings.config import HeadConfig, TrainConfig
 from headstore.heads.experiments.compare import Steps
 from headstore.heads.experiments.compare_report import GENERAL_MIN_CHARS, with_head
+from headstore.heads.experiments.compare_setups import model_key
 from headstore.heads.experiments.datasets_root import default_mlm_text, missing_mlm_text_note
 from headstore.heads.network.features import load_features
 from headstore.heads.kinds import for_training, load_task
@@ -155,21 +158,23 @@ def _continue_head(cfg: ForgettingConfig, head_dir: Path, data: str, data_format
 
 
 class ForgettingSteps:
-    """The steps of one forgetting run, each cached by its settings (`compare.Steps`): the heads and their scores,
+    """The steps of one forgetting run, each cached by its key (`compare.Steps`): the heads and their scores,
     the stores featurized with a tuned encoder, and the two ways an encoder tuning meets task B (`TUNING_ROWS`)."""
 
     def __init__(self, cfg: ForgettingConfig, steps: Steps):
         self.cfg, self.steps = cfg, steps
         self.tasks = {"A": (cfg.task_a, cfg.format_a), "B": (cfg.task_b, cfg.format_b)}
-        self.common = {"store": cfg.store, "head": asdict(cfg.head), "train": cfg.train.to_dict()}
+        self.contents = {tag: [content_digest(d, f"task_{tag.lower()}"), f] for tag, (d, f) in self.tasks.items()}
+        steps.register(cfg.store, FeatureStore.open(cfg.store).fingerprint)  # the given store: by what made it
+        self.common = {"store": steps.key_of(cfg.store), "head": resolved(cfg.head), "train": resolved(cfg.train)}
         self.head_a, self.head_b = self.head("head-A", "A", cfg.store), self.head("head-B", "B", cfg.store)
 
     def head(self, name: str, tag: str, store, extra=None) -> Path:
         """A head trained on task `tag`'s texts in `store` (train-head with the run's settings)."""
         cfg, (data, fmt) = self.cfg, self.tasks[tag]
-        settings = {**self.common, "store": str(store), "data": data, "format": fmt, **(extra or {})}
+        settings = {**self.common, "store": self.steps.key_of(store), "data": self.contents[tag], **(extra or {})}
         folder, _ = self.steps.run(name, settings, lambda d: {"primary": train_head(
-            str(store), data, str(d / "head"), cfg.head, cfg.train, fmt, progress=False)["primary"]})
+            str(store), data, str(d / "head"), cfg.head, cfg.train, fmt, progress=False)["primary"]}, "train-head")
         return folder / "head"
 
     def score(self, store, head, tag: str) -> dict:
@@ -182,9 +187,10 @@ class ForgettingSteps:
         rows = [{"setup": "1: frozen encoder + per-task heads", "A_before": a_before,
                  "A_after": self.score(store, head_a, "A"), "B": self.score(store, self.head_b, "B"),
                  "encoder_after": "base"}]
-        shared, _ = self.steps.run("shared-head-AB", {**self.common, "from": str(head_a), "data": cfg.task_b,
-                                                      "format": cfg.format_b},
-                                   lambda d: _continue_head(cfg, head_a, cfg.task_b, cfg.format_b, d / "head"))
+        shared, _ = self.steps.run("shared-head-AB", {**self.common, "from": self.steps.key_of(head_a),
+                                                      "data": self.contents["B"]},
+                                   lambda d: _continue_head(cfg, head_a, cfg.task_b, cfg.format_b, d / "head"),
+                                   "train-head")
         rows.append({"setup": "2: frozen encoder + shared head (A then B)", "A_before": a_before,
                      "A_after": self.score(store, shared / "head", "A"), "B": self.score(store, shared / "head", "B"),
                      "encoder_after": "base"})
@@ -194,25 +200,29 @@ class ForgettingSteps:
         """Both tasks' texts featurized with `encoder` (a tuned encoder folder): the store."""
         tasks = self.tasks
         fcfg = dataclasses.replace(self.cfg.featurize, model=str(encoder))
-        folder, _ = self.steps.run(name, {"encoder": key, "featurize": asdict(fcfg), "data": list(tasks.values())},
+        settings = {"encoder": key, "featurize": {k: v for k, v in resolved(fcfg).items() if k != "model"},
+                    "data": list(self.contents.values())}
+        folder, _ = self.steps.run(name, settings,
                                    lambda d: {"n_encoded": featurize(fcfg, [t[0] for t in tasks.values()], d / "store",
-                                                                     [t[1] for t in tasks.values()])["n_encoded"]})
+                                                                     [t[1] for t in tasks.values()])["n_encoded"]},
+                                   "featurize")
         return folder / "store"
 
     def sequential(self, prefix: str, fcfg: FinetuneConfig):
         """Encoder (+ head) tuned on A, a head for B on its features, encoder + that head tuned on B: the stores
         and tuned folders; `prefix` names the steps ("" keeps the fine-tuning steps' first names)."""
         cfg, head_a = self.cfg, self.head_a
-        key = {**self.common, "finetune": asdict(fcfg)}
+        key, of = {**self.common, "finetune": resolved(fcfg)}, self.steps.key_of
         tag = prefix or "finetune-"
-        ft_a, _ = self.steps.run(f"{tag}A", {**key, "head": str(head_a), "data": cfg.task_a},
-                                 lambda d: _ft(finetune(str(head_a), str(d), fcfg, cfg.store, cfg.task_a, cfg.model)))
-        store_a = self.featurized(f"featurize-{prefix}A", ft_a / "encoder", {f"{tag}A": str(ft_a)})
-        head_b_on_a = self.head(f"head-B-on-{prefix}A", "B", store_a, {"encoder": str(ft_a)})
-        ft_ab, _ = self.steps.run(f"{tag}AB", {**key, "head": str(head_b_on_a), "data": cfg.task_b},
+        ft_a, _ = self.steps.run(f"{tag}A", {**key, "head": of(head_a), "data": self.contents["A"]},
+                                 lambda d: _ft(finetune(str(head_a), str(d), fcfg, cfg.store, cfg.task_a, cfg.model)),
+                                 "finetune")
+        store_a = self.featurized(f"featurize-{prefix}A", ft_a / "encoder", {f"{tag}A": of(ft_a)})
+        head_b_on_a = self.head(f"head-B-on-{prefix}A", "B", store_a, {"encoder": of(ft_a)})
+        ft_ab, _ = self.steps.run(f"{tag}AB", {**key, "head": of(head_b_on_a), "data": self.contents["B"]},
                                   lambda d: _ft(finetune(str(head_b_on_a), str(d), fcfg, str(store_a), cfg.task_b,
-                                                         str(ft_a / "encoder"))))
-        store_ab = self.featurized(f"featurize-{prefix}AB", ft_ab / "encoder", {f"{tag}AB": str(ft_ab)})
+                                                         str(ft_a / "encoder"))), "finetune")
+        store_ab = self.featurized(f"featurize-{prefix}AB", ft_ab / "encoder", {f"{tag}AB": of(ft_ab)})
         return {"A_before": self.score(store_a, ft_a / "head", "A"),
                 "A_after": self.score(store_ab, ft_a / "head", "A"),
                 "B": self.score(store_ab, ft_ab / "head", "B")}, ft_a / "encoder", ft_ab / "encoder"
@@ -220,14 +230,15 @@ class ForgettingSteps:
     def per_task(self, prefix: str, fcfg: FinetuneConfig):
         """A tuning that keeps the base weights, one per task (adapters): A's set never sees B."""
         cfg, tasks = self.cfg, self.tasks
-        key = {**self.common, "finetune": asdict(fcfg)}
+        key = {**self.common, "finetune": resolved(fcfg)}
         tuned = {}
         for tag, head in (("A", self.head_a), ("B", self.head_b)):
-            folder, _ = self.steps.run(f"{prefix}{tag}", {**key, "head": str(head), "data": tasks[tag][0]},
+            folder, _ = self.steps.run(f"{prefix}{tag}", {**key, "head": self.steps.key_of(head),
+                                                          "data": self.contents[tag]},
                                        lambda d, head=head, tag=tag: _ft(finetune(str(head), str(d), fcfg, cfg.store,
-                                                                                  tasks[tag][0], cfg.model)))
+                                                                                  tasks[tag][0], cfg.model)), "finetune")
             tuned[tag] = (folder, self.featurized(f"featurize-{prefix}{tag}", folder / "encoder",
-                                                  {f"{prefix}{tag}": str(folder)}))
+                                                  {f"{prefix}{tag}": self.steps.key_of(folder)}))
         (fa, sa), (fb, sb) = tuned["A"], tuned["B"]
         return {"A_before": self.score(sa, fa / "head", "A"), "A_after": self.score(sa, fa / "head", "A"),
                 "B": self.score(sb, fb / "head", "B")}, fa / "encoder", fa / "encoder"
@@ -271,18 +282,23 @@ def _mlm_losses(cfg: ForgettingConfig, steps, encoders: dict) -> dict:
     """{encoder: MLM loss} on the same held-out wikitext lines and masks, under one probe MLM head."""
     probe_cfg = AdaptConfig(model=cfg.model, train_encoder=False, max_steps=cfg.mlm_probe_steps, batch_size=16,
                             holdout_fraction=cfg.mlm_holdout_fraction, max_length=cfg.mlm_max_length)
-    probe, _ = steps.run("mlm-probe", {"adapt": asdict(probe_cfg), "text": cfg.mlm_text},
+    text = content_digest(cfg.mlm_text, "mlm_text")
+    probe, _ = steps.run("mlm-probe", {"adapt": {k: v for k, v in resolved(probe_cfg).items() if k != "model"},
+                                       "model": model_key(cfg.model), "text": text},
                          lambda d: {k: v for k, v in adapt(probe_cfg, [cfg.mlm_text], d / "model").items()
-                                    if k in ("steps", "last_loss_mean10", "mlm_head")})
+                                    if k in ("steps", "last_loss_mean10", "mlm_head")}, "adapt")
     probe = probe / "model"
     _, held = split_holdout(load_texts(cfg.mlm_text), cfg.mlm_holdout_fraction)
     texts = [t for t in held if len(t) >= GENERAL_MIN_CHARS][:cfg.mlm_max_texts]
     out = {}
     for name, encoder in encoders.items():
         scored = probe if encoder is None else with_head(Path(encoder), probe, steps.out / f"mlm-{name}-model")
-        _, res = steps.run(f"mlm-{name}", {"model": str(encoder), "probe": str(probe), "n": len(texts)},
+        settings = {"model": None if encoder is None else steps.key_of(encoder), "probe": steps.key_of(probe),
+                    "n": len(texts), "text": text}
+        _, res = steps.run(f"mlm-{name}", settings,
                            lambda d, scored=scored: {"mlm_loss": mlm_loss(str(scored), texts, max_length=cfg.mlm_max_length, seed=0,
-                                                                          n_masks=2, progress=False)["mlm_loss"]})
+                                                                          n_masks=2, progress=False)["mlm_loss"]},
+                           "mlm-loss")
         out[name] = res["mlm_loss"]
     return out
 

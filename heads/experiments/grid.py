@@ -88,40 +88,41 @@ def run_grid(store_path: str, data_path: str, grid_path: str, out_dir: str, data
         check_resumed_scope(done, test_scope, out_dir, GRID_VERSION)
     out = prepare_output_dir(out_dir, "grid", overwrite, resumable=True, inputs=inputs)  # data read: claim it
     atomic_write_text(out / "grid.toml", read_utf8(Path(grid_path)))
-    rows, old_rows = resume_rows(out, GRID_VERSION)
+    rows, old_rows = resume_rows(out, GRID_VERSION, g.made_of)
     groups, skipped = plan_stacks(combos, g.task, g.ids, {r["head_id"] for r in rows})
     if progress:
         print(plan_summary(groups, skipped, len(rows), g.task, g.store.dim))
         if g.unlabeled_note:
             print(unlabeled_line(g.unlabeled_note))
-    rows += skipped
+    rows += [r | {"made_of": g.made_of} for r in skipped]
     runner = StackRunner(out, g.task, g.tf, store_path, data_path, data_format, g.ood, g.selection, score_split,
-                         test_scope, g.unlabeled_rows, g.unlabeled_note)
-    rows += _train_stacks(runner, groups, old_rows + rows, progress, engine, ray_options)
+                         test_scope, g.anchors, g.unlabeled_note)
+    rows += _train_stacks(runner, groups, old_rows + rows, progress, engine, ray_options, g.made_of)
     if rows or old_rows:
         write_results(out, old_rows + rows)
     frame = pl.DataFrame(rows, infer_schema_length=None) if rows else pl.DataFrame()
-    _finish(out, frame, runner, ensembles, soups, progress)
+    _finish(out, frame, runner, ensembles, soups, progress, g.transfer_dropped)
     return frame
 
 
 def _dry_run_plan(combos: list[dict], g, out_dir: str, overwrite: bool) -> str:
     """`--dry-run`'s plan (heads, stacks, skipped, a rough time) of the heads not in `out_dir` yet (all of them
     with `overwrite`); nothing written."""
-    done = {r["head_id"] for r in (resume_rows(out_dir, GRID_VERSION)[0] if not overwrite else [])}
+    done = {r["head_id"] for r in (resume_rows(out_dir, GRID_VERSION, g.made_of)[0] if not overwrite else [])}
     n_done = len(done)  # before plan_stacks adds the planned heads to it
     return plan_summary(*plan_stacks(combos, g.task, g.ids, done), n_done, g.task, g.store.dim)
 
 
 def _train_stacks(runner: StackRunner, groups: dict, before: list[dict], progress: bool, engine: str,
-                  ray_options) -> list[dict]:
+                  ray_options, made_of: str) -> list[dict]:
     """Train the plan's stacks on `engine`; after each, its files and results.parquet (`before`, then the rows of
-    the stacks finished, in the plan's order). Returns those rows."""
+    the stacks finished, in the plan's order, each with `made_of`: the datasets' contents and the recipe). Returns
+    those rows."""
     finished: dict[int, list[dict]] = {}
     bar = progress_bar(total=sum(len(items) for items in groups.values()), desc="grid heads", disable=not progress)
 
     def record(i: int, rows: list[dict]) -> None:
-        finished[i] = rows
+        finished[i] = [r | {"made_of": made_of} for r in rows]
         write_results(runner.out, before + [r for k in sorted(finished) for r in finished[k]])
         bar.update(len(rows))
 
@@ -146,7 +147,7 @@ def _train_local(runner: StackRunner, groups: dict, record: Callable[[int, list[
 
 
 def _finish(out: Path, frame: pl.DataFrame, runner: StackRunner, ensembles: tuple[int, ...], soups: tuple[int, ...],
-            progress: bool) -> None:
+            progress: bool, transfer_dropped: dict | None = None) -> None:
     """baseline.json, the ensembles, the leaderboard, the seed summary and the soups of everything trained."""
     baselines = runner.baselines or {"features": runner.baseline("features")}
     for b in baselines.values():
@@ -154,6 +155,8 @@ def _finish(out: Path, frame: pl.DataFrame, runner: StackRunner, ensembles: tupl
             b["selection"] = runner.selection.describe()
         if runner.unlabeled_note:
             b["unlabeled"] = runner.unlabeled_note
+        if transfer_dropped:  # out-of-domain items whose text the heads trained on (heads.kinds.without_seen)
+            b["transfer_dropped"] = transfer_dropped
     atomic_write_json(out / "baseline.json", baselines)
     ens_rows = []
     if ensembles and not frame.is_empty():

@@ -25,6 +25,7 @@ from headstore.heads.settings.config import HeadConfig, TrainConfig, check_types
 from headstore.heads.kinds.base import DEV_FRACTION, DEV_SEED
 from headstore.heads.kinds.ranking import IR_TOPK
 from headstore.heads.scoring.losses import GENUINE_THRESHOLD
+from headstore.heads.training.anchor import ANCHOR_SAMPLE
 from headstore.heads.training.selection import DEFAULT_DELTA
 
 HEAD_KEYS = tuple(f.name for f in fields(HeadConfig) if f.name not in ("in_dim", "mix"))  # both set from the array
@@ -125,18 +126,17 @@ def resolved_settings(settings: dict, in_dim: int | None = None) -> dict:
 
 def head_id(settings: dict, data: str, fingerprint: str, transfer: tuple[str, ...] = (), *,
             in_dim: int | None = None, score_range=None, select_ood: tuple[str, ...] = (),
-            ood_delta: float = DEFAULT_DELTA, data_format: str | None = None, store_rows: int | None = None,
-            unlabeled: str | None = None) -> str:
+            ood_delta: float = DEFAULT_DELTA, data_format: str | None = None, unlabeled: str | None = None) -> str:
     """The id of a grid head: a hash of every setting (defaults resolved), the dataset and how it is read,
     the store, the out-of-domain sets and GRID_VERSION. Parts that are unset are left out, so ids of grids
-    that did not use them stay as they were. A head anchored on the whole store (anchor_weight without
-    anchor_data) draws its anchor rows from the store's `store_rows` rows: they are part of its id, so a grown
-    store trains it again (other heads do not depend on the store's other rows). `unlabeled`: the digest of the
-    --unlabeled texts (heads.kinds.unlabeled), which change the corpus, the impostors and the anchor's sample."""
+    that did not use them stay as they were. An anchored head's id holds the rule its anchor sample was drawn by
+    (heads.training.anchor.ANCHOR_SAMPLE: the task's own texts, never another dataset of the store, so a grown
+    store trains nothing again; heads anchored under the old whole-store rule are not reused). `unlabeled`: the
+    digest of the --unlabeled texts (heads.kinds.unlabeled), which change the corpus, the impostors and the
+    anchor's sample."""
     selection = {"select_ood": sorted(select_ood), "ood_delta": ood_delta} if select_ood else {}
     fmt = {"format": data_format} if data_format is not None else {}
-    whole_store = store_rows is not None and settings.get("anchor_weight") and not settings.get("anchor_data")
-    anchor = {"anchor_store_rows": int(store_rows)} if whole_store else {}
+    anchor = {"anchor_sample": ANCHOR_SAMPLE} if settings.get("anchor_weight") else {}
     blob = json.dumps({**resolved_settings(settings, in_dim), "data": data, "store": fingerprint,
                        "score_range": list(score_range) if score_range else None,
                        "version": GRID_VERSION, "transfer": sorted(transfer), **selection, **fmt, **anchor,

@@ -25,7 +25,6 @@ from headstore.heads.kinds.labels import label_space
 from headstore.heads.network.features import Normalizer
 from headstore.heads.network.model import StackedMLP
 from headstore.heads.settings.config import TEST_SCOPES, TrainConfig
-from headstore.heads.training.anchor import anchor_rows_of
 from headstore.heads.training.run import head_shape
 from headstore.heads.training.selection import OodSelection
 from headstore.heads.training.train import train_stack
@@ -50,9 +49,9 @@ class StackRunner:
 
     def __init__(self, out: Path, task: Task, tf: TaskFeatures, store_path: str, data_path: str,
                  data_format: str | None, ood: dict[str, Task], selection: OodSelection, score_split: str,
-                 test_scope: str = "auto", unlabeled_rows=None, unlabeled_note: dict | None = None):
+                 test_scope: str = "auto", anchors: dict | None = None, unlabeled_note: dict | None = None):
         self.out, self.task, self.tf, self.ood, self.selection = out, task, tf, ood, selection
-        self.unlabeled_rows, self.unlabeled_note = unlabeled_rows, unlabeled_note or {}  # store rows; its report
+        self.anchors, self.unlabeled_note = anchors or {}, unlabeled_note or {}  # anchor pools (positions); report
         self.store = tf.store
         self.context = {"data": str(data_path), "format": data_format, "store": str(store_path)}
         self.score_split = score_split
@@ -61,25 +60,18 @@ class StackRunner:
         self.test_scope = test_scope
         self.baselines: dict[str, dict] = {}  # per array: frozen features on dev/test (and transfer sets)
         self._base_rows: dict[tuple, dict] = {}  # per (array, training set): frozen test metrics, `base_*`
-        self._anchors: dict[tuple, object] = {}  # per (anchor on, anchor data): its positions (None: every row)
 
     def features(self, array: str) -> torch.Tensor:
         return self.tf.read(array)  # the rows the grid's tasks use, read once per array
 
     def anchor_positions(self, cfg: TrainConfig):
-        """The anchor's rows (heads.training.anchor) as positions of the features read (None: every row)."""
-        key = (bool(cfg.anchor_weight), cfg.anchor_data)
-        if key not in self._anchors:
-            rows = anchor_rows_of(self.store, cfg, self.unlabeled_rows)
-            self._anchors[key] = None if rows is None else self.tf.positions(rows)
-        return self._anchors[key]
+        """The anchor's pool (heads.training.anchor) at positions of the features read; None: the anchor is off."""
+        return self.anchors[cfg.anchor_data] if cfg.anchor_weight else None
 
     def detached(self, tf, store, configs: list[TrainConfig]) -> "StackRunner":
         """A copy that trains and scores stacks elsewhere (a Ray worker): the features from `tf` (`read(array)`),
-        the store's facts from `store` (dim, fingerprint, manifest), the anchors of `configs` found here (a
+        the store's facts from `store` (dim, fingerprint, manifest), the anchors' pools found before (a
         worker need not reach the store), no output folder and no baselines (this process writes both)."""
-        for cfg in configs:
-            self.anchor_positions(cfg)
         twin = copy.copy(self)
         twin.out, twin.tf, twin.store, twin.baselines, twin._base_rows = None, tf, store, {}, {}
         return twin

@@ -14,6 +14,8 @@ from headstore.data.files import atomic_write_text
 from headstore.heads.artefacts.files import ranked_configs
 from headstore.heads.scoring.metrics import bootstrap_ci
 from headstore.heads.experiments.plots import plot_best_curves, plot_by_setting
+from headstore.heads.experiments.seen_columns import baseline_columns, group_columns, part_masks
+from headstore.heads.experiments.seen_columns import headers as seen_headers, legend as seen_legend
 from headstore.heads.kinds import KINDS, Task, kind_of
 
 N_BOOT = 1000  # bootstrap resamples for the 95% CIs
@@ -34,7 +36,7 @@ def aggregate(frame: pl.DataFrame, task: Task) -> tuple[pl.DataFrame, list[str]]
     varied = [c for c in keys if ok[c].n_unique() > 1]
     if not groups:
         return ok, varied
-    rows = []
+    rows, masks = [], part_masks(task)
     for g in groups:
         r = {k: g[k][0] for k in keys}
         r["seeds"] = g.height
@@ -49,6 +51,7 @@ def aggregate(frame: pl.DataFrame, task: Task) -> tuple[pl.DataFrame, list[str]]
         for col in [c for c in g.columns if c.startswith(("ood_", "sel_")) and c.endswith(("_primary", "_loss"))]:
             vals = g[col].drop_nulls().to_numpy()
             r[col[:-len("_primary")] if col.endswith("_primary") else col] = float(vals.mean()) if len(vals) else None
+        r.update(group_columns(g, masks))  # seen / unseen dev and test (heads.experiments.seen_columns)
         r["train_seconds"] = float(g["train_seconds"].sum())
         r["head_ids"] = ",".join(g["head_id"].to_list())
         rows.append(r)
@@ -56,7 +59,7 @@ def aggregate(frame: pl.DataFrame, task: Task) -> tuple[pl.DataFrame, list[str]]
 
 
 def _baseline_rows(task: Task, baselines: dict) -> list[dict]:
-    out = []
+    out, masks = [], part_masks(task)
     b = baselines.get("features") or next(iter(baselines.values()))
     primaries = [k.primary_metric(e) for k in KINDS.values() for e in ("cosine", "l1")]
     for prefix, energy in (("cosine", "cosine"), ("manhattan", "l1")):
@@ -72,7 +75,7 @@ def _baseline_rows(task: Task, baselines: dict) -> list[dict]:
         if "test" in b:
             items = np.asarray(b["test"]["items"][prefix])
             row["test_ci_lo"], row["test_ci_hi"] = _ci(task, [items])
-        out.append(row)
+        out.append(row | baseline_columns(b, prefix, masks))
     return out
 
 
@@ -124,16 +127,19 @@ def leaderboard_markdown(agg: pl.DataFrame, varied: list[str], task: Task, basel
         lines[-2] += (f" Ranked with out-of-domain selection on the dev splits of {', '.join(sets)}: configurations "
                       f"whose worst out-of-domain dev loss (frozen cosine minus head, mean over seeds) is <= {delta} "
                       "first, by dev; then the rest by least loss ('OOD dev loss').")
+    parts = [(c, h) for c, h in seen_headers(part_masks(task)) if c in agg.columns]  # seen / unseen columns
+    lines[-2] += seen_legend(dict(parts))
     headers = ["rank", "config", *varied, "seeds", "dev", *(["OOD dev loss"] if sel else []), "test mean ± std",
-               "test 95% CI", *[f"OOD {c[4:]}" for c in ood]]
+               "test 95% CI", *[h for _, h in parts], *[f"OOD {c[4:]}" for c in ood]]
     rows = []
     for b in _baseline_rows(task, baselines):
         rows.append(["–", b["config"], *[""] * len(varied), "–", _fmt(b.get("dev_mean")), *([""] if sel else []),
-                     _fmt(b.get("test_mean")), _ci_text(b), *[_fmt(b.get(c)) for c in ood]])
+                     _fmt(b.get("test_mean")), _ci_text(b), *[_fmt(b.get(c)) for c, _ in parts],
+                     *[_fmt(b.get(c)) for c in ood]])
     for i, r in enumerate(agg.head(TOP).iter_rows(named=True)):
         rows.append([i + 1, "head", *[str(r[v]) for v in varied], r["seeds"], _fmt(r.get("dev_mean")),
                      *([_fmt(r.get("sel_loss"))] if sel else []),
-                     _mean_std(r), _ci_text(r),
+                     _mean_std(r), _ci_text(r), *[_fmt(r.get(c)) for c, _ in parts],
                      *[_fmt(r.get(c)) for c in ood]])
     lines.append(_markdown(rows, headers))
     if ensembles:

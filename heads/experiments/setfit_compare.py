@@ -22,7 +22,7 @@ encoding time of the test texts, which SetFit (a) pays too); SetFit (a)'s body i
 test embeddings are computed once, timed, and that time is added to every (a) run.
 
 Outputs: `runs.parquet` (one row per method, shots, seed, each with `made_of`: the key of the store, texts and
-settings it was made from; a rerun skips the finished rows of its own key and refuses rows of another),
+settings it was made from, the recipe versions and SetFit's version; a rerun skips the finished rows of its own key and refuses rows of another),
 `setfit.md` / `setfit.json` (mean ± std and 95% t-interval over seeds per method and shot count).
 """
 from __future__ import annotations
@@ -40,6 +40,7 @@ import polars as pl
 
 from headstore.data.files import (atomic_write_json, atomic_write_parquet, atomic_write_text,
                                   read_parquet_or_explain)
+from headstore.data.keys import library_version, recipe, resolved
 from headstore.heads.experiments.summary import mean_std_ci
 
 
@@ -233,16 +234,31 @@ def run_setfit_compare(cfg: SetFitCompareConfig, out_dir: str, log=print) -> str
 
 
 def _made_of(cfg: SetFitCompareConfig, store, task, text_of: list[str]) -> str:
-    """What every row's figures depend on beside its method, shots and seed, as a key: the store's encoder
-    (its fingerprint), the labelled texts the shots are drawn from and the test texts (each text and class, in
-    order: the shot draw depends on it), the class names and the settings that shape these."""
+    """What every row's figures depend on beside its method, shots and seed, as a key (data/keys.py's rule): the
+    store's encoder (its fingerprint), the labelled texts the shots are drawn from and the test texts (each text
+    and class, in order: the shot draw depends on it), the class names and the settings that shape these, the
+    recipe versions (this comparison's and headstore's head recipe), each head's resolved settings, and the
+    versions of SetFit and scikit-learn (SetFit's runs, every probe)."""
     digest = hashlib.sha256(json.dumps({"store": store.fingerprint, "model": cfg.model, "format": cfg.data_format,
-                                        "test_per_class": cfg.test_per_class, "classes": list(task.class_names)},
-                                       sort_keys=True).encode())
+                                        "test_per_class": cfg.test_per_class, "classes": list(task.class_names),
+                                        "recipes": [recipe("setfit-compare"), recipe("train-head")],
+                                        "heads": _head_settings(cfg, task), "libraries": {d: library_version(d) for d in ("setfit", "scikit-learn")}},
+                                       sort_keys=True, default=str).encode())
     for data in (task.pool, task.eval_sets["test"]):
         for row, cls in zip(data.rows.tolist(), np.asarray(data.classes).tolist()):
             digest.update(f"{cls}\x00{text_of[row]}\x01".encode())
     return digest.hexdigest()[:16]
+
+
+def _head_settings(cfg: SetFitCompareConfig, task) -> dict:
+    """{loss: its head's and training's resolved settings at each shot count} (seed 0: the seed is the row's)."""
+    from headstore.heads.settings.config import KIND_DEPENDENT, HeadConfig, TrainConfig
+    from headstore.heads.training.run import defaults_for_kind
+
+    unset = tuple(k for k in KIND_DEPENDENT if k != "loss")  # as _head_rows trains them
+    return {f"{loss}/{shots}": [resolved(c) for c in defaults_for_kind(
+        task, HeadConfig(), TrainConfig(loss=loss, shots=shots, seed=0), unset)[:2]]
+        for loss in cfg.losses for shots in cfg.shots}
 
 
 def _kept_rows(path: Path, made_of: str) -> list[dict]:
@@ -256,7 +272,7 @@ def _kept_rows(path: Path, made_of: str) -> list[dict]:
     if other:
         keys = sorted({str(r.get("made_of")) for r in other})
         raise ValueError(f"{path}: {len(other)} of its {len(rows)} rows were made from another store, dataset or "
-                         f"test sample (made_of {', '.join(keys)}; this run's {made_of}"
+                         f"test sample, or by another head recipe or SetFit version (made_of {', '.join(keys)}; this run's {made_of}"
                          + ("; None: rows written before runs were keyed" if "None" in keys else "")
                          + "): give another --out, or move that folder away")
     return rows

@@ -16,6 +16,7 @@ kind is one new module here plus one line in each table below.
 from __future__ import annotations
 
 import dataclasses
+from typing import Callable
 
 import numpy as np
 
@@ -23,7 +24,9 @@ from headstore.data.dataset import load_dataset
 from headstore.data.readers import DETECT
 from headstore.heads.kinds import ir, labels, pairs, sts
 from headstore.heads.kinds.base import PREFIX, WHOLE, PairSet, Task, TaskKind, TrainSet  # noqa: F401
+from headstore.heads.kinds.seen import judged_documents
 from headstore.heads.kinds.unlabeled import join_unlabeled
+from headstore.heads.scoring.losses import CLASSES
 
 KINDS: dict[str, TaskKind] = {k.name: k for k in (ir.KIND, sts.KIND, pairs.KIND, labels.KIND)}
 BUILDERS = {"beir": ir.from_beir, "sts": sts.from_table, "pairs": pairs.from_table, "labels": labels.from_dataset}
@@ -36,6 +39,16 @@ def kind_of(task: Task) -> TaskKind:
 def for_training(task: Task, cfg) -> Task:
     """The task `cfg` trains on: its kind's `for_training` (labelled texts: shots, hierarchy)."""
     return kind_of(task).for_training(task, cfg)
+
+
+def check_scorable(task: Task, energy: str, head: str) -> None:
+    """One line unless `task`'s kind can score a head evaluated under `energy`: a classifier head's class scores
+    (heads.scoring.losses.CLASSES, no energy between texts) only labelled texts (TaskKind.scores_classes);
+    the line names the kinds that can (issue 54 item 14: it was a KeyError deep in the evaluation)."""
+    if energy == CLASSES and not kind_of(task).scores_classes:
+        can = sorted(name for name, kind in KINDS.items() if kind.scores_classes)
+        raise ValueError(f"{head} is a classifier head (its outputs are class scores, not an energy between texts): "
+                         f"it can score {', '.join(can)} data only; {task.name} is {task.kind} data")
 
 
 def primary_metric(kind: str, energy: str) -> str:
@@ -72,6 +85,41 @@ def load_task(data_path: str, store, format: str | None = None, score_range=None
     return join_unlabeled(task, ds, store, unlabeled) if unlabeled else task
 
 
+def judgement_pairs(task: Task) -> dict[str, PairSet]:
+    """The training run's judgements as pairs of store rows: "train" (the pairs trained on) and "dev" (dev's
+    relevant judgements, which selection saw; IR kinds: `TaskKind.relevant_pairs`), where the task has them."""
+    out = {} if task.train is None or not len(task.train) else {"train": task.train}
+    dev = task.eval_sets.get("dev")
+    pairs = None if dev is None else kind_of(task).relevant_pairs(dev)
+    if pairs is not None and len(pairs[0]):
+        out["dev"] = PairSet(*pairs)
+    return out
+
+
+def training_judged(task: Task) -> dict[str, frozenset[int]]:
+    """{"train", "dev"}: the store rows of the documents judged relevant by each part of `judgement_pairs`."""
+    pairs = judgement_pairs(task)
+    return {s: judged_documents([] if s not in pairs else pairs[s].positive if pairs[s].labels is None
+                                else pairs[s].positive[pairs[s].labels > 0.5]) for s in ("train", "dev")}
+
+
+def seen_masks(task: Task, judged: frozenset[int], splits) -> dict[str, np.ndarray]:
+    """{split: seen mask} of the evaluation splits whose kind splits its figures into seen and unseen (IR), on
+    the documents `judged` (store rows in the task's row space)."""
+    kind = kind_of(task)
+    masks = {s: kind.seen_mask(task.eval_sets[s], judged) for s in splits if s in task.eval_sets}
+    return {s: m for s, m in masks.items() if m is not None}
+
+
+def task_seen_masks(task: Task, splits) -> dict[str, np.ndarray]:
+    """{split: seen mask} of a task's own splits (heads.kinds.seen): dev against the documents the train pairs
+    judged (a dev query is never set against its own judgements); every other split against those and dev's
+    (the training run saw both: it trained on the one and selected on the other)."""
+    judged = training_judged(task)
+    return {**seen_masks(task, judged["train"], [s for s in splits if s == "dev"]),
+            **seen_masks(task, judged["train"] | judged["dev"], [s for s in splits if s != "dev"])}
+
+
 def task_rows(task: Task) -> set[int]:
     """Every store row (text) a task uses: its training set and all evaluation sets."""
     kind = kind_of(task)
@@ -99,3 +147,45 @@ def without_overlap(task: Task, rows: set[int], source: str = "the training data
     note = ", ".join(f"{split}: {n} dropped" for split, n in dropped.items())
     dev_note = (task.dev_note + "; " if task.dev_note else "") + f"overlap with {source} removed ({note})"
     return dataclasses.replace(task, eval_sets=eval_sets, dev_note=dev_note), dropped
+
+
+UNLABELED = "the --unlabeled texts"
+
+
+def seen_rows(task: Task, data: str) -> dict[str, set[int]]:
+    """{what: store rows} of the texts a head trained on `task` has seen (without_seen's sources): its --unlabeled
+    texts (anchors, impostors, distractors, a distillation's anchors and candidates, pseudo-labels; first, so a text
+    of both, e.g. an unlabeled text joined to an IR corpus, is blamed on them) and the task's own (trained on,
+    selected on, in-domain; `data`: how the user named it, "--data FILE")."""
+    sources = {UNLABELED: set(np.asarray(task.unlabeled.rows).tolist())} if task.unlabeled is not None else {}
+    return {**sources, data: task_rows(task)}
+
+
+def without_seen(ood: Task, sources: dict[str, set[int]], option: str,
+                 split: Callable[[Task], str]) -> tuple[Task, dict]:
+    """An out-of-domain set never scores a text the head trained on (issue 54): `ood` without every item that uses
+    a row of `sources` ({what: rows}, e.g. seen_rows), and {what: {split: dropped}} (an item sharing texts with two
+    sources counts once, for the first). option: how the user named the set ("--transfer FILE"); split(ood): the
+    split scored, which must keep 2 items or more (else ValueError naming the option and the file)."""
+    dropped, total = {}, dict.fromkeys(ood.eval_sets, 0)
+    for what, rows in sources.items():
+        ood, n = without_overlap(ood, rows, source=what)
+        if any(n.values()):
+            dropped[what] = {s: k for s, k in n.items() if k}
+        total = {s: total[s] + n.get(s, 0) for s in total}
+    scored, kind = split(ood), kind_of(ood)
+    left = kind.n_items(ood.eval_sets[scored])
+    if total.get(scored) and left < 2:
+        raise ValueError(f"{option}: {total[scored]} of the {total[scored] + left} {kind.items_name} of its "
+                         f"{scored!r} split share a text with {' or '.join(dropped)}, which the head trained on; "
+                         f"{left} left to score (an out-of-domain set must be another dataset: give another, or "
+                         "leave it out)")
+    return ood, dropped
+
+
+def overlap_line(option: str, dropped: dict) -> str:
+    """The terminal's line on what an out-of-domain set lost: '--transfer F: dropped N (test: N) sharing a text
+    with --data D; ...'."""
+    parts = [f"{sum(n.values())} ({', '.join(f'{s}: {k}' for s, k in n.items())}) sharing a text with {what}"
+             for what, n in dropped.items()]
+    return f"{option}: dropped {'; '.join(parts)}"

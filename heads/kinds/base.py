@@ -161,6 +161,7 @@ class TaskKind:
     suggestion = ""  # what to try when a head loses to the frozen features on dev
     metric_names: tuple[str, ...] = ()  # metric names, "{p}" standing for the energy's prefix
     items_name = "pairs"  # what an evaluation set's items are, in words (queries, pairs, texts)
+    scores_classes = False  # whether it evaluates a classifier head's class scores (CLASSES): labelled texts
     statistic = "mean"  # the bootstrap statistic of the primary metric from its per-item values
     # (heads.scoring.metrics: "mean" of per-query / per-text values, or "spearman" / "auc" against the gold)
 
@@ -169,11 +170,6 @@ class TaskKind:
         on n texts per class (labelled texts: the classifier head has its own, few-shot ones too, self-trained
         where `unlabeled` texts exist); here the kind's `defaults` whatever the loss."""
         return self.defaults
-
-    def implied_shots(self, task) -> int:
-        """Texts per class a task's training set holds when it is few-shot without --shots (a small labelled
-        table: labelled texts), else 0."""
-        return 0
 
     # --- metrics ---------------------------------------------------------------------------------
     def primary_metric(self, energy: str) -> str:
@@ -219,6 +215,16 @@ class TaskKind:
     def warnings(self, task: Task, split: str) -> list[str]:
         """What a reader of `split`'s figures must be told (IR: no query has a relevant document); none here."""
         return []
+
+    def seen_mask(self, data, judged: frozenset[int]) -> np.ndarray | None:
+        """(n_items,) bool, aligned with the per-item values: the items on documents the training judged
+        (heads.kinds.seen, store rows `judged`); None where a kind has no documents to have seen (only IR figures
+        are split)."""
+        return None
+
+    def relevant_pairs(self, data) -> tuple[np.ndarray, np.ndarray] | None:
+        """(query rows, document rows) of an evaluation set's relevant judgements (IR); None for other kinds."""
+        return None
 
     def selection_set(self, task: Task, split: str, X: torch.Tensor, cfg) -> tuple[object, dict]:
         """(the evaluation set training selects on each epoch, how it was made): the split itself here (IR on a

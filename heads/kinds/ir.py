@@ -18,6 +18,7 @@ from headstore.data.text_id import doc_text, text_id
 from headstore.heads.kinds.base import PREFIX, PairSet, Task, TaskKind, carve_dev, store_rows
 from headstore.heads.kinds.ranking import (IR_TOPK, IRSplit, RunningTopK, candidate_split, doc_blocks, ir_metrics_of,
                                            ranked_lists, run_lines, selection_ndcg, trec_lines, write_trec_run)
+from headstore.heads.kinds.seen import relevant_pairs, scored_seen_mask
 from headstore.heads.scoring.ir_metrics import trec_tie_order
 
 EVALUATION = "retrieval: each query ranks the whole corpus (IR metrics, nDCG@10)"
@@ -55,7 +56,8 @@ class IRKind(TaskKind):
         tries = [flag for key, value, flag in TRIES if values.get(key) != value]
         splits = [d for d in task.eval_sets.values() if isinstance(d, IRSplit)]
         if task.unlabeled is None and splits and all(d.exclude_self for d in splits):  # positive pairs alone
-            n = max(len(d.doc_ids) for d in splits)
+            n = max(len(d.doc_ids) for d in splits)  # no text of their own to anchor on (heads.training.anchor)
+            tries = [f"{t} with it" if t.startswith("--anchor-weight") else t for t in tries]
             tries.insert(0, f"--unlabeled CORPUS (the texts the anchors will be searched against: each now ranks "
                             f"only the {n} positives of its split, an easier task than yours)")
         return ", ".join(tries[:-1]) + (" or " if len(tries) > 1 else "") + tries[-1] if tries else "other settings"
@@ -148,6 +150,12 @@ class IRKind(TaskKind):
         inside = set(chosen.doc_ids)
         hits = [data.doc_ids[j] in inside for row in ranked_lists(data, top, 10).values() for j in row]
         return {"top10_share": float(np.mean(hits)) if hits else float("nan"), "share_queries": len(data.query_ids)}
+
+    def seen_mask(self, data: IRSplit, judged: frozenset[int]) -> np.ndarray:
+        return scored_seen_mask(data, judged)
+
+    def relevant_pairs(self, data: IRSplit) -> tuple[np.ndarray, np.ndarray]:
+        return relevant_pairs(data)
 
     def n_items(self, data: IRSplit) -> int:
         return len(data.query_ids)

@@ -15,7 +15,8 @@ but the dev slice, or the few-shot sample). For every evaluated text (one `dict[
   (binary gain). MAP over the whole ranking; texts whose label is absent from train have no hit
   and are left out of these two (as trec_eval leaves out queries without relevant documents);
 - for hierarchies, `probe_accuracy_<level>` and `{p}_knn_accuracy_<level>`: the predicted label's
-  ancestor at that level against the true one.
+  ancestor at that level against the true one; for flat labels that look hierarchical (`TREC:fine` read without
+  --label-sep), `..._accuracy_coarse`: the same at the top level (the part before the separator).
 Texts whose label never occurs in train count as errors in accuracy (no classifier can name it).
 A split with `full=False` (dev, evaluated every epoch for selection) gets the k-NN metrics only.
 Macro-F1 averages over the classes of train.
@@ -28,7 +29,7 @@ from sklearn.metrics import f1_score
 
 from headstore.heads.scoring.energy import pairwise_energy
 from headstore.heads.kinds.base import PREFIX
-from headstore.heads.kinds.label_probe import ProbeChoice, tuned_probe
+from headstore.heads.kinds.label_probe import tuned_probe
 from headstore.heads.scoring.losses import CLASSES
 from headstore.heads.scoring.ir_metrics import ndcg_and_ap
 
@@ -91,6 +92,9 @@ def _classifier_metrics(name: str, pred: np.ndarray, split, task) -> tuple[dict,
         pred_nodes = task.leaf_nodes[pred]  # (n, D)
         for k, level in enumerate(task.level_names):
             out[f"{name}_accuracy_{level}"] = float((pred_nodes[:, k] == split.nodes[:, k]).mean())
+    elif task.coarse_of is not None and split.full:  # flat labels that look hierarchical: their top level
+        known = split.classes >= 0
+        out[f"{name}_accuracy_coarse"] = float((known & (task.coarse_of[pred] == task.coarse_of[split.classes])).mean())
     return out, correct
 
 

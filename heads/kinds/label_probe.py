@@ -82,10 +82,19 @@ def even_folds(counts: np.ndarray) -> int:
 
 
 def cv_folds(y: np.ndarray, seed: int = 0) -> StratifiedKFold:
-    """Stratified k-fold on the labelled texts, k = even_folds of the class counts (>= 2 texts a class)."""
-    assert smallest_class(y) >= 2, "cross-validation needs two texts of every class"
+    """Stratified k-fold on the labelled texts: k = even_folds of the class counts when every class has >= 2
+    texts; with a one-text class (a long-tailed table: TREC's fine question classes) CV_FOLDS folds (fewer when
+    no class has that many), the one-text classes trained on in every fold (scikit-learn's own way with
+    `cv=5`, its warning silenced); at least one class needs 2 texts."""
     counts = np.bincount(np.unique(y, return_inverse=True)[1])
-    return StratifiedKFold(n_splits=even_folds(counts), shuffle=True, random_state=seed)
+    assert counts.max() >= 2, "cross-validation needs two texts of some class"
+    k = even_folds(counts) if counts.min() >= 2 else min(CV_FOLDS, int(counts.max()))
+    return StratifiedKFold(n_splits=k, shuffle=True, random_state=seed)
+
+
+def can_cross_validate(y: np.ndarray) -> bool:
+    """Some class has two labelled texts (one can be held out of a fold)."""
+    return int(np.bincount(np.unique(y, return_inverse=True)[1]).max()) >= 2
 
 
 def tune_on_dev(x: np.ndarray, y: np.ndarray, dev_x: np.ndarray, dev_y: np.ndarray,
@@ -113,6 +122,7 @@ def tune_by_cv(x: np.ndarray, y: np.ndarray, seed: int = 0) -> tuple[Pipeline, P
         probe = cv_probe(scaling, y, seed)
         with warnings.catch_warnings():  # sklearn 1.8+ announces changes of defaults this call does not rely on
             warnings.simplefilter("ignore", FutureWarning)
+            warnings.filterwarnings("ignore", message="The least populated class")
             probe.fit(x, y)
         lr = probe[-1]
         scores = next(iter(lr.scores_.values())) if isinstance(lr.scores_, dict) else lr.scores_  # (folds, ..., Cs)
@@ -133,11 +143,20 @@ def cv_logistic(y: np.ndarray, seed: int = 0) -> LogisticRegressionCV:
                                 max_iter=PROBE_MAX_ITER, random_state=seed)
 
 
+def fit_cv_logistic(x: np.ndarray, y: np.ndarray, seed: int = 0) -> LogisticRegressionCV:
+    """`cv_logistic` fitted on (x, y) (refit at the chosen C on all of them), sklearn's warnings about a
+    one-text class and its changing defaults silenced (cv_folds says why the first is expected)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        warnings.filterwarnings("ignore", message="The least populated class")
+        return cv_logistic(y, seed).fit(x, y)
+
+
 def tuned_probe(x: np.ndarray, y: np.ndarray, dev: tuple[np.ndarray, np.ndarray] | None = None,
                 seed: int = 0) -> tuple[Pipeline, ProbeChoice]:
     """The tuned probe fitted on (x, y): chosen on `dev` = (dev_x, dev_y) when given, else by CV (module doc)."""
     if dev is not None and len(dev[1]):
         return tune_on_dev(x, y, dev[0], dev[1], seed)
-    if smallest_class(y) < 2:  # one text of a class: no fold can hold it out
+    if not can_cross_validate(y):  # one text of every class: no fold can hold one out
         return plain_probe(1.0, "l2", seed).fit(x, y), ProbeChoice(1.0, "l2", "default", float("nan"))
     return tune_by_cv(x, y, seed)

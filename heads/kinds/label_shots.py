@@ -1,5 +1,6 @@
 """Which labelled texts a labels task holds out and which it trains on: the dev slice of train when the
-dataset has no dev split, the n-per-class shots of a few-shot head (heads.kinds.labels' module doc), and the
+dataset has no dev split (none for a few-shot head, whose shots are drawn from every train text), the n-per-class
+shots of a few-shot head (heads.kinds.labels' module doc), and the
 few-shot recipe's constants (LabelsKind.defaults_for).
 """
 from __future__ import annotations
@@ -30,10 +31,11 @@ def few_shot_indices(classes: np.ndarray, shots: int, seed: int) -> np.ndarray:
 
 
 def shots_clipped(task, shots: int) -> dict[str, int]:
-    """{class: texts it has} of a LabelTask's classes with fewer than `shots` training texts (its pool: train
-    less the dev slice), which train on all of theirs: said, never silent (metrics.json data_report, the
-    terminal)."""
-    counts = np.bincount(task.pool.classes[task.pool.classes >= 0], minlength=len(task.class_names))
+    """{class: texts it has} of a LabelTask's classes with fewer than `shots` train texts (every train text: a
+    few-shot head has no dev slice), which train on all of theirs: said, never silent (metrics.json
+    data_report, the terminal)."""
+    pool = task.pool if task.every_train is None else task.every_train
+    counts = np.bincount(pool.classes[pool.classes >= 0], minlength=len(task.class_names))
     return {task.class_names[c]: int(n) for c, n in enumerate(counts) if n < shots}
 
 
@@ -54,8 +56,6 @@ SELF_TRAIN_ROUNDS = 5  # a few-shot classifier head's self-training rounds, up t
 # ~1.4), +0.35 at 64 (within it: the simpler head, the tuned LR's fit alone, is kept: the one-standard-error rule
 # the probe's dev choice follows); 3 or 8 rounds, 32 or 128 texts a round no better (docs/labels.md)
 SELF_TRAIN_SHOTS = 16
-FEW_SHOT_TABLE = 64  # a labelled table with at most this many texts per class (median) is few-shot data: the
-# range the few-shot recipe was measured on (8-64 shots, docs/labels.md); larger tables take the full-data recipe
 
 
 def few_shot_epochs(shots: int) -> int:

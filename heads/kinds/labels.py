@@ -26,115 +26,19 @@ ceil(texts / batch_size) batches.
 """
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 
 import numpy as np
 import polars as pl
-import torch
 
-from headstore.data.labels import LabelSpec, unseen_labels
-from headstore.heads.kinds.base import DEV_FRACTION, DEV_SEED, PREFIX, Task, TaskKind, TrainSet, store_rows
+from headstore.data.labels import LabelSpec, detect_label_sep, unseen_labels
+from headstore.heads.kinds.base import DEV_FRACTION, DEV_SEED, PREFIX, TaskKind, TrainSet, store_rows
 from headstore.heads.kinds.label_eval import evaluate_labels, probe_choices
 from headstore.heads.kinds.label_shots import (  # noqa: F401  (few_shot_epochs: importable from here too)
-    FEW_SHOT_TABLE, SELF_TRAIN_ROUNDS, SELF_TRAIN_SHOTS, few_shot_epochs, few_shot_indices, shots_clipped, shots_note,
+    SELF_TRAIN_ROUNDS, SELF_TRAIN_SHOTS, few_shot_epochs, few_shot_indices, shots_clipped, shots_note,
     stratified_dev)
+from headstore.heads.kinds.label_task import LabelSplit, LabelTask, LabelTrainSet  # noqa: F401  (importable here)
 from headstore.heads.scoring.losses import CLASSES, LOSSES
-
-
-@dataclass(frozen=True)
-class LabelSplit:
-    """Labelled texts: store rows, the class of each (-1: a label absent from train) and its node per level."""
-
-    rows: np.ndarray  # (n,) int64 store rows
-    classes: np.ndarray  # (n,) int64 index into LabelTask.class_names; -1 = label not in train
-    nodes: np.ndarray  # (n, D) int64 node per level (index into LabelTask.node_names[level]); -1 unknown
-    full: bool = True  # probe, retrieval and per-level metrics too; False (dev, every epoch): k-NN only
-
-    def __len__(self) -> int:
-        return len(self.rows)
-
-    def subset(self, idx: np.ndarray) -> "LabelSplit":
-        return LabelSplit(self.rows[idx], self.classes[idx], self.nodes[idx], self.full)
-
-
-@dataclass(frozen=True)
-class LabelTrainSet(TrainSet):
-    """The labelled texts with their codes, and the sizes of the codes' one-hot blocks (one per tree level with
-    --hierarchy, () when flat): a classifier head's loss takes one softmax per block (heads.scoring.losses.ce)."""
-
-    groups: tuple[int, ...] = ()
-
-
-@dataclass(frozen=True)
-class LabelTask(Task):
-    class_names: tuple[str, ...] = ()  # leaf labels seen in train, sorted
-    level_names: tuple[str, ...] = ()  # one per level, coarse to fine (("label",) when flat)
-    node_names: tuple[tuple[str, ...], ...] = ()  # per level: the node names (a path joined by " > ")
-    leaf_nodes: np.ndarray | None = None  # (C, D) node per level of every class
-    pool: LabelSplit | None = None  # train texts minus the dev slice: what shots are drawn from
-    reference: LabelSplit | None = None  # the labelled texts k-NN / probe / retrieval use (= the training texts)
-    report: dict = field(default_factory=dict)  # counts worth reporting: unseen labels, skipped, duplicates
-    shots: int = 0  # what for_training built it for (checked against every config it trains)
-    seed: int = 0  # the seed that drew the shots (0 when shots = 0)
-    hierarchy: bool = False  # label codes with partial similarity between relatives
-    per_class: int = 4  # K of the P x K batches
-
-    @property
-    def hierarchical(self) -> bool:
-        return len(self.level_names) > 1
-
-    def codes(self, split: LabelSplit, hierarchy: bool) -> np.ndarray:
-        """Label codes Y (n, L) float32 of a split's texts (see module doc); needs known classes."""
-        if (split.classes < 0).any():
-            raise ValueError("label codes need classes seen in train")
-        if not hierarchy:
-            return np.eye(len(self.class_names), dtype=np.float32)[split.classes]
-        blocks = [np.eye(len(names), dtype=np.float32)[split.nodes[:, k]] for k, names in enumerate(self.node_names)]
-        return np.concatenate(blocks, axis=1) / np.float32(math.sqrt(len(blocks)))
-
-    def code_groups(self, hierarchy: bool) -> tuple[int, ...]:
-        """Sizes of the codes' one-hot blocks: the nodes of each level (hierarchy), else () (one block)."""
-        return tuple(len(names) for names in self.node_names) if hierarchy else ()
-
-    def check_config(self, cfg) -> None:
-        """ValueError unless this task was built by for_training for `cfg`'s data settings."""
-        want = {"shots": cfg.shots, "hierarchy": cfg.hierarchy, "per_class": cfg.per_class,
-                "seed": cfg.seed if cfg.shots else 0}
-        have = {k: getattr(self, k) for k in want}
-        if want != have:
-            raise ValueError(f"{self.name}: this labelled-text task was built for {have} but a head asks "
-                             f"for {want}; build it with heads.label_tasks.for_training(task, cfg)")
-
-    def sample_batches(self, configs, gens: list[torch.Generator], B: int, steps: int) -> torch.Tensor:
-        """(H, steps, b) indices into `train`: P classes x K texts per batch, per head (module doc)."""
-        for cfg in configs:
-            self.check_config(cfg)
-        classes = self.reference.classes
-        members = [np.flatnonzero(classes == c) for c in range(len(self.class_names))]
-        members = [m for m in members if len(m)]
-        K = self.per_class
-        P = min(max(B // K, 2), len(members))
-        out = []
-        for g in gens:
-            rng = np.random.default_rng(int(torch.randint(2 ** 62, (1,), generator=g)))
-            queues = [rng.permutation(m) for m in members]
-            heads = [0] * len(members)
-            batches = []
-            for _ in range(steps):
-                batch = []
-                for c in rng.choice(len(members), size=P, replace=False):
-                    take = []
-                    while len(take) < K:
-                        if heads[c] == len(queues[c]):
-                            queues[c], heads[c] = rng.permutation(members[c]), 0
-                        n = min(K - len(take), len(queues[c]) - heads[c])
-                        take.extend(queues[c][heads[c]:heads[c] + n])
-                        heads[c] += n
-                    batch.extend(take)
-                batches.append(batch)
-            out.append(batches)
-        return torch.as_tensor(np.array(out, dtype=np.int64))  # (H, steps, P * K)
 
 
 # ---- building -----------------------------------------------------------------------------------
@@ -175,22 +79,39 @@ def from_dataset(ds, store, for_eval: bool = False) -> LabelTask:
     splits = sorted(s for s in set(frame["split"].to_list()) if s != "train")
     eval_sets: dict[str, object] = {s: split_of(frame.filter(pl.col("split") == s), f"{ds.path} split {s!r}")
                                     for s in splits}
+    every_train = pool
     if "dev" in eval_sets:
         eval_sets["dev"] = replace(eval_sets["dev"], full=False)
         dev_note = "the dataset's dev split"
     else:
         dev = stratified_dev(pool.classes)
-        eval_sets["dev"] = replace(pool.subset(np.flatnonzero(dev)), full=False)
-        pool = pool.subset(np.flatnonzero(~dev))
+        if dev.any():
+            eval_sets["dev"] = replace(pool.subset(np.flatnonzero(dev)), full=False)
+            pool = pool.subset(np.flatnonzero(~dev))
         dev_note = (f"dev = {int(dev.sum())} train texts held out ({DEV_FRACTION:.0%} of each class, "
-                    f"seed {DEV_SEED})")
+                    f"seed {DEV_SEED})" if dev.any() else "no dev: no class has two train texts to hold one out "
+                    "(the last epoch is kept)")
     level_names = _level_names(ds, depth)
     report = _report(ds, frame, class_names)
     task = LabelTask(ds.name, KIND.name, None, eval_sets, dev_note, None, set(), class_names=class_names,
                      level_names=level_names,
                      node_names=tuple(tuple(" > ".join(p for p in key if p) for key in keys) for keys in node_keys),
-                     leaf_nodes=leaf_nodes, pool=pool, reference=pool, report=report)
+                     leaf_nodes=leaf_nodes, pool=pool, reference=pool, report=report, every_train=every_train,
+                     coarse_of=_coarse_of(class_names, leaf_nodes))
     return _with_training_set(task, pool, hierarchy=False)
+
+
+def _coarse_of(class_names: tuple[str, ...], leaf_nodes: np.ndarray) -> np.ndarray | None:
+    """(C,) each class's top-level node: the tree's first level, or for flat labels that look hierarchical
+    (data.labels.detect_label_sep) the part before the separator; None for flat labels without one."""
+    if leaf_nodes.shape[1] > 1:
+        return leaf_nodes[:, 0].copy()
+    sep = detect_label_sep(class_names)
+    if sep is None:
+        return None
+    tops = [name.split(sep)[0].strip() for name in class_names]
+    index = {top: i for i, top in enumerate(sorted(set(tops)))}
+    return np.array([index[t] for t in tops], dtype=np.int64)
 
 
 def _level_names(ds, depth: int) -> tuple[str, ...]:
@@ -214,6 +135,18 @@ def _report(ds, frame: pl.DataFrame, class_names) -> dict:
 
 def _with_training_set(task: LabelTask, labelled: LabelSplit, hierarchy: bool, **changes) -> LabelTask:
     return replace(task, reference=labelled, hierarchy=hierarchy, **changes)
+
+
+def with_every_train_text(task: LabelTask, why: str) -> LabelTask:
+    """The task whose pool and labelled set are every train text: a dev slice carved out of train goes back
+    into training and leaves the evaluation sets (a few-shot head draws its shots from all of them, issue 54
+    item 11; a head that needs no dev is refit on all of them). A dataset's own dev split stays. `why`: said
+    in the dev note ("" keeps the note)."""
+    if task.every_train is None or len(task.every_train) == len(task.pool):
+        return task
+    note = f"{why}: every train text trained on, the dev slice included" if why else task.dev_note
+    return replace(task, pool=task.every_train, reference=task.every_train, dev_note=note,
+                   eval_sets={s: v for s, v in task.eval_sets.items() if s != "dev"})
 
 
 def classifier_width(task: LabelTask) -> int:
@@ -251,13 +184,16 @@ class LabelsKind(TaskKind):
     # SELF_TRAIN_SHOTS shots self-trained over the train texts the shots leave out (docs/labels.md "Self-training")
     data_words = "labelled"  # how config.json "defaults" names the data
     defaults_why = "the 20 Newsgroups dev choice"
-    suggestion = "--graded pearson, --depth 1 --lr 1e-3, --normalize l2"
+    suggestions = (("loss", "ce", "--loss ce (a classifier head)"), ("depth", 1, "--depth 1 --lr 1e-3"),
+                   ("normalize", "l2", "--normalize l2"))  # what the guard may suggest: options of labelled
+    # texts only (issue 54 item 15: --graded applies to graded pairs), each unless the head already has it
 
     items_name = "texts"
+    scores_classes = True  # a classifier head's argmax is scored against the labels (label_eval)
 
     def defaults_for(self, loss: str, shots: int = 0, unlabeled: bool = False, hierarchy: bool = False) -> dict:
         """The kind's defaults, and a classifier head's own where it trains (`classifier_defaults`; with n texts
-        per class, --shots n or implied, the few-shot ones, self-trained up to SELF_TRAIN_SHOTS where
+        per class (--shots n), the few-shot ones, self-trained up to SELF_TRAIN_SHOTS where
         `unlabeled` texts exist: the train texts --shots leaves out, or --unlabeled texts). With --hierarchy
         (one softmax per level, which lbfgs does not fit) the few-shot head is the linear one trained by AdamW."""
         if LOSSES[loss].outputs != "classes":
@@ -270,12 +206,10 @@ class LabelsKind(TaskKind):
             few = {k: v for k, v in few.items() if k not in ("solver", "self_train")}
         return {**self.defaults, **self.classifier_defaults, **few}
 
-    def implied_shots(self, task: LabelTask) -> int:
-        """A labelled table of at most FEW_SHOT_TABLE texts per class (the median over classes of its train
-        texts, dev held out) trains with the few-shot recipe as --shots would; 0 above it."""
-        counts = np.bincount(task.pool.classes[task.pool.classes >= 0])
-        median = int(np.median(counts[counts > 0])) if counts.any() else 0
-        return median if median <= FEW_SHOT_TABLE else 0
+    def suggest(self, task, head_cfg, cfg) -> str:
+        """The `suggestions` whose setting differs from the head's (the classifier head's own otherwise)."""
+        have = {"loss": cfg.loss, "depth": head_cfg.depth, "normalize": cfg.normalize}
+        return ", ".join(text for key, value, text in self.suggestions if have[key] != value) or "--loss supcon-kl"
 
     def primary_metric(self, energy: str) -> str:
         """k-NN accuracy under the head's energy; a classifier head's (CLASSES): the accuracy of its argmax."""
@@ -330,6 +264,7 @@ class LabelsKind(TaskKind):
             raise ValueError(f"per_class must be >= 2 (a class needs partners in a batch), got {cfg.per_class}")
         if not cfg.shots:
             return _with_training_set(task, task.pool, cfg.hierarchy, shots=0, seed=0, per_class=cfg.per_class)
+        task = with_every_train_text(task, "")  # few-shot has no dev: shots drawn from every train text
         shots = task.pool.subset(few_shot_indices(task.pool.classes, cfg.shots, cfg.seed))
         eval_sets = {s: v for s, v in task.eval_sets.items() if s != "dev"}
         clipped = shots_clipped(task, cfg.shots)

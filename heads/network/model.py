@@ -67,8 +67,8 @@ def _check_buildable(cfg: HeadConfig) -> None:
         raise ValueError(f"a query-side head (sides='query') compares f(q) with a document's own features, so it needs "
                          f"out_dim == in_dim ({cfg.in_dim}) and one stored array; got out_dim={cfg.out_dim}, "
                          f"{cfg.mix} arrays")
-    if cfg.init == "identity" and (cfg.depth != 1 or cfg.out_features != cfg.in_dim):
-        raise ValueError(f"init='identity' needs depth 1 and out_dim == in_dim ({cfg.in_dim}); "
+    if cfg.init == "identity" and (cfg.depth != 1 or cfg.out_dim not in (None, cfg.input_width)):
+        raise ValueError(f"init='identity' needs depth 1 and out_dim == the input's width ({cfg.input_width}); "
                          f"got depth={cfg.depth}, out_dim={cfg.out_dim}")
 
 

@@ -102,10 +102,11 @@ class HeadConfig:
 
     @property
     def out_features(self) -> int:
-        """The dimension a head outputs."""
+        """The dimension a head outputs: its input's (input_width: L x D for arrays read side by side) at depth 0
+        and under init "identity" (W = I), else out_dim (None: in_dim)."""
         assert self.in_dim is not None
-        if self.depth == 0:
-            return self.in_dim
+        if self.depth == 0 or self.init == "identity":
+            return self.input_width
         return self.in_dim if self.out_dim is None else self.out_dim
 
     def layer_dims(self) -> list[int]:

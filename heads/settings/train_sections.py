@@ -161,7 +161,8 @@ class DataConfig:
     # at 16 shots (its C = 0.1 or 1 on two seeds holds the pseudo-labels back), 0.680 vs 0.680 at 8; 100: 0.701, 0.674
     anchor_data: str = field(default="", metadata=option_meta(
         "With --anchor-weight: a dataset whose texts in the store are the anchor rows (training texts left "
-        "out); empty = every row of the store."))  # the whole store: the unlabeled corpus it holds
+        "out, and its dev and test texts); empty = the task's own: its --unlabeled texts, else its corpus."))
+    # the task's own texts, never the whole store: a head must not depend on what else shares its store (issue 54)
 
 
 SECTIONS = {"optimizer": OptimConfig, "objective": ObjectiveConfig, "negatives": NegativesConfig,

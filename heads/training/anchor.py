@@ -8,67 +8,105 @@ task needs it (Search-Adaptor, Yoon et al. 2024, keeps a recovery loss of this k
 input (the normalised features; for a head mixing several arrays, its mixed input), so the penalty is
 zero at the identity head and pulls a head toward it.
 
-The rows: `--anchor-data D` names a dataset whose texts are in the store (its corpus, queries, sentences);
-unset, the task's `--unlabeled` texts where it has them (heads.kinds.unlabeled), else every row of the store
-(of a store above ANCHOR_POOL rows, a fixed sample of that many). Only
-those rows' features are read beside the task's (heads.artefacts.task_features), so memory stays bounded. Texts of the training pairs are left out, so the anchor never pulls on a text
-the loss trains.
+The rows (`anchor_pool`): only texts the user may train on, never a text a dev or test item scores, and never
+another dataset that happens to share the store (a head does not depend on its store's other contents):
+`--anchor-data D` names a dataset whose texts are in the store (its corpus, queries, sentences); unset, the task's
+`--unlabeled` texts where it has them (heads.kinds.unlabeled), else its own corpus (a BEIR folder's documents; a
+positives-only pairs table's is its train positives, trained on: none left). Texts of the training pairs and the
+dev and test items' texts (queries, sentences) are left out and counted, so the anchor never pulls on a text the
+loss trains, nor on one that is scored. Where none is left, train-head's default leaves the anchor off (said in the
+defaults note); an --anchor-weight the user gives is refused in one line naming --unlabeled and --anchor-data.
+metrics.json "anchor" says where the sample came from and how many rows it holds.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Optional
 
 import numpy as np
 import torch
 
+from headstore.heads.kinds import held_out_rows, kind_of
 from headstore.heads.settings.config import TrainConfig
 from headstore.heads.network.model import StackedMLP
 
 ANCHOR_ROWS = 128  # rows per step and head: 2 batches' anchors, a fifth of a mined step's rows
 ANCHOR_SEED = 0xA7C4  # offsets each head's anchor generator from its batch-order generator
-# the whole store as the anchor: up to this many rows (a fixed seeded sample of a larger store), so the
-# features read for training stay bounded (heads.artefacts.task_features reads only the rows it is given): 100k rows of
-# 384-d float32 are 154 MB, and a step draws 128 of them
-ANCHOR_POOL = 100_000
-ANCHOR_POOL_SEED = 20_2611
+ANCHOR_SAMPLE = 2  # the rule that makes the sample (a grid head's id holds it): 2, the task's own trainable texts
 
 
-def anchor_rows_of(store, cfg: TrainConfig, unlabeled: Optional[np.ndarray] = None) -> Optional[np.ndarray]:
-    """The store rows `--anchor-data` names; unset, the task's unlabeled rows (`unlabeled`: store rows of its
-    --unlabeled texts) where given, else the whole store: None (every row) up to ANCHOR_POOL rows, else a fixed
-    seeded sample of ANCHOR_POOL of them. None too when the anchor is off."""
+@dataclass(frozen=True)
+class AnchorPool:
+    """The rows the anchor draws from (store rows or task positions, as the task it was made of) and what
+    metrics.json "anchor" says of them."""
+
+    rows: np.ndarray  # (n,) int64, sorted unique
+    report: dict
+
+    def mapped(self, fn) -> "AnchorPool":
+        """The same pool with its rows passed through `fn` (store rows -> task positions)."""
+        return AnchorPool(np.asarray(fn(self.rows), dtype=np.int64), self.report)
+
+
+def own_texts(task) -> tuple[np.ndarray, str]:
+    """(rows, what they are) of the texts of `task` the anchor may draw from, unset --anchor-data (module doc)."""
+    if task.unlabeled is not None:
+        return np.asarray(task.unlabeled.rows, dtype=np.int64), "the --unlabeled texts"
+    if task.corpus_rows is not None:
+        return np.asarray(task.corpus_rows, dtype=np.int64), "the task's corpus documents"
+    return np.zeros(0, np.int64), "none (no --unlabeled texts, no corpus)"
+
+
+def anchor_pool(task, rows: np.ndarray, source: str) -> AnchorPool:
+    """`rows` without the training texts and the texts the dev and test items score (rows of `task`'s space)."""
+    rows = np.unique(np.asarray(rows, dtype=np.int64))
+    trained = np.isin(rows, kind_of(task).train_rows(task))
+    scored = np.isin(rows, held_out_rows(task)) & ~trained
+    pool = rows[~trained & ~scored]
+    return AnchorPool(pool, {"from": source, "rows": int(len(pool)), "training_texts_left_out": int(trained.sum()),
+                             "dev_test_texts_left_out": int(scored.sum()), "rule": ANCHOR_SAMPLE})
+
+
+def anchor_rows_of(store, cfg: TrainConfig, task) -> Optional[AnchorPool]:
+    """The anchor's pool in store rows (`task`: in store rows), None when the anchor is off; ValueError where it
+    holds no text."""
     if not cfg.anchor_weight:
         return None
-    if not cfg.anchor_data and unlabeled is not None:
-        return np.asarray(unlabeled, dtype=np.int64)
     if not cfg.anchor_data:
-        n = store.n_texts
-        if n <= ANCHOR_POOL:
-            return None
-        return np.sort(np.random.default_rng(ANCHOR_POOL_SEED).choice(n, ANCHOR_POOL, replace=False)).astype(np.int64)
-    from headstore.heads.kinds import load_task, task_rows  # the dataset readers, only when named
+        pool = anchor_pool(task, *own_texts(task))
+    else:
+        from headstore.heads.kinds import load_task, task_rows  # the dataset readers, only when named
 
-    task = load_task(cfg.anchor_data, store, for_eval=True)
-    corpus = task.corpus_rows if task.corpus_rows is not None else []  # an IR corpus: every document
-    rows = np.unique(np.fromiter(task_rows(task) | {int(r) for r in corpus}, dtype=np.int64))
-    if not len(rows):
-        raise ValueError(f"--anchor-data {cfg.anchor_data}: none of its texts is in {store.path} (featurize it)")
-    return rows
+        named = load_task(cfg.anchor_data, store, for_eval=True)
+        corpus = named.corpus_rows if named.corpus_rows is not None else []  # an IR corpus: every document
+        rows = np.fromiter(task_rows(named) | {int(r) for r in corpus}, dtype=np.int64)
+        if not len(rows):
+            raise ValueError(f"--anchor-data {cfg.anchor_data}: none of its texts is in {store.path} (featurize it)")
+        pool = anchor_pool(task, rows, f"--anchor-data {cfg.anchor_data}")
+    check_pool(pool, cfg)
+    return pool
+
+
+def check_pool(pool: AnchorPool, cfg: TrainConfig) -> None:
+    """ValueError where the pool holds no row: the anchor would have nothing to pull on."""
+    if len(pool.rows):
+        return
+    r = pool.report
+    raise ValueError(f"--anchor-weight {cfg.anchor_weight:g}: no text to anchor on ({r['from']}: "
+                     f"{r['training_texts_left_out']} training texts and {r['dev_test_texts_left_out']} dev or test "
+                     "texts left out, none other); give unlabeled texts (--unlabeled FILE, or --anchor-data DATASET) "
+                     "or use --anchor-weight 0")
 
 
 class AnchorSampler:
-    """ANCHOR_ROWS anchor rows per step and head: (H, m) store rows from each head's own generator."""
+    """ANCHOR_ROWS anchor rows per step and head: (H, m) rows of the pool from each head's own generator."""
 
-    def __init__(self, n_rows: int, train_rows: np.ndarray, configs: list[TrainConfig],
-                 rows: Optional[np.ndarray] = None):
-        pool = np.arange(n_rows, dtype=np.int64) if rows is None else np.asarray(rows, dtype=np.int64)
-        pool = np.setdiff1d(pool, np.asarray(train_rows, dtype=np.int64))
-        if not len(pool):
-            raise ValueError("--anchor-weight: no store row is left once the training texts are taken out "
-                             "(name other texts with --anchor-data)")
-        self.pool = torch.as_tensor(pool)
+    def __init__(self, pool: AnchorPool, configs: list[TrainConfig]):
+        check_pool(pool, configs[0])
+        self.pool, self.report = torch.as_tensor(pool.rows), {**pool.report, "weight": configs[0].anchor_weight}
         self.gens = [torch.Generator().manual_seed(c.seed + ANCHOR_SEED) for c in configs]
-        self.m = min(ANCHOR_ROWS, len(pool))
+        self.m = min(ANCHOR_ROWS, len(pool.rows))
+        self.report["drawn_per_step"] = self.m
 
     def sample(self) -> torch.Tensor:
         return torch.stack([self.pool[torch.randint(len(self.pool), (self.m,), generator=g)] for g in self.gens])

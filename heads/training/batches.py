@@ -10,6 +10,7 @@ negatives, and every head's loss on a batch.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+import math
 from typing import Optional
 
 import numpy as np
@@ -83,11 +84,21 @@ def prepare_data(task: Task, features: torch.Tensor, cfg: TrainConfig, blocks: i
                         torch.as_tensor(pairs.negative, device=dev) if use_given else None, relevant, base)
 
 
+def n_batches(n_rows: int, batch_size: int) -> int:
+    """Batches of one epoch over n_rows (epoch_batches): ceil(n / b), less one where the remainder is a single row."""
+    return max(1, math.ceil(n_rows / batch_size) - (n_rows > batch_size and n_rows % batch_size == 1))
+
+
 def epoch_batches(gens: list[torch.Generator], n_pairs: int, batch_size: int) -> list[torch.Tensor]:
     """One epoch's batches: a permutation of the pairs per head from its own generator, cut into
-    (H, b) index blocks (the last block holds the remainder)."""
+    (H, b) index blocks (the last block holds the remainder). A remainder of one row joins the block before it
+    (b + 1 rows): a batch of one has no in-batch impostor and no spread (the batch size is >= 2 for that reason)."""
     perms = torch.stack([torch.randperm(n_pairs, generator=g) for g in gens])  # (H, P)
-    return list(perms.split(batch_size, dim=1))
+    blocks = list(perms.split(batch_size, dim=1))
+    if len(blocks) > 1 and blocks[-1].shape[1] == 1:
+        blocks[-2:] = [torch.cat(blocks[-2:], dim=1)]
+    assert len(blocks) == n_batches(n_pairs, batch_size)
+    return blocks
 
 
 class NegativeSource:

@@ -12,10 +12,8 @@ train-head's: the normaliser fitted on the training texts, dev scored each epoch
 """
 from __future__ import annotations
 
-import math
 from typing import Optional
 
-import numpy as np
 import torch
 
 from headstore.heads.kinds import Task
@@ -23,9 +21,11 @@ from headstore.heads.network.features import Normalizer
 from headstore.heads.network.model import StackedMLP
 from headstore.heads.scoring.energy import candidate_energy
 from headstore.heads.scoring.losses import distill_losses
+from headstore.heads.scoring.losses.distill import teacher_spread
 from headstore.heads.settings.config import HeadConfig, TrainConfig, stack_key
 from headstore.heads.settings.distill import DistillConfig
-from headstore.heads.training.batches import epoch_batches, forward_rows
+from headstore.heads.training.anchor import AnchorPool
+from headstore.heads.training.batches import epoch_batches, forward_rows, n_batches
 from headstore.heads.training.distill_targets import Targets
 from headstore.heads.training.train import StackTraining, TrainingDiverged, run_epochs
 from headstore.heads.training.tracker import HeadRun
@@ -35,7 +35,7 @@ class DistillTraining(StackTraining):
     """One stack's distillation (module doc). `targets`: at task positions (rows of `features`)."""
 
     def __init__(self, task: Task, features: torch.Tensor, head_cfg: HeadConfig, configs: list[TrainConfig],
-                 dcfg: DistillConfig, targets: Targets, anchor_rows: Optional[np.ndarray] = None,
+                 dcfg: DistillConfig, targets: Targets, anchor_rows: Optional[AnchorPool] = None,
                  in_place: bool = False, init: Optional[tuple[StackedMLP, Normalizer]] = None):
         self.dcfg, self.U = dcfg, len(targets)
         dev = features.device
@@ -48,13 +48,17 @@ class DistillTraining(StackTraining):
         self.embedding_losses = [spec.function() for spec in specs if spec.reads == "embeddings"]
         assert not self.embedding_losses or targets.embeddings is not None, "an embedding loss without embeddings"
         self.t_embed = None if not self.embedding_losses else torch.as_tensor(targets.embeddings, device=dev)  # (U, d)
+        self.t_spread = teacher_spread(self.t_embed) if self.embedding_losses else None  # of all U anchors, once
+        if self.t_spread is not None and not self.t_spread > 0:
+            raise ValueError(f"--distill-loss {dcfg.distill_loss}: the teacher gives all {self.U} anchors the same "
+                             "output (no variance to regress onto); drop embedding-mse")
         super().__init__(task, features, head_cfg, configs, "dev", None, init,
                          anchor_rows if dcfg.pair_weight else None, in_place)
         self.pair_gens = [torch.Generator().manual_seed(c.seed + 1) for c in configs]
         self.pair_blocks: list[torch.Tensor] = []
 
     def epoch_steps(self) -> int:
-        return math.ceil(self.U / self.B)
+        return n_batches(self.U, self.B)
 
     def epoch_negatives(self, epoch: int, trained: torch.Tensor) -> Optional[torch.Tensor]:
         return super().epoch_negatives(epoch, trained) if self.dcfg.pair_weight else None
@@ -87,13 +91,13 @@ class DistillTraining(StackTraining):
             target, valid = self.t_energy[idx], self.t_valid[idx]
             losses = losses + sum(fn(E, target, valid, temperature=self.dcfg.temperature) for fn, _ in self.losses)
         for fn in self.embedding_losses:  # the anchors' outputs against the teacher's: (H, b, d) and (b, d)
-            losses = losses + fn(z[:, :b], self.t_embed[idx])
+            losses = losses + fn(z[:, :b], self.t_embed[idx], spread=self.t_spread)
         return losses
 
 
 def distill_stack(task: Task, features: torch.Tensor, head_cfg: HeadConfig, configs: list[TrainConfig],
                   dcfg: DistillConfig, targets: Targets, progress: bool = True,
-                  anchor_rows: Optional[np.ndarray] = None, in_place: bool = False,
+                  anchor_rows: Optional[AnchorPool] = None, in_place: bool = False,
                   init: Optional[tuple[StackedMLP, Normalizer]] = None) -> tuple[StackedMLP, Normalizer, list[HeadRun]]:
     """Distil into len(configs) heads of one shape (seeds, lrs) together: train_stack's loop on the targets;
     `init`: the heads' starting weights and normaliser (a stack of len(configs) heads of head_cfg)."""

@@ -12,8 +12,9 @@ energies over it, made once and cached in the output folder.
   of that chunk's candidate sets (never corpus x corpus, never the whole corpus at once).
 
 The cache, `OUT/teacher-targets-<key>.npz`, holds store rows (not task positions) and is keyed by
-everything that made it (`targets_key`: the teacher's weights, the store's fingerprint, the arrays, the
-anchors, the corpus and the settings that make targets): a rerun with the same key reuses it, any change
+everything that made it (`targets_key`: TARGETS_FORMAT, the teacher's weights, the store's fingerprint, the
+arrays, the anchors and the corpus (their rows and the texts those rows hold), the settings that make targets and
+the chunk size): a rerun with the same key reuses it, any change
 makes another. It is written whole (a temporary `.incomplete` file, then a rename) or not at all. The teacher's
 pass keeps each finished chunk of anchors in `OUT/teacher-targets-<key>.parts/` (each written whole), so a pass
 killed part way goes on from its last finished chunk; the random candidates of a chunk are drawn from a stream
@@ -37,7 +38,9 @@ from headstore.heads.kinds import held_out_rows
 from headstore.heads.network.candidates import frozen_topk
 from headstore.heads.scoring.energy import candidate_energy
 
-TARGETS_FORMAT = "headstore.distill-targets/2"  # 2: random candidates drawn per chunk (resumable pass)
+# the recipe version of the targets (data/keys.py's rule): bumped when the numbers they hold change. 2: random
+# candidates drawn per chunk (resumable pass)
+TARGETS_FORMAT = "headstore.distill-targets/2"
 CHUNK = 256  # anchors scored at a time: 256 x (search_k + random_k) teacher energies, the chunk's texts embedded
 EMBED_BATCH = 8192  # texts per teacher forward pass
 
@@ -97,11 +100,15 @@ def rows_digest(rows: np.ndarray) -> str:
     return hashlib.sha256(np.ascontiguousarray(rows, dtype=np.int64).tobytes()).hexdigest()
 
 
-def targets_key(teacher_key: str, store_fingerprint: str, arrays: tuple[str, str], anchors: np.ndarray,
-                corpus: np.ndarray, settings: dict) -> str:
-    """sha256 of everything that makes the targets (module doc)."""
-    parts = {"format": TARGETS_FORMAT, "teacher": teacher_key, "store": store_fingerprint, "arrays": list(arrays),
-             "anchors": rows_digest(anchors), "corpus": rows_digest(corpus), "settings": settings}
+def targets_key(teacher_key: str, store, arrays: tuple[str, str], anchors: np.ndarray, corpus: np.ndarray,
+                settings: dict) -> str:
+    """sha256 of everything that makes the targets (module doc): of `store` (a FeatureStore) its fingerprint and
+    the text ids of the anchor and corpus rows (the texts those rows stand for, not only their row numbers)."""
+    text_ids = store.texts["text_id"].to_numpy()[np.concatenate([anchors, corpus])]
+    texts = hashlib.sha256("\n".join(map(str, text_ids)).encode()).hexdigest()
+    parts = {"format": TARGETS_FORMAT, "teacher": teacher_key, "store": store.fingerprint, "arrays": list(arrays),
+             "anchors": rows_digest(anchors), "corpus": rows_digest(corpus), "texts": texts, "settings": settings,
+             "chunk": CHUNK}  # the random candidates' stream is drawn per chunk
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
 
 

@@ -19,15 +19,14 @@ have no label to compare).
 from __future__ import annotations
 
 import time
-import warnings
 
 import numpy as np
 import torch
 from headstore.data.progress import progress_write
 from headstore.heads.kinds.label_probe import (
     PROBE_MAX_ITER,
-    cv_logistic,
-    smallest_class,
+    can_cross_validate,
+    fit_cv_logistic,
 )
 from headstore.heads.network.model import StackedMLP
 from headstore.heads.settings.config import HeadConfig, TrainConfig
@@ -89,12 +88,11 @@ def unlabeled_texts(task) -> tuple[np.ndarray, np.ndarray]:
 
 
 def chosen_C(x: np.ndarray, y: np.ndarray, seed: int) -> float:
-    """C of the labelled texts' LogisticRegressionCV over PROBE_CS (DEFAULT_C with a one-text class)."""
-    if smallest_class(y) < 2:
+    """C of the labelled texts' LogisticRegressionCV over PROBE_CS (DEFAULT_C when every class has one text:
+    nothing to hold out; a one-text class among larger ones is trained on in every fold, label_probe.cv_folds)."""
+    if not can_cross_validate(y):
         return DEFAULT_C
-    with warnings.catch_warnings():  # sklearn 1.8+ announces changes of defaults this call does not rely on
-        warnings.simplefilter("ignore", FutureWarning)
-        return float(np.ravel(cv_logistic(y, seed).fit(x, y).C_)[0])
+    return float(np.ravel(fit_cv_logistic(x, y, seed).C_)[0])
 
 
 def self_trained(X: np.ndarray, rows: np.ndarray, classes: np.ndarray, unlabeled_rows: np.ndarray,

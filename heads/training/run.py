@@ -9,6 +9,8 @@ Output directory:
   (`"evaluation"`), how dev was made (`"dev_made"`), an STS table's score scale (`"score_range"`) and what
   the task kind says a reader must know of the figures (`"warnings"`, also printed under the terminal table:
   e.g. no test query with a relevant document);
+- `judgements.parquet`: the training pairs as text ids (heads.artefacts.judged), what any later scoring splits
+  its IR figures on: seen and unseen queries (heads.kinds.seen; metrics.json "parts" of test and dev);
 - `curve.png`: training loss and dev metric per epoch;
 - `run.<split>.trec` (IR tasks): the head's top-100 per query, for trec_eval (`heads.trec`).
 `cli eval` writes `metrics.json` and the run files of the splits it scores.
@@ -18,7 +20,7 @@ folder holding another head or another command's output is refused unless `--ove
 """
 from __future__ import annotations
 
-from dataclasses import asdict, fields, replace
+from dataclasses import asdict
 
 import torch
 
@@ -32,15 +34,17 @@ from headstore.featurize.store.reader import FeatureStore
 from headstore.heads.artefacts.curve import plot_curve
 from headstore.heads.artefacts.files import write_head_dir
 from headstore.heads.artefacts.head import Head
+from headstore.heads.artefacts.judged import write_judgements
 from headstore.heads.artefacts.task_features import TaskFeatures, rows_of_datasets
 from headstore.heads.evaluation.evaluate import TEST_SPLIT, embedder, evaluate_baseline, evaluate_head
-from headstore.heads.kinds import Task, kind_of, load_task
-from headstore.heads.kinds.labels import classifier_width, label_space, shots_note
+from headstore.heads.kinds import Task, judgement_pairs, kind_of, load_task, task_seen_masks
+from headstore.heads.kinds.labels import label_space, shots_note
 from headstore.heads.kinds.unlabeled import unlabeled_report
 from headstore.heads.network.features import array_list
-from headstore.heads.scoring.losses import LOSSES
-from headstore.heads.settings.config import KIND_DEPENDENT, STRENGTH_AUTO, HeadConfig, TrainConfig
+from headstore.heads.settings.config import STRENGTH_AUTO, HeadConfig, TrainConfig
 from headstore.heads.training.anchor import anchor_rows_of
+from headstore.heads.training.kind_defaults import defaults_for_kind, head_shape  # noqa: F401  (importable here)
+from headstore.heads.training.label_recipes import data_decided_notes, decided_by_data, unlabeled_cfg
 from headstore.heads.training.selection import DEFAULT_DELTA, load_selection
 from headstore.heads.training.strength import STRENGTHS, plot_strength
 from headstore.heads.training.train import train_one
@@ -48,6 +52,7 @@ from headstore.heads.training.train import train_one
 # fingerprint parts that change the numbers of a feature (the layer of the head's array is checked apart)
 FEATURE_PARTS = ("model_id", "weights_hash", "tokenizer_hash", "pooling", "max_length", "dtype", "precision",
                  "code_version")
+SPLITS = ("dev", TEST_SPLIT)  # what train-head scores: dev (selection), test (reported once)
 # parts a store has only where set (featurize.encoder.sentence, prompts): absent on both sides = equal
 SENTENCE_PARTS = ("include_prompt", "dense", "normalize", "prompts")
 
@@ -70,20 +75,6 @@ def _array_layer(store: FeatureStore, array: str):
     return layers[0] if len(layers) == 1 else layers
 
 
-def head_shape(head_cfg: HeadConfig, features: torch.Tensor, array: str, task: Task | None = None,
-               cfg: TrainConfig | None = None) -> HeadConfig:
-    """The head config completed from the features: in_dim (one array's dim) and mix (arrays mixed); a
-    classifier head (a loss whose outputs are classes: ce) ends in the task's classes, not residual."""
-    mix = len(array_list(array))
-    shape = {**asdict(head_cfg), "in_dim": features.shape[1] // mix, "mix": mix}
-    if cfg is not None and LOSSES[cfg.loss].outputs == "classes":
-        if head_cfg.depth < 1:
-            raise ValueError(f"loss {cfg.loss} trains a classifier head: it needs --depth >= 1 (its last layer "
-                             "gives the class scores)")
-        shape.update(out_dim=classifier_width(task), residual=False)
-    return HeadConfig(**shape)
-
-
 def _data_notes(task: Task) -> dict:
     """How the dataset was read and split, for config.json and metrics.json."""
     notes = {"evaluation": task.evaluation, "dev_made": task.dev_note or "the dataset's own dev split"}
@@ -102,29 +93,33 @@ def train_head(store_path: str, data_path: str, out_dir: str, head_cfg: HeadConf
     score_range: the (LO, HI) scale of an STS table's scores (default: detected as 0-1 or 0-5).
     select_ood / ood_delta: out-of-domain dev sets in the selection rule (heads.training.selection).
     kind_defaults: settings the user left unset (of config.KIND_DEPENDENT): the task kind's `defaults` fill
-    them (graded STS tables, labelled texts), other data keep the dataclass defaults (the SciFact study's).
-    device: where the task's features and the head live while training and evaluating (auto: cuda when available).
-    unlabeled: --unlabeled files (heads.kinds.unlabeled): for positives-only pairs the corpus dev and test rank and
-    impostors are mined from, and the anchor regulariser's sample; said in metrics.json "unlabeled"."""
+    them (graded STS tables; labelled texts: the recipe their dev split chooses, heads.training.label_recipes),
+    other data keep the dataclass defaults (the SciFact study's). device: where the task's features and the head
+    live (auto: cuda when available). unlabeled: --unlabeled files (heads.kinds.unlabeled): for positives-only
+    pairs the corpus dev and test rank and impostors are mined from, and the anchor regulariser's sample."""
     inputs = (data_path, *select_ood, *unlabeled)
     device = pick_device(device)
     prepare_output_dir(out_dir, "head", overwrite, inputs=inputs, create=False)  # refuse before training
     store = FeatureStore.open(store_path)
     layer = _array_layer(store, array)
     task = load_task(data_path, store, data_format, score_range=score_range, unlabeled=unlabeled)
-    head_cfg, cfg, defaults_note = defaults_for_kind(task, head_cfg, cfg, kind_defaults)
-    splits = ("dev", TEST_SPLIT)
-    unlabeled_note = unlabeled_report(task, cfg, splits)  # the roles they play (none: an error, before training)
+    given = (head_cfg, cfg)  # the user's settings: a recipe chosen on dev fills what they leave (label_recipes)
+    head_cfg, cfg, defaults_note = defaults_for_kind(task, head_cfg, cfg, kind_defaults, len(array_list(array)))
+    unlabeled_note = unlabeled_report(task, unlabeled_cfg(task, given[1], cfg, kind_defaults), SPLITS)  # none: error
     warn_if_emulated_bf16(cfg.precision, device)  # one line where bf16 is emulated (a CPU without it)
     task = kind_of(task).for_training(task, cfg)  # labelled texts: shots, hierarchy
     if getattr(task, "report", {}).get("shots_clipped"):  # more --shots than a class has: said on the terminal
         progress_write(f"note: {shots_note(cfg.shots, task.report['shots_clipped'])}")
-    task, features, selection, anchor = training_features(store, task, cfg, array, select_ood, ood_delta, device)
+    seen, judged_pairs = task_seen_masks(task, SPLITS), judgement_pairs(task)  # store rows (heads.kinds.seen)
+    task, features, selection, anchor = training_features(store, task, cfg, array, select_ood, ood_delta, device,
+                                                          f"--data {data_path}")
+    decided = decided_by_data(task, features, store.dim, given, kind_defaults, array)  # labelled texts: dev's recipe
+    head_cfg, cfg, task, defaults_note = decided.get("chosen", (head_cfg, cfg, task, defaults_note))
     head_cfg = head_shape(head_cfg, features, array, task, cfg)
-    baseline = evaluate_baseline(task, features, splits, dim=store.dim)  # before the features are normalised
-    trim_heap()
+    baseline = evaluate_baseline(task, features, SPLITS, dim=store.dim)  # before the features are normalised
+    trim_heap()  # (and after training: its freed transients back to the OS before evaluation adds its own)
     model, norm, run = train_one(task, features, head_cfg, cfg, progress, selection, anchor, in_place=True)
-    trim_heap()  # training's freed transients back to the OS before evaluation adds its own (peak RSS)
+    trim_heap()
     # `features` now hold the head's inputs (normalised in place: one copy of the task's features in memory)
     out = prepare_output_dir(out_dir, "head", overwrite, inputs=inputs)
     begin_output(out, "head")  # an interrupted write (a full disk) is replaced by the same command's rerun
@@ -135,16 +130,15 @@ def train_head(store_path: str, data_path: str, out_dir: str, head_cfg: HeadConf
               "store_manifest": {k: v for k, v in store.manifest.items() if k != "arrays"},
               "best_epoch": run.best_epoch, "train_seconds": run.seconds, "defaults": defaults_note, "device": device,
               **label_space(task), **({"selection": selection.describe()} if selection else {})}
-    write_head_dir(out, model, norm, config)
-    rankings: dict = {}  # the head's rankings of dev and test, kept for the run files and the candidate share
-    metrics = evaluate_head(task, features, model, None, cfg.eval_energy, splits, dim=store.dim, baseline=baseline,
-                            rankings=rankings)
-    metrics.update(_data_notes(task))
-    if unlabeled_note:
-        metrics["unlabeled"] = unlabeled_note
+    write_head_dir(out, model, norm, {**config, "judged": write_judgements(out, store, judged_pairs)})
+    rankings, items = {}, {}  # the head's rankings of dev and test (run files, candidate share); per-item values
+    metrics = evaluate_head(task, features, model, None, cfg.eval_energy, SPLITS, dim=store.dim, baseline=baseline,
+                            rankings=rankings, items=items, seen=seen)
+    metrics.update(_data_notes(task), **data_decided_notes(decided, items, metrics["primary"]),
+                   **({"unlabeled": unlabeled_note} if unlabeled_note else {}))
     metrics.update(training_notes(task, metrics, run, cfg, head_cfg, selection, ood_delta, rankings, data_path))
     atomic_write_json(out / "metrics.json", metrics, sort_keys=True)
-    write_runs(task, features, model, None, cfg.eval_energy, splits, out, rankings)
+    write_runs(task, features, model, None, cfg.eval_energy, SPLITS, out, rankings)
     plot_curve(run.history, out / "curve.png", title=f"{task.name}: {cfg.loss} ({cfg.eval_energy})")
     if run.strength_curve:
         plot_strength(run.strength_curve, run.strength, out / "strength.png", metrics["primary"],
@@ -154,16 +148,16 @@ def train_head(store_path: str, data_path: str, out_dir: str, head_cfg: HeadConf
 
 
 def training_features(store: FeatureStore, task: Task, cfg: TrainConfig, array: str, select_ood: tuple[str, ...],
-                      ood_delta: float, device: str):
+                      ood_delta: float, device: str, data: str | None = None):
     """(task, features, selection, anchor): the store rows the task, the --select-ood sets and the anchor use, read
     once onto `device` (heads.artefacts.task_features), the task remapped to them; the out-of-domain selection
-    sets (None without --select-ood) and the anchor rows' positions (None: no anchor rows, the whole store)."""
-    anchor = anchor_rows_of(store, cfg, task.unlabeled.rows if task.unlabeled else None)  # None: the whole store
+    sets (None without --select-ood) and the anchor's pool at positions (None: the anchor is off)."""
+    anchor = anchor_rows_of(store, cfg, task)  # only texts of the task's own (or --anchor-data), never dev or test
     tf = TaskFeatures.for_task(store, task, rows_of_datasets(store, select_ood),
-                               *([anchor] if cfg.anchor_weight else []), device=device)
+                               *([anchor.rows] if anchor is not None else []), device=device)
     task, features = tf.remap(task), tf.read(array)  # only the rows the task uses (heads.artefacts.task_features)
-    selection = load_selection(store, select_ood, task, features[:, :store.dim], ood_delta, remap=tf.remap)
-    return task, features, selection, None if anchor is None else tf.positions(anchor)
+    selection = load_selection(store, select_ood, task, features[:, :store.dim], ood_delta, remap=tf.remap, data=data)
+    return task, features, selection, None if anchor is None else anchor.mapped(tf.positions)
 
 
 def training_notes(task: Task, metrics: dict, run, cfg: TrainConfig, head_cfg: HeadConfig, selection,
@@ -182,6 +176,8 @@ def training_notes(task: Task, metrics: dict, run, cfg: TrainConfig, head_cfg: H
     if run.scoring.get("every_steps", 0) < run.scoring.get("epoch_steps", 0):  # scored within epochs: how often,
         # and where early stopping ended training (once an epoch, the history says it all)
         notes["dev_scoring"] = {**run.scoring, "best_step": run.best_step, "stopped_at_step": run.stopped_step}
+    if run.anchor:
+        notes["anchor"] = run.anchor
     notes.update(scale_report(task, run, rankings))
     if cfg.strength != "1":
         notes["strength"] = strength_report(run, cfg, selection)
@@ -208,35 +204,6 @@ def strength_report(run, cfg: TrainConfig, selection) -> dict:
                                          "least-losing" if selection else "") + "; ties to the larger a")
     return {"setting": cfg.strength, "chosen": run.strength, "rule": rule, "strengths": list(STRENGTHS),
             "curve": run.strength_curve, "plot": "strength.png" if run.strength_curve else None}
-
-
-def defaults_for_kind(task: Task, head_cfg: HeadConfig, cfg: TrainConfig, unset: tuple[str, ...]):
-    """(head config, train config, note): the task kind's `defaults` fill the settings left unset (graded STS
-    tables, labelled texts; the kind's `defaults_for` the loss that trains); kinds without their own keep the
-    dataclass defaults (the SciFact study's). An unset
-    --normalize takes the loss's own where its registry entry names one (`LossSpec.normalize`: ce standardises)."""
-    if not unset:
-        return head_cfg, cfg, "every kind-dependent setting given"
-    kind = kind_of(task)
-    loss = kind.defaults.get("loss", cfg.loss) if "loss" in unset else cfg.loss
-    shots = cfg.shots or kind.implied_shots(task)  # labelled texts: --shots n, or a table that small
-    defaults = kind.defaults_for(loss, shots, unlabeled=bool(cfg.shots) or task.unlabeled is not None,
-                                 hierarchy=cfg.hierarchy)
-    assert set(defaults) <= set(KIND_DEPENDENT), "a kind's defaults cover kind-dependent settings only"
-    values = {k: defaults[k] for k in unset if k in defaults}  # the others: the dataclass defaults
-    preferred = LOSSES[loss].normalize  # a loss's own input (ce: standardised features), unless the kind's
-    if "normalize" in unset and preferred and "normalize" not in defaults:  # (few-shot ce: L2, heads.kinds.labels)
-        values["normalize"] = preferred
-    if not values:
-        return head_cfg, cfg, f"{', '.join(unset)}: {kind.defaults_why}"
-    if values.get("anchor_weight") and (head_cfg.out_dim is not None or head_cfg.depth == 0
-                                        or head_cfg.mix_mode == "concat"):
-        values["anchor_weight"] = 0.0  # the anchor compares f(x) with x: a head of another width (or none), or one
-        # reading arrays side by side (no one x), has none; an anchor the user asks for is refused there
-    head_keys = {f.name for f in fields(HeadConfig)}
-    head_cfg = replace(head_cfg, **{k: v for k, v in values.items() if k in head_keys})
-    cfg = cfg.replace(**{k: v for k, v in values.items() if k not in head_keys})
-    return head_cfg, cfg, f"{kind.data_words} data: {values} ({kind.defaults_why})"
 
 
 def guard_report(task: Task, metrics: dict, run, cfg: TrainConfig, head_cfg: HeadConfig | None = None) -> dict:

@@ -8,7 +8,7 @@ candidate keeps within delta, the least-losing one (`rule_key`).
 
 Only dev splits are ever selected on: D's `dev` split, or, when D has none, its `train` split (a part of D
 that is never reported); never a test split. A dataset with neither is refused. Items of D that share a
-text with the in-domain dataset are dropped (counted), as for `--transfer`.
+text with the in-domain dataset or its --unlabeled texts are dropped (counted per source), as for `--transfer`.
 """
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ import torch
 
 from headstore.heads.artefacts.files import rule_key  # noqa: F401 (the rule's sort key lives with the grid ranking it orders)
 from headstore.heads.evaluation.evaluate import embedder, evaluate_split
-from headstore.heads.kinds import Task, kind_of, load_task, primary_metric, task_rows, without_overlap
+from headstore.heads.kinds import Task, kind_of, load_task, primary_metric, seen_rows, without_seen
 
 DEFAULT_DELTA = 0.01  # the issue's tolerance: an out-of-domain loss of at most 1 point of the metric
 SELECT_SPLITS = ("dev", "train")  # in this order; test is never selected on
@@ -67,24 +67,25 @@ class OodSelection:
 
 
 def load_selection(store, paths: tuple[str, ...], in_domain: Task, features: torch.Tensor,
-                   delta: float = DEFAULT_DELTA, remap=None) -> OodSelection:
+                   delta: float = DEFAULT_DELTA, remap=None, data: str | None = None) -> OodSelection:
     """The selection sets of `paths` (their dev or train split, in-domain texts dropped) and the frozen
     baseline on each, from `features` (N, D) raw stored features (the last layer). `remap`: store rows ->
-    positions of `features` when it holds only some rows (heads.artefacts.task_features.TaskFeatures.remap)."""
+    positions of `features` when it holds only some rows (heads.artefacts.task_features.TaskFeatures.remap).
+    `data`: how the user named the in-domain dataset ("--data FILE"), for the lines on what a set lost."""
     if not (math.isfinite(delta) and delta >= 0):
         raise ValueError(f"ood delta must be a finite number >= 0 (a loss of the metric), got {delta}")
     sel = OodSelection(delta=delta)
-    rows = task_rows(in_domain)
+    seen = seen_rows(in_domain, data or in_domain.name)  # its texts and its --unlabeled texts: the heads train on them
     for path in paths:
         task = load_task(path, store, for_eval=True)
         task = remap(task) if remap is not None else task
         split = selection_split(task, path)
-        task, dropped = without_overlap(task, rows)
+        task, dropped = without_seen(task, seen, f"--select-ood {path}", lambda t: split)
         if kind_of(task).n_items(task.eval_sets[split]) < 2:
             raise ValueError(f"{path}: its {split} split shares (almost) every text with {in_domain.name}; an "
                              "out-of-domain selection set must be another dataset")
         name = task.name if task.name not in sel.sets else f"{task.name}-{len(sel.sets)}"
-        if any(dropped.values()):
+        if dropped:
             sel.dropped[name] = dropped
         res, _ = evaluate_split(task, split, embedder(None, features), ("cosine",))
         sel.sets[name] = (task, split)

@@ -34,6 +34,7 @@ class HeadRun:
     strength: float = 1.0  # the strength a applied after training (heads.training.strength)
     strength_curve: list[dict] = field(default_factory=list)  # dev (and OOD dev) per a, when a was scored
     negatives: dict = field(default_factory=dict)  # how hard negatives were mined (metrics.json "negatives")
+    anchor: dict = field(default_factory=dict)  # the anchor regulariser's sample (metrics.json "anchor")
     dev_candidates: dict = field(default_factory=dict)  # how the per-epoch dev set was made (IR: exact / candidates)
     select_set: object = None  # the evaluation set selected on each epoch (IR above exact_max: the candidates)
 

@@ -17,16 +17,16 @@ import math
 import time
 from typing import Optional
 
-import numpy as np
 import torch
 
 from headstore.data.memory import trim_heap
 from headstore.data.progress import progress_bar, progress_write
-from headstore.heads.training.anchor import AnchorSampler
+from headstore.heads.training.anchor import AnchorPool, AnchorSampler, anchor_pool, own_texts
 from headstore.heads.training.cost import DEV_SHARE, LONG_EPOCH, scoring_interval
 from headstore.heads.training.linear_fit import fit_linear_stack
 
-from headstore.heads.training.batches import NegativeSource, batch_losses, epoch_batches, make_batch, prepare_data, q_at
+from headstore.heads.training.batches import (NegativeSource, batch_losses, epoch_batches, make_batch, n_batches,
+                                              prepare_data, q_at)
 from headstore.heads.settings.config import HeadConfig, TrainConfig, stack_key
 from headstore.heads.evaluation.evaluate import embedder
 from headstore.heads.network.features import Normalizer
@@ -46,7 +46,7 @@ def train_stack(task: Task, features: torch.Tensor, head_cfg: HeadConfig, config
                 progress: bool = True, select_split: str = "dev",
                 selection: Optional[OodSelection] = None,
                 init: Optional[tuple[StackedMLP, Normalizer]] = None,
-                anchor_rows: Optional[np.ndarray] = None,
+                anchor_rows: Optional[AnchorPool] = None,
                 in_place: bool = False) -> tuple[StackedMLP, Normalizer, list[HeadRun]]:
     """Train len(configs) heads of one shape together; returns the best-on-dev stack (at the strength
     cfg.strength asks for, heads.training.strength).
@@ -56,7 +56,8 @@ def train_stack(task: Task, features: torch.Tensor, head_cfg: HeadConfig, config
     take part in choosing each head's epoch (heads.training.selection). `init`: heads (and their normaliser) to go
     on training instead of fresh ones (a shared head trained on task A, then on B:
     heads.experiments.forgetting); copied. A task without `select_split` (few-shot labelled texts) trains
-    every epoch and keeps the last. `anchor_rows`: the store rows of the anchor (heads.training.anchor; None = all).
+    every epoch and keeps the last. `anchor_rows`: the anchor's pool at positions of `features` (heads.training.anchor;
+    None: the task's own texts it may train on, `own_texts`).
     `in_place`: `features` are normalised in place (batches.prepare_data) and hold the head's inputs after."""
     assert len({stack_key(c) for c in configs}) == 1, "a stack mixes settings that must be shared"
     configs[0].check_solver()
@@ -108,7 +109,7 @@ class StackTraining:
 
     def __init__(self, task: Task, features: torch.Tensor, head_cfg: HeadConfig, configs: list[TrainConfig],
                  select_split: str, selection: Optional[OodSelection], init: Optional[tuple[StackedMLP, Normalizer]],
-                 anchor_rows: Optional[np.ndarray] = None, in_place: bool = False):
+                 anchor_rows: Optional[AnchorPool] = None, in_place: bool = False):
         cfg0 = self.cfg = configs[0]
         self.task, self.configs, self.select_split, self.selection = task, configs, select_split, selection
         self.data = prepare_data(task, features, cfg0, blocks=head_cfg.mix, norm=None if init is None else init[1],
@@ -139,9 +140,8 @@ class StackTraining:
         self.gens = [torch.Generator().manual_seed(c.seed) for c in configs]
         self.metric = kind_of(task).primary_metric(cfg0.eval_energy)
         self.step = 0
-        train_rows = np.concatenate([self.data.pairs.anchor, self.data.pairs.positive])
-        self.anchor = (AnchorSampler(len(self.data.X), train_rows, configs, anchor_rows) if cfg0.anchor_weight
-                       else None)
+        pool = anchor_rows if anchor_rows is not None or not cfg0.anchor_weight else anchor_pool(task, *own_texts(task))
+        self.anchor = AnchorSampler(pool, configs) if cfg0.anchor_weight else None
         if self.select:
             self.tracker.start(dev_scores(self.select_task, select_split, self.model, self.data.X, cfg0), self.sel_losses(),
                                cfg0.guard)
@@ -229,8 +229,9 @@ class StackTraining:
 
     # --- what an epoch's steps are made of (a distillation, heads.training.distill, gives its own) ---------
     def epoch_steps(self) -> int:
-        """Steps of one epoch: the training pairs in batches (labelled texts: the sampler's as many)."""
-        return math.ceil(self.P / self.B)
+        """Steps of one epoch: the training pairs in batches (epoch_batches: no batch of one); labelled texts: the
+        sampler's ceil(texts / batch) batches of whole classes."""
+        return math.ceil(self.P / self.B) if self.sampler is not None else n_batches(self.P, self.B)
 
     def epoch_negatives(self, epoch: int, trained: torch.Tensor) -> Optional[torch.Tensor]:
         """(H, P, K) the pairs' negatives of this epoch, or None (NegativeSource)."""
@@ -262,6 +263,7 @@ class StackTraining:
             r.seconds = elapsed / self.H
             r.scoring = self.scoring_report()
             r.negatives = self.negatives.report if self.negatives.mining else {}
+            r.anchor = self.anchor.report if self.anchor is not None else {}
             r.dev_candidates = self.select_report
             r.select_set = self.select_task.eval_sets.get(self.select_split) if self.select else None
         if self.cfg.strength != "1":
@@ -292,7 +294,8 @@ class StackTraining:
 
 def train_one(task: Task, features: torch.Tensor, head_cfg: HeadConfig, cfg: TrainConfig,
               progress: bool = True, selection: Optional[OodSelection] = None,
-              anchor_rows: Optional[np.ndarray] = None, in_place: bool = False) -> tuple[StackedMLP, Normalizer, HeadRun]:
+              anchor_rows: Optional[AnchorPool] = None,
+              in_place: bool = False) -> tuple[StackedMLP, Normalizer, HeadRun]:
     """Train a single head; a NaN/inf loss raises TrainingDiverged naming the step (in_place: train_stack)."""
     model, norm, (run,) = train_stack(task, features, head_cfg, [cfg], progress, selection=selection,
                                       anchor_rows=anchor_rows, in_place=in_place)

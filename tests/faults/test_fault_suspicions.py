@@ -141,21 +141,27 @@ def test_a_soup_never_mixes_query_side_heads_with_heads_of_both_sides(world, tmp
         soup_ids(out, 3)
 
 
-def test_a_grown_store_trains_whole_store_anchored_heads_again(world, store_copy, tmp_path):
-    """Confirmed (a grid resumed every head after the store grew, though a head anchored on the whole store
-    draws its anchor rows from every row): such heads get new ids on a grown store; the others resume."""
+def test_a_grown_store_trains_no_head_again(world, store_copy, tmp_path):
+    """A grid resumed after the store grew: an anchored head draws its anchor rows from the task's own texts
+    (here its --unlabeled ones), never from the store's other rows (issue 54, item 3), so every head resumes (its
+    id held the store's row count, and the anchor drew from every row)."""
     import polars as pl
+
+    from fault_world import STORE_OPTS
 
     grid = tmp_path / "grid.toml"
     grid.write_text('[grid]\nanchor_weight = [0.0, 0.1]\n[fixed]\nepochs = 1\nhidden = 16\nbatch_size = 8\n'
                     'mined_k = 2\nseed = 0\n')
+    assert_ok(cli("featurize", "--model", world["model"], "--unlabeled", world["more"], "--store", store_copy,
+                  *STORE_OPTS))
     out = tmp_path / "g"
-    args = ("grid", "--store", store_copy, "--data", world["pairs"], "--grid", grid, "--out", out)
+    args = ("grid", "--store", store_copy, "--data", world["pairs"], "--grid", grid, "--out", out,
+            "--unlabeled", world["more"])
     assert_ok(cli(*args))
     first = set(pl.read_parquet(out / "results.parquet")["head_id"])
-    assert_ok(cli("featurize", "--model", world["model"], "--data", world["more"], "--store", store_copy,
-                  "--dtype", "float32", "--batch-tokens", "128"))
+    other = tmp_path / "other.txt"
+    other.write_text("\n".join(random_texts(25, seed=11, max_words=12)) + "\n")
+    assert_ok(cli("featurize", "--model", world["model"], "--data", other, "--store", store_copy, *STORE_OPTS))
     assert_ok(cli(*args))
     frame = pl.read_parquet(out / "results.parquet")
-    added = frame.filter(~pl.col("head_id").is_in(list(first)))
-    assert added.height == 1 and added["anchor_weight"].to_list() == [0.1]  # the anchored head only
+    assert set(frame["head_id"]) == first and frame.height == 2

@@ -19,8 +19,9 @@ from headstore.data.text_id import text_id
 from headstore.featurize.encoder.backends import BACKENDS, check_backend
 from headstore.featurize.encoder.config import FeaturizeConfig
 from headstore.featurize.encoder.exported import MANIFEST, cached_export, export_key, verified
-from headstore.featurize.run.local import _load, featurize_texts
-from headstore.featurize.run.plan import fingerprint_parts
+from headstore.featurize.encoder.resolved import resolve
+from headstore.featurize.run.local import featurize_texts
+from headstore.featurize.run.windows import open_encoder
 from headstore.featurize.store.reader import FeatureStore
 from headstore.featurize.store.layout import segment_backends
 
@@ -34,6 +35,16 @@ def needs(backend: str):
     missing = [m for m in BACKENDS[backend].modules if importlib.util.find_spec(m) is None]
     if missing:
         pytest.skip(f"--backend {backend} needs {missing} (pip install '.[cpu-fast]')")
+
+
+def fingerprint_parts(config: FeaturizeConfig, device: str | None = None) -> dict:
+    """The fingerprint parts a run of `config` gives its store."""
+    return resolve(config, device).parts()
+
+
+def _load(config: FeaturizeConfig, device: str):
+    """The encoder as a run opens it (auto: a runtime only where its export is cached)."""
+    return open_encoder(resolve(config, device))[0]
 
 
 @pytest.fixture(scope="module")

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 from featurize_helpers import random_texts
-from test_backends import needs
+from test_backends import _load, fingerprint_parts, needs
 
 from headstore.cli import main
 from headstore.data.text_id import text_ids
@@ -19,8 +19,7 @@ from headstore.featurize.encoder import backends, hardware
 from headstore.featurize.encoder.config import FeaturizeConfig
 from headstore.featurize.encoder.exported import MANIFEST, cached_export, export_folder
 from headstore.featurize.store.maintain import compact_store
-from headstore.featurize.run.local import _load, featurize_texts
-from headstore.featurize.run.plan import fingerprint_parts
+from headstore.featurize.run.local import featurize_texts
 from headstore.featurize.store.reader import FeatureStore
 from headstore.featurize.store.layout import fingerprint_of
 from headstore.featurize.store.verify import verify_store

@@ -13,7 +13,6 @@ import torch
 import zarr
 from transformers import AutoModel, AutoTokenizer
 
-import headstore.featurize.run.local as local_run
 import headstore.featurize.run.windows as windows_run
 from headstore.data.text_id import text_ids
 from headstore.featurize.encoder.config import FeaturizeConfig
@@ -115,7 +114,7 @@ def test_rerun_with_nothing_new_does_not_load_the_model(tiny_model, texts, tmp_p
     def fail(*a, **kw):
         raise AssertionError("model loaded on a no-op run")
 
-    monkeypatch.setattr(local_run, "load_encoder", fail)
+    monkeypatch.setattr(windows_run, "open_model", fail)
     summary = featurize_texts(config(tiny_model), texts, tmp_path / "s")
     assert summary["n_encoded"] == 0 and summary["n_texts"] == len(texts)
 

@@ -15,6 +15,7 @@ from headstore.featurize.encoder.encode import plan_batches
 from headstore.featurize.encoder.model import load_encoder
 from headstore.featurize.encoder.varlen import CPU_KERNELS
 from headstore.featurize.encoder.packed import PACKABLE, prepare_encoder
+from headstore.featurize.encoder.resolved import resolve
 from headstore.featurize.run.windows import encode_in_plan_order
 from headstore.featurize.run.local import featurize_texts
 from headstore.featurize.store.reader import FeatureStore
@@ -38,10 +39,11 @@ def features(model_dir, texts, packing: str, kernels=None, prompts="", **kw) -> 
     """{array name: (N, D) float32 in input order} of an fp32 CPU encode, and the encoder's EncodePath."""
     config = FeaturizeConfig(model=str(model_dir), dtype="float32", device="cpu", precision="fp32",
                              packing=packing, batch_tokens=64, **kw)
+    settings = resolve(config)
     encoder = load_encoder(config.model, "cpu", config.max_length)
-    path = prepare_encoder(encoder, config, "cpu", kernels=kernels)
+    path = prepare_encoder(encoder, settings.numerics, settings.packing, kernels=kernels)
     out: dict[str, np.ndarray] = {}
-    for idx, feats, _, _ in encode_in_plan_order(config, encoder, "cpu", text_ids(texts), texts, prompts):
+    for idx, feats, _, _ in encode_in_plan_order(settings, encoder, text_ids(texts), texts, prompts):
         for name, rows in feats.items():
             out.setdefault(name, np.zeros((len(texts), rows.shape[1]), dtype=np.float32))[idx] = rows
     return out, path
@@ -140,11 +142,12 @@ def test_the_cuda_bf16_weights_path_runs_packed_on_the_cpu_within_bf16_bounds(ti
     texts = random_texts(40, seed=4)
     config = FeaturizeConfig(model=tiny_model, dtype="float32", device="cpu", batch_tokens=128)
     encoder = load_encoder(tiny_model, "cpu", None)
-    path = prepare_encoder(encoder, config, "cuda")  # as on a GPU box (the model stays on the CPU)
+    on_gpu = resolve(config, "cuda")  # as on a GPU box (the model stays on the CPU)
+    path = prepare_encoder(encoder, on_gpu.numerics, on_gpu.packing)
     assert path.numerics == "bf16-weights" and path.packing and path.autocast == "fp32"
     assert str(next(encoder.model.parameters()).dtype) == "torch.bfloat16"
     got = np.zeros((len(texts), 32), dtype=np.float32)
-    for idx, feats, _, batch in encode_in_plan_order(config, encoder, "cpu", text_ids(texts), texts):
+    for idx, feats, _, batch in encode_in_plan_order(resolve(config), encoder, text_ids(texts), texts):
         assert batch.packed is not None
         got[idx] = feats["features"]
     reference, _ = features(tiny_model, texts, "off")

@@ -8,7 +8,8 @@ import pytest
 
 from headstore.data.text_id import text_ids
 from headstore.featurize.encoder.config import FeaturizeConfig
-from headstore.featurize.run.plan import Plan, fingerprint_parts
+from headstore.featurize.encoder.resolved import resolve
+from headstore.featurize.run.plan import Plan
 from headstore.featurize.run.local import featurize_texts
 from headstore.featurize.store.reader import FeatureStore
 from headstore.featurize.store.layout import StoreError
@@ -35,22 +36,22 @@ def test_bf16_features_are_close_to_fp32_and_fingerprinted_apart(tiny_model, tex
 
 
 def test_auto_precision_is_fp32_on_cpu_and_bad_values_are_refused(tiny_model):
-    assert fingerprint_parts(config(tiny_model))["precision"] == "fp32"
-    assert config(tiny_model).resolved_precision("cuda") == "bf16"
+    assert resolve(config(tiny_model)).parts()["precision"] == "fp32"
+    assert resolve(config(tiny_model), "cuda").precision == "bf16"
     with pytest.raises(ValueError, match=r"\['auto', 'fp32', 'bf16', 'fp16', 'bf16-autocast', 'bf16-weights'\]"):
         config(tiny_model, precision="fp8")
     with pytest.raises(ValueError, match="precision fp16 needs --device cuda"):
-        fingerprint_parts(config(tiny_model, precision="fp16"))
+        resolve(config(tiny_model, precision="fp16"))
 
 
 def test_bf16_weights_and_bf16_autocast_stores_are_never_mixed(tiny_model, texts, tmp_path):
     """On cuda bf16 (and auto) hold the weights in bf16: a `numerics` part that stores of bf16 autocast (on
     CPU, or --precision bf16-autocast on cuda) lack, so each refuses the other's rows; fp32 gets no part."""
-    assert "numerics" not in fingerprint_parts(config(tiny_model, precision="fp32"), "cuda")
-    assert fingerprint_parts(config(tiny_model), "cuda")["numerics"] == "bf16-weights"
-    assert fingerprint_parts(config(tiny_model, precision="fp16"), "cuda")["numerics"] == "fp16-weights"
-    autocast = fingerprint_parts(config(tiny_model, precision="bf16-autocast"), "cuda")
-    assert "numerics" not in autocast and autocast == fingerprint_parts(config(tiny_model, precision="bf16"), "cpu")
+    assert "numerics" not in resolve(config(tiny_model, precision="fp32"), "cuda").parts()
+    assert resolve(config(tiny_model), "cuda").parts()["numerics"] == "bf16-weights"
+    assert resolve(config(tiny_model, precision="fp16"), "cuda").parts()["numerics"] == "fp16-weights"
+    autocast = resolve(config(tiny_model, precision="bf16-autocast"), "cuda").parts()
+    assert "numerics" not in autocast and autocast == resolve(config(tiny_model, precision="bf16"), "cpu").parts()
     featurize_texts(config(tiny_model, precision="bf16"), texts[:5], tmp_path / "autocast")  # CPU: autocast
     with pytest.raises(StoreError, match="numerics: store has None, this run has 'bf16-weights'"):
         Plan.make(config(tiny_model, precision="bf16"), tmp_path / "autocast", device="cuda")

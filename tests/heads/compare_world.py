@@ -1,5 +1,6 @@
 """The tiny `cli compare` configs of the compare tests: one TOML writer and the settings every tiny run shares
 (a tiny random model's features in fp32, a small head), so each test states only what it is about."""
+import inspect
 from pathlib import Path
 
 
@@ -26,3 +27,13 @@ def write_compare_toml(path: Path, sections: dict[str, dict]) -> Path:
                    for name, values in sections.items())
     path.write_text(text)
     return path
+
+
+def patch_default(monkeypatch, cls, name: str, value) -> None:
+    """`cls(...)` without `name` now gives `value`: the dataclass __init__'s default changed, as an edit of the
+    code would change it (issue 54: a key must see it)."""
+    params = [p for p in inspect.signature(cls.__init__).parameters.values() if p.default is not p.empty]
+    defaults = list(cls.__init__.__defaults__)
+    defaults[[p.name for p in params].index(name)] = value
+    monkeypatch.setattr(cls.__init__, "__defaults__", tuple(defaults))
+    assert getattr(cls(), name) == value

@@ -159,16 +159,14 @@ def test_exported_classifier_predicts_like_head_predict(world, tmp_path, hierarc
     root, store, _ = world
     out = tmp_path / "head"
     args = ["train-head", "--store", str(store), "--data", str(root / "topics.parquet"), "--label-sep", ".",
-            "--out", str(out), "--epochs", "3", "--batch-size", "8", "--hidden", "16"]  # no --loss: the default
+            "--out", str(out), "--epochs", "3", "--batch-size", "8", "--hidden", "16", "--loss", "ce"]
     r = CliRunner().invoke(main, args + (["--hierarchy"] if hierarchy else []))
     assert r.exit_code == 0, r.output
     config = json.loads((out / "config.json").read_text())
     metrics = json.loads((out / "metrics.json").read_text())
-    assert config["train"]["loss"] == "ce" and "'loss': 'ce'" in config["defaults"]  # labelled texts' default
-    # 11 train texts a class: a few-shot table (heads.kinds.labels.FEW_SHOT_TABLE): a linear head on L2 inputs,
-    # fitted by lbfgs; with --hierarchy (one softmax per level) trained by AdamW
-    assert (config["train"]["normalize"], config["head"]["depth"]) == ("l2", 1)
-    assert config["train"]["solver"] == ("adamw" if hierarchy else "lbfgs") and config["train"]["self_train"] == 0
+    assert config["train"]["loss"] == "ce"  # a classifier head: the ce recipe's own defaults (no dev choice: --loss)
+    assert (config["train"]["normalize"], config["head"]["depth"]) == ("standardize", 2)
+    assert config["train"]["solver"] == "adamw" and config["train"]["self_train"] == 0
     assert config["head"]["hidden"] == 16 and "'hidden': 1024" not in config["defaults"]  # a given setting wins
     assert metrics["primary"] == "classifier_accuracy" and len(metrics["ci"]["head"]) == 2
     assert {"probe_accuracy", "probe_C", "probe_standardize"} <= set(metrics["baseline"]) & set(metrics["head"])

@@ -146,6 +146,30 @@ def test_setfit_rerun_reuses_only_rows_made_of_the_same_store_and_texts(world, t
     assert r.exit_code == 2 and "cannot be read" in r.output and "Traceback" not in r.output, r.output
 
 
+def test_setfit_rows_of_another_head_recipe_or_setfit_version_are_refused(world, tmp_path, monkeypatch):
+    """Issue 54, item 6: a row's `made_of` holds headstore's head recipe and SetFit's version; rows made before
+    either changed (e.g. before the self-training default) are never reused under today's labels."""
+    pytest.importorskip("setfit")
+    from headstore.data import keys
+
+    root, store, model = world
+    args = ["setfit-compare", "--store", str(store), "--data", str(root / "news.parquet"), "--text-column", "body",
+            "--shots", "2", "--seeds", "0", "--losses", "ce", "--no-setfit-body", "--model", str(model),
+            "--out", str(tmp_path / "sf")]
+    assert CliRunner().invoke(main, args).exit_code == 0
+    first = pl.read_parquet(tmp_path / "sf" / "runs.parquet")
+    for name, patch in (("head recipe", lambda m: m.setitem(keys.RECIPES, "train-head", 99)),
+                        ("SetFit version", lambda m: m.setattr(
+                            "headstore.heads.experiments.setfit_compare.library_version",
+                            lambda dist: "9.9" if dist == "setfit" else keys.library_version(dist)))):
+        with monkeypatch.context() as m:
+            patch(m)
+            r = CliRunner().invoke(main, args)
+        assert r.exit_code == 2 and "another head recipe or SetFit version" in r.output, (name, r.output)
+        assert len(r.output.strip().splitlines()) == 1
+        assert pl.read_parquet(tmp_path / "sf" / "runs.parquet").equals(first)
+
+
 def test_forgetting_and_setfit_bad_options_are_clear_errors(world, tmp_path):
     """Both commands go through the cli's one error path: `Error: ...`, exit 2, no traceback."""
     root, store, _ = world

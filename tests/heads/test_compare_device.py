@@ -9,7 +9,7 @@ from click.testing import CliRunner
 
 from headstore.cli import main
 from headstore.heads.experiments.compare_config import CompareConfig, device_key, load_compare_config, on_device
-from headstore.heads.experiments.compare_setups import changed_settings
+from headstore.data.keys import resolved
 
 from .finetune_world import sentence, tiny_beir, tiny_bert
 
@@ -132,15 +132,16 @@ def test_device_cuda_without_a_card_fails_before_any_step(world):
     assert not out.exists() or not list(out.glob("*/step.json"))
 
 
-def test_auto_keeps_each_part_and_every_key(world):
+def test_auto_keeps_each_part_and_is_in_every_key(world):
     root, model, ind = world
     cfg = load_compare_config(str(write_config(root, model, ind, sections_device="cpu")))
-    assert cfg.device == "auto" and on_device(cfg) is cfg and device_key(cfg) == {}
+    here = "cuda" if torch.cuda.is_available() else "cpu"  # "auto" is keyed by what it resolves to on this machine
+    assert cfg.device == "auto" and on_device(cfg) is cfg and device_key(cfg) == {"device": here}
     given = load_compare_config(str(write_config(root, model, ind, sections_device="auto")), device="cuda")
     moved = on_device(given)
     for section in ("featurize", "adapt", "finetune"):  # the device in each section's step key
-        assert changed_settings(getattr(moved, section))["device"] == "cuda"
-        assert "device" not in changed_settings(getattr(given, section))
+        assert resolved(getattr(moved, section))["device"] == "cuda"
+        assert getattr(given, section).device == "auto" and resolved(getattr(given, section))["device"] == here
     assert moved.head == given.head and moved.train == given.train  # no field added to what heads are keyed by
     assert device_key(moved) == {"device": "cuda"}
 

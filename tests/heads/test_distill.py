@@ -17,7 +17,7 @@ from scipy.stats import spearmanr
 from headstore.data.text_id import doc_text
 from headstore.featurize.store.reader import FeatureStore
 from headstore.heads.artefacts.head import Head
-from headstore.heads.scoring.losses.distill import embedding_mse_loss, kl_distill_loss, margin_mse_loss
+from headstore.heads.scoring.losses.distill import embedding_mse_loss, kl_distill_loss, margin_mse_loss, teacher_spread
 from headstore.heads.settings.config import HeadConfig
 
 from .conftest import assert_bad_input, cli
@@ -72,16 +72,48 @@ def test_embedding_mse_equals_a_plain_loop_and_is_free_of_the_teachers_scale():
     gen = torch.Generator().manual_seed(1)
     H, B, d = 2, 6, 4
     Zs, Zt = torch.randn(H, B, d, generator=gen), torch.randn(B, d, generator=gen) * 3
-    got = embedding_mse_loss(Zs, Zt)
     t = Zt.tolist()
     mean = [sum(row[k] for row in t) / B for k in range(d)]
-    var = sum((row[k] - mean[k]) ** 2 for row in t for k in range(d))
+    spread = sum((row[k] - mean[k]) ** 2 for row in t for k in range(d)) / B  # a plain loop's variance
+    assert teacher_spread(Zt) == pytest.approx(spread, rel=1e-6)
+    got = embedding_mse_loss(Zs, Zt, spread=spread)
     for h in range(H):
-        err = sum((a - b) ** 2 for ra, rb in zip(Zs[h].tolist(), t) for a, b in zip(ra, rb))
-        assert got[h].item() == pytest.approx(err / var, rel=1e-5)
-    assert torch.allclose(embedding_mse_loss(Zt.expand(H, -1, -1), Zt), torch.zeros(H))  # the teacher itself
-    scaled = embedding_mse_loss(Zs * 10, Zt * 10)  # the same fit at 10x the scale: the same loss
+        err = sum((a - b) ** 2 for ra, rb in zip(Zs[h].tolist(), t) for a, b in zip(ra, rb)) / B
+        assert got[h].item() == pytest.approx(err / spread, rel=1e-5)
+    assert torch.allclose(embedding_mse_loss(Zt.expand(H, -1, -1), Zt, spread=spread), torch.zeros(H))  # the teacher
+    scaled = embedding_mse_loss(Zs * 10, Zt * 10, spread=teacher_spread(Zt * 10))  # the same fit at 10x the scale
     assert torch.allclose(scaled, got, rtol=1e-5)
+
+
+def test_embedding_mse_of_one_anchor_is_on_the_scale_of_a_full_batch():
+    """Issue 54 item 1: the normaliser is the teacher's variance over the training set, not over the batch, so a
+    batch of one anchor (no variance of its own: the old loss was ~1e13) gives a loss and gradient of the order of
+    a batch of 64."""
+    gen = torch.Generator().manual_seed(2)
+    Zt = torch.randn(200, 8, generator=gen) * 0.5  # (U, d) the teacher's outputs of every anchor
+    spread = teacher_spread(Zt)
+    Zs = (Zt + 0.3 * torch.randn(200, 8, generator=gen)).unsqueeze(0).requires_grad_(True)  # (1, U, d)
+    full = embedding_mse_loss(Zs[:, :64], Zt[:64], spread=spread)
+    one = embedding_mse_loss(Zs[:, 64:65], Zt[64:65], spread=spread)
+    g_full, = torch.autograd.grad(full.sum(), Zs)
+    g_one, = torch.autograd.grad(one.sum(), Zs)
+    assert 0.1 < one.item() / full.item() < 10, (one.item(), full.item())
+    assert g_one.norm() < 10 * g_full.norm() * 64 ** 0.5  # one row's gradient: at most that row's share, x 10
+    with pytest.raises(ValueError, match="no variance"):
+        embedding_mse_loss(Zs, Zt, spread=0.0)
+
+
+def test_an_epoch_never_ends_in_a_batch_of_one():
+    from headstore.heads.training.batches import epoch_batches, n_batches
+
+    gens = [torch.Generator().manual_seed(s) for s in range(3)]
+    for n, b in [(65, 64), (129, 64), (64, 64), (66, 64), (1, 64), (5, 2), (3, 2), (2, 2)]:
+        blocks = epoch_batches(gens, n, b)
+        sizes = [blk.shape[1] for blk in blocks]
+        assert sum(sizes) == n and len(blocks) == n_batches(n, b)
+        assert min(sizes) >= min(2, n), (n, b, sizes)  # a remainder of one row joins the batch before it
+        for h in range(3):  # every pair once per head
+            assert sorted(torch.cat(list(blk[h] for blk in blocks)).tolist()) == list(range(n))
 
 
 def test_kl_needs_a_positive_temperature():
@@ -248,6 +280,7 @@ def test_an_ensemble_teacher_with_the_pairs_own_loss_and_the_cache_keyed_by_what
     assert r.exit_code == 0 and "reused" in r.output, r.output
     r = cli(*args[:-1], "12", "--out", out, "--overwrite")  # other anchors: other targets, beside the first
     assert r.exit_code == 0 and "made" in r.output, r.output
+    assert "1 in " in r.output and "of another key" in r.output  # the other targets: said, not reused
     assert len(list(out.glob("teacher-targets-*.npz"))) == 2
 
 
@@ -403,3 +436,21 @@ def test_a_student_started_from_its_own_teacher_stays_there(world, taught, tmp_p
     bad = cli("distill", "--store", world.store, "--data", taught["beir"], "--teacher", taught["teacher"],
               "--student-init", "single", *SHAPE, "--epochs", "1", "--out", tmp_path / "none")
     assert_bad_input(bad, "--student-init single", "--single")
+
+
+def test_the_targets_key_holds_the_texts_its_rows_stand_for():
+    """Issue 54, item 5's audit: a store made again with the same fingerprint can hold other texts at the same
+    rows; the targets cache is keyed by the texts, not only the row numbers."""
+    from types import SimpleNamespace
+
+    import numpy as np
+    import polars as pl
+
+    from headstore.heads.training.distill_targets import targets_key
+
+    def key(ids):
+        store = SimpleNamespace(fingerprint="fp", texts=pl.DataFrame({"text_id": ids}))
+        return targets_key("teacher", store, ("features", "features"), np.array([0, 2]), np.array([1, 2, 3]),
+                           {"teacher_k": 5})
+    assert key(["t0", "t1", "t2", "t3"]) == key(["t0", "t1", "t2", "t3"])
+    assert key(["t0", "t1", "t2", "t3"]) != key(["t0", "t1", "t9", "t3"])  # row 2 holds another text now

@@ -110,3 +110,41 @@ def test_a_student_store_of_several_layers_builds_the_teacher_store_with_the_hea
     built = FeatureStore.open(teacher_store)
     assert built.fingerprint == head.store_fingerprint and built.manifest["layers"] == [-1]
     assert len(built.find_rows(np.asarray(FeatureStore.open(student).texts["text_id"]))) == built.n_texts
+
+
+def test_a_student_store_of_another_dtype_builds_the_teacher_store_with_the_heads_settings(tuned, tmp_path):
+    """Issue 54, item 8: every fingerprint setting of a new teacher store comes from the store the teacher head was
+    trained on (float32 here), not from the student store (float16: featurize's default)."""
+    ft, head = tuned["ft"], Head.load(tuned["ft"] / "head")
+    student, teacher_store = tmp_path / "student", tmp_path / "teacher-store"
+    model = json.loads((tuned["store"] / "config.json").read_text())["model"]
+    r = cli("featurize", "--model", model, "--data", tuned["beir"], "--store", student, "--dtype", "float16")
+    assert r.exit_code == 0, r.output
+    r = cli("distill", "--store", student, "--data", tuned["beir"], "--teacher", ft, "--teacher-store", teacher_store,
+            *STUDENT, "--out", tmp_path / "out")
+    assert r.exit_code == 0, r.output
+    built = FeatureStore.open(teacher_store)
+    assert built.fingerprint == head.store_fingerprint and built.manifest["dtype"] == "float32"
+
+
+def test_a_teacher_store_that_would_not_match_is_refused_before_encoding(tuned, tmp_path):
+    """Issue 54, item 8: settings that cannot make the teacher head's fingerprint (here its encoder's weights moved
+    since it was tuned) are refused in one line before any text is encoded, and no store is left at the default
+    path (which made every rerun fail)."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    ft = tmp_path / "ft"
+    shutil.copytree(tuned["ft"], ft, ignore=shutil.ignore_patterns("store-*"))  # no teacher store made yet
+    config = json.loads((ft / "head" / "config.json").read_text())
+    (ft / "head" / "config.json").write_text(json.dumps({**config, "encoder_dir": str(ft / "encoder")}))
+    weights = load_file(str(ft / "encoder" / "model.safetensors"))
+    name = sorted(weights)[0]
+    weights[name] = weights[name] + 1.0
+    save_file(weights, str(ft / "encoder" / "model.safetensors"))
+    args = ["distill", "--store", tuned["store"], "--data", tuned["beir"], "--teacher", ft, *STUDENT]
+    r = cli(*args, "--out", tmp_path / "out")
+    assert_bad_input(r, "weights_hash", "nothing encoded", "--teacher-store")
+    assert "are not in it" not in r.output
+    assert not list(ft.glob("store-*")) and not (tmp_path / "out").exists()

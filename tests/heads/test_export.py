@@ -60,7 +60,12 @@ def test_heads_without_an_exact_stock_form_are_refused(world, tmp_path, head_cfg
     head_dir = world.random_head("refused", head_cfg)
     with pytest.raises(ValueError, match=error):
         export_head(str(head_dir), "sentence-transformers", tmp_path / "st")
-    assert not (tmp_path / "st" / "modules.json").exists()
+    assert not (tmp_path / "st").exists()  # issue 54, item 13: a refused export leaves nothing (no .headstore-partial)
+    (tmp_path / "empty").mkdir()  # a folder the user made: left as it was, empty
+    r = CliRunner().invoke(main, ["export", "--head", str(head_dir), "--format", "sentence-transformers", "--out",
+                                  str(tmp_path / "empty")])
+    assert r.exit_code == 2 and error in r.output and "Traceback" not in r.output, r.output
+    assert list((tmp_path / "empty").iterdir()) == []
 
 
 def test_export_refuses_a_non_empty_out_and_unknown_format(world, tmp_path):
@@ -77,6 +82,7 @@ def test_export_refuses_a_non_empty_out_and_unknown_format(world, tmp_path):
 def test_safetensors_export_is_a_head_dir(world, tmp_path):
     r = CliRunner().invoke(main, ["export", "--head", str(world.head), "--format", "safetensors", "--out", str(tmp_path / "h")])
     assert r.exit_code == 0, r.output
-    assert {p.name for p in (tmp_path / "h").iterdir()} == {"head.safetensors", "normalizer.safetensors", "config.json"}
+    assert {p.name for p in (tmp_path / "h").iterdir()} == {"head.safetensors", "normalizer.safetensors", "config.json",
+                                                           "judgements.parquet"}  # the training judgements kept
     x = torch.randn(4, headstore.Head.load(world.head).in_dim)
     np.testing.assert_array_equal(headstore.Head.load(tmp_path / "h").embed(x), headstore.Head.load(world.head).embed(x))

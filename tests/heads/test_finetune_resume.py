@@ -16,7 +16,7 @@ from headstore.heads.apply.finetune_resume import CHECKPOINT, Checkpoint
 from headstore.heads.settings.config import HeadConfig, TrainConfig
 from headstore.heads.training.run import train_head
 
-from .compare_world import TINY_HEAD, tiny_featurize, write_compare_toml
+from .compare_world import TINY_HEAD, patch_default, tiny_featurize, write_compare_toml
 from .finetune_world import tiny_beir, tiny_bert
 from .test_finetune_epochs import world  # noqa: F401  the same tiny world, built here for this module
 
@@ -102,15 +102,20 @@ def test_a_killed_run_resumed_writes_what_an_uninterrupted_run_writes(world, mon
     assert_same(out, root / f"resume-{name}-ref")
 
 
+def killed_at_epoch_1(world, monkeypatch, out: Path) -> None:
+    """A run of STOPS into `out` killed right after its first epoch's checkpoint."""
+    with monkeypatch.context() as m:
+        kill_after(m, {1})
+        with pytest.raises(Killed):
+            _run(world, out, **STOPS)
+
+
 def test_a_checkpoint_of_another_run_is_refused(world, monkeypatch):
     """Another encoder lr, or another head, with the out dir of a killed run: a one-line error naming the
     checkpoint and what differs; the checkpoint is left as it was."""
     root, model, beir = world
     out = root / "refuse"
-    with monkeypatch.context() as m:
-        kill_after(m, {1})
-        with pytest.raises(Killed):
-            _run(world, out, **STOPS)
+    killed_at_epoch_1(world, monkeypatch, out)
     before = (out / CHECKPOINT).read_bytes()
     with pytest.raises(ValueError, match=r"refuse/checkpoint\.pt: the checkpoint of another finetune run \(its "
                                          r"settings differ\)"):
@@ -125,6 +130,18 @@ def test_a_checkpoint_of_another_run_is_refused(world, monkeypatch):
     (line,) = [x for x in r.output.splitlines() if CHECKPOINT in x]
     assert str(out / CHECKPOINT) in line and "settings" in line and "batch_size" not in line
     assert (out / CHECKPOINT).read_bytes() == before
+
+
+def test_a_default_changed_in_the_code_makes_another_run(world, monkeypatch):
+    """Issue 54, item 5: the checkpoint's key holds every setting's resolved value and the recipe version, so a
+    default changed between the kill and the rerun (FinetuneConfig.weight_decay here) is another run, refused in
+    one line, never continued under the new default."""
+    out = world[0] / "default-moved"
+    killed_at_epoch_1(world, monkeypatch, out)
+    patch_default(monkeypatch, FinetuneConfig, "weight_decay", 0.05)
+    with pytest.raises(ValueError, match=r"default-moved/checkpoint\.pt: the checkpoint of another finetune run \(its "
+                                         r"settings differ\)"):
+        _run(world, out, **STOPS)
 
 
 def test_a_half_written_checkpoint_is_never_read(world, monkeypatch):

@@ -85,3 +85,43 @@ def test_rows_of_another_grid_version_are_kept_but_never_reused(data_world, tmp_
     assert configs["seeds"].to_list() == [2] and configs["test_mean"][0] != 0.99
     assert "0.9900" not in (out / "leaderboard.md").read_text()
     assert json.loads(both.filter(pl.col("grid_version") == 2)["history"][0])
+
+
+def test_an_edited_dataset_retrains_its_heads_and_a_deleted_one_is_a_one_line_error(data_world, tmp_path, monkeypatch):
+    """Issue 54, item 10 in `cli grid`: a head id names the dataset by its path, so each row also records the
+    digest of the contents its heads read and the train-head recipe (`made_of`); the same path with other contents (score = 5 - score)
+    trains every head again, said in one line, and the old rows are neither resumed nor aggregated."""
+    import polars as pl
+
+    from .conftest import assert_bad_input, cli
+
+    sts = tmp_path / "sts.parquet"
+    pl.read_parquet(data_world["sts05"]).write_parquet(sts)
+    grid = tmp_path / "grid.toml"
+    grid.write_text('[grid]\nseed = [0, 1]\n[fixed]\nepochs = 1\nhidden = 16\nbatch_size = 8\nmined_k = 2\n')
+    out = tmp_path / "g"
+    args = ("grid", "--store", data_world["store"], "--data", sts, "--grid", grid, "--out", out)
+    assert cli(*args).exit_code == 0
+    first = pl.read_parquet(out / "results.parquet")
+    r = cli(*args)  # the same contents: every head resumed
+    assert r.exit_code == 0 and "ignored" not in r.output and pl.read_parquet(out / "results.parquet").height == 2
+    pl.read_parquet(sts).with_columns(score=5.0 - pl.col("score")).write_parquet(sts)
+    r = cli(*args)
+    assert r.exit_code == 0, r.output
+    assert "2 row(s) made from other contents of the datasets" in r.output and "train again" in r.output
+    rows = pl.read_parquet(out / "results.parquet")
+    assert rows.height == 4 and rows["made_of"].n_unique() == 2
+    new = rows.filter(pl.col("made_of") != first["made_of"][0]).sort("seed")
+    old = first.sort("seed")
+    assert all(abs(a - b) > 1e-6 for a, b in zip(new["test_primary"], old["test_primary"]))  # scored anew
+    configs = pl.read_csv(out / "configs.csv")
+    assert configs["seeds"].to_list() == [2]  # the old rows are not aggregated with the new
+    assert configs["test_mean"][0] == pytest.approx(new["test_primary"].mean(), abs=1e-6)
+    from headstore.data import keys
+
+    monkeypatch.setitem(keys.RECIPES, "train-head", 99)  # the training code's numbers changed
+    r = cli(*args)
+    assert r.exit_code == 0 and "another train-head recipe" in r.output, r.output
+    assert pl.read_parquet(out / "results.parquet").height == 6
+    sts.unlink()
+    assert_bad_input(cli(*args), str(sts))

@@ -70,7 +70,9 @@ def test_few_shot_draws_n_per_class_by_seed_and_has_no_dev(planted):
     c = for_training(task, dataclasses.replace(cfg, seed=4))
     assert np.array_equal(a.reference.rows, b.reference.rows) and not np.array_equal(a.reference.rows, c.reference.rows)
     assert (np.bincount(a.reference.classes) == 5).all() and set(a.eval_sets) == {"test"}
-    assert np.isin(a.reference.rows, task.pool.rows).all()  # drawn from train minus the dev slice
+    assert np.isin(a.reference.rows, task.every_train.rows).all()  # drawn from every train text, the dev slice
+    # included (issue 54 item 11: few-shot has no dev)
+    assert len(a.pool) == len(task.every_train) > len(task.pool)
     assert not np.isin(task.eval_sets["dev"].rows, task.pool.rows).any()
     assert stack_key(cfg) != stack_key(dataclasses.replace(cfg, seed=4))  # few-shot seeds never share a stack
     assert stack_key(TrainConfig(seed=1)) == stack_key(TrainConfig(seed=2))

@@ -11,7 +11,7 @@ from headstore.heads.network.features import Normalizer, read_features
 from headstore.heads.network.model import MIX_GAIN, StackedMLP
 from headstore.heads.settings.config import HeadConfig
 
-from .conftest import FAST, cli
+from .conftest import FAST, assert_bad_input, cli
 
 
 def test_mix_forward_equals_a_loop_reference():
@@ -42,13 +42,18 @@ def test_normalizer_l2_normalises_each_array():
     assert torch.allclose(y[:, :4].norm(dim=1), torch.ones(6)) and torch.allclose(y[:, 4:].norm(dim=1), torch.ones(6))
 
 
-@pytest.fixture(scope="module")
-def layer_store(data_world, tmp_path_factory):
-    store = tmp_path_factory.mktemp("layers") / "store"
-    r = cli("featurize", "--model", data_world["model"], "--data", data_world["sts05"], "--layers", "-1,-2",
+def two_layer_store(data_world, folder, data: str):
+    """A float32 store of `data_world[data]` holding the last two layers (features, features_layer-2)."""
+    store = folder / "store"
+    r = cli("featurize", "--model", data_world["model"], "--data", data_world[data], "--layers", "-1,-2",
             "--store", store, "--dtype", "float32")
     assert r.exit_code == 0, r.output
     return store
+
+
+@pytest.fixture(scope="module")
+def layer_store(data_world, tmp_path_factory):
+    return two_layer_store(data_world, tmp_path_factory.mktemp("layers"), "sts05")
 
 
 def test_train_head_on_a_layer_mix(data_world, layer_store, tmp_path):
@@ -149,3 +154,64 @@ def test_concat_head_on_retrieval_data_takes_no_default_anchor(data_world, tmp_p
     r = cli(*args, "--anchor-weight", "1", "--out", tmp_path / "asked")
     assert r.exit_code == 2 and "--anchor-weight 0" in r.output and "Traceback" not in r.output
     assert not (tmp_path / "asked").exists()
+
+
+def test_concat_identity_head_declares_the_width_it_outputs():
+    """Issue 54, item 9: W = I over L arrays side by side outputs L x D values, and says so."""
+    cfg = HeadConfig(depth=1, in_dim=4, mix=3, mix_mode="concat", residual=False, init="identity")
+    model = StackedMLP(1, cfg)
+    x = torch.randn(5, 12)
+    assert cfg.out_features == 12 == model(x).shape[-1]
+    torch.testing.assert_close(model(x)[0], x)
+    bare = HeadConfig(depth=0, in_dim=4, mix=3, mix_mode="concat", residual=False)
+    assert bare.out_features == 12 == StackedMLP(1, bare)(x).shape[-1]
+    with pytest.raises(ValueError, match=r"out_dim == the input's width \(12\)"):
+        StackedMLP(1, HeadConfig(depth=1, in_dim=4, out_dim=4, mix=3, mix_mode="concat", residual=False,
+                                 init="identity"))
+
+
+@pytest.fixture(scope="module")
+def beir_layers(data_world, tmp_path_factory):
+    return two_layer_store(data_world, tmp_path_factory.mktemp("beir-layers"), "beir")
+
+
+def test_a_bare_concat_head_is_indexed_and_searched(data_world, beir_layers, tmp_path):
+    """Issue 54, item 9: `--mix-mode concat --depth 0` outputs both arrays side by side (L x D); `cli index` builds
+    an index of that width and `cli search` answers from it (it failed on the width the head declared)."""
+    pytest.importorskip("faiss")
+    w, head = data_world, tmp_path / "bare"
+    r = cli("train-head", "--store", beir_layers, "--data", w["beir"], *FAST, "--array", "features+features_layer-2",
+            "--mix-mode", "concat", "--no-residual", "--depth", "0", "--out", head)
+    assert r.exit_code == 0, r.output
+    store = headstore.Store.open(beir_layers)
+    assert headstore.Head.load(head).out_dim == 2 * store.dim
+    r = cli("index", "--store", beir_layers, "--head", head, "--data", w["beir"], "--out", tmp_path / "idx")
+    assert r.exit_code == 0, r.output
+    r = cli("search", "--index", tmp_path / "idx", "--query", "alpha beta", "--k", "3")
+    assert r.exit_code == 0 and "Traceback" not in r.output, r.output
+
+
+def test_concat_of_one_array_keeps_the_retrieval_default_anchor(data_world, beir_layers, tmp_path):
+    """Issue 54, item 9: one array read "side by side" is that array: the IR default anchor stays, as for the
+    scalar head of the same array."""
+    w = data_world
+    weights = {}
+    for mode in ("scalar", "concat"):
+        r = cli("train-head", "--store", beir_layers, "--data", w["beir"], *FAST, "--mix-mode", mode,
+                "--out", tmp_path / mode)
+        assert r.exit_code == 0, r.output
+        weights[mode] = json.loads((tmp_path / mode / "config.json").read_text())["train"]["anchor_weight"]
+    assert weights["concat"] == weights["scalar"] > 0
+
+
+@pytest.mark.parametrize("mode", ["scalar", "concat"])
+def test_finetune_refuses_a_head_of_several_arrays_in_one_line(data_world, beir_layers, tmp_path, mode):
+    """Issue 54, item 7: `cli finetune` tunes an encoder under a head of one array; a head mixing several was a bare
+    KeyError after the store and the data were read. Now: one line, before any work, nothing written."""
+    w, head = data_world, tmp_path / "mixed"
+    r = cli("train-head", "--store", beir_layers, "--data", w["beir"], *FAST, "--array", "features+features_layer-2",
+            "--mix-mode", mode, "--no-residual", "--depth", "1", "--out", head)
+    assert r.exit_code == 0, r.output
+    r = cli("finetune", "--head", head, "--model", w["model"], "--out", tmp_path / "ft", "--max-steps", "1")
+    assert_bad_input(r, str(head), "reads 2 stored arrays", f"a {mode} layer mix", "--array features")
+    assert not (tmp_path / "ft").exists()

@@ -100,18 +100,50 @@ def test_anchor_penalty_is_zero_at_the_identity_and_pulls_toward_it():
     assert held < 0.5 * free
 
 
-def test_anchor_rows_leave_out_training_texts_and_a_zero_weight_changes_nothing():
+def test_anchor_rows_are_the_tasks_own_texts_without_training_dev_or_test_texts():
+    """Issue 54 item 3: the anchor samples only texts the user may train on: here the corpus, never a training
+    text, never a dev or test query (they were drawn from every row: the queries and other datasets' texts)."""
+    from headstore.heads.kinds import held_out_rows
+    from headstore.heads.training.anchor import anchor_pool, own_texts
+
     task, X, cfg = _ir_training()
     data = prepare_data(task, X, cfg)
     train_rows = np.concatenate([data.pairs.anchor, data.pairs.positive])
-    sampler = AnchorSampler(len(X), train_rows, [cfg, cfg.replace(seed=1)])
+    pool = anchor_pool(task, *own_texts(task))
+    want = [r for r in range(len(X)) if r in set(task.corpus_rows.tolist()) and r not in set(train_rows.tolist())]
+    assert pool.rows.tolist() == want  # a loop's answer: corpus documents that are no training text
+    assert pool.report["from"] == "the task's corpus documents" and pool.report["rows"] == len(want)
+    assert pool.report["training_texts_left_out"] == len(np.unique(data.pairs.positive))
+    sampler = AnchorSampler(pool, [cfg, cfg.replace(seed=1)])
     drawn = sampler.sample()
-    assert drawn.shape == (2, min(128, len(X) - len(np.unique(train_rows))))
-    assert not np.isin(drawn.numpy(), train_rows).any()
+    assert drawn.shape == (2, min(128, len(want)))
+    assert not np.isin(drawn.numpy(), train_rows).any() and not np.isin(drawn.numpy(), held_out_rows(task)).any()
     m = StackedMLP(1, HeadConfig(in_dim=12, hidden=10), seeds=[0])
     batch = make_batch(data, torch.arange(8).unsqueeze(0), None)
     plain = batch_losses(m, data.X, batch, cfg)
     assert torch.equal(batch_losses(m, data.X, batch, cfg, anchor=drawn[:1]), plain)  # weight 0: off
+
+
+def test_a_stack_given_no_anchor_rows_never_samples_a_dev_or_test_query():
+    """`cli distill` and the API pass no anchor rows: the default was every row but the training texts, dev and
+    test queries included (issue 54, item 3); it is the task's own trainable texts (here its corpus)."""
+    from headstore.heads.kinds import held_out_rows
+    from headstore.heads.training.train import StackTraining
+
+    task, X, cfg = _ir_training(anchor_weight=1.0)
+    run = StackTraining(task, X, HeadConfig(in_dim=12, hidden=10), [cfg], "dev", None, None)
+    pool = run.anchor.pool.numpy()
+    assert len(pool) and not np.isin(pool, held_out_rows(task)).any() and np.isin(pool, task.corpus_rows).all()
+    assert run.anchor.report["from"] == "the task's corpus documents"
+
+
+def test_a_task_with_no_text_of_its_own_to_anchor_on_is_refused_in_one_line():
+    from .synthetic import planted_sts_task
+
+    task, X = planted_sts_task(n_pairs=60, dim=12)  # an STS table without --unlabeled: no text but its own pairs
+    cfg = TrainConfig(epochs=1, batch_size=16, anchor_weight=1.0)
+    with pytest.raises(ValueError, match=r"--anchor-weight 1: no text to anchor on .*--unlabeled"):
+        train_one(task, X, HeadConfig(in_dim=12, hidden=10), cfg, progress=False)
 
 
 def test_a_soup_of_one_head_is_that_head_and_of_two_is_their_mean():
@@ -219,15 +251,19 @@ def test_train_head_ir_default_anchors_and_a_given_weight_wins(world, tmp_path):
     assert narrow["train"]["anchor_weight"] == 0.0
 
 
-def test_whole_store_anchor_is_a_fixed_bounded_sample_of_a_large_store(world, monkeypatch):
+def test_anchor_rows_of_a_beir_task_never_read_another_dataset_of_the_store(world):
+    """Issue 54 item 3: unset --anchor-data, the pool is the task's corpus (no query, no other dataset's text);
+    --anchor-data naming the task itself still leaves its dev and test queries out."""
     import headstore.heads.training.anchor as anchor
     from headstore.featurize.store.reader import FeatureStore
+    from headstore.heads.kinds import held_out_rows, load_task
 
     store = FeatureStore.open(world.store)
-    cfg = TrainConfig(anchor_weight=1.0)
-    assert anchor.anchor_rows_of(store, cfg) is None  # a small store: every row
-    monkeypatch.setattr(anchor, "ANCHOR_POOL", 10)
-    rows = anchor.anchor_rows_of(store, cfg)
-    assert len(np.unique(rows)) == 10 and rows.max() < store.n_texts and (np.diff(rows) > 0).all()
-    assert np.array_equal(rows, anchor.anchor_rows_of(store, cfg))  # the same sample every time
-    assert anchor.anchor_rows_of(store, TrainConfig()) is None  # no anchor, nothing read
+    task = load_task(str(world.beir), store)
+    pool = anchor.anchor_rows_of(store, TrainConfig(anchor_weight=1.0), task)
+    assert set(pool.rows.tolist()) == set(task.corpus_rows.tolist()) - set(task.train.positive.tolist())
+    assert pool.report["dev_test_texts_left_out"] == 0 and len(pool.rows) < store.n_texts
+    named = anchor.anchor_rows_of(store, TrainConfig(anchor_weight=1.0, anchor_data=str(world.beir)), task)
+    assert not np.isin(named.rows, held_out_rows(task)).any() and not np.isin(named.rows, task.train.anchor).any()
+    assert named.report["dev_test_texts_left_out"] == len(held_out_rows(task))
+    assert anchor.anchor_rows_of(store, TrainConfig(), task) is None  # no anchor, nothing read

@@ -29,3 +29,10 @@ def test_seen_mask_matches_a_hand_made_qrels():
 def test_no_training_judgements_is_all_unseen():
     mask = seen_mask(_split(), judged_documents([]))
     assert not mask.any() and split_counts(mask)["unseen"] == 5
+
+
+def test_relevant_pairs_are_the_positive_judgements_in_the_corpus():
+    from headstore.heads.kinds.seen import relevant_pairs
+
+    q, d = relevant_pairs(_split())
+    assert list(zip(q.tolist(), d.tolist())) == [(0, 10), (1, 12), (1, 13), (2, 11)]  # q2's d3 and q3's d0: grade 0

@@ -258,6 +258,8 @@ def test_cli_small_labelled_table_with_unlabeled_texts_self_trains_by_default(tm
     assert r.exit_code == 0, r.output
     config = json.loads((tmp_path / "a" / "config.json").read_text())
     assert (config["train"]["solver"], config["train"]["self_train"]) == ("lbfgs", 5)  # few-shot table + texts
+    recipe = json.loads((tmp_path / "a" / "metrics.json").read_text())["recipe"]  # (label_recipes: too small a dev)
+    assert recipe["chosen"] == "self-train" and "at most 16 train texts a class" in recipe["why"]
     history = json.loads((tmp_path / "a" / "metrics.json").read_text())["history"]
     assert history[1]["pseudo"] > 0 and history[-1]["pseudo"] <= len(rest)
     r = CliRunner().invoke(main, ["train-head", "--store", str(store), "--data", str(table),
@@ -278,7 +280,7 @@ def test_grid_self_trains_over_unlabeled_texts_as_train_head_does(tmp_path):
     frame = pl.read_parquet(tmp_path / "grid" / "results.parquet").filter(pl.col("status") == "ok")
     assert frame.height == 2
     r = CliRunner().invoke(main, ["train-head", *data, "--solver", "lbfgs", "--depth", "1", "--self-train", "2",
-                                  "--self-train-add", "3", "--out", str(tmp_path / "one")])
+                                  "--self-train-add", "3", "--normalize", "l2", "--out", str(tmp_path / "one")])
     assert r.exit_code == 0, r.output
     metrics = json.loads((tmp_path / "one" / "metrics.json").read_text())
     row = frame.filter(pl.col("self_train") == 2)

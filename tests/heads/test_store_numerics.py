@@ -14,6 +14,7 @@ from safetensors import safe_open
 
 import headstore
 from headstore.featurize.encoder.config import FeaturizeConfig
+from headstore.featurize.encoder.resolved import resolved_numerics, resolved_precision
 from headstore.featurize.run.local import featurize_texts
 from headstore.heads.apply.finetune import FinetuneConfig, finetune
 from headstore.heads.apply.row_inputs import tuning_precision
@@ -125,6 +126,6 @@ def test_tuning_precision_follows_the_store_numerics(parts, device, half, want):
 def test_bf16_weights_runs_on_torch_only():
     with pytest.raises(ValueError, match="--backend torch"):
         FeaturizeConfig(precision="bf16-weights", backend="openvino")
-    config = FeaturizeConfig(precision="bf16-weights")
-    assert config.resolved_numerics("cpu") == config.resolved_numerics("cuda") == "bf16-weights"
-    assert config.resolved_precision("cpu") == "bf16"
+    assert [resolved_numerics("bf16-weights", resolved_precision("bf16-weights", device), device)
+            for device in ("cpu", "cuda")] == ["bf16-weights", "bf16-weights"]
+    assert resolved_precision("bf16-weights", "cpu") == "bf16"

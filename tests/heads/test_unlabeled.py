@@ -114,10 +114,15 @@ def test_the_corpus_is_the_mining_pool_and_the_anchor_sample(uw):
     task = load_task(str(uw["pairs"]), store, unlabeled=(str(uw["corpus"]),))
     rows = lambda texts: set(store.rows_for([text_id(t) for t in texts]).tolist())  # noqa: E731
     assert set(task.corpus_rows.tolist()) == rows(uw["positives"] + uw["distractors"])
-    anchor = anchor_rows_of(store, TrainConfig(anchor_weight=2.0), task.unlabeled.rows)
-    assert set(anchor.tolist()) == rows(uw["distractors"] + uw["positives"][32:35])  # the anchors' texts left out
-    named = anchor_rows_of(store, TrainConfig(anchor_weight=2.0, anchor_data=str(uw["pairs"])), task.unlabeled.rows)
-    assert set(named.tolist()) == rows(uw["anchors"] + uw["positives"])  # --anchor-data still names its own rows
+    train = rows([t for a, p, s in zip(uw["anchors"], uw["positives"], uw["splits"]) if s == "train" for t in (a, p)])
+    anchor = anchor_rows_of(store, TrainConfig(anchor_weight=2.0), task)
+    # the anchors' texts left out, and the training texts (two of the three test positives are train ones too)
+    assert set(anchor.rows.tolist()) == rows(uw["distractors"] + uw["positives"][32:35]) - train
+    assert anchor.report["training_texts_left_out"] == 2 and anchor.report["from"] == "the --unlabeled texts"
+    named = anchor_rows_of(store, TrainConfig(anchor_weight=2.0, anchor_data=str(uw["pairs"])), task)
+    scored = rows([a for a, s in zip(uw["anchors"], uw["splits"]) if s != "train"])  # dev and test queries
+    assert set(named.rows.tolist()) == rows(uw["anchors"] + uw["positives"]) - train - scored  # never one of them
+    assert named.report["dev_test_texts_left_out"] == len(scored)
     alone = load_task(str(uw["pairs"]), store)  # without: each split ranks its own positives, mines train's
     assert len(alone.eval_sets["test"].doc_ids) == len(set(uw["positives"][32:]))
 
@@ -128,6 +133,7 @@ def test_guard_names_settings_to_change_never_those_in_use(uw):
     said = IR.suggest(alone, HeadConfig(), TrainConfig(anchor_weight=2.0))
     assert said.startswith("--unlabeled CORPUS") and "--depth 1" in said and "defaults" not in said
     assert "--depth 2" not in said and "--lr 3e-3" not in said and "--remine" not in said
+    assert "--anchor-weight 3 with it" in said  # the anchor needs texts of their own: the --unlabeled ones
     joined = load_task(str(uw["pairs"]), store, unlabeled=(str(uw["corpus"]),))
     said = IR.suggest(joined, HeadConfig(depth=1), TrainConfig(lr=1e-3, loss="mnr"))
     assert "--unlabeled" not in said and "--depth 1" not in said and "--lr 1e-3" not in said and "mnr" not in said

@@ -18,13 +18,15 @@ than its teacher's pays for it, which KL at T forgives only up to a shift.
 
 One loss reads the teacher's embeddings instead of its energies (its spec says `reads="embeddings"`):
 
-    loss_fn(Z_student, Z_teacher) -> (H,)
+    loss_fn(Z_student, Z_teacher, *, spread) -> (H,)
 
 - Z_student: (H, B, d) each student head's outputs of B anchors; Z_teacher: (B, d) or (H, B, d) the teacher's
-  (fixed targets), of the same width d.
+  (fixed targets), of the same width d;
+- spread: the teacher's variance over every anchor of the training set (`teacher_spread`, computed once): a
+  property of the data, never of the batch (a batch of one anchor has no variance of its own).
 
 `embedding_mse_loss` regresses the student's outputs onto the teacher's (the MSE distillation of sentence
-embeddings, Reimers & Gurevych 2020), as the fraction of the teacher's variance left unexplained over the batch:
+embeddings, Reimers & Gurevych 2020), as the fraction of the teacher's variance left unexplained:
 scale-free, so its weight means the same beside KL and Margin-MSE whatever the teacher's output scale. Outputs
 equal up to the energy's own symmetries give equal energies on every pair, so unlike the losses over candidate
 sets it also teaches how energies compare across anchors, what a similarity table's Spearman over all pairs reads.
@@ -67,9 +69,17 @@ def margin_mse_loss(E_student: torch.Tensor, E_teacher: torch.Tensor, valid=None
     return (sq.sum(-1) / use.sum(-1).clamp_min(1)).mean(-1)
 
 
-def embedding_mse_loss(Z_student: torch.Tensor, Z_teacher: torch.Tensor) -> torch.Tensor:
-    """sum over anchors of ||Z_s - Z_t||^2 over sum of ||Z_t - mean(Z_t)||^2 (the batch's): (H,)."""
+def teacher_spread(Z_teacher: torch.Tensor) -> float:
+    """The teacher's variance over all its anchors (U, d): mean over anchors of ||z - mean(z)||^2, computed once
+    over the whole training set (embedding_mse_loss's normaliser)."""
+    Z = Z_teacher.double()
+    return float(((Z - Z.mean(0, keepdim=True)) ** 2).sum(-1).mean())
+
+
+def embedding_mse_loss(Z_student: torch.Tensor, Z_teacher: torch.Tensor, *, spread: float) -> torch.Tensor:
+    """mean over anchors of ||Z_s - Z_t||^2, over `spread` (teacher_spread of the whole training set): (H,)."""
+    if not spread > 0:
+        raise ValueError(f"embedding-mse: the teacher's outputs have no variance over the anchors (spread {spread}): "
+                         "every anchor gets the same output, there is nothing to regress onto")
     Z_teacher = Z_teacher.expand_as(Z_student).detach()
-    err = ((Z_student - Z_teacher) ** 2).sum((-2, -1))  # (H,)
-    var = ((Z_teacher - Z_teacher.mean(-2, keepdim=True)) ** 2).sum((-2, -1))
-    return err / var.clamp_min(1e-12)
+    return ((Z_student - Z_teacher) ** 2).sum(-1).mean(-1) / spread
