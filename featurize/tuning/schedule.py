@@ -1,11 +1,13 @@
 """Learning-rate schedules: transformers' warm-up schedules as a factor per optimiser update.
 
 `lr_lambda(schedule, warmup_steps, total_steps)` returns f(step) -> factor of the peak learning rate for
-update `step` (0-based), the lambda of transformers' `get_cosine_schedule_with_warmup`,
-`get_linear_schedule_with_warmup` or `get_constant_schedule_with_warmup` (taken from the LambdaLR those
-public functions return; no private transformers helper). It is a plain function: it can
-drive a `torch.optim.lr_scheduler.LambdaLR`, scale every head's own rate in StackedAdamW (heads.training.train), or
-set param-group rates by hand where training resumes mid-run (adapt, finetune).
+update `step` (0-based): the lambda of transformers' `get_cosine_schedule_with_warmup`,
+`get_linear_schedule_with_warmup` or `get_constant_schedule_with_warmup`, its formula written out here: importing
+`transformers.optimization` costs ~3 CPU-seconds (it imports peft and the generation code), which every grid and
+train-head paid before its first step. The factors are bit for bit transformers' own (tests/heads/test_schedule.py
+checks them against those public functions' lambdas and against digests recorded before). It is a plain
+function: it can drive a `torch.optim.lr_scheduler.LambdaLR`, scale every head's own rate in StackedAdamW
+(heads.training.train), or set param-group rates by hand where training resumes mid-run (adapt, finetune).
 
 One difference from transformers' convention, kept from the schedules headstore always used: warm-up
 counts the update being taken. transformers' lambda gives update s the factor s / warmup_steps (the first
@@ -15,27 +17,27 @@ spent at lr 0. After warm-up the factor is transformers' lambda at s, unchanged.
 """
 from __future__ import annotations
 
-from functools import lru_cache
+import math
 from typing import Callable
 
 SCHEDULES = ("cosine", "linear", "constant")  # the decay after warm-up (heads and `cli adapt` alike)
 
 
-@lru_cache(maxsize=64)
 def _hf_lambda(schedule: str, warmup_steps: int, total_steps: int) -> Callable[[int], float]:
-    """transformers' own lambda of a public schedule function: built on a throwaway optimiser (a LambdaLR
-    keeps its lambda in `lr_lambdas`); cached, since callers ask per update."""
-    import torch
-    import transformers  # here: importing transformers costs seconds at every CLI start
+    """transformers' lambda of a public schedule function (cosine: half a cycle), as transformers computes it."""
+    def warmup(step: int) -> float:
+        return float(step) / float(max(1, warmup_steps))
 
-    makers = {"cosine": transformers.get_cosine_schedule_with_warmup,
-              "linear": transformers.get_linear_schedule_with_warmup,
-              "constant": transformers.get_constant_schedule_with_warmup}
-    if schedule not in makers:
+    def progress(step: int) -> float:
+        return float(step - warmup_steps) / float(max(1, total_steps - warmup_steps))
+
+    decays = {"cosine": lambda step: max(0.0, 0.5 * (1.0 + math.cos(math.pi * 0.5 * 2.0 * progress(step)))),
+              "linear": lambda step: max(0.0, float(total_steps - step) / float(max(1, total_steps - warmup_steps))),
+              "constant": lambda step: 1.0}
+    if schedule not in decays:
         raise ValueError(f"schedule={schedule!r}; valid: {list(SCHEDULES)}")
-    optimizer = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=1.0)
-    kwargs = {} if schedule == "constant" else {"num_training_steps": total_steps}  # cosine: half a cycle
-    return makers[schedule](optimizer, num_warmup_steps=warmup_steps, **kwargs).lr_lambdas[0]
+    decay = decays[schedule]
+    return lambda step: warmup(step) if step < warmup_steps else decay(step)
 
 
 def lr_lambda(schedule: str, warmup_steps: int, total_steps: int) -> Callable[[int], float]:

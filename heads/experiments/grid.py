@@ -40,7 +40,6 @@ from headstore.heads.experiments.soups import score_soups
 from headstore.heads.experiments.summary import write_summary
 from headstore.heads.kinds.unlabeled import unlabeled_line
 from headstore.heads.training.selection import DEFAULT_DELTA
-from headstore.heads.training import stacked_adamw
 
 ENGINES = ("local", "ray")  # local: this process, one stack after another; ray: heads.experiments.grid_ray
 
@@ -141,11 +140,10 @@ def _train_local(runner: StackRunner, groups: dict, record: Callable[[int, list[
     """The local engine: the stacks one after another in this process; the pace measured after the first."""
     modelled = plan_seconds(groups, runner.task, runner.store.dim)
     for i, ((_, _, array), items) in enumerate(groups.items()):
-        t0, compiling = time.perf_counter(), stacked_adamw.compile_seconds
+        t0 = time.perf_counter()
         record(i, runner.train(items, array, progress))
         if i == 0 and len(groups) > 1 and progress:  # the estimate again, at the pace this machine measured
-            compiled = stacked_adamw.compile_seconds - compiling  # once per process: not the pace of the rest
-            progress_write(pace_line(time.perf_counter() - t0 - compiled, modelled, compiled))
+            progress_write(pace_line(time.perf_counter() - t0, modelled))
 
 
 def _finish(out: Path, frame: pl.DataFrame, runner: StackRunner, ensembles: tuple[int, ...], soups: tuple[int, ...],

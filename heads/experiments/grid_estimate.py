@@ -6,9 +6,8 @@ head parameter and embedded row. Above exact_max, dev scores the candidates and 
 (heads.network.candidates), not the corpus: counting the corpus put a 1M-document grid at 18x its time.
 The step's fixed part (the loss, the batching and the optimiser's calls, whatever the heads' size) dominates
 the small heads of a grid, which is why a count of training pairs x head-epochs (the earlier estimate) was off
-by up to 18x: the stacks share their steps. The constants are the STS-B grid's (examples/grid.toml, 12 stacks
-of 12 MiniLM heads) on a 2-core AMD EPYC (AVX2) fitted per stack, re-mining's a matmul rate; early stopping
-only shortens the time.
+by up to 18x: the stacks share their steps. The step and scoring constants are the STS-B grid's
+(heads.training.cost), re-mining's a matmul rate; early stopping only shortens the time.
 
 After the first stack the grid prints the other stacks' time at the pace the first one measured (its seconds
 over its modelled seconds, applied to the rest): the machine, its load and the task's costs the model misses
@@ -17,29 +16,16 @@ are then in the figure.
 from __future__ import annotations
 
 import math
-from dataclasses import replace
 
 import numpy as np
 
-from headstore.heads.settings.config import HeadConfig
 from headstore.heads.network.features import array_list
 from headstore.heads.kinds import Task, kind_of
 from headstore.heads.scoring.losses import LOSSES
+from headstore.heads.training.cost import head_params, scoring_interval, scoring_seconds, step_seconds  # noqa: F401
 
-# seconds on a quiet 2-core CPU (module doc); fitted on the STS-B grid's stacks, depth 1 and 2 (their ratios
-# measured on a loaded machine, within 2x of each other per stack; the scale set so that the whole grid, 1.5-3
-# min quiet, is modelled at ~2 min)
-STEP_SECONDS = 0.017  # per training step of a stack, whatever its heads' size
-STEP_PARAM_SECONDS = 3.6e-9  # per step and head parameter (a batch of 64: forward, backward, update)
-EVAL_SECONDS = 7.5e-11  # per epoch, head parameter and row the dev scoring embeds
 REMINE_SECONDS = 2.5e-11  # per head parameter and row a re-mine embeds: large blocks (up to POOL_FLOATS
 # outputs) run at matmul speed, 2 FLOPs at ~80 GFLOP/s (2 quiet AVX2 cores; 40 measured at load 2.5)
-
-
-def head_params(head: HeadConfig, in_dim: int) -> int:
-    """Weights and biases of one head taking `in_dim` inputs."""
-    dims = replace(head, in_dim=in_dim).layer_dims()
-    return sum(a * b + b for a, b in zip(dims, dims[1:]))
 
 
 def train_anchors(task: Task, train) -> np.ndarray:
@@ -71,8 +57,14 @@ def stack_seconds(items: list[tuple], task: Task, store_dim: int) -> float:
     steps = math.ceil(max(len(anchors), 1) / max(1, min(train.batch_size, len(anchors) or 1)))
     dev_rows = kind_of(task).selection_rows(task, "dev", train) if "dev" in task.eval_sets else 0
     params = len(items) * head_params(head, store_dim * len(array_list(array)))
-    per_epoch = steps * (STEP_SECONDS + STEP_PARAM_SECONDS * params) + EVAL_SECONDS * params * dev_rows
+    per_epoch = steps * step_seconds(params) + scoring_seconds(params, dev_rows) * scorings_per_epoch(
+        steps, params, dev_rows, train.eval_every)
     return train.epochs * per_epoch + REMINE_SECONDS * params * remine_rows(task, train, anchors)
+
+
+def scorings_per_epoch(steps: int, params: int, dev_rows: int, every: int) -> int:
+    """Dev scorings of one epoch of `steps` steps (heads.training.cost.scoring_interval)."""
+    return math.ceil(steps / scoring_interval(steps, params, dev_rows, every))
 
 
 def plan_seconds(groups: dict, task: Task, store_dim: int) -> list[float]:
@@ -80,11 +72,9 @@ def plan_seconds(groups: dict, task: Task, store_dim: int) -> list[float]:
     return [stack_seconds(items, task, store_dim) for items in groups.values()]
 
 
-def pace_line(measured: float, modelled: list[float], compiled: float = 0.0) -> str:
-    """After the first stack: its time (`measured`, less `compiled`, the seconds it spent compiling the fused
-    optimiser step once for the process), and the other stacks' at its measured pace."""
+def pace_line(measured: float, modelled: list[float]) -> str:
+    """After the first stack: its time (`measured`), and the other stacks' at its measured pace."""
     pace = measured / max(modelled[0], 1e-9)
     rest = pace * sum(modelled[1:])
-    also = f" + {compiled:.0f} s compiling, once" if compiled >= 1 else ""
-    return (f"grid: the first stack took {measured:.0f} s{also} ({pace:.1f}x the plan's model): the other "
+    return (f"grid: the first stack took {measured:.0f} s ({pace:.1f}x the plan's model): the other "
             f"{len(modelled) - 1} stack(s) about {rest / 60:.1f} min at this pace (early stopping shortens it)")

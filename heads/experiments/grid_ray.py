@@ -12,10 +12,9 @@ it fetched for the grid's later stacks). At most as many stacks are in flight as
 Longest first: with more than one slot the stacks are sent in the order of their modelled seconds, longest first
 (heads.experiments.grid_estimate.stack_seconds: epochs x steps x the stack's head parameters, dev scoring and
 re-mining; LPT scheduling), so that no slot is left training a long stack at the end while the others idle; ties
-keep the plan's order. One slot keeps the plan's order: the local engine's, so one worker takes the local engine's
-path through the compiled optimiser; on several nodes a worker that compiled for a long stack runs its later small
-ones compiled too, where the local engine ran them eager (the same answer, docs/guide/gpu-ray.md: HEADSTORE_COMPILE
-fixes the path). Either way the driver writes the rows in the plan's order.
+keep the plan's order. One slot keeps the plan's order: the local engine's. A stack's numbers do not depend on
+which stacks ran before it in a worker (nothing is compiled: heads.training.stacked_adamw). Either way the driver
+writes the rows in the plan's order.
 
 One writer: a worker returns the stack's weights and rows; the driver alone writes the grid folder, the stack's
 files then results.parquet (rows in the plan's order), as the local engine does, so a rerun skips finished stacks
@@ -47,10 +46,10 @@ from headstore.featurize.encoder.config import DEVICES
 from headstore.featurize.run.ray_cluster import connect, ray_module
 from headstore.heads.experiments.grid_estimate import plan_seconds
 from headstore.heads.experiments.grid_worker import CRASH_ENV, CRASH_MARKER_ENV, SharedFeatures, StoreFacts, run_stack
-from headstore.heads.training.stacked_adamw import COMPILE_ENV
 
 STACK_RETRIES = 2  # a stack whose worker or node died is run again this often (Ray's max_retries), then StackFailed
-PASSED_ENV = (COMPILE_ENV,)  # the driver's settings that change a stack's numbers, set likewise on its worker
+PASSED_ENV: tuple[str, ...] = ()  # the driver's environment settings that change a stack's numbers, set likewise on
+# its worker (none since the optimiser stopped compiling)
 REPORT_FILE = "ray.json"
 
 

@@ -38,7 +38,7 @@ GRID_VERSION = 2
 UNSET_SINCE_ID = {"strength": "1", "anchor_weight": 0.0, "anchor_data": "", "exact_max": 20_000, "pool_k": 100,
                   "sides": "both", "remine_every": 1, "label_smoothing": 0.1, "solver": "adamw", "self_train": 0,
                   "self_train_add": 64, "self_train_c": 10.0, "mix_mode": "scalar", "array_dropout": 0.0,
-                  "array_widths": None}
+                  "array_widths": None, "eval_every": 0}
 
 
 def _check_values(path: str, where: str, key: str, values: list) -> None:

@@ -115,7 +115,14 @@ class NegativesConfig:
 
 @dataclass(frozen=True)
 class SelectionConfig:
-    patience: int = field(default=3, metadata=option_meta())  # epochs without a dev improvement before a head stops
+    patience: int = field(default=3, metadata=option_meta(
+        "Dev scorings without an improvement before a head stops (one scoring an epoch unless an epoch is long: "
+        "--eval-every)."))  # 3 epochs; within a long epoch 3 x N steps, counted after the warm-up
+    eval_every: int = field(default=0, metadata=option_meta(
+        "Score dev every N training steps, early stopping counting these scorings. 0 = auto: once an epoch when it "
+        "has at most 512 steps, else every N steps from the plan's cost model (about 10% of the time on scoring; "
+        "said on the terminal and in metrics.json)."))  # auto: an epoch of 100 k judged pairs (1,700 steps) is
+    # scored ~27 times and a head that cannot gain stops within a few hundred steps after the warm-up (issue 58)
     guard: bool = field(default=True, metadata=option_meta(
         "Keep the starting point (the identity head) as a candidate: a head that never beats it on dev is "
         "returned as it; a head worse than the frozen features is reported."))  # never worse than no head

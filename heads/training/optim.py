@@ -7,7 +7,7 @@ import torch
 from headstore.heads.settings.config import TrainConfig
 from headstore.heads.network.model import StackedMLP
 from headstore.featurize.tuning.schedule import lr_lambda
-from headstore.heads.training.stacked_adamw import StackedAdamW, fused_pays
+from headstore.heads.training.stacked_adamw import StackedAdamW
 
 
 def warmup_steps(cfg: TrainConfig, total: int) -> int:
@@ -34,8 +34,8 @@ class StackOptimizer:
     The schedule is transformers' lambda (heads.schedule.lr_lambda) applied to every head's own rate:
     head_lr = lr_h * factor(step) * alive_h, the per-head form of a LambdaLR. The step makes few passes
     over the parameters (what bounds a stack of small heads): gradients are set to None instead of zeroed,
-    the clipping factor is folded into the update, the NaN clean-up runs only when a head needs it, and a
-    stack with enough work uses StackedAdamW's compiled update (`fused_pays`)."""
+    the clipping factor is folded into the update, the NaN clean-up runs only when a head needs it, and each head
+    still training is updated by torch's fused AdamW kernel (StackedAdamW), the others not at all."""
 
     def __init__(self, model: StackedMLP, configs: list[TrainConfig], total_steps: int):
         cfg = configs[0]
@@ -43,14 +43,13 @@ class StackOptimizer:
         self.init = [p.detach().clone() for p in self.params]  # for decay_to_init
         self.grad_clip = cfg.grad_clip
         self.base_lr = torch.tensor([c.lr for c in configs], dtype=torch.float64)
-        self.factor = lr_lambda(cfg.schedule, warmup_steps(cfg, total_steps), total_steps)
+        self.warmup = warmup_steps(cfg, total_steps)
+        self.factor = lr_lambda(cfg.schedule, self.warmup, total_steps)
         self.steps_taken = 0
         self.opt = None
         if self.params:
-            n_params = sum(p.numel() for p in self.params)
             self.opt = StackedAdamW(self.params, lr=[c.lr for c in configs],
-                                    weight_decay=[c.weight_decay for c in configs],
-                                    fused=fused_pays(n_params, total_steps))
+                                    weight_decay=[c.weight_decay for c in configs])
 
     def step(self, losses: torch.Tensor, finite: torch.Tensor, ok: torch.Tensor, alive: torch.Tensor) -> None:
         """Backward of the finite losses (H,), then one update of the heads still training (`alive`);
@@ -67,5 +66,5 @@ class StackOptimizer:
             norms = grad_norms(self.params)
         clip = (self.grad_clip / (norms + 1e-6)).clamp(max=1.0) if self.grad_clip else None  # (H,)
         self.opt.param_groups[0]["head_lr"] = self.base_lr * self.factor(step) * alive.double()
-        self.opt.step(grad_scale=clip)
+        self.opt.step(grad_scale=clip, heads=alive)
         self.opt.zero_grad(set_to_none=True)

@@ -191,6 +191,9 @@ def training_notes(task: Task, metrics: dict, run, cfg: TrainConfig, head_cfg: H
         notes["split"] = "dev"
         notes["note"] = f"{data_path} has no test split: only dev figures are reported"
     notes["history"] = run.history
+    if run.scoring.get("every_steps", 0) < run.scoring.get("epoch_steps", 0):  # scored within epochs: how often,
+        # and where early stopping ended training (once an epoch, the history says it all)
+        notes["dev_scoring"] = {**run.scoring, "best_step": run.best_step, "stopped_at_step": run.stopped_step}
     if run.anchor:
         notes["anchor"] = run.anchor
     notes.update(scale_report(task, run, rankings))

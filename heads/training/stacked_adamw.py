@@ -6,13 +6,16 @@ over each parameter's leading head axis; the update is otherwise torch.optim.Ada
 (decoupled weight decay, bias-corrected moments), so head h follows exactly the trajectory it would
 under torch.optim.AdamW(lr=lr[h], weight_decay=weight_decay[h]) trained on its own.
 
-Fused: with `fused=True` each parameter's update (and a per-head gradient scale, for clipping) runs as
-one loop compiled by `torch.compile` instead of ~10 eager passes over p, grad and the moments: the update
-of a stack of small heads is bound by memory traffic, not arithmetic, so this is 3-5x faster (measured
-on a 2-core CPU; bench/speed/grid.py). The maths are the same; the compiled loop may round differently in the
-last bit. Compiling costs seconds once per process (cached on disk by torch), so heads.training.train uses it
-only for stacks with enough work (`fused_pays`); if compiling fails the eager update is used, with a warning.
-Every parameter enters the compiled loop as an (H, N) view, so one graph serves every stack of a grid.
+Fused (the default): each head's update runs in torch's own fused AdamW kernel (the one behind
+`torch.optim.AdamW(fused=True)`, on CPU and CUDA), one call per head over its slices of every parameter (views:
+a parameter's head axis is first, so p[h] is contiguous), with that head's lr, weight decay and gradient scale
+(per-head clipping). A stack of small heads is bound by the update's memory traffic, not arithmetic: the kernel
+reads p, grad and the moments once and writes p and the moments once, against ~10 eager passes (measured 10x
+fewer CPU seconds per update on a 4.7 M-parameter stack, bench/speed/grid_stsb.py). Nothing is compiled: the
+kernel ships with torch (an earlier `torch.compile`d loop cost a grid 3-20 s before its first step). Heads not in
+`heads` (stopped or failed: their rate is 0 for good) are skipped. Each head's numbers are the same whichever
+other heads share its stack. Where the kernel is missing (a device or dtype torch has none for) the eager update
+runs, with a warning; the two round differently in the last bits only.
 
 LR schedulers: torch schedulers need a scalar group["lr"], so the per-head rates live in
 group["head_lr"] and the effective rate of head h is group["lr"] * group["head_lr"][h]. Given a
@@ -23,8 +26,6 @@ LinearLR, ...) therefore scale every head's rate alike.
 from __future__ import annotations
 
 import math
-import os
-import time
 import warnings
 from typing import Iterable, Optional, Sequence, Union
 
@@ -32,86 +33,7 @@ import torch
 
 PerHead = Union[float, Sequence[float], torch.Tensor]
 
-# parameter updates (parameters x steps) from which compiling the fused update pays for its compile time:
-# eager costs ~5-10 ns per parameter update more (2 cores), compiling ~3-10 s from torch's disk cache
-# (a minute when the cache is cold). Decided per stack from its own work only, never from what ran before it in
-# the process: the two updates round differently, so a stack's numbers must not depend on the stacks before it
-# (a grid's axis order, the Ray engine's longest-first submission)
-FUSED_MIN_UPDATES = 1e9
-COMPILE_ENV = "HEADSTORE_COMPILE"  # "0": never compile, "1": always, unset: by the amount of work
-
-
-def fused_pays(n_params: int, steps: int) -> bool:
-    """Whether a run of `steps` updates of `n_params` parameters should use the compiled update."""
-    setting = os.environ.get(COMPILE_ENV, "")
-    if setting in ("0", "1"):
-        return setting == "1"
-    return n_params * steps >= FUSED_MIN_UPDATES
-
-
-def _adamw_update(p, g, m, v, grad_scale, decay, step_size, bc2_sqrt, beta1: float, beta2: float, eps: float):
-    """One AdamW update of a stacked parameter in place; per-head factors are (H, 1, ...) tensors."""
-    g = g * grad_scale
-    p.mul_(decay)  # decoupled weight decay: 1 - lr * wd
-    m.lerp_(g, 1 - beta1)
-    v.mul_(beta2).addcmul_(g, g, value=1 - beta2)
-    denom = (v.sqrt() / bc2_sqrt).add_(eps)
-    p.sub_(step_size * m / denom)
-
-
-_compiled_update = None  # torch.compile(_adamw_update), built on first use; False after a failed compile
-compile_seconds = 0.0  # time this process spent in calls that compiled a graph (a grid's time estimate leaves it out)
-# graphs the compiled update may keep: (H, N) views make one graph serve every parameter shape; a few more
-# come from sizes torch specialises (a stack of one head, a float64 or CUDA stack)
-RECOMPILE_LIMIT = 32
-
-
-def _compile(backend: str = "inductor"):
-    return torch.compile(_adamw_update, dynamic=True, fullgraph=True, backend=backend)
-
-
-def _as_rows(t: torch.Tensor, heads: int) -> torch.Tensor:
-    """A per-head factor (a scalar or (H, 1, ..., 1)) as a contiguous (H, 1) tensor."""
-    return torch.broadcast_to(t.reshape(-1, 1), (heads, 1)).contiguous()
-
-
-def _fused_update(p, g, m, v, grad_scale, decay, step_size, bc2_sqrt, beta1: float, beta2: float,
-                  eps: float) -> bool:
-    """Run the compiled update; False (nothing changed) when it cannot run here (the eager update then does).
-
-    Every tensor enters as an (H, N) view (per-head factors (H, 1)), so one compiled graph serves every
-    parameter shape of every stack: compiled on the stacked shapes, each new shape was a new graph, and a
-    grid of a dozen stacks hit dynamo's recompile limit. Duck shaping (two sizes that happen to be equal
-    taken as one symbol) is off for the same reason; the maths are unchanged (elementwise)."""
-    global _compiled_update, compile_seconds
-    if _compiled_update is None:
-        _compiled_update = _compile()
-    if _compiled_update is False or not all(t.is_contiguous() for t in (p, g, m, v)):
-        return False
-    H = p.shape[0]
-    rows = [t.view(H, -1) for t in (p, g, m, v)]  # (H, N) views: the update writes p, m, v in place
-    factors = [_as_rows(t, H) for t in (grad_scale, decay, step_size)]  # (H, 1)
-    from torch.fx.experimental import _config as fx_config  # here: torch's compiler settings, this call only
-
-    graphs, t0 = _graphs(), time.perf_counter()
-    try:
-        with torch._dynamo.config.patch(recompile_limit=RECOMPILE_LIMIT), fx_config.patch(use_duck_shape=False):
-            _compiled_update(*rows, *factors, bc2_sqrt, beta1, beta2, eps)
-    except Exception as e:  # no C++ compiler, unsupported platform: compiling fails before any write
-        warnings.warn(f"StackedAdamW: the fused update could not be compiled ({type(e).__name__}: {e}); "
-                      "using the eager update")
-        _compiled_update = False
-        return False
-    if _graphs() != graphs:
-        compile_seconds += time.perf_counter() - t0
-    return True
-
-
-def _graphs() -> int:
-    """Graphs dynamo compiled in this process so far."""
-    from torch._dynamo.utils import counters  # here: torch's compiler bookkeeping
-
-    return counters["stats"]["unique_graphs"]
+_fused_ok = True  # False after torch's fused kernel failed once in this process (the eager update then runs)
 
 
 def _per_head(value: PerHead, name: str) -> torch.Tensor:
@@ -121,6 +43,31 @@ def _per_head(value: PerHead, name: str) -> torch.Tensor:
     return t
 
 
+def _fused_heads(params: list[torch.Tensor], states: list[dict], lr: torch.Tensor, wd: torch.Tensor,
+                 scale: Optional[torch.Tensor], heads: list[int], betas: tuple[float, float], eps: float) -> bool:
+    """The fused AdamW update of `heads` on every parameter (lr, wd, scale (H,) float64); False (nothing changed)
+    where torch has no fused kernel for them."""
+    global _fused_ok
+    if not _fused_ok:
+        return False
+    steps = [s["step_t"] for s in states]  # () float32 each: the kernel reads the step, never increments it
+    inv = None if scale is None else (1.0 / scale).float().to(params[0].device)  # (H,) the kernel divides by it
+    try:
+        for h in heads:
+            torch._fused_adamw_([p[h] for p in params], [p.grad[h] for p in params],
+                                [s["exp_avg"][h] for s in states], [s["exp_avg_sq"][h] for s in states], [], steps,
+                                lr=float(lr[h]), beta1=betas[0], beta2=betas[1], weight_decay=float(wd[h]), eps=eps,
+                                amsgrad=False, maximize=False, grad_scale=None if inv is None else inv[h], found_inf=None)
+    except (RuntimeError, NotImplementedError, AttributeError) as e:  # no kernel for this device or dtype
+        if heads and h != heads[0]:
+            raise  # a head already updated: falling back would update it twice
+        warnings.warn(f"StackedAdamW: torch's fused AdamW kernel cannot run here ({type(e).__name__}: {e}); "
+                      "using the eager update")
+        _fused_ok = False
+        return False
+    return True
+
+
 class StackedAdamW(torch.optim.Optimizer):
     """AdamW whose `lr` and `weight_decay` may be (H,) tensors, one value per head.
 
@@ -128,7 +75,7 @@ class StackedAdamW(torch.optim.Optimizer):
     Parameter groups work as in torch (e.g. a group with weight_decay=0 for biases)."""
 
     def __init__(self, params: Iterable, lr: PerHead = 1e-3, betas=(0.9, 0.999), eps: float = 1e-8,
-                 weight_decay: PerHead = 1e-2, fused: bool = False):
+                 weight_decay: PerHead = 1e-2, fused: bool = True):
         if not 0.0 <= betas[0] < 1.0 or not 0.0 <= betas[1] < 1.0 or eps < 0:
             raise ValueError(f"StackedAdamW: need 0 <= betas < 1 and eps >= 0; got betas={betas}, eps={eps}")
         head_lr = _per_head(lr, "lr")
@@ -149,43 +96,57 @@ class StackedAdamW(torch.optim.Optimizer):
                              f"{tuple(p.shape)} (head axis first)")
         return v.to(device=p.device, dtype=p.dtype).reshape(-1, *([1] * (p.dim() - 1)))
 
+    def _state(self, p: torch.Tensor) -> dict:
+        """p's moments and step count, made on its first update."""
+        state = self.state[p]
+        if not state:
+            state.update(step=0, exp_avg=torch.zeros_like(p), exp_avg_sq=torch.zeros_like(p),
+                         step_t=torch.zeros((), device=p.device))
+        state["step"] += 1
+        state["step_t"].fill_(state["step"])
+        return state
+
     @torch.no_grad()
-    def step(self, closure=None, *, grad_scale: Optional[torch.Tensor] = None):
+    def step(self, closure=None, *, grad_scale: Optional[torch.Tensor] = None, heads: Optional[torch.Tensor] = None):
         """One update. grad_scale: optional (H,) factor each head's gradient is multiplied by first (per-head
-        gradient clipping folded into the update; p.grad itself is left unscaled on the fused path)."""
+        gradient clipping folded into the update). heads: optional (H,) bool, the heads to update (the others'
+        rate is 0 for good: stopped or failed); None updates all."""
         loss = None
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
         for group in self.param_groups:
-            beta1, beta2 = group["betas"]
-            for p in group["params"]:
-                if p.grad is None:
-                    continue
-                if p.grad.is_sparse:
-                    raise ValueError("StackedAdamW does not support sparse gradients")
-                state = self.state[p]
-                if not state:
-                    state["step"] = 0
-                    state["exp_avg"] = torch.zeros_like(p)
-                    state["exp_avg_sq"] = torch.zeros_like(p)
-                state["step"] += 1
-                t = state["step"]
-                lr = float(group["lr"]) * self._broadcast(group["head_lr"], p, "lr")
-                wd = self._broadcast(group["weight_decay"], p, "weight_decay")
-                m, v, g = state["exp_avg"], state["exp_avg_sq"], p.grad
-                scale = None if grad_scale is None else self._broadcast(grad_scale, p, "grad_scale")
-                if self.fused and _fused_update(
-                        p, g, m, v, torch.ones_like(lr) if scale is None else scale, 1 - lr * wd,
-                        lr / (1 - beta1 ** t), torch.tensor(math.sqrt(1 - beta2 ** t), dtype=p.dtype, device=p.device),
-                        beta1, beta2, group["eps"]):
-                    continue
-                if scale is not None:
-                    g = g.mul_(scale)
-                p.mul_(1 - lr * wd)  # decoupled weight decay
-                m.lerp_(g, 1 - beta1)
-                v.mul_(beta2).addcmul_(g, g, value=1 - beta2)
-                step_size = lr / (1 - beta1 ** t)
-                denom = (v.sqrt() / math.sqrt(1 - beta2 ** t)).add_(group["eps"])
-                p.sub_(step_size * m / denom)
+            params = [p for p in group["params"] if p.grad is not None]
+            if any(p.grad.is_sparse for p in params):
+                raise ValueError("StackedAdamW does not support sparse gradients")
+            states = [self._state(p) for p in params]
+            if not params:
+                continue
+            H = params[0].shape[0]
+            for p in params:
+                self._broadcast(group["head_lr"], p, "lr")  # checks the head count
+            lr = float(group["lr"]) * torch.broadcast_to(torch.as_tensor(group["head_lr"], dtype=torch.float64), (H,))
+            wd = torch.broadcast_to(torch.as_tensor(group["weight_decay"], dtype=torch.float64), (H,))
+            scale = None if grad_scale is None else torch.broadcast_to(grad_scale.detach().double().cpu(), (H,))
+            which = list(range(H)) if heads is None else torch.nonzero(heads.cpu()).flatten().tolist()
+            if self.fused and _fused_heads(params, states, lr, wd, scale, which, group["betas"], group["eps"]):
+                continue
+            for p, state in zip(params, states):
+                self._eager(p, state, group, scale)
         return loss
+
+    def _eager(self, p: torch.Tensor, state: dict, group: dict, scale: Optional[torch.Tensor]) -> None:
+        """torch.optim.AdamW's update of every head of p, in eager passes."""
+        beta1, beta2 = group["betas"]
+        t = state["step"]
+        lr = float(group["lr"]) * self._broadcast(group["head_lr"], p, "lr")
+        wd = self._broadcast(group["weight_decay"], p, "weight_decay")
+        m, v, g = state["exp_avg"], state["exp_avg_sq"], p.grad
+        if scale is not None:
+            g = g.mul_(self._broadcast(scale, p, "grad_scale"))
+        p.mul_(1 - lr * wd)  # decoupled weight decay
+        m.lerp_(g, 1 - beta1)
+        v.mul_(beta2).addcmul_(g, g, value=1 - beta2)
+        step_size = lr / (1 - beta1 ** t)
+        denom = (v.sqrt() / math.sqrt(1 - beta2 ** t)).add_(group["eps"])
+        p.sub_(step_size * m / denom)

@@ -23,6 +23,9 @@ class HeadRun:
     status: str = "ok"  # ok | failed
     reason: str = ""
     best_epoch: int = -1  # 0: the starting point (guard) was kept
+    best_step: int = -1  # the training step of the kept weights (0: the starting point)
+    stopped_step: Optional[int] = None  # the step early stopping ended the head's training at (None: it ran out)
+    scoring: dict = field(default_factory=dict)  # how dev was scored and early stopping counted (train.scoring_report)
     best_dev: float = float("nan")
     history: list[dict] = field(default_factory=list)  # per epoch: loss, dev metric
     seconds: float = 0.0
@@ -74,7 +77,7 @@ class HeadTracker:
             if guard and math.isfinite(value):
                 loss = None if sel_losses is None else sel_losses[h]
                 self.best[h] = rule_key(value, loss, self.delta)
-                run.best_epoch, run.best_dev, run.best_sel_loss = 0, value, loss
+                run.best_epoch, run.best_dev, run.best_sel_loss, run.best_step = 0, value, loss, 0
 
     def fail(self, h: int, reason: str) -> None:
         self.runs[h].status, self.runs[h].reason = "failed", reason
@@ -87,14 +90,15 @@ class HeadTracker:
             self.fail(h, f"loss became {losses[h].item()} {where}")
         return finite
 
-    def end_epoch(self, epoch: int, losses: torch.Tensor, scores: list[float], metric: str, step: int,
-                  sel_losses: Optional[list[float]] = None) -> None:
-        """Record epoch `epoch` (1-based): mean loss (H,) and dev score per head (and out-of-domain dev loss);
-        keep improved weights."""
+    def end_epoch(self, epoch: float, losses: torch.Tensor, scores: list[float], metric: str, step: int,
+                  sel_losses: Optional[list[float]] = None, extra: Optional[dict] = None, count: bool = True) -> None:
+        """Record a dev scoring at epoch `epoch` (1-based; fractional within an epoch): mean loss (H,) since the last
+        scoring and dev score per head (and out-of-domain dev loss), `extra` in each history entry; keep improved
+        weights. `count`: a scoring without an improvement counts towards the patience (not during a warm-up)."""
         for h, value in enumerate(scores):
             run = self.runs[h]
             loss = None if sel_losses is None else float(sel_losses[h])
-            run.history.append({"epoch": epoch, "loss": float(losses[h]), f"dev_{metric}": value,
+            run.history.append({"epoch": epoch, **(extra or {}), "loss": float(losses[h]), f"dev_{metric}": value,
                                 **({"ood_dev_loss": loss} if loss is not None else {})})
             if not self.alive[h]:
                 continue
@@ -104,13 +108,14 @@ class HeadTracker:
             key = rule_key(value, loss, self.delta)
             if key > self.best[h]:
                 self.best[h], self.stale[h] = key, 0
-                run.best_epoch, run.best_dev, run.best_sel_loss = epoch, value, loss
+                run.best_epoch, run.best_dev, run.best_sel_loss = math.ceil(epoch), value, loss
+                run.best_step = step
                 for p, b in zip(self.params, self.best_state):
                     b[h] = p.detach()[h]
-            else:
+            elif count:
                 self.stale[h] += 1
                 if self.stale[h] >= self.patience:
-                    self.alive[h] = False
+                    self.alive[h], run.stopped_step = False, step
 
     def best_so_far(self) -> float:
         devs = [r.best_dev for r, ok in zip(self.runs, self.ok.tolist()) if ok and math.isfinite(r.best_dev)]

@@ -20,8 +20,9 @@ from typing import Optional
 import torch
 
 from headstore.data.memory import trim_heap
-from headstore.data.progress import progress_bar
+from headstore.data.progress import progress_bar, progress_write
 from headstore.heads.training.anchor import AnchorPool, AnchorSampler, anchor_pool, own_texts
+from headstore.heads.training.cost import DEV_SHARE, LONG_EPOCH, scoring_interval
 from headstore.heads.training.linear_fit import fit_linear_stack
 
 from headstore.heads.training.batches import (NegativeSource, batch_losses, epoch_batches, make_batch, n_batches,
@@ -72,13 +73,35 @@ def train_stack(task: Task, features: torch.Tensor, head_cfg: HeadConfig, config
 def run_epochs(run, epochs: int, desc: str, progress: bool):
     """`run`'s epochs (a StackTraining) while any head of the stack is alive, under one progress bar; its finish."""
     bar = progress_bar(total=run.total, desc=desc, disable=not progress, leave=False)
+    if progress and run.every < run.steps_per_epoch:
+        progress_write(scoring_line(run.scoring_report(), run.metric))
     t0 = time.perf_counter()
     for epoch in range(epochs):
         if not bool(run.tracker.alive.any()):
             break
         run.epoch(epoch, bar)
     bar.close()
-    return run.finish(time.perf_counter() - t0)
+    out = run.finish(time.perf_counter() - t0)
+    if progress and run.every < run.steps_per_epoch and run.H == 1:
+        progress_write(stop_line(out[2][0], run.total, run.metric))
+    return out
+
+
+def scoring_line(report: dict, metric: str) -> str:
+    """The terminal's line on dev scored within long epochs (StackTraining.scoring_report)."""
+    return (f"dev {metric} scored every {report['every_steps']} steps ({report['chosen']}; an epoch is "
+            f"{report['epoch_steps']} steps); early stop after {report['patience_steps']} steps without an "
+            f"improvement ({report['patience_scorings']} scorings), counted after the {report['warmup_steps']} "
+            "warm-up steps")
+
+
+def stop_line(run: HeadRun, total: int, metric: str) -> str:
+    """The terminal's line on where a head trained with scorings within epochs stopped, and what it kept."""
+    kept = "the starting point (no step beat it on dev)" if run.best_step == 0 else f"step {run.best_step}'s weights"
+    if run.stopped_step is None:
+        return f"trained all {total} steps; kept {kept}"
+    return (f"early stop at step {run.stopped_step} of {total}: dev {metric} did not improve for "
+            f"{run.scoring['patience_steps']} steps; kept {kept}")
 
 
 class StackTraining:
@@ -110,6 +133,7 @@ class StackTraining:
         self.steps_per_epoch = self.epoch_steps()
         self.total = self.steps_per_epoch * cfg0.epochs
         self.optimizer = StackOptimizer(self.model, configs, self.total)
+        self.every = self.scoring_interval()  # steps between dev scorings (an epoch, or N within a long one)
         self.tracker = HeadTracker(configs, self.optimizer.params, cfg0.patience, selection.delta if selection else 0.0)
         self.negatives = NegativeSource(task, self.data, cfg0, self.H)
         trim_heap()  # the one-time candidate searches' freed blocks back to the OS before the epochs (peak RSS)
@@ -146,14 +170,22 @@ class StackTraining:
                 out[h] = value
         return out
 
+    def scoring_interval(self) -> int:
+        """Steps between two dev scorings (heads.training.cost.scoring_interval: --eval-every, or auto); an epoch
+        where nothing is selected on (few-shot heads)."""
+        if not self.select:
+            return self.steps_per_epoch
+        rows = kind_of(self.task).selection_rows(self.select_task, self.select_split, self.cfg)
+        params = sum(p.numel() for p in self.model.parameters())
+        return scoring_interval(self.steps_per_epoch, params, rows, self.cfg.eval_every)
+
     def epoch(self, epoch: int, bar) -> None:
-        """One epoch of every head still training, then its dev scores and the tracker's bookkeeping. A stopped
-        head is still in the stack's steps (its rate is 0) but is neither re-mined nor scored again: its loss
-        is on the negatives it last had."""
+        """One epoch of every head still training, scored on dev every `self.every` steps and at its end, with the
+        tracker's bookkeeping. A stopped head is still in the stack's steps (its rate is 0) but is neither re-mined
+        nor scored again: its loss is on the negatives it last had. The epoch ends early when every head stopped."""
         data, H = self.data, self.H
-        trained = self.tracker.alive.clone()  # (H,) the heads this epoch updates (one failing in it included)
-        negs = self.epoch_negatives(epoch, trained)  # (H, P, K) or None
-        epoch_loss = torch.zeros(H, dtype=torch.float64)
+        negs = self.epoch_negatives(epoch, self.tracker.alive.clone())  # (H, P, K) or None
+        self.interval = (self.tracker.alive.clone(), torch.zeros(H, dtype=torch.float64), 0)  # (heads, loss, steps)
         self.model.train()
         for s, idx in enumerate(self.epoch_batches()):  # idx (H, b) drawn on the CPU (each head's generator),
             idx = idx.to(data.X.device)  # used where X is
@@ -161,13 +193,39 @@ class StackTraining:
             where = f"at epoch {epoch + 1}, step {s + 1} (global step {self.step + 1})"
             finite = self.tracker.check_losses(losses, where)
             self.optimizer.step(losses, finite, self.tracker.ok, self.tracker.alive)
-            epoch_loss += torch.where(finite, losses.detach().cpu(), torch.zeros(H)).double()
+            trained, loss_sum, n = self.interval
+            self.interval = (trained, loss_sum + torch.where(finite, losses.detach().cpu(), torch.zeros(H)).double(), n + 1)
             self.step += 1
             bar.update(1)
-        scores = self.dev_scores(trained) if self.select else [float(epoch + 1)] * H
-        self.tracker.end_epoch(epoch + 1, epoch_loss / self.steps_per_epoch, scores, self.metric, self.step,
-                               self.sel_losses(trained))
+            if s + 1 < self.steps_per_epoch and (s + 1) % self.every == 0:  # a scoring within the epoch
+                self.score(round(epoch + (s + 1) / self.steps_per_epoch, 4), bar)
+                if not bool(self.tracker.alive.any()):
+                    return
+        self.score(epoch + 1, bar)
+
+    def score(self, at, bar) -> None:
+        """Dev scores of the heads trained since the last scoring (`at`: the epoch, fractional within one), the
+        tracker's bookkeeping (staleness counts after the warm-up only when scored within epochs), the next
+        interval begun."""
+        trained, loss_sum, n = self.interval
+        scores = self.dev_scores(trained) if self.select else [float(at)] * self.H
+        within = self.every < self.steps_per_epoch
+        self.tracker.end_epoch(at, loss_sum / max(n, 1), scores, self.metric, self.step, self.sel_losses(trained),
+                               extra={"step": self.step} if within else {},
+                               count=not within or self.step > self.optimizer.warmup)
+        self.interval = (self.tracker.alive.clone(), torch.zeros(self.H, dtype=torch.float64), 0)
         bar.set_postfix({f"best {self.metric}": f"{self.tracker.best_so_far():.4f}"})
+
+    def scoring_report(self) -> dict:
+        """How dev was scored and early stopping counted (metrics.json "dev_scoring")."""
+        chosen = (f"--eval-every {self.cfg.eval_every}" if self.cfg.eval_every else
+                  "auto: once an epoch" if self.every == self.steps_per_epoch else
+                  f"auto: an epoch over {LONG_EPOCH} steps is scored within, ~{DEV_SHARE:.0%} of the time")
+        within = self.every < self.steps_per_epoch
+        return {"every_steps": self.every, "epoch_steps": self.steps_per_epoch, "chosen": chosen,
+                "planned_steps": self.total, "steps_run": self.step, "patience_scorings": self.cfg.patience,
+                "patience_steps": self.cfg.patience * self.every,
+                "warmup_steps": self.optimizer.warmup if within else 0}
 
     # --- what an epoch's steps are made of (a distillation, heads.training.distill, gives its own) ---------
     def epoch_steps(self) -> int:
@@ -203,6 +261,7 @@ class StackTraining:
                     h.pop(f"dev_{self.metric}", None)
         for r in self.tracker.runs:
             r.seconds = elapsed / self.H
+            r.scoring = self.scoring_report()
             r.negatives = self.negatives.report if self.negatives.mining else {}
             r.anchor = self.anchor.report if self.anchor is not None else {}
             r.dev_candidates = self.select_report

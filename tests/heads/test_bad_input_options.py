@@ -18,6 +18,7 @@ from .conftest import FAST, assert_bad_input, cli
     ("--q-start", "0", "must be a finite number > 0"), ("--genuine-weight", "-1", "must be a finite number >= 0"),
     ("--tau", "0", "must be a finite number > 0"), ("--depth", "-1", "must be >= 0"), ("--hidden", "0", "must be >= 1"),
     ("--dropout", "1", "must be in [0, 1)"), ("--mix-init", "1.5", "must be in (0, 1)"),
+    ("--eval-every", "-1", "must be >= 0"),
 ])
 def test_train_head_names_the_option_as_typed(data_world, tmp_path, option, value, problem):
     r = cli("train-head", "--store", data_world["store"], "--data", data_world["pos"], "--out", tmp_path / "h",

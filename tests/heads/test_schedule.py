@@ -66,3 +66,33 @@ def test_same_as_the_private_helpers_while_transformers_has_them(schedule):
 def test_unknown_schedule_names_the_valid_ones():
     with pytest.raises(ValueError, match="cosine"):
         lr_lambda("step", 1, 10)
+
+
+@pytest.mark.parametrize("schedule", sorted(RECORDED))
+def test_same_as_transformers_public_schedule_functions(schedule):
+    """The formulas written out equal the lambdas of the LambdaLR transformers' public functions return (the
+    warm-up shifted by one update, module doc), bit for bit."""
+    import torch
+    import transformers
+
+    makers = {"cosine": transformers.get_cosine_schedule_with_warmup,
+              "linear": transformers.get_linear_schedule_with_warmup,
+              "constant": transformers.get_constant_schedule_with_warmup}
+    for warmup in WARMUPS:
+        for total in TOTALS:
+            opt = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=1.0)
+            kwargs = {} if schedule == "constant" else {"num_training_steps": total}
+            decay = makers[schedule](opt, num_warmup_steps=warmup, **kwargs).lr_lambdas[0]
+            warm = transformers.get_constant_schedule_with_warmup(opt, num_warmup_steps=warmup).lr_lambdas[0]
+            f = lr_lambda(schedule, warmup, total)
+            for step in range(total + 3):
+                assert f(step) == float(warm(step + 1) if step < warmup else decay(step)), (warmup, total, step)
+
+
+def test_the_schedule_imports_no_transformers():
+    import subprocess
+    import sys
+
+    code = ("import sys; from headstore.featurize.tuning.schedule import lr_lambda; lr_lambda('cosine', 3, 10)(5); "
+            "print('transformers' in sys.modules)")
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip() == "False"

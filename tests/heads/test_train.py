@@ -41,10 +41,7 @@ def test_head_learns_planted_sts_relation(loss, graded):
     assert res[0]["spearman_manhattan"] > base[0]["spearman_cosine"] + 0.25, (res, base)
 
 
-def test_stacked_training_equals_separate_heads(monkeypatch):
-    # the eager update in both runs: the compiled one (tested against it in test_stacked_adamw) may round the
-    # last bit differently where a parameter's elements fall in the vector loop or its tail, which depends on H
-    monkeypatch.setenv("HEADSTORE_COMPILE", "0")
+def test_stacked_training_equals_separate_heads():
     task, X = planted_ir_task(n_docs=120)
     head_cfg = HeadConfig(depth=2, hidden=32, out_dim=8, in_dim=16, residual=False)
     base = TrainConfig(normalize="none", impostors="all", mined_k=0, loss="l1-energy", epochs=3, batch_size=16, patience=10, q=8.0)
@@ -64,11 +61,10 @@ def test_stacked_training_equals_separate_heads(monkeypatch):
 
 @pytest.mark.parametrize("exact_max,ood", [(20_000, False), (0, False), (20_000, True)])  # re-mined over the
 # whole corpus; over candidate pools; with an out-of-domain selection set (its loss is a dev score too)
-def test_stopped_heads_are_neither_remined_nor_rescored(monkeypatch, exact_max, ood):
+def test_stopped_heads_are_neither_remined_nor_rescored(exact_max, ood):
     """Heads stopping at different epochs: each one's run up to its stop is the run it has alone (re-mined in
     its own space while it trains), and after it its dev score (and out-of-domain loss) is the one it stopped with."""
     from headstore.heads.training.selection import OodSelection
-    monkeypatch.setenv("HEADSTORE_COMPILE", "0")
     task, X = planted_ir_task(n_docs=120)
     head_cfg = HeadConfig(depth=2, hidden=32, out_dim=8, in_dim=16, residual=False)
     base = TrainConfig(normalize="none", impostors="all", mined_k=4, loss="l1-energy", epochs=8, batch_size=16,
