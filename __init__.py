@@ -16,7 +16,7 @@ _API = {
     "Store": "headstore.featurize.store.api",
     "Head": "headstore.heads.artefacts.head",
     "Pipeline": "headstore.heads.apply.pipeline",
-    "distill": "headstore.heads.experiments.distill",  # a teacher (head, ensemble, GRID#ensemble=K) into one head
+    "distill": "headstore.heads.experiments.distill.run",  # a teacher (head, ensemble, GRID#ensemble=K) into one head
 }
 __all__ = [*_API, "__version__"]
 

@@ -251,10 +251,10 @@ def compact(path, target_rows):
 from headstore.featurize.tuning.adapt_cli import adapt_command  # noqa: E402
 from headstore.heads.apply.export_cli import export_command, index_command, search_command  # noqa: E402
 from headstore.heads.apply.finetune_cli import finetune_command  # noqa: E402
-from headstore.heads.experiments.compare_cli import compare_command  # noqa: E402
+from headstore.heads.experiments.compare.cli import compare_command, forgetting_command  # noqa: E402
 from headstore.heads.experiments.heads_cli import (eval_command, grid_command, select_taps_command,  # noqa: E402
                                                   train_head_command)
-from headstore.heads.experiments.labels_cli import forgetting_command, setfit_command  # noqa: E402
+from headstore.heads.experiments.labels.cli import setfit_command  # noqa: E402
 
 # the other commands live beside the library they drive, a thin click layer each (`<area>_cli.py`)
 for _command in (train_head_command, eval_command, grid_command, finetune_command, compare_command, adapt_command,
@@ -262,7 +262,7 @@ for _command in (train_head_command, eval_command, grid_command, finetune_comman
                  select_taps_command):
     main.add_command(_command)
 
-from headstore.heads.experiments.distill_cli import distill_command  # noqa: E402
+from headstore.heads.experiments.distill.cli import distill_command  # noqa: E402
 
 main.add_command(distill_command)
 

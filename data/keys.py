@@ -20,7 +20,7 @@ from pathlib import Path
 
 # recipe name -> version. Bump a version when the numbers of that code change (a fix of a loss, a new default,
 # another data split): every artefact of the old version is then made again, never reused. Grid heads, distill
-# targets and the export cache carry versions of their own (heads.experiments.grid_spec.GRID_VERSION,
+# targets and the export cache carry versions of their own (heads.experiments.grid.spec.GRID_VERSION,
 # heads.training.distill_targets.TARGETS_FORMAT, featurize.encoder.exported.EXPORT_VERSION).
 RECIPES = {
     "featurize": 1,  # a store's features (cli featurize; the store's fingerprint also holds its numerics)

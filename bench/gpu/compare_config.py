@@ -103,8 +103,8 @@ def tiny_model(folder: Path, like: str) -> Path:
 def families(path: str) -> list[str]:
     """The encoders of a config's rows other than the frozen one (compare_setups.ENCODERS' order): the
     processes bench/gpu/compare.sh runs side by side, one `--setups <family>-cosine,<family>-head` each."""
-    from headstore.heads.experiments.compare_config import load_compare_config
-    from headstore.heads.experiments.compare_setups import ENCODERS, SETUPS
+    from headstore.heads.experiments.compare.config import load_compare_config
+    from headstore.heads.experiments.compare.setups import ENCODERS, SETUPS
 
     used = {SETUPS[s].encoder for s in load_compare_config(path).setups}
     return [e for e in ENCODERS if e in used and e != "base"]

@@ -8,7 +8,7 @@
    training and scoring: scheduling, fetching the features, sending the weights back), the object-store bytes
    per node against the features' size, and whether every row equals the local engine's.
 2. Unit of work (--units): a short grid (one epoch, one seed) on 2 nodes x 1 CPU, each stack a Ray task (the
-   engine's way) or a call on a long-lived actor per node (the same worker code, heads.experiments.grid_worker),
+   engine's way) or a call on a long-lived actor per node (the same worker code, heads.experiments.grid.worker),
    in this process: the per-stack overhead of each.
 
     python bench/scale/grid_ray.py --store /tmp/store-stsb --data ../shared/datasets/stsb --json runs/bench-grid-ray.json
@@ -184,7 +184,7 @@ class StackActor:
     """A long-lived actor per node: the engine's worker code (its per-process holding included), called per stack."""
 
     def run(self, *args):
-        from headstore.heads.experiments.grid_worker import run_stack
+        from headstore.heads.experiments.grid.worker import run_stack
 
         return run_stack(*args)
 
@@ -213,8 +213,8 @@ def units(args: argparse.Namespace, root: Path) -> list[dict]:
     """Task per stack vs actor per node on a short grid (2 nodes x 1 CPU, a fresh cluster each)."""
     import ray
 
-    import headstore.heads.experiments.grid_ray as grid_ray
-    from headstore.heads.experiments.grid import run_grid
+    import headstore.heads.experiments.grid.ray_engine as grid_ray
+    from headstore.heads.experiments.grid.run import run_grid
 
     short = root / "short.toml"
     short.write_text(Path(args.grid).read_text().replace("epochs = 5", "epochs = 1")

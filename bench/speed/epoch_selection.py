@@ -29,7 +29,7 @@ from headstore.heads.network.features import load_features  # noqa: E402
 from headstore.heads.settings.config import HeadConfig  # noqa: E402
 from headstore.heads.kinds import load_task  # noqa: E402
 from headstore.heads.training.train import train_stack  # noqa: E402
-from headstore.heads.experiments.datasets_root import datasets_root  # noqa: E402
+from headstore.heads.experiments.compare.datasets_root import datasets_root  # noqa: E402
 
 DATA = datasets_root()
 

@@ -51,7 +51,7 @@ from headstore.heads.kinds import load_task  # noqa
 from headstore.heads.kinds.ranking import IRSplit  # noqa: E402
 from headstore.heads.training import batches as T  # noqa: E402
 from headstore.heads.training.train import train_stack  # noqa: E402
-from headstore.heads.experiments.datasets_root import datasets_root  # noqa: E402
+from headstore.heads.experiments.compare.datasets_root import datasets_root  # noqa: E402
 
 DATA = datasets_root()
 DATASETS = {"scifact": ("SciFact train pairs", "scifact"), "stsb": ("STS-B train", "stsb")}

@@ -115,7 +115,7 @@ def step_timer(epoch_batches):
 
 def install() -> dict:
     """The timers and counters on the grid's parts; the plan's modelled seconds land in the returned dict."""
-    from headstore.heads.experiments import grid, grid_stack
+    from headstore.heads.experiments.grid.run import run as grid, grid_stack
     from headstore.heads.network.model import StackedMLP
     from headstore.heads.training import optim, stacked_adamw, tracker, train
 
@@ -150,7 +150,7 @@ def main() -> None:
         ap.add_argument(name, required=True)
     args = ap.parse_args()
     t0 = time.perf_counter()
-    from headstore.heads.experiments.grid import run_grid
+    from headstore.heads.experiments.grid.run import run_grid
 
     import_s = time.perf_counter() - t0
     plan = install()

@@ -5,7 +5,7 @@ account, against the machine's matmul limit, before and after a change, in one r
     python bench/speed/grid_stsb.py --store runs/store-minilm --before /path/to/old.pp --golden runs/grid-stsb \\
         --precisions fp32,bf16 --json runs/bench-grid-stsb.json
 
-Each grid runs as `cli grid` runs it (heads.experiments.grid.run_grid, progress off) in a child process
+Each grid runs as `cli grid` runs it (heads.experiments.grid.run.run_grid, progress off) in a child process
 (bench/speed/grid_account.py) on the checkout its PYTHONPATH names: `--before DIR` (a folder holding the old
 `headstore`, e.g. a git worktree linked as DIR/headstore) runs the old code beside this checkout's, alternating, so
 both see the same machine. The matmul limit (bench/speed/limits.py, featurize's hardware probe: a 2048^3 fp32 and
@@ -149,7 +149,7 @@ def print_tables(runs: list[dict], limit: dict, machine: dict) -> None:
 
 
 def main() -> None:
-    from headstore.heads.experiments.datasets_root import datasets_root
+    from headstore.heads.experiments.compare.datasets_root import datasets_root
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--store", required=True, help="a MiniLM feature store holding STS-B (the main job's)")

@@ -30,8 +30,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "speed"))
 
-from headstore.heads.experiments.compare_report import _eval  # noqa: E402
-from headstore.heads.experiments.datasets_root import datasets_root  # noqa: E402
+from headstore.heads.experiments.compare.report import _eval  # noqa: E402
+from headstore.heads.experiments.compare.datasets_root import datasets_root  # noqa: E402
 from headstore.heads.scoring.bootstrap import two_level_ci  # noqa: E402
 from distill_study import share_ci, share_words  # noqa: E402
 from limits import machine, machine_line  # noqa: E402

@@ -32,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "speed"))
 
 from headstore.featurize.store.reader import FeatureStore  # noqa: E402
 from headstore.heads.artefacts.head import Head  # noqa: E402
-from headstore.heads.experiments.distill_tuned import TunedTeacherStore, tuned_head_dir  # noqa: E402
+from headstore.heads.experiments.distill.tuned import TunedTeacherStore, tuned_head_dir  # noqa: E402
 from headstore.heads.kinds import load_task  # noqa: E402
 from limits import machine, machine_line  # noqa: E402
 
@@ -101,6 +101,11 @@ def main() -> None:
             row[f"{s}_r2"] = float(1 - ((za - yt) ** 2).sum() / ((yt - yt.mean(0)) ** 2).sum())
         rows.append(row)
     print(f"fit on {len(train):,} texts")
+    report(rows, m, args)
+
+
+def report(rows: list[dict], m: dict, args) -> None:
+    """The table on the terminal, every row in the JSON."""
     print(f"{'map':36}  dev     test    dev R^2  test R^2")
     for r in rows:
         r2 = f"{r['dev_r2']:.3f}    {r['test_r2']:.3f}" if "dev_r2" in r else ""

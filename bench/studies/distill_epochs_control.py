@@ -22,7 +22,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from headstore.heads.artefacts.head import Head  # noqa: E402
-from headstore.heads.experiments.datasets_root import datasets_root  # noqa: E402
+from headstore.heads.experiments.compare.datasets_root import datasets_root  # noqa: E402
 from headstore.heads.scoring.bootstrap import two_level_ci  # noqa: E402
 from headstore.heads.training.run import train_head  # noqa: E402
 

@@ -33,9 +33,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "speed"))
 
 import distill_study  # noqa: E402
-import headstore.heads.experiments.distill as distill_module  # noqa: E402
+import headstore.heads.experiments.distill.run as distill_module  # noqa: E402
 from headstore.featurize.store.reader import FeatureStore  # noqa: E402
-from headstore.heads.experiments.datasets_root import datasets_root  # noqa: E402
+from headstore.heads.experiments.compare.datasets_root import datasets_root  # noqa: E402
 from limits import machine, machine_line  # noqa: E402
 
 SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[A-Z(])")

@@ -31,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from distill_study import N_BOOT, share_ci  # noqa: E402
 from headstore.featurize.store.reader import FeatureStore  # noqa: E402
 from headstore.heads.artefacts.head import Head  # noqa: E402
-from headstore.heads.experiments.distill_tuned import TunedTeacherStore, tuned_head_dir  # noqa: E402
+from headstore.heads.experiments.distill.tuned import TunedTeacherStore, tuned_head_dir  # noqa: E402
 from headstore.heads.kinds import load_task  # noqa: E402
 from headstore.heads.scoring.bootstrap import two_level_ci  # noqa: E402
 

@@ -16,7 +16,7 @@ import polars as pl
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from headstore.heads.experiments.datasets_root import datasets_root  # noqa: E402
+from headstore.heads.experiments.compare.datasets_root import datasets_root  # noqa: E402
 
 
 def normalised(text: str) -> str:

@@ -45,8 +45,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "speed"))
 
 from headstore.heads.artefacts.files import ensemble_ids  # noqa: E402
 from headstore.heads.artefacts.head import EnsembleHead, Head  # noqa: E402
-from headstore.heads.experiments.datasets_root import datasets_root  # noqa: E402
-from headstore.heads.experiments.distill import distill  # noqa: E402
+from headstore.heads.experiments.compare.datasets_root import datasets_root  # noqa: E402
+from headstore.heads.experiments.distill.run import distill  # noqa: E402
 from headstore.heads.scoring.bootstrap import SEED_STREAM, item_statistics, two_level_ci  # noqa: E402
 from headstore.heads.settings.config import HeadConfig, TrainConfig  # noqa: E402
 from headstore.heads.settings.distill import DistillConfig  # noqa: E402

@@ -38,8 +38,8 @@ from labels_tables import build  # noqa: E402
 
 from headstore.featurize.store.reader import FeatureStore  # noqa: E402
 from headstore.heads.evaluation.evaluate import embedder  # noqa: E402
-from headstore.heads.experiments.datasets_root import datasets_root  # noqa: E402
-from headstore.heads.experiments.summary import mean_std_ci  # noqa: E402
+from headstore.heads.experiments.compare.datasets_root import datasets_root  # noqa: E402
+from headstore.heads.experiments.grid.summary import mean_std_ci  # noqa: E402
 from headstore.heads.kinds import kind_of, load_task  # noqa: E402
 from headstore.heads.kinds.label_eval import class_scores, probe_choices, ranking_metrics  # noqa: E402
 from headstore.heads.network.features import load_features  # noqa: E402

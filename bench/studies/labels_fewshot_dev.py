@@ -27,10 +27,10 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from headstore.heads.experiments.grid import run_grid  # noqa: E402
-from headstore.heads.experiments.summary import summarize, summary_table  # noqa: E402
+from headstore.heads.experiments.grid.run import run_grid  # noqa: E402
+from headstore.heads.experiments.grid.summary import summarize, summary_table  # noqa: E402
 from headstore.heads.kinds.labels import SUMMARY_METRICS  # noqa: E402
-from headstore.heads.experiments.datasets_root import datasets_root  # noqa: E402
+from headstore.heads.experiments.compare.datasets_root import datasets_root  # noqa: E402
 
 GRID = """[grid]
 loss = {losses}

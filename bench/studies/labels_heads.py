@@ -34,8 +34,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from headstore.featurize.store.reader import FeatureStore  # noqa: E402
 from headstore.heads.evaluation.evaluate import embedder, evaluate_split  # noqa: E402
-from headstore.heads.experiments.datasets_root import datasets_root  # noqa: E402
-from headstore.heads.experiments.summary import mean_std_ci  # noqa: E402
+from headstore.heads.experiments.compare.datasets_root import datasets_root  # noqa: E402
+from headstore.heads.experiments.grid.summary import mean_std_ci  # noqa: E402
 from headstore.heads.kinds import for_training, kind_of, load_task  # noqa: E402
 from headstore.heads.kinds.label_probe import plain_probe  # noqa: E402
 from headstore.heads.network.features import load_features  # noqa: E402

@@ -30,7 +30,7 @@ from headstore.featurize.store.reader import FeatureStore  # noqa: E402
 from headstore.heads.artefacts.memory import PlacedMemory  # noqa: E402
 from headstore.heads.artefacts.task_features import TaskFeatures  # noqa: E402
 from headstore.heads.evaluation.evaluate import embedder  # noqa: E402
-from headstore.heads.experiments.datasets_root import datasets_root  # noqa: E402
+from headstore.heads.experiments.compare.datasets_root import datasets_root  # noqa: E402
 from headstore.heads.kinds import PairSet, kind_of, load_task  # noqa: E402
 from headstore.heads.kinds.seen import judged_documents, seen_mask  # noqa: E402
 from headstore.heads.scoring.bootstrap import two_level_ci  # noqa: E402

@@ -23,8 +23,8 @@ import torch
 from headstore.featurize.store.reader import FeatureStore
 from headstore.heads.artefacts.files import load_safetensors, read_results, stack_paths
 from headstore.heads.evaluation.evaluate import PREFIX, embedder, evaluate_split
-from headstore.heads.experiments.datasets_root import datasets_root
-from headstore.heads.experiments.report import _ci
+from headstore.heads.experiments.compare.datasets_root import datasets_root
+from headstore.heads.experiments.grid.leaderboard import _ci
 from headstore.heads.network.features import Normalizer, load_features
 from headstore.heads.kinds import load_task, primary_metric, task_rows, without_overlap
 from headstore.heads.network.model import load_heads

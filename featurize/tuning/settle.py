@@ -1,5 +1,5 @@
 """When has an MLM run's training loss settled: one rule for `cli adapt --until-settled` (featurize.tuning.adapt)
-and the line `cli compare` prints under its table (heads.experiments.compare_table).
+and the line `cli compare` prints under its table (heads.experiments.compare.table).
 
 The rule reads the run's curve of ten-step mean losses in quarters: the first quarter's mean (where the run
 started), the mean of the quarter in the middle of the run and the last quarter's mean. Averaging a quarter of

@@ -13,8 +13,8 @@ because Phi(x) + Phi(-x) = 1), so the next layer recovers x with weights [I, -I]
 to g's output. A one-layer residual head is a Dense with `use_residual`. `similarity_fn_name` is the
 head's energy: manhattan (L1), euclidean (L2) or cosine, so `model.similarity` ranks as the energy
 does (similarity = -energy for L1/L2).
-Not exportable exactly (refused, never approximated): tanh or layer-norm inside a residual head, a
-store array other than the last layer, a head mixing several layers. A float16 store rounds features to float16 before the head;
+Not exportable exactly (refused, never approximated): tanh or layer-norm inside a residual head, a store array other
+than the last layer, taps, a head mixing several layers. A float16 store rounds features to float16 before the head;
 the exported model does not (differences ~1e-3 relative; a float32 store matches to ~1e-6).
 
 A classifier head (`--loss ce`) exports the same way, its last module giving the class scores: a flat head's
@@ -24,9 +24,8 @@ the summed log-softmaxes differ from it by a constant per text). `headstore_expo
 the order of the outputs (`classes`): `classes[model.encode(texts).argmax(-1)]` is the prediction from raw
 text, with stock sentence-transformers and no headstore. (Chosen over a bare safetensors classifier because it
 carries the encoder, pooling and normaliser too, so it takes text, not stored features; `--format
-safetensors` still writes the head directory, whose `Head.predict` takes features.)
-
-`safetensors`: the head as a directory `Head.load` reads (head, normaliser, config.json).
+safetensors` still writes the head directory, whose `Head.predict` takes features.) `safetensors`: the head as a
+directory `Head.load` reads (head, normaliser, config.json; its judgements and document memory where it has them).
 """
 from __future__ import annotations
 
@@ -47,8 +46,8 @@ from headstore.heads.artefacts.memory import MEMORY_FILE
 from headstore.heads.network.features import array_list
 from headstore.heads.apply.formats import EXPORT_FORMATS
 
-SIMILARITY = {"l1": "manhattan", "l2": "euclidean", "cosine": "cosine",
-              "classes": "cosine"}  # a classifier's outputs are class scores: no energy, cosine as a neutral default
+# a classifier's outputs are class scores: no energy, cosine as a neutral default
+SIMILARITY = {"l1": "manhattan", "l2": "euclidean", "cosine": "cosine", "classes": "cosine"}
 EXACT_ODD_PART = ("relu", "gelu")  # a(x) - a(-x) = x: carry x through a hidden layer as [x; -x]
 
 
@@ -193,6 +192,19 @@ def ensemble_modules(head) -> list:
     return [*normalizer_modules(members[0]), *modules]
 
 
+def _exported_layer(head: Head, parts: dict) -> int:
+    """The one encoder layer the head reads (a stock Transformer module gives one), or the one-line refusal."""
+    if head.head_config.mix > 1 or len(array_list(head.array)) > 1:
+        raise ValueError(f"{head.source} mixes several encoder layers ({head.array}); a sentence-transformers "
+                         "Transformer module gives the last layer only; export refused (use --format safetensors "
+                         "and headstore.Pipeline)")
+    if head.array not in array_names(parts["layers"]):
+        raise ValueError(f"{head.source} reads taps ({head.array}: featurize --taps), which no stock "
+                         "sentence-transformers module gives; export refused (use --format safetensors and "
+                         "headstore.Pipeline, which computes them)")
+    return array_names(parts["layers"])[head.array]
+
+
 def export_sentence_transformers(head: Head, out: Path, model: str | None = None) -> dict:
     """Write a SentenceTransformer directory at `out` (stock modules only); returns a summary."""
     try:  # here: sentence-transformers is an optional extra (headstore[export])
@@ -201,15 +213,7 @@ def export_sentence_transformers(head: Head, out: Path, model: str | None = None
     except ImportError:
         raise ValueError("export to sentence-transformers needs it installed: pip install 'headstore[export]'") from None
     parts = head.store_manifest
-    if head.head_config.mix > 1 or len(array_list(head.array)) > 1:
-        raise ValueError(f"{head.source} mixes several encoder layers ({head.array}); a sentence-transformers "
-                         "Transformer module gives the last layer only; export refused (use --format safetensors "
-                         "and headstore.Pipeline)")
-    if head.array not in _array_names(parts):
-        raise ValueError(f"{head.source} reads taps ({head.array}: featurize --taps), which no stock "
-                         "sentence-transformers module gives; export refused (use --format safetensors and "
-                         "headstore.Pipeline, which computes them)")
-    layer = dict(zip(_array_names(parts), parts["layers"]))[head.array]
+    layer = _exported_layer(head, parts)
     name = encoder_source(head, model)
     check_encoder(head, name)
     model_dir = model_identity(name, int(parts["max_length"])).model_dir
@@ -301,10 +305,6 @@ def sentence_modules(spec: SentenceSpec, model_dir: str, dim: int) -> list:
     modules = [Pooling(dim, pooling_mode=modes, include_prompt=spec.include_prompt)]
     modules += [Dense.load(str(Path(model_dir) / d.path)) for d in spec.dense]
     return modules + ([Normalize()] if spec.normalize else [])
-
-
-def _array_names(parts: dict) -> list[str]:
-    return list(array_names(parts["layers"]))
 
 
 def export_safetensors(head: Head, out: Path, model: str | None = None) -> dict:

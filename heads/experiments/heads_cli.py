@@ -1,5 +1,5 @@
 """`cli train-head`, `cli eval` and `cli grid`: thin click layers over heads.training.run and
-heads.experiments.grid (registered on the main group in cli.py), and the options they share."""
+heads.experiments.grid.run (registered on the main group in cli.py), and the options they share."""
 from __future__ import annotations
 
 import click
@@ -155,8 +155,8 @@ def grid_command(store, data, data_format, unlabeled, grid_path, out, transfer, 
 
     On labelled texts (--format labels) the grid may sweep shots, hierarchy and per_class; each few-shot
     head is scored beside the frozen probe and k-NN on the same labelled texts (docs/labels.md)."""
-    from headstore.heads.experiments.grid import run_grid
-    from headstore.heads.experiments.grid_ray import RayOptions
+    from headstore.heads.experiments.grid.run import run_grid
+    from headstore.heads.experiments.grid.ray_engine import RayOptions
 
     data_format = fold_label_options(data_format, label_settings)
     if engine == "local" and (address or cpus_per_stack != 1 or gpus_per_stack is not None):
@@ -182,7 +182,7 @@ def grid_command(store, data, data_format, unlabeled, grid_path, out, transfer, 
 @click.option("--out", type=PATH, default=None, help="JSON file for every tap's score and the chosen --array.")
 def select_taps_command(store, data, data_format, first, keep, penalty, rank, epochs, seed, out):
     """Rank a store's taps by a group lasso on the training pairs; print the --array a head should read."""
-    from headstore.heads.experiments.tap_selection import select_taps, selection_table
+    from headstore.heads.experiments.taps.selection import select_taps, selection_table
 
     cfg = TapSelectConfig(penalty=penalty, rank=rank, epochs=epochs, keep=keep, seed=seed)
     click.echo(selection_table(select_taps(store, data, cfg, first, data_format, out)))

@@ -24,16 +24,12 @@ from headstore.data.dataset import load_dataset
 from headstore.data.readers import DETECT
 from headstore.heads.kinds import ir, labels, pairs, sts
 from headstore.heads.kinds.base import PREFIX, WHOLE, PairSet, Task, TaskKind, TrainSet  # noqa: F401
+from headstore.heads.kinds.registry import KINDS, held_out_rows, kind_of  # noqa: F401  (the registry, here too)
 from headstore.heads.kinds.seen import judged_documents
 from headstore.heads.kinds.unlabeled import join_unlabeled
 from headstore.heads.scoring.losses import CLASSES
 
-KINDS: dict[str, TaskKind] = {k.name: k for k in (ir.KIND, sts.KIND, pairs.KIND, labels.KIND)}
 BUILDERS = {"beir": ir.from_beir, "sts": sts.from_table, "pairs": pairs.from_table, "labels": labels.from_dataset}
-
-
-def kind_of(task: Task) -> TaskKind:
-    return KINDS[task.kind]
 
 
 def for_training(task: Task, cfg) -> Task:
@@ -125,13 +121,6 @@ def task_rows(task: Task) -> set[int]:
     kind = kind_of(task)
     parts = [kind.train_rows(task)] + [kind.rows(s) for s in task.eval_sets.values()]
     return set(np.concatenate(parts).tolist()) if parts else set()
-
-
-def held_out_rows(task: Task) -> np.ndarray:
-    """Store rows of the texts the dev and test items score (TaskKind.item_rows of every evaluation set): never
-    trained on, never an anchor."""
-    kind = kind_of(task)
-    return np.unique(np.concatenate([np.zeros(0, np.int64), *(kind.item_rows(s) for s in task.eval_sets.values())]))
 
 
 def without_overlap(task: Task, rows: set[int], source: str = "the training dataset") -> tuple[Task, dict[str, int]]:

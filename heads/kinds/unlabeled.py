@@ -30,6 +30,7 @@ from headstore.data.unlabeled import UnlabeledTexts, read_unlabeled
 from headstore.heads.kinds.base import Task, store_rows
 from headstore.heads.kinds.ir import KIND as IR_KIND
 from headstore.heads.kinds.ranking import IRSplit
+from headstore.heads.kinds.registry import held_out_rows
 from headstore.heads.scoring.losses import LOSSES
 
 
@@ -86,8 +87,6 @@ def join_unlabeled(task: Task, ds, store, paths) -> Task:
     kept_ids = [i for i, a in zip(ids, is_anchor) if not a]
     kept_rows = rows[~is_anchor]
     if task.kind != IR_KIND.name:  # they train only (anchor sample, pseudo-labels): never a dev or test text
-        from headstore.heads.kinds import held_out_rows
-
         scored = np.isin(kept_rows, held_out_rows(task))
         report["also_dev_test"] = int(scored.sum())
         return dataclasses.replace(task, unlabeled=Unlabeled(kept_rows[~scored], report))

@@ -49,7 +49,7 @@ def parse_strength(value: str) -> Optional[float]:
 KIND_DEPENDENT = ("depth", "lr", "epochs", "anchor_weight", "loss", "normalize", "hidden", "solver",
                   "self_train")  # normalize: also the loss's
 
-# cli grid --test-scope: which heads of a stack are ranked on test (heads.experiments.grid_scope says why)
+# cli grid --test-scope: which heads of a stack are ranked on test (heads.experiments.grid.scope says why)
 TEST_SCOPES = ("auto", "all", "selected")
 
 

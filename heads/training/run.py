@@ -87,13 +87,19 @@ def _data_notes(task: Task) -> dict:
     return notes
 
 
+def _head_notes(task: Task, store: FeatureStore, array: str, layer) -> dict:
+    """What config.json says of the task and the store a head was trained on (besides its settings)."""
+    return {"task": task.name, "kind": task.kind, "dev": task.dev_note or "the dataset's dev split",
+            **_data_notes(task), "store_fingerprint": store.fingerprint, "array": array, "array_layer": layer,
+            "store_manifest": {k: v for k, v in store.manifest.items() if k != "arrays"}, **label_space(task)}
+
+
 def train_head(store_path: str, data_path: str, out_dir: str, head_cfg: HeadConfig, cfg: TrainConfig,
                data_format: str | None = None, array: str = "features", progress: bool = True,
                score_range=None, overwrite: bool = False, select_ood: tuple[str, ...] = (),
                ood_delta: float = DEFAULT_DELTA, kind_defaults: tuple[str, ...] = (), device: str = "auto",
                unlabeled: tuple[str, ...] = (), memory: str = "auto") -> dict:
     """Train one head on `data_path`'s train split, select on dev, report test once; write `out_dir`.
-
     score_range: the (LO, HI) scale of an STS table's scores (default: detected as 0-1 or 0-5).
     select_ood / ood_delta: out-of-domain dev sets in the selection rule (heads.training.selection).
     kind_defaults: settings the user left unset (of config.KIND_DEPENDENT): the task kind's `defaults` fill
@@ -129,12 +135,9 @@ def train_head(store_path: str, data_path: str, out_dir: str, head_cfg: HeadConf
     out = prepare_output_dir(out_dir, "head", overwrite, inputs=inputs)
     begin_output(out, "head")  # an interrupted write (a full disk) is replaced by the same command's rerun
     config = {"head": asdict(head_cfg), "train": cfg.to_dict(), "data": str(data_path), "format": data_format,
-              "task": task.name, "kind": task.kind, "dev": task.dev_note or "the dataset's dev split",
-              **({"unlabeled": list(unlabeled)} if unlabeled else {}), **_data_notes(task),
-              "store": str(store_path), "store_fingerprint": store.fingerprint, "array": array, "array_layer": layer,
-              "store_manifest": {k: v for k, v in store.manifest.items() if k != "arrays"},
-              "best_epoch": run.best_epoch, "train_seconds": run.seconds, "defaults": defaults_note, "device": device,
-              **label_space(task), **({"selection": selection.describe()} if selection else {})}
+              **({"unlabeled": list(unlabeled)} if unlabeled else {}), **_head_notes(task, store, array, layer),
+              "store": str(store_path), "best_epoch": run.best_epoch, "train_seconds": run.seconds,
+              "defaults": defaults_note, "device": device, **({"selection": selection.describe()} if selection else {})}
     write_head_dir(out, model, norm, {**config, "judged": write_judgements(out, store, judged_pairs)})
     rankings, items = {}, {}  # the head's rankings of dev and test (run files, candidate share); per-item values
     metrics = evaluate_head(task, features, model, None, cfg.eval_energy, SPLITS, dim=store.dim, baseline=baseline,

@@ -55,7 +55,7 @@ def train_stack(task: Task, features: torch.Tensor, head_cfg: HeadConfig, config
     `stack_key` (they differ only in lr, weight decay and seed). `selection`: out-of-domain dev sets that
     take part in choosing each head's epoch (heads.training.selection). `init`: heads (and their normaliser) to go
     on training instead of fresh ones (a shared head trained on task A, then on B:
-    heads.experiments.forgetting); copied. A task without `select_split` (few-shot labelled texts) trains
+    heads.experiments.compare.forgetting); copied. A task without `select_split` (few-shot labelled texts) trains
     every epoch and keeps the last. `anchor_rows`: the anchor's pool at positions of `features` (heads.training.anchor;
     None: the task's own texts it may train on, `own_texts`).
     `in_place`: `features` are normalised in place (batches.prepare_data) and hold the head's inputs after."""

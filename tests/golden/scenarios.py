@@ -118,7 +118,7 @@ def scenarios() -> dict:
 
     def train_labels_shots():
         # `--shots` writes the head and metrics.json, then ends in a StopIteration traceback in the
-        # curve plot (heads/experiments/plots.py: a few-shot history has no dev_ key). The metrics are
+        # curve plot (heads/experiments/grid/plots.py: a few-shot history has no dev_ key). The metrics are
         # pinned; the exit status is not (a fix of that bug changes no number).
         CliRunner().invoke(main, ["train-head", "--store", "store", "--data", *labels, "--out", "h-shots", *FAST,
                                   "--loss", "supcon-kl", "--shots", "4"])

@@ -160,7 +160,7 @@ def test_setfit_rows_of_another_head_recipe_or_setfit_version_are_refused(world,
     first = pl.read_parquet(tmp_path / "sf" / "runs.parquet")
     for name, patch in (("head recipe", lambda m: m.setitem(keys.RECIPES, "train-head", 99)),
                         ("SetFit version", lambda m: m.setattr(
-                            "headstore.heads.experiments.setfit_compare.library_version",
+                            "headstore.heads.experiments.labels.setfit.library_version",
                             lambda dist: "9.9" if dist == "setfit" else keys.library_version(dist)))):
         with monkeypatch.context() as m:
             patch(m)

@@ -5,7 +5,7 @@ import pytest
 from click.testing import CliRunner
 
 from headstore.cli import main
-from headstore.heads.experiments.compare import load_compare_config
+from headstore.heads.experiments.compare.run import load_compare_config
 
 from .finetune_world import sentence, tiny_beir, tiny_bert, tiny_sts
 from .compare_world import TINY_HEAD, tiny_featurize, write_compare_toml
@@ -133,9 +133,9 @@ def test_a_missing_general_text_is_said_not_dropped(world, tmp_path, monkeypatch
 def test_datasets_root_is_the_tests_root(tmp_path, monkeypatch):
     from pathlib import Path
 
-    from headstore.heads.experiments.compare import CompareConfig
-    from headstore.heads.experiments.datasets_root import datasets_root, missing_mlm_text_note
-    from headstore.heads.experiments.forgetting import ForgettingConfig
+    from headstore.heads.experiments.compare.run import CompareConfig
+    from headstore.heads.experiments.compare.datasets_root import datasets_root, missing_mlm_text_note
+    from headstore.heads.experiments.compare.forgetting import ForgettingConfig
 
     monkeypatch.delenv("HEADSTORE_DATA", raising=False)  # conftest's real_dataset: <repo>/../shared/datasets
     assert datasets_root() == Path(__file__).resolve().parents[2].parent / "shared" / "datasets"
@@ -163,8 +163,8 @@ def test_default_mlm_text_is_the_shared_wikitext_file(real_dataset):
     """Without mlm_text, compare and forgetting take wikitext-2 from the datasets root the tests use
     ($HEADSTORE_DATA, else <repo>/../shared/datasets). compare once looked one folder too high (inside
     the repository), found nothing and dropped the general-MLM column without a word."""
-    from headstore.heads.experiments.compare import CompareConfig
-    from headstore.heads.experiments.forgetting import ForgettingConfig
+    from headstore.heads.experiments.compare.run import CompareConfig
+    from headstore.heads.experiments.compare.forgetting import ForgettingConfig
 
     expected = str(real_dataset("wikitext-2") / "wikitext2.parquet")
     assert CompareConfig(in_domain="x").mlm_text == expected

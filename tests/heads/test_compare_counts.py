@@ -9,7 +9,7 @@ import torch
 from safetensors.torch import load_file
 
 from headstore.heads.apply.finetune import FinetuneConfig, finetune
-from headstore.heads.experiments.compare_setups import _tuned_result, head_parameters, tuned_trainable
+from headstore.heads.experiments.compare.setups import _tuned_result, head_parameters, tuned_trainable
 
 from .finetune_world import trained_head_world
 

@@ -8,7 +8,7 @@ import torch
 from click.testing import CliRunner
 
 from headstore.cli import main
-from headstore.heads.experiments.compare_config import CompareConfig, device_key, load_compare_config, on_device
+from headstore.heads.experiments.compare.config import CompareConfig, device_key, load_compare_config, on_device
 from headstore.data.keys import resolved
 
 from .finetune_world import sentence, tiny_beir, tiny_bert

@@ -13,7 +13,7 @@ from headstore.cli import main
 from headstore.data import keys
 from headstore.data.keys import content_digest, resolved
 from headstore.heads.apply.finetune import FinetuneConfig
-from headstore.heads.experiments.compare import Steps
+from headstore.heads.experiments.compare.run import Steps
 from headstore.heads.settings.config import TrainConfig
 
 from .compare_world import patch_default

@@ -8,9 +8,9 @@ import pytest
 from click.testing import CliRunner
 
 from headstore.cli import main
-from headstore.heads.experiments import compare_table
-from headstore.heads.experiments.compare import load_compare_config
-from headstore.heads.experiments.compare_setups import pick_lr
+from headstore.heads.experiments.compare.run import table as compare_table
+from headstore.heads.experiments.compare.run import load_compare_config
+from headstore.heads.experiments.compare.setups import pick_lr
 
 from .compare_world import TINY_HEAD, tiny_featurize, write_compare_toml
 from .finetune_world import tiny_beir, tiny_bert

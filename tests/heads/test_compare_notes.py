@@ -3,7 +3,7 @@ run stopped and whether it settled under the settle rule, the tuning note gives 
 kept epoch."""
 from types import SimpleNamespace
 
-from headstore.heads.experiments.compare_notes import adaptation_note, time_note, time_split, tuning_note
+from headstore.heads.experiments.compare.notes import adaptation_note, time_note, time_split, tuning_note
 
 
 def _curve(values):

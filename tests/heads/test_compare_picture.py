@@ -3,8 +3,8 @@
 from pathlib import Path
 
 import pytest
-from headstore.heads.experiments import plots
-from headstore.heads.experiments.compare_setups import SETUPS
+from headstore.heads.experiments.grid.run import plots as plots
+from headstore.heads.experiments.compare.setups import SETUPS
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 
 

@@ -5,7 +5,7 @@ import random
 
 import pytest
 
-from headstore.heads.experiments.compare_setups import SETTLE_CHANGE, settled
+from headstore.featurize.tuning.settle import SETTLE_CHANGE, settled
 
 
 def curve(losses):

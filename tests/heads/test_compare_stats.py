@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from headstore.heads.experiments.compare_setups import REFERENCE, Built
-from headstore.heads.experiments.compare_table import build_rows, figure, paired, statistic_of, tables
+from headstore.heads.experiments.compare.setups import REFERENCE, Built
+from headstore.heads.experiments.compare.table import build_rows, figure, paired, statistic_of, tables
 from headstore.heads.kinds import KINDS, PREFIX, kind_of_metric
 from headstore.heads.scoring.bootstrap import item_statistics, two_level_ci
 from headstore.heads.scoring.metrics import bootstrap_ci

@@ -1,4 +1,4 @@
-"""Distillation (`cli distill`, heads.experiments.distill): a teacher's energies over candidate sets moved into one
+"""Distillation (`cli distill`, heads.experiments.distill.run): a teacher's energies over candidate sets moved into one
 head on the same frozen features.
 
 The known answer: a teacher that is itself a head on the store's features, and a BEIR folder whose every

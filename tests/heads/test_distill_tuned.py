@@ -1,4 +1,4 @@
-"""`cli distill --teacher FINETUNE_OUT`: a tuned encoder with its head as the teacher (heads.experiments.distill_tuned).
+"""`cli distill --teacher FINETUNE_OUT`: a tuned encoder with its head as the teacher (heads.experiments.distill.tuned).
 
 A tiny BERT tuned by `cli finetune`; its scores must come from the tuned encoder's own store of the same texts: the
 store the distillation builds (said with its size and an estimate first) holds, for every text, what `cli featurize

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from headstore.heads.experiments.grid_spec import read_grid
+from headstore.heads.experiments.grid.spec import read_grid
 
 ROOT = Path(__file__).resolve().parents[2]
 GRID_FILES = sorted(p for p in (ROOT / "examples").rglob("*.toml")

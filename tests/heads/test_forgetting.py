@@ -11,7 +11,7 @@ from headstore.featurize.encoder.config import FeaturizeConfig
 from headstore.featurize.run.local import featurize
 from headstore.heads.apply.finetune import FinetuneConfig
 from headstore.heads.settings.config import TrainConfig
-from headstore.heads.experiments.forgetting import ForgettingConfig, run_forgetting, split_classes
+from headstore.heads.experiments.compare.forgetting import ForgettingConfig, run_forgetting, split_classes
 from headstore.heads.settings.config import HeadConfig
 
 from .finetune_world import tiny_bert
@@ -67,7 +67,7 @@ def test_split_classes_gives_disjoint_halves(tmp_path):
 
 
 def test_a_missing_general_text_is_said_in_the_table(tmp_path):
-    from headstore.heads.experiments.forgetting import _report
+    from headstore.heads.experiments.compare.forgetting import _report
 
     score = {"metric": "m", "value": 0.5, "baseline": 0.4, "baseline_metric": "m"}
     row = {"setup": "1", "A_before": score, "A_after": score, "B": score, "forgetting": 0.0,

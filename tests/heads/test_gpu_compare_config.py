@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from headstore.heads.experiments.compare_config import load_compare_config
+from headstore.heads.experiments.compare.config import load_compare_config
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "bench" / "gpu"))

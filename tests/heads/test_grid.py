@@ -1,6 +1,6 @@
 import pytest
 
-from headstore.heads.experiments.grid_spec import head_id, read_grid
+from headstore.heads.experiments.grid.spec import head_id, read_grid
 
 
 def test_read_grid_expands_products_and_extra_grids(tmp_path):

@@ -1,6 +1,6 @@
 """A grid's plan: losses that reduce to the same objective on a data form (heads.scoring.losses.objective, the
 registry's `reduces_to`) are trained once and said so; the plan's time estimate and its update after the first
-stack (heads.experiments.grid_estimate)."""
+stack (heads.experiments.grid.estimate)."""
 import itertools
 import json
 
@@ -80,7 +80,7 @@ def test_the_estimate_follows_the_stacks_work():
     """The modelled seconds grow with the heads' size and the steps, and the update scales the rest by the
     first stack's measured pace (its seconds over its modelled seconds)."""
     from headstore.heads.settings.config import HeadConfig
-    from headstore.heads.experiments.grid_estimate import head_params, pace_line
+    from headstore.heads.experiments.grid.estimate import head_params, pace_line
 
     assert head_params(HeadConfig(depth=1, out_dim=4), 3) == 3 * 4 + 4
     assert head_params(HeadConfig(depth=2, hidden=5, out_dim=4), 3) == (3 * 5 + 5) + (5 * 4 + 4)
@@ -94,7 +94,7 @@ def test_an_ir_task_above_exact_max_is_costed_on_its_candidates_not_the_corpus()
     queries and at most 5 x pool_k candidates + 5 judged (5 + 55 rows), at or below it the corpus (5 + 400),
     and never fewer rows than the candidates selection_set makes; with re-mining off, the two plans differ by
     exactly epochs x EVAL_SECONDS x params x the 345 rows."""
-    from headstore.heads.experiments import grid_estimate as ge
+    from headstore.heads.experiments.grid.run import estimate as ge
     from headstore.heads.kinds import kind_of
     from headstore.heads.kinds.ranking import IRSplit
     from headstore.heads.training.cost import EVAL_SECONDS
@@ -123,7 +123,7 @@ def test_an_ir_task_above_exact_max_is_costed_on_its_candidates_not_the_corpus()
 def test_re_mining_is_costed_on_the_pooled_documents_above_exact_max():
     """240 training queries re-mined at epochs 1 and 2 of 3: each re-mine embeds the 240 anchors and
     min(400, 240 x pool_k) pooled documents above exact_max, the 400 documents at or below it; off: nothing."""
-    from headstore.heads.experiments.grid_estimate import remine_rows
+    from headstore.heads.experiments.grid.estimate import remine_rows
     from headstore.heads.settings.config import TrainConfig
 
     from .synthetic import planted_ir_task

@@ -18,9 +18,9 @@ from .conftest import assert_bad_input, cli
 ray = pytest.importorskip("ray")
 from ray.cluster_utils import Cluster  # noqa: E402
 
-import headstore.heads.experiments.grid_ray as grid_ray  # noqa: E402
-from headstore.heads.experiments.grid import run_grid  # noqa: E402
-from headstore.heads.experiments.grid_ray import RayOptions, StackFailed  # noqa: E402
+import headstore.heads.experiments.grid.ray_engine as grid_ray  # noqa: E402
+from headstore.heads.experiments.grid.run import run_grid  # noqa: E402
+from headstore.heads.experiments.grid.ray_engine import RayOptions, StackFailed  # noqa: E402
 
 GRID = ('[grid]\nloss = ["l1-energy", "mnr"]\ndepth = [1, 2]\nlr = [1e-3, 3e-3]\nseed = [0, 1]\n'
         '[fixed]\nepochs = 2\nhidden = 16\nbatch_size = 8\nmined_k = 2\n')  # 4 stacks of 4 heads

@@ -1,4 +1,4 @@
-"""A grid over a corpus above exact_max (heads.experiments.grid, --test-scope): dev is reported on the same
+"""A grid over a corpus above exact_max (heads.experiments.grid.run, --test-scope): dev is reported on the same
 candidates each epoch was selected on, and test is ranked exactly, once, for the heads of each stack's dev-best
 configuration only; the figures equal those of a grid that tests every head, and a head's reported dev equals
 the candidate dev recomputed from its saved weights."""

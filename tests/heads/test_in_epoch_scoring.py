@@ -2,9 +2,7 @@
 import math
 
 import pytest
-import torch
 
-from headstore.heads.evaluation.evaluate import embedder
 from headstore.heads.settings.config import HeadConfig, TrainConfig
 from headstore.heads.training.cost import LONG_EPOCH, MIN_INTERVAL, scoring_interval
 from headstore.heads.training.tracker import dev_scores

@@ -107,7 +107,7 @@ def test_concat_needs_no_residual_and_a_known_mode():
 
 
 def test_grid_ids_of_scalar_heads_do_not_move():
-    from headstore.heads.experiments.grid_spec import head_id
+    from headstore.heads.experiments.grid.spec import head_id
     settings = {"loss": "l1-energy", "depth": 1}
     assert head_id(settings, "d", "f") == head_id({**settings, "mix_mode": "scalar"}, "d", "f")
     assert head_id(settings, "d", "f") != head_id({**settings, "mix_mode": "concat"}, "d", "f")

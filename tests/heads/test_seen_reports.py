@@ -240,8 +240,8 @@ def test_grid_leaderboard_has_seen_and_unseen_columns(seen_world, tmp_path):
 def test_compare_rows_are_split_by_seen_and_unseen():
     """compare's in-domain rows on each part: the figure and the paired difference seed by seed, on the part's
     queries only (the reference: the same two-level bootstrap on the cut values)."""
-    from headstore.heads.experiments.compare_setups import REFERENCE
-    from headstore.heads.experiments.compare_table import build_rows, tables
+    from headstore.heads.experiments.compare.setups import REFERENCE
+    from headstore.heads.experiments.compare.table import build_rows, tables
     from headstore.heads.scoring.bootstrap import two_level_ci
 
     from .test_compare_stats import _report_world

@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar
 
 if TYPE_CHECKING:  # the registry imports no torch (`import headstore.cli` stays light); setups import it when used
-    import torch
+    pass
 
 Blocks = "list[list[tuple[str, torch.nn.Parameter]]]"  # trainable parameters per block, top first
 

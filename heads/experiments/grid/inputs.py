@@ -5,7 +5,7 @@ features of the rows they use.
 text with it (counted), the rows every configuration's anchor draws from, and only the store rows all of these
 use (heads.artefacts.task_features: memory set by the task, not by the store); the task's rows are then rewritten
 as positions of that matrix. `ids` holds what every head id is keyed by besides its settings
-(heads.experiments.grid_spec.head_id).
+(heads.experiments.grid.spec.head_id).
 """
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from headstore.data.keys import content_digest, contents, recipe
 from headstore.featurize.store.reader import FeatureStore
 from headstore.heads.artefacts.task_features import TaskFeatures, rows_of, rows_of_datasets
-from headstore.heads.experiments.grid_spec import split_settings
+from headstore.heads.experiments.grid.spec import split_settings
 from headstore.heads.kinds import WHOLE, Task, load_task, overlap_line, seen_rows, without_seen
 from headstore.heads.kinds.unlabeled import grid_report
 from headstore.heads.network.features import array_list

@@ -14,8 +14,8 @@ from __future__ import annotations
 import json
 from dataclasses import asdict
 
-from headstore.heads.experiments.grid_estimate import plan_seconds
-from headstore.heads.experiments.grid_spec import GRID_VERSION, UNSET_SINCE_ID, head_id, split_settings
+from headstore.heads.experiments.grid.estimate import plan_seconds
+from headstore.heads.experiments.grid.spec import GRID_VERSION, UNSET_SINCE_ID, head_id, split_settings
 from headstore.heads.kinds import Task, kind_of
 from headstore.heads.kinds.labels import shots_clipped, shots_note
 from headstore.heads.scoring.losses import LOSSES, applicable, objective
@@ -92,7 +92,7 @@ def objective_key(task: Task, head: HeadConfig, train: TrainConfig, array: str) 
 
 def plan_summary(groups: dict, skipped: list[dict], n_done: int, task: Task, store_dim: int) -> str:
     """One paragraph on what a grid will do: heads and stacks to train, skipped and finished ones, configurations
-    trained once for two losses (the same objective), a rough time (heads.experiments.grid_estimate)."""
+    trained once for two losses (the same objective), a rough time (heads.experiments.grid.estimate)."""
     n_heads = sum(len(items) for items in groups.values())
     same = [r for r in skipped if r["status"] == "same-objective"]
     lines = [f"grid plan: {n_heads} head(s) to train in {len(groups)} stack(s); {len(skipped) - len(same)} skipped "

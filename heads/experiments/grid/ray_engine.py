@@ -1,16 +1,16 @@
 """`cli grid --engine ray`: a grid's stacks on the workers of a Ray cluster, the features shared once per node.
 
 This process (the driver) reads the inputs, plans the stacks and scores the frozen baselines as the local engine
-does (heads.experiments.grid). It then puts in Ray's object store, once each, every feature matrix the stacks read
+does (heads.experiments.grid.run). It then puts in Ray's object store, once each, every feature matrix the stacks read
 (float32, only the rows the task uses: heads.artefacts.task_features) and a copy of its StackRunner without files
 or store (`StackRunner.detached`: the task, transfer and selection sets, anchors; the store's fingerprint and
-manifest). Each stack is one Ray task (heads.experiments.grid_worker.run_stack) asking for `cpus_per_stack` CPUs
+manifest). Each stack is one Ray task (heads.experiments.grid.worker.run_stack) asking for `cpus_per_stack` CPUs
 (its torch threads) and `gpus_per_stack` GPUs; its arguments are references, so a node receives each matrix once,
 whatever the number of stacks it runs, and its workers map the node's copy read-only (a worker process keeps what
 it fetched for the grid's later stacks). At most as many stacks are in flight as the cluster has slots for.
 
 Longest first: with more than one slot the stacks are sent in the order of their modelled seconds, longest first
-(heads.experiments.grid_estimate.stack_seconds: epochs x steps x the stack's head parameters, dev scoring and
+(heads.experiments.grid.estimate.stack_seconds: epochs x steps x the stack's head parameters, dev scoring and
 re-mining; LPT scheduling), so that no slot is left training a long stack at the end while the others idle; ties
 keep the plan's order. One slot keeps the plan's order: the local engine's. A stack's numbers do not depend on
 which stacks ran before it in a worker (nothing is compiled: heads.training.stacked_adamw). Either way the driver
@@ -44,8 +44,8 @@ from headstore.data.errors import SystemFailure
 from headstore.data.files import atomic_write_json
 from headstore.featurize.encoder.config import DEVICES
 from headstore.featurize.run.ray_cluster import connect, ray_module
-from headstore.heads.experiments.grid_estimate import plan_seconds
-from headstore.heads.experiments.grid_worker import CRASH_ENV, CRASH_MARKER_ENV, SharedFeatures, StoreFacts, run_stack
+from headstore.heads.experiments.grid.estimate import plan_seconds
+from headstore.heads.experiments.grid.worker import CRASH_ENV, CRASH_MARKER_ENV, SharedFeatures, StoreFacts, run_stack
 
 STACK_RETRIES = 2  # a stack whose worker or node died is run again this often (Ray's max_retries), then StackFailed
 PASSED_ENV: tuple[str, ...] = ()  # the driver's environment settings that change a stack's numbers, set likewise on
@@ -93,7 +93,7 @@ def ray_ready(options: RayOptions | None, device: str) -> RayOptions:
 
 def train_on_ray(runner, groups: dict, save: Callable[[int, object], None], options: RayOptions,
                  progress: bool) -> dict:
-    """Train the plan's stacks (`groups`, heads.experiments.grid_plan.plan_stacks) on Ray (`options` from
+    """Train the plan's stacks (`groups`, heads.experiments.grid.plan.plan_stacks) on Ray (`options` from
     `ray_ready`); `save(i, result)` for each as it comes back (the driver's one write path). Returns what
     ray.json records ({} when nothing was left to train)."""
     stacks = list(groups.items())

@@ -1,5 +1,5 @@
-"""Evaluation and forgetting of `cli compare` (the steps are in `heads.experiments.compare`, the table in
-`heads.experiments.compare_table`).
+"""Evaluation and forgetting of `cli compare` (the steps are in `heads.experiments.compare.run`, the table in
+`heads.experiments.compare.table`).
 
 Each encoder at each seed is evaluated once per dataset with its head (eval_head also scores the raw
 features' cosine, the no-head row); the per-query / per-pair values are kept in the eval step's record
@@ -22,7 +22,7 @@ import shutil
 from pathlib import Path
 
 from headstore.data.keys import content_digest, contents
-from headstore.heads.experiments.compare_config import device_key, mlm_loss_device
+from headstore.heads.experiments.compare.config import device_key, mlm_loss_device
 from headstore.heads.training.eval_run import eval_head
 
 DATA = "--in-domain / --ood ([data] in_domain / out_of_domain)"  # what a missing dataset's error names
@@ -46,7 +46,7 @@ def _eval(store: Path, head: Path, data: str, folder: Path, exclude: str | None,
             "baseline": m["baseline"][m["baseline_primary"]], "split": m["split"],
             "n_scored": m["n_scored"].get(m["split"]), "dropped": m.get("overlap_dropped"),
             "items": {"head": items["head"], "baseline": items["baseline"]}, "gold": items.get("gold"),
-            "seen": items.get("seen")}  # the items' seen mask (heads.experiments.compare_parts)
+            "seen": items.get("seen")}  # the items' seen mask (heads.experiments.compare.parts)
 
 
 def evaluate_built(cfg, steps, built: dict) -> dict:

@@ -1,4 +1,4 @@
-"""What a Ray worker runs for `cli grid --engine ray` (heads.experiments.grid_ray): one stack per task.
+"""What a Ray worker runs for `cli grid --engine ray` (heads.experiments.grid.ray_engine): one stack per task.
 
 `run_stack` gets references to the driver's detached StackRunner and to the feature matrix of the stack's array
 (nested in a list, so Ray passes them unresolved), fetches each once per worker process (`_held`: on another node

@@ -1,16 +1,16 @@
 """`cli grid`: train every combination of a TOML grid of head settings, stacked by shape, for every task kind.
 
-The grid file and head ids: heads.experiments.grid_spec; the plan (stacks; skipped and same-objective rows):
-heads.experiments.grid_plan; the inputs, read once: heads.experiments.grid_inputs. On labelled texts `shots` and
+The grid file and head ids: heads.experiments.grid.spec; the plan (stacks; skipped and same-objective rows):
+heads.experiments.grid.plan; the inputs, read once: heads.experiments.grid.inputs. On labelled texts `shots` and
 `seed` are ordinary keys (a few-shot stack trains on the texts its seed draws, the kind's `for_training`), and
 each row carries the frozen baseline of the texts it trained on (`base_*`). Results are written after every
 stack, so a rerun into the same output skips finished heads and a changed grid trains only what is new; every
 head is saved loadably (`GRID#rank=K`, `GRID#id=HEAD_ID`, heads.artefacts.files).
 
 Engines: `local` trains the stacks one after another in this process, `ray` on a Ray cluster's workers
-(heads.experiments.grid_ray). Either way `StackRunner.compute` trains and scores a stack (nothing written) and
+(heads.experiments.grid.ray_engine). Either way `StackRunner.compute` trains and scores a stack (nothing written) and
 this process alone saves it (`StackRunner.save`, then results.parquet, rows in the plan's order): a stack's
-training and scoring is heads.experiments.grid_stack.
+training and scoring is heads.experiments.grid.stack.
 """
 from __future__ import annotations
 
@@ -27,21 +27,21 @@ from headstore.data.tables import read_utf8
 from headstore.featurize.encoder.hardware import warn_if_emulated_bf16
 from headstore.featurize.encoder.model import pick_device
 from headstore.heads.artefacts.files import RESULTS_FILE, read_results, resume_rows, write_results
-from headstore.heads.experiments.ensembles import score_ensembles, write_ensembles
-from headstore.heads.experiments.grid_estimate import pace_line, plan_seconds
-from headstore.heads.experiments.grid_inputs import load_inputs, transfer_split
-from headstore.heads.experiments.grid_plan import plan_stacks, plan_summary
-from headstore.heads.experiments.grid_ray import ray_ready, train_on_ray
-from headstore.heads.experiments.grid_scope import check_resumed_scope
-from headstore.heads.experiments.grid_spec import GRID_VERSION, read_grid
-from headstore.heads.experiments.grid_stack import StackRunner
-from headstore.heads.experiments.report import write_report
-from headstore.heads.experiments.soups import score_soups
-from headstore.heads.experiments.summary import write_summary
+from headstore.heads.experiments.grid.ensembles import score_ensembles, write_ensembles
+from headstore.heads.experiments.grid.estimate import pace_line, plan_seconds
+from headstore.heads.experiments.grid.inputs import load_inputs, transfer_split
+from headstore.heads.experiments.grid.plan import plan_stacks, plan_summary
+from headstore.heads.experiments.grid.ray_engine import ray_ready, train_on_ray
+from headstore.heads.experiments.grid.scope import check_resumed_scope
+from headstore.heads.experiments.grid.spec import GRID_VERSION, read_grid
+from headstore.heads.experiments.grid.stack import StackRunner
+from headstore.heads.experiments.grid.leaderboard import write_report
+from headstore.heads.experiments.grid.soups import score_soups
+from headstore.heads.experiments.grid.summary import write_summary
 from headstore.heads.kinds.unlabeled import unlabeled_line
 from headstore.heads.training.selection import DEFAULT_DELTA
 
-ENGINES = ("local", "ray")  # local: this process, one stack after another; ray: heads.experiments.grid_ray
+ENGINES = ("local", "ray")  # local: this process, one stack after another; ray: heads.experiments.grid.ray_engine
 
 
 def run_grid(store_path: str, data_path: str, grid_path: str, out_dir: str, data_format: str | None = None,
@@ -58,16 +58,16 @@ def run_grid(store_path: str, data_path: str, grid_path: str, out_dir: str, data
     `score_range`: the scale of an STS table's scores (default: detected).
     `select_ood`: out-of-domain datasets whose dev (else train) split takes part in selection, epochs and
     configurations alike (heads.training.selection; `ood_delta` its tolerance); columns `sel_<name>_primary`, `sel_loss`.
-    `ensembles`: sizes K of ensembles of the best configurations to score per seed (heads.experiments.ensembles).
+    `ensembles`: sizes K of ensembles of the best configurations to score per seed (heads.experiments.grid.ensembles).
     `score_split`: the split reported in the `test_*` columns; "dev" scores few-shot heads (which select on
     nothing) on the dev slice, to choose few-shot settings without looking at test.
-    `soups`: sizes K of weight soups to score per seed (heads.artefacts.soup, heads.experiments.soups; soups.json).
+    `soups`: sizes K of weight soups to score per seed (heads.artefacts.soup, heads.experiments.grid.soups; soups.json).
     `dry_run`: print the plan (heads, stacks, skipped, a rough time) and return without writing anything.
     `test_scope`: which heads are ranked on test (TEST_SCOPES); the others' test columns are empty.
     `device`: where the features and the stacks live (auto: cuda when available; on the ray engine see RayOptions).
     `unlabeled`: --unlabeled files (heads.kinds.unlabeled): a positives-only pairs task's corpus and impostor pool,
     the anchor's sample; said on the terminal and in baseline.json, part of every head id.
-    `engine`: ENGINES; `ray_options`: heads.experiments.grid_ray.RayOptions (None: its defaults)."""
+    `engine`: ENGINES; `ray_options`: heads.experiments.grid.ray_engine.RayOptions (None: its defaults)."""
     if engine not in ENGINES:
         raise ValueError(f"engine {engine!r}; valid: {', '.join(ENGINES)}")
     combos = read_grid(grid_path)

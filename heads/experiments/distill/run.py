@@ -32,9 +32,9 @@ from headstore.heads.artefacts.curve import plot_curve
 from headstore.heads.artefacts.files import write_head_dir
 from headstore.heads.artefacts.head import EnsembleHead, Head
 from headstore.heads.artefacts.judged import write_judgements
-from headstore.heads.experiments.distill_report import (SPLITS, Beside, best_member, n_parameters, read_stored,
+from headstore.heads.experiments.distill.report import (SPLITS, Beside, best_member, n_parameters, read_stored,
                                                         to_device, transfer_tasks)
-from headstore.heads.experiments.distill_tuned import TunedTeacherStore, tuned_head_dir
+from headstore.heads.experiments.distill.tuned import TunedTeacherStore, tuned_head_dir
 from headstore.heads.kinds import judgement_pairs, load_task
 from headstore.heads.kinds.unlabeled import unlabeled_report
 from headstore.heads.network.features import array_widths
@@ -68,7 +68,7 @@ def load_teacher(ref: str, store: FeatureStore, what: str = "--teacher") -> Head
 
 def open_teacher(ref: str, store: FeatureStore, teacher_store: str | None, device) -> tuple[Head, object]:
     """(the teacher, `read(tf, array)` of the features it scores): a head over the store reads the store's; a
-    tuned-encoder teacher (heads.experiments.distill_tuned) its own store's, at the same texts."""
+    tuned-encoder teacher (heads.experiments.distill.tuned) its own store's, at the same texts."""
     tuned = tuned_head_dir(ref)
     if tuned is None:
         if teacher_store:
@@ -122,6 +122,20 @@ def teacher_key(teacher: Head) -> str:
     return h.hexdigest()
 
 
+def _teacher_targets(out_dir, key: str, teacher, teacher_features, features, tf, rows: tuple, head_cfg: HeadConfig,
+                     dcfg: DistillConfig, progress: bool):
+    """(the teacher's targets over the anchors' candidate sets, and its outputs of the anchors where the loss
+    reads embeddings; whether they were made now): the student is checked first, before the teacher's pass."""
+    anchors, corpus = rows
+    embedding_loss = any(spec.reads == "embeddings" for spec in distill_losses(dcfg.distill_loss))
+    if embedding_loss:
+        check_embedding_student(teacher, head_cfg, dcfg)  # before the teacher's pass writes its targets
+    targets, made = _targets(out_dir, key, teacher, teacher_features, features, tf, anchors, corpus, dcfg, progress)
+    if embedding_loss:  # (U, d) the teacher's outputs of the anchors
+        targets = targets.with_embeddings(teacher_outputs(teacher, teacher_features, tf, anchors, targets))
+    return targets, made
+
+
 def distill(store_path: str, data_path: str, teacher_ref: str, out_dir: str, head_cfg: HeadConfig = HeadConfig(),
             cfg: TrainConfig = TrainConfig(), dcfg: DistillConfig = DistillConfig(), data_format: str | None = None,
             array: str = "features", progress: bool = True, overwrite: bool = False,
@@ -153,13 +167,8 @@ def distill(store_path: str, data_path: str, teacher_ref: str, out_dir: str, hea
                     device, items, read_teacher)
     shape = head_shape(head_cfg, features, array, task, cfg, array_widths(store, array))
     head_cfg, init = student_start(dcfg, single_head, shape, array)
-    embedding_loss = any(spec.reads == "embeddings" for spec in distill_losses(dcfg.distill_loss))
-    if embedding_loss:
-        check_embedding_student(teacher, head_cfg, dcfg)  # before the teacher's pass writes its targets
-    targets, made = _targets(out_dir, key, teacher, teacher_features, features[:, :store.dim], tf,
-                             anchors, corpus, dcfg, progress)
-    if embedding_loss:  # (U, d) the teacher's outputs of the anchors
-        targets = targets.with_embeddings(teacher_outputs(teacher, teacher_features, tf, anchors, targets))
+    targets, made = _teacher_targets(out_dir, key, teacher, teacher_features, features[:, :store.dim], tf,
+                                     (anchors, corpus), head_cfg, dcfg, progress)
     del teacher_features  # not held through training (Beside reads what it scores again)
     model, norm, (run,) = distill_stack(task, features, head_cfg, [cfg], dcfg, targets.mapped(tf.positions),
                                         progress, in_place=True, init=init)  # the raw features' last use was above

@@ -15,7 +15,7 @@ import torch
 from headstore.data.files import atomic_write_json
 from headstore.heads.artefacts.files import ensemble_groups, load_grid_head
 from headstore.heads.evaluation.evaluate import PREFIX, embedder, evaluate_split, primary_metric
-from headstore.heads.experiments.report import _ci
+from headstore.heads.experiments.grid.leaderboard import _ci
 from headstore.heads.artefacts.head import EnsembleHead, Head
 from headstore.heads.kinds import Task
 

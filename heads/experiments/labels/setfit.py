@@ -41,7 +41,7 @@ import polars as pl
 from headstore.data.files import (atomic_write_json, atomic_write_parquet, atomic_write_text,
                                   read_parquet_or_explain)
 from headstore.data.keys import library_version, recipe, resolved
-from headstore.heads.experiments.summary import mean_std_ci
+from headstore.heads.experiments.grid.summary import mean_std_ci
 
 
 @dataclass(frozen=True)

@@ -12,10 +12,9 @@ from tabulate import tabulate
 
 from headstore.data.files import atomic_write_text
 from headstore.heads.artefacts.files import ranked_configs
-from headstore.heads.scoring.metrics import bootstrap_ci
-from headstore.heads.experiments.plots import plot_best_curves, plot_by_setting
-from headstore.heads.experiments.seen_columns import baseline_columns, group_columns, part_masks
-from headstore.heads.experiments.seen_columns import headers as seen_headers, legend as seen_legend
+from headstore.heads.experiments.grid.plots import plot_best_curves, plot_by_setting
+from headstore.heads.experiments.grid.seen_columns import baseline_columns, group_columns, part_masks
+from headstore.heads.experiments.grid.seen_columns import headers as seen_headers, legend as seen_legend
 from headstore.heads.kinds import KINDS, Task, kind_of
 
 N_BOOT = 1000  # bootstrap resamples for the 95% CIs
@@ -51,7 +50,7 @@ def aggregate(frame: pl.DataFrame, task: Task) -> tuple[pl.DataFrame, list[str]]
         for col in [c for c in g.columns if c.startswith(("ood_", "sel_")) and c.endswith(("_primary", "_loss"))]:
             vals = g[col].drop_nulls().to_numpy()
             r[col[:-len("_primary")] if col.endswith("_primary") else col] = float(vals.mean()) if len(vals) else None
-        r.update(group_columns(g, masks))  # seen / unseen dev and test (heads.experiments.seen_columns)
+        r.update(group_columns(g, masks))  # seen / unseen dev and test (heads.experiments.grid.seen_columns)
         r["train_seconds"] = float(g["train_seconds"].sum())
         r["head_ids"] = ",".join(g["head_id"].to_list())
         rows.append(r)

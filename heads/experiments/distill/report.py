@@ -27,7 +27,7 @@ import torch
 from headstore.heads.artefacts.head import EnsembleHead, Head
 from headstore.heads.artefacts.task_features import TaskFeatures
 from headstore.heads.evaluation.evaluate import TEST_SPLIT, embedder, evaluate_baseline, evaluate_head, evaluate_split
-from headstore.heads.experiments.grid_inputs import transfer_split
+from headstore.heads.experiments.grid.inputs import transfer_split
 from headstore.heads.kinds import load_task, overlap_line, primary_metric, seen_rows, task_seen_masks, without_seen
 from headstore.heads.scoring.energy import pairwise_energy
 

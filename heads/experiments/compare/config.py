@@ -1,6 +1,6 @@
 """`cli compare`'s settings: CompareConfig and how a TOML file ([data], [compare], [featurize], [head], [adapt],
 [finetune], [mlm]) and command-line overrides become one (`load_compare_config`). The steps that run them are
-in `heads.experiments.compare`."""
+in `heads.experiments.compare.run`."""
 from __future__ import annotations
 
 import dataclasses
@@ -13,8 +13,8 @@ from headstore.data.keys import device_kind
 from headstore.featurize.encoder.config import DEVICES, FeaturizeConfig
 from headstore.heads.settings.config import setting_hints, TrainConfig
 from headstore.heads.apply.finetune import FinetuneConfig
-from headstore.heads.experiments.compare_setups import SETUPS
-from headstore.heads.experiments.datasets_root import default_mlm_text
+from headstore.heads.experiments.compare.setups import SETUPS
+from headstore.heads.experiments.compare.datasets_root import default_mlm_text
 from headstore.heads.network.model import HeadConfig
 
 
@@ -43,7 +43,7 @@ class CompareConfig:
     ood_exclude_overlap: bool = True  # out-of-domain pairs / queries using an in-domain text are dropped
     n_boot: int = 1000  # bootstrap resamples of every CI
     max_docs: int | None = None  # subsample the in-domain BEIR corpus to this many documents (CPU budget;
-    # heads.experiments.compare_data); None = the whole corpus
+    # heads.experiments.compare.data); None = the whole corpus
     ood_max_docs: int | None = None  # the same for each out-of-domain BEIR corpus
     subsample_seed: int = 0  # which queries and distractor documents a subsample keeps
     mlm: bool = True  # MLM loss on held-out text (forgetting)

@@ -21,7 +21,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from headstore.data.keys import content_digest, resolved
-from headstore.featurize.tuning.settle import SETTLE_CHANGE, settled  # the rule adapt stops on; the table says it
 
 
 @dataclass(frozen=True)

@@ -1,12 +1,12 @@
 """`cli compare`: every way to use the encoder, on the same data, over seeds, with confidence intervals.
 
-The setups (the registries of `heads.experiments.compare_setups`): the frozen encoder's own cosine; frozen
+The setups (the registries of `heads.experiments.compare.setups`): the frozen encoder's own cosine; frozen
 encoder -> stored features -> head; MLM-adapted encoder + head; adapters + head, LoRA + head and the encoder
 fine-tuned end to end + head (`cli finetune` from that seed's frozen + head); each tuned encoder also without
 a head. Every setup runs at each of `seeds` (a seed sets the head's init and batch order and each tuning
 run's seed); each is evaluated on the in-domain test split and on each out-of-domain dataset, with the
 seconds and peak memory it cost, its trainable parameters and, optionally, the MLM loss on held-out text
-(forgetting). `heads.experiments.compare_report` turns the per-query / per-pair values into mean +- std over
+(forgetting). `heads.experiments.compare.report` turns the per-query / per-pair values into mean +- std over
 seeds, bootstrap CIs and each setup's paired difference from frozen + head.
 
 Each step writes `OUT/<step>-<key>/` where key hashes what made it (data/keys.py's rule): the resolved value
@@ -29,11 +29,12 @@ from pathlib import Path
 
 from headstore.data.files import atomic_write_json
 from headstore.data.keys import content_digest, contents, recipe, resolved
-from headstore.heads.experiments.compare_config import CompareConfig, device_key, on_device
-from headstore.heads.experiments.compare_config import load_compare_config, split_list  # noqa: F401
-from headstore.heads.experiments.compare_report import DATA  # what a missing dataset's error names
-from headstore.heads.experiments.compare_setups import SETUPS, TUNED, Builder, model_key, settled
-from headstore.heads.experiments.datasets_root import missing_mlm_text_note
+from headstore.featurize.tuning.settle import settled
+from headstore.heads.experiments.compare.config import CompareConfig, device_key, on_device
+from headstore.heads.experiments.compare.config import load_compare_config, split_list  # noqa: F401
+from headstore.heads.experiments.compare.report import DATA  # what a missing dataset's error names
+from headstore.heads.experiments.compare.setups import SETUPS, TUNED, Builder, model_key
+from headstore.heads.experiments.compare.datasets_root import missing_mlm_text_note
 
 
 def _key(obj) -> str:
@@ -209,8 +210,8 @@ def run_compare(cfg: CompareConfig, out_dir: str, log=print) -> str:
     """Run (or reuse) every step at every seed, evaluate every setup; write compare.json, compare.md and
     compare.png; return the terminal table."""
     from headstore.featurize.encoder.model import pick_device, resolve_model
-    from headstore.heads.experiments.compare_report import evaluate_built, mlm_losses
-    from headstore.heads.experiments.compare_table import write_report
+    from headstore.heads.experiments.compare.report import evaluate_built, mlm_losses
+    from headstore.heads.experiments.compare.table import write_report
 
     if cfg.device != "auto":
         pick_device(cfg.device)  # cuda where there is none: said now, not after the first steps ran
@@ -244,7 +245,7 @@ def run_compare(cfg: CompareConfig, out_dir: str, log=print) -> str:
 
 def _subsampled(cfg: CompareConfig, out: Path) -> CompareConfig:
     """cfg with each BEIR dataset replaced by its seeded subsample where max_docs / ood_max_docs ask for one."""
-    from headstore.heads.experiments.compare_data import subsample_beir
+    from headstore.heads.experiments.compare.data import subsample_beir
 
     def sub(path: str, limit: int | None) -> str:
         return path if limit is None else subsample_beir(path, out / "data", limit, cfg.subsample_seed)
@@ -254,7 +255,7 @@ def _subsampled(cfg: CompareConfig, out: Path) -> CompareConfig:
 
 def _adapt_result(summary: dict) -> dict:
     """An MLM run's record: its steps (`total_steps`: the cap), why it stopped ("settled" at a check, or
-    "cap"; `capped`), whether its loss settled (compare_setups.settled) and its loss curve."""
+    "cap"; `capped`), whether its loss settled (featurize.tuning.settle.settled) and its loss curve."""
     keep = ("steps", "total_steps", "finished", "stopped", "capped", "first_loss", "last_loss_mean10", "mlm_head",
             "n_held_out_texts", "losses")
     if not summary.get("finished"):

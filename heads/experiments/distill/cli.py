@@ -73,7 +73,7 @@ def distill_command(store, data, data_format, unlabeled, teacher, teacher_store,
                     overwrite, device, **settings):
     """Distil a teacher's energies into one head on the frozen features: soft targets over each anchor's
     candidate set (the teacher's top-k of the frozen search plus random texts), selected on dev, test once."""
-    from headstore.heads.experiments.distill import distill
+    from headstore.heads.experiments.distill.run import distill
 
     names = ("distill_loss", "temperature", "pair_weight", "teacher_k", "random_k", "search_k", "unlabeled_anchors",
              "sample_seed", "student_init")
@@ -95,7 +95,7 @@ def _fmt(value, ci=None) -> str:
 
 def _columns(metrics: dict) -> list[tuple[str, dict]]:
     """(header, column) of frozen, the best single head (when any), the teacher and the distilled head."""
-    from headstore.heads.experiments.distill_report import split_parts
+    from headstore.heads.experiments.distill.report import split_parts
 
     d, base = metrics["distill"], metrics["baseline_primary"]
     student = {"primary": metrics["primary"], "head": metrics.get("head"), "ci": metrics.get("ci", {}).get("head"),

@@ -1,7 +1,7 @@
 """One stack of a grid trained and scored (`StackRunner.compute`: its weights and results rows, nothing written)
-and saved loadably (`StackRunner.save`, by the one process that writes: heads.experiments.grid). The features
+and saved loadably (`StackRunner.save`, by the one process that writes: heads.experiments.grid.run). The features
 and frozen baselines are cached per array (and per training set, for few-shot stacks); a detached copy trains
-stacks on a Ray worker (heads.experiments.grid_ray).
+stacks on a Ray worker (heads.experiments.grid.ray_engine).
 """
 from __future__ import annotations
 
@@ -16,10 +16,10 @@ import torch
 from headstore.heads.artefacts.files import save_stack
 from headstore.heads.artefacts.task_features import TaskFeatures
 from headstore.heads.evaluation.evaluate import embedder, evaluate_split
-from headstore.heads.experiments.grid_inputs import transfer_split
-from headstore.heads.experiments.grid_plan import flat_settings
-from headstore.heads.experiments.grid_scope import heads_to_test, scored_heads
-from headstore.heads.experiments.grid_spec import GRID_VERSION
+from headstore.heads.experiments.grid.inputs import transfer_split
+from headstore.heads.experiments.grid.plan import flat_settings
+from headstore.heads.experiments.grid.scope import heads_to_test, scored_heads
+from headstore.heads.experiments.grid.spec import GRID_VERSION
 from headstore.heads.kinds import PREFIX, Task, kind_of
 from headstore.heads.kinds.labels import label_space
 from headstore.heads.network.features import Normalizer, array_widths

@@ -8,11 +8,10 @@ from __future__ import annotations
 
 import numpy as np
 import polars as pl
-import torch
 
 from headstore.data.files import atomic_write_json
 from headstore.heads.evaluation.evaluate import PREFIX, embedder, evaluate_split, primary_metric
-from headstore.heads.experiments.report import _ci
+from headstore.heads.experiments.grid.leaderboard import _ci
 from headstore.heads.kinds import Task
 from headstore.heads.scoring.losses import scoring_energy
 from headstore.heads.artefacts.soup import load_soup

@@ -25,12 +25,12 @@ import numpy as np
 from tabulate import tabulate
 
 from headstore.data.files import atomic_write_text
-from headstore.heads.experiments.compare_parts import parts_section, split_evals
-from headstore.heads.experiments.compare_report import dataset_name
-from headstore.heads.experiments.compare_notes import (adaptation_note, method, recipe_note, time_note, time_split,
+from headstore.heads.experiments.compare.parts import parts_section, split_evals
+from headstore.heads.experiments.compare.report import dataset_name
+from headstore.heads.experiments.compare.notes import (adaptation_note, method, recipe_note, time_note, time_split,
                                                       tuning_note)
-from headstore.heads.experiments.compare_setups import REFERENCE, SETUPS
-from headstore.heads.experiments.plots import metric_family, plot_gain_vs_change
+from headstore.heads.experiments.compare.setups import REFERENCE, SETUPS
+from headstore.heads.experiments.grid.plots import metric_family, plot_gain_vs_change
 from headstore.heads.kinds import kind_of_metric
 from headstore.heads.scoring.bootstrap import item_statistics, seed_interval
 

@@ -1,5 +1,5 @@
-"""`cli forgetting` and `cli setfit-compare`: thin click layers over heads.experiments.forgetting and
-heads.experiments.setfit_compare (registered on the main group in cli.py)."""
+"""`cli compare` and `cli forgetting`: thin click layers over heads.experiments.compare.run and
+heads.experiments.compare.forgetting (registered on the main group in cli.py)."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -7,6 +7,34 @@ from pathlib import Path
 import click
 
 from headstore.data.options import PATH, fold_label_options, label_read_options
+from headstore.featurize.encoder.config import DEVICES
+
+
+@click.command("compare")
+@click.option("--config", "config_path", type=PATH, default=None, help="TOML file (see examples/compare.toml).")
+@click.option("--out", type=PATH, required=True, help="Output directory (rerunning reuses finished steps).")
+@click.option("--in-domain", type=PATH, default=None, help="Dataset the heads train on (its test split is reported).")
+@click.option("--ood", "out_of_domain", type=PATH, multiple=True, help="Out-of-domain dataset; repeat for several.")
+@click.option("--model", type=PATH, default=None, help="Base encoder (default minilm).")
+@click.option("--base-store", type=PATH, default=None, help="Reuse this store for the base encoder's features.")
+@click.option("--adapt-steps", type=int, default=None, help="MLM adaptation steps.")
+@click.option("--finetune-steps", type=int, default=None, help="Cap on finetune steps (default: one epoch).")
+@click.option("--mlm/--no-mlm", default=None, help="Measure MLM loss on held-out text (forgetting).")
+@click.option("--seeds", default=None, help="Comma-separated seeds, e.g. 0,1,2 (head init, batch order, tuning runs).")
+@click.option("--setups", default=None, help="Comma-separated rows (default: all): "
+              "frozen-cosine, frozen-head, adapted-*, adapters-*, lora-*, finetuned-* (*: cosine or head).")
+@click.option("--device", type=click.Choice(DEVICES), default=None,
+              help="cpu | cuda: every part there (stores, heads, MLM, tuning, evaluation), the device in every "
+                   "step's key. Default: [compare] device, else auto (each part's own: cuda when available).")
+def compare_command(config_path, out, seeds, setups, **overrides):
+    """Every setup (frozen, MLM-adapted, adapters, LoRA, fine-tuned; with and without a head) over seeds, in and
+    out of domain, with 95% CIs and paired differences: compare.md, compare.json, compare.png."""
+    from headstore.heads.experiments.compare.run import load_compare_config, run_compare, split_list
+
+    config = load_compare_config(config_path, seeds=split_list(seeds, int, "--seeds"),
+                                 setups=split_list(setups, str, "--setups"), **overrides)
+    table = run_compare(config, out)
+    click.echo(table)
 
 
 @click.command("forgetting")
@@ -36,7 +64,7 @@ def forgetting_command(store, out, task_a, task_b, data, train_per_class, test_p
     from headstore.featurize.encoder.config import FeaturizeConfig
     from headstore.heads.apply.finetune import FinetuneConfig
     from headstore.heads.settings.config import TrainConfig
-    from headstore.heads.experiments.forgetting import (FORGETTING_TRAIN, ForgettingConfig, run_forgetting,
+    from headstore.heads.experiments.compare.forgetting import (FORGETTING_TRAIN, ForgettingConfig, run_forgetting,
                                                          split_classes)
 
     fmt = fold_label_options(data_format, label_settings)
@@ -54,37 +82,3 @@ def forgetting_command(store, out, task_a, task_b, data, train_per_class, test_p
                                                    batch_size=finetune_batch_size, mined_k=0),
                            featurize=FeaturizeConfig(precision=precision), mlm=mlm)
     click.echo(run_forgetting(cfg, out))
-
-
-@click.command("setfit-compare")
-@click.option("--store", type=PATH, required=True, help="Feature store holding the dataset's texts (MiniLM).")
-@click.option("--data", type=PATH, required=True, help="Labelled dataset (e.g. ../shared/datasets/20newsgroups).")
-@click.option("--out", type=PATH, required=True, help="Output directory (rerunning reuses finished runs).")
-@label_read_options
-@click.option("--shots", default="8", show_default=True, help="Comma-separated texts per class.")
-@click.option("--seeds", default="0,1,2", show_default=True, help="Comma-separated seeds (each draws its own texts).")
-@click.option("--losses", default="ce,supcon-kl", show_default=True,
-              help="headstore heads, comma-separated: a classifier head (ce) is scored by its argmax, an energy head "
-                   "by the tuned probe on its outputs and by k-NN.")
-@click.option("--test-per-class", type=int, default=None,
-              help="Score a fixed stratified sample of the test split (the same for every method); default: all of it.")
-@click.option("--setfit-body/--no-setfit-body", default=True, show_default=True,
-              help="Run SetFit's contrastive body fine-tuning (b); slow on a CPU.")
-@click.option("--setfit-max-steps", type=int, default=None,
-              help="Cap on SetFit's body steps (default: its one epoch; a cap is reported as a deviation).")
-@click.option("--model", type=PATH, default="minilm", show_default=True, help="The encoder: SetFit loads its local directory.")
-def setfit_command(store, data, out, data_format, shots, seeds, losses, test_per_class, setfit_body, setfit_max_steps,
-                   model, **label_settings):
-    """SetFit (frozen body + logistic regression; contrastive body fine-tuning) beside headstore's heads and probe."""
-    from headstore.heads.experiments.setfit_compare import SetFitCompareConfig, run_setfit_compare
-
-    try:
-        import setfit  # noqa: F401
-    except ImportError:
-        raise ValueError("cli setfit-compare needs SetFit: pip install -e '.[setfit]'") from None
-    cfg = SetFitCompareConfig(
-        data=data, store=store, data_format=fold_label_options(data_format, label_settings),
-        shots=tuple(int(s) for s in shots.split(",")), seeds=tuple(int(s) for s in seeds.split(",")),
-        losses=tuple(x.strip() for x in losses.split(",") if x.strip()), test_per_class=test_per_class,
-        setfit_body=setfit_body, setfit_max_steps=setfit_max_steps, model=model)
-    click.echo(run_setfit_compare(cfg, out))

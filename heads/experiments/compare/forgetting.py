@@ -47,10 +47,10 @@ from headstore.featurize.tuning.mlm_eval import mlm_loss
 from headstore.featurize.tuning.packing import load_texts, split_holdout
 from headstore.heads.artefacts.files import write_head_dir
 from headstore.heads.settings.config import HeadConfig, TrainConfig
-from headstore.heads.experiments.compare import Steps
-from headstore.heads.experiments.compare_report import GENERAL_MIN_CHARS, with_head
-from headstore.heads.experiments.compare_setups import model_key
-from headstore.heads.experiments.datasets_root import default_mlm_text, missing_mlm_text_note
+from headstore.heads.experiments.compare.run import Steps
+from headstore.heads.experiments.compare.report import GENERAL_MIN_CHARS, with_head
+from headstore.heads.experiments.compare.setups import model_key
+from headstore.heads.experiments.compare.datasets_root import default_mlm_text, missing_mlm_text_note
 from headstore.heads.network.features import load_features
 from headstore.heads.kinds import for_training, load_task
 from headstore.heads.kinds.labels import few_shot_indices
