@@ -33,10 +33,10 @@ class CompareConfig:
     adapt: AdaptConfig = AdaptConfig(max_steps=1000, batch_size=16, until_settled=True, settle_check=100)
     finetune: FinetuneConfig = FinetuneConfig()  # its setup and seed are replaced per setup and seed
     # [finetune] lr_grid: each tuned setup's encoder lr candidates, factors of its default (encoder_lr, else the
-    # setup's own), chosen on dev at the first tuning seed (compare_setups.Builder.tuned): three values around
+    # setup's own), chosen on dev at the first tuning seed (compare.setups.Builder.tuned): three values around
     # the default, a factor of 2 apart, as a head's lr is picked from a small grid
     lr_grid: tuple[float, ...] = (0.5, 1.0, 2.0)
-    setups: tuple[str, ...] = tuple(SETUPS)  # the rows (compare_setups.SETUPS); frozen + head always runs
+    setups: tuple[str, ...] = tuple(SETUPS)  # the rows (compare.setups.SETUPS); frozen + head always runs
     seeds: tuple[int, ...] = (0, 1, 2)  # three seeds: the least that gives a spread (std) at all
     tune_seeds: int | None = None  # the first this many seeds also re-tune the encoders (None = all): an
     # adapted encoder is shared by the later seeds' heads, a finetune-family row has only these seeds
