@@ -12,10 +12,10 @@ Training set (`LabelsKind.train_set`): the texts themselves with their label cod
 compare every text of a batch with every other). `for_training(task, cfg)` builds the task a config trains on:
 - `shots = 0`: every train text except the dev slice (the dataset's `dev` split, else a stratified
   `DEV_FRACTION` of train drawn with `DEV_SEED`); heads are selected on dev (k-NN accuracy);
-- `shots = n`: n texts per class drawn from that pool with the head's `seed` (SetFit's / MTEB's
-  protocol: the seed draws the sample); there is no dev (few-shot has none), every epoch is trained
+- `shots = n`: n texts per class drawn from every train text (the dev slice included: few-shot has no dev)
+  with the head's `seed` (SetFit's / MTEB's protocol: the seed draws the sample); every epoch is trained
   and the last one kept; k-NN, probe and retrieval use only the n-per-class texts as the labelled set.
-  The pool's other texts stay in the task (`pool`): a self-trained classifier head reads them unlabeled
+  The other train texts stay in the task (`pool`): a self-trained classifier head reads them unlabeled
   (heads.training.linear_fit); their labels are never trained on.
 
 Batches (`sample_batches`): P classes x K texts. Each batch draws P = batch_size // K distinct classes
