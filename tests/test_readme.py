@@ -14,8 +14,22 @@ def bash_block_after(heading: str) -> list[str]:
     return [line for line in re.search(r"```bash\n(.*?)```", section, re.S).group(1).splitlines() if line.strip()]
 
 
-def test_readme_is_at_most_250_lines():
-    assert len(README.splitlines()) <= 250
+def test_readme_is_at_most_200_lines():
+    assert len(README.splitlines()) <= 200
+
+
+def test_the_bet_tables_figures_are_the_studies_own():
+    """Every figure of the README's bet table (a number with 3+ decimals, a share in %) stands on the study page
+    its row comes from: docs/setups.md for the compare rows, the page a row links to for the others."""
+    section = README[README.index("## The bet, measured"):]
+    table = [line for line in section.splitlines() if line.startswith("| ") and "---" not in line][1:]
+    assert len(table) >= 2
+    setups = (ROOT / "docs" / "setups.md").read_text()
+    for row in table:
+        linked = re.findall(r"\]\((docs/[^)#]+)", row)
+        page = (ROOT / linked[0]).read_text() if linked else setups
+        for figure in re.findall(r"\d\.\d{4}|\d+% \[[^\]]+\]|\b\d+%", row):
+            assert figure in page or figure in setups, f"{figure!r} of the bet row {row[:60]!r} is not in the study"
 
 
 def test_ci_runs_the_readmes_set_up_and_test_commands():
