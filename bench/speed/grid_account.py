@@ -115,7 +115,7 @@ def step_timer(epoch_batches):
 
 def install() -> dict:
     """The timers and counters on the grid's parts; the plan's modelled seconds land in the returned dict."""
-    from headstore.heads.experiments.grid.run import run as grid, grid_stack
+    from headstore.heads.experiments.grid import run as grid, stack as grid_stack
     from headstore.heads.network.model import StackedMLP
     from headstore.heads.training import optim, stacked_adamw, tracker, train
 

@@ -8,7 +8,7 @@ import pytest
 from click.testing import CliRunner
 
 from headstore.cli import main
-from headstore.heads.experiments.compare.run import table as compare_table
+from headstore.heads.experiments.compare import table as compare_table
 from headstore.heads.experiments.compare.run import load_compare_config
 from headstore.heads.experiments.compare.setups import pick_lr
 

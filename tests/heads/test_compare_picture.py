@@ -3,7 +3,7 @@
 from pathlib import Path
 
 import pytest
-from headstore.heads.experiments.grid.run import plots as plots
+from headstore.heads.experiments.grid import plots
 from headstore.heads.experiments.compare.setups import SETUPS
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 

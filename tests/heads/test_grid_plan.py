@@ -94,7 +94,7 @@ def test_an_ir_task_above_exact_max_is_costed_on_its_candidates_not_the_corpus()
     queries and at most 5 x pool_k candidates + 5 judged (5 + 55 rows), at or below it the corpus (5 + 400),
     and never fewer rows than the candidates selection_set makes; with re-mining off, the two plans differ by
     exactly epochs x EVAL_SECONDS x params x the 345 rows."""
-    from headstore.heads.experiments.grid.run import estimate as ge
+    from headstore.heads.experiments.grid import estimate as ge
     from headstore.heads.kinds import kind_of
     from headstore.heads.kinds.ranking import IRSplit
     from headstore.heads.training.cost import EVAL_SECONDS
