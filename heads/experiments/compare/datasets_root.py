@@ -16,7 +16,7 @@ GENERAL_MLM_TEXT = Path("wikitext-2") / "wikitext2.parquet"  # under the root: g
 
 def datasets_root() -> Path:
     """`$HEADSTORE_DATA`, else the `shared/datasets` folder beside the repository."""
-    repo = Path(__file__).resolve().parents[2]  # heads/experiments/ -> heads/ -> the repository root
+    repo = Path(__file__).resolve().parents[3]  # compare/ -> experiments/ -> heads/ -> the repository root
     return Path(os.environ.get(DATA_ENV, repo.parent / "shared" / "datasets"))
 
 
