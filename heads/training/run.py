@@ -251,11 +251,11 @@ def guard_report(task: Task, metrics: dict, run, plan: ResolvedTraining, head_cf
     frozen, head = dev["baseline"][metrics["baseline_primary"]], dev["head"][metrics["primary"]]
     report.update(frozen_dev=frozen, head_dev=head, head_minus_frozen=head - frozen,
                   worse_than_frozen=bool(head < frozen))
-    if head < frozen:
+    if head < frozen:  # the kind suggests settings other than those given (the head's settings as given)
+        suggestion = kind_of(task).suggest(task, head_cfg or HeadConfig(), plan.settings[0])
         report["warning"] = (f"the head is WORSE than no head on dev: {metrics['primary']} {head:.4f} vs "
                              f"{frozen:.4f} for the frozen features with cosine ({head - frozen:+.4f}). "
-                             f"Try: {kind_of(task).suggest(task, head_cfg or HeadConfig(), plan.settings[0])}; or use the frozen "
-                             "features with cosine (no head).")
+                             f"Try: {suggestion}; or use the frozen features with cosine (no head).")
     return report
 
 
