@@ -50,6 +50,7 @@ from headstore.heads.training.run import train_head  # noqa: E402
 from headstore.heads.kinds import load_task  # noqa
 from headstore.heads.kinds.ranking import IRSplit  # noqa: E402
 from headstore.heads.training import batches as T  # noqa: E402
+from headstore.heads.training.resolved import resolve_stack  # noqa: E402
 from headstore.heads.training.train import train_stack  # noqa: E402
 from headstore.heads.experiments.compare.datasets_root import datasets_root  # noqa: E402
 
@@ -77,9 +78,9 @@ def head_flops(head: HeadConfig) -> tuple[int, int]:
 
 def run_flops(task, X, head: HeadConfig, cfg: TrainConfig, runs) -> float:
     """Head matmul FLOPs of a stacked run: every head's training rows and per-epoch dev embeddings."""
-    data = T.prepare_data(task, X, cfg)
+    data = T.prepare_data(task, X, cfg.loss, cfg.normalize)
     n_neg = (0 if data.given is None else data.given.shape[1]) + \
-        (cfg.mined_k if T.NegativeSource(task, data, cfg, 1).mining else 0)
+        (cfg.mined_k if T.NegativeSource(task, data, resolve_stack([cfg]), 1).mining else 0)
     dev = task.eval_sets["dev"]
     dev_rows = len(dev.query_rows) + len(dev.doc_rows) if isinstance(dev, IRSplit) else 2 * len(dev)
     forward, training = head_flops(head)
@@ -174,8 +175,8 @@ def peer_seconds(task, store: FeatureStore, X, head: HeadConfig, precision: str,
 
     cfg = grid_configs(precision)[5]
     text = store.texts.sort("row")["text"].to_list()
-    data = T.prepare_data(task, X, cfg)
-    negatives = T.NegativeSource(task, data, cfg, 1).for_epoch(0, None)  # mined in feature space, as headstore
+    data = T.prepare_data(task, X, cfg.loss, cfg.normalize)
+    negatives = T.NegativeSource(task, data, resolve_stack([cfg]), 1).for_epoch(0, None)  # mined in feature space, as headstore
     pick = np.random.default_rng(0).permutation(len(data))[:n_pairs]
     columns = {"anchor": [text[r] for r in data.pairs.anchor[pick]],
                "positive": [text[r] for r in data.pairs.positive[pick]]}

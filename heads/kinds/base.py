@@ -226,12 +226,13 @@ class TaskKind:
         """(query rows, document rows) of an evaluation set's relevant judgements (IR); None for other kinds."""
         return None
 
-    def selection_set(self, task: Task, split: str, X: torch.Tensor, cfg) -> tuple[object, dict]:
+    def selection_set(self, task: Task, split: str, X: torch.Tensor, negatives) -> tuple[object, dict]:
         """(the evaluation set training selects on each epoch, how it was made): the split itself here (IR on a
-        corpus above cfg.exact_max: candidates, heads.kinds.ir)."""
+        corpus above negatives.exact_max: candidates, heads.kinds.ir). `negatives`: the training settings'
+        NegativesConfig section (exact_max, pool_k)."""
         return task.eval_sets[split], {"method": "exact"}
 
-    def selection_rows(self, task: Task, split: str, cfg) -> int:
+    def selection_rows(self, task: Task, split: str, negatives) -> int:
         """How many store rows each epoch's scoring of selection_set embeds, without making it (a plan's cost)."""
         return len(self.rows(task.eval_sets[split]))
 

@@ -119,26 +119,26 @@ class IRKind(TaskKind):
         zq, zd = embed(data.query_rows, "query").float(), embed(data.doc_rows, "document").float()  # (H, Q, d), (H, N, d)
         return selection_ndcg(data, zq, zd, energy, precision)
 
-    def selection_set(self, task, split, X, cfg):
-        """Above cfg.exact_max documents, the dev split cut to candidates (ranking.candidate_split), searched
+    def selection_set(self, task, split, X, negatives):
+        """Above negatives.exact_max documents, the dev split cut to candidates (ranking.candidate_split), searched
         once: each epoch ranks those instead of the whole corpus."""
         data: IRSplit = task.eval_sets[split]
-        if not cfg.negatives.on_candidates(len(data.doc_rows)):
+        if not negatives.on_candidates(len(data.doc_rows)):
             return data, {"method": "exact", "corpus": len(data.doc_rows)}
-        chosen, keep = candidate_split(data, X, cfg.pool_k)
-        return chosen, {"method": "candidates", "pool_k": cfg.pool_k, "n_candidates": len(keep),
-                        "corpus": len(data.doc_rows), "exact_max": cfg.exact_max,
+        chosen, keep = candidate_split(data, X, negatives.pool_k)
+        return chosen, {"method": "candidates", "pool_k": negatives.pool_k, "n_candidates": len(keep),
+                        "corpus": len(data.doc_rows), "exact_max": negatives.exact_max,
                         "made": "every dev query's exact frozen top pool_k (cosine) and every judged "
                                 "document, re-scored by each head each epoch"}
 
-    def selection_rows(self, task, split, cfg):
-        """Above cfg.exact_max, the queries and at most every query's pool_k candidates and judged documents
+    def selection_rows(self, task, split, negatives):
+        """Above negatives.exact_max, the queries and at most every query's pool_k candidates and judged documents
         (they overlap: fewer), as selection_set makes them; the whole split otherwise."""
         data: IRSplit = task.eval_sets[split]
-        if not cfg.negatives.on_candidates(len(data.doc_rows)):
+        if not negatives.on_candidates(len(data.doc_rows)):
             return len(self.rows(data))
         judged = sum(len(data.qrels.get(q, {})) for q in data.query_ids)
-        return len(data.query_rows) + min(len(data.doc_rows), len(data.query_rows) * cfg.pool_k + judged)
+        return len(data.query_rows) + min(len(data.doc_rows), len(data.query_rows) * negatives.pool_k + judged)
 
     def candidate_share(self, task, split, chosen, rankings):
         """The share of the exact top-10 (over the whole corpus, in the head's space: the first head's ranking

@@ -20,6 +20,7 @@ metrics.json "anchor" says where the sample came from and how many rows it holds
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Optional
 
@@ -27,7 +28,6 @@ import numpy as np
 import torch
 
 from headstore.heads.kinds import held_out_rows, kind_of
-from headstore.heads.settings.config import TrainConfig
 from headstore.heads.network.model import StackedMLP
 
 ANCHOR_ROWS = 128  # rows per step and head: 2 batches' anchors, a fifth of a mined step's rows
@@ -67,32 +67,32 @@ def anchor_pool(task, rows: np.ndarray, source: str) -> AnchorPool:
                              "dev_test_texts_left_out": int(scored.sum()), "rule": ANCHOR_SAMPLE})
 
 
-def anchor_rows_of(store, cfg: TrainConfig, task) -> Optional[AnchorPool]:
-    """The anchor's pool in store rows (`task`: in store rows), None when the anchor is off; ValueError where it
-    holds no text."""
-    if not cfg.anchor_weight:
+def anchor_rows_of(store, task, weight: float, anchor_data: str = "") -> Optional[AnchorPool]:
+    """The anchor's pool in store rows (`task`: in store rows) for --anchor-weight `weight` on --anchor-data
+    `anchor_data` (empty: the task's own texts), None when the anchor is off; ValueError where it holds no text."""
+    if not weight:
         return None
-    if not cfg.anchor_data:
+    if not anchor_data:
         pool = anchor_pool(task, *own_texts(task))
     else:
         from headstore.heads.kinds import load_task, task_rows  # the dataset readers, only when named
 
-        named = load_task(cfg.anchor_data, store, for_eval=True)
+        named = load_task(anchor_data, store, for_eval=True)
         corpus = named.corpus_rows if named.corpus_rows is not None else []  # an IR corpus: every document
         rows = np.fromiter(task_rows(named) | {int(r) for r in corpus}, dtype=np.int64)
         if not len(rows):
-            raise ValueError(f"--anchor-data {cfg.anchor_data}: none of its texts is in {store.path} (featurize it)")
-        pool = anchor_pool(task, rows, f"--anchor-data {cfg.anchor_data}")
-    check_pool(pool, cfg)
+            raise ValueError(f"--anchor-data {anchor_data}: none of its texts is in {store.path} (featurize it)")
+        pool = anchor_pool(task, rows, f"--anchor-data {anchor_data}")
+    check_pool(pool, weight)
     return pool
 
 
-def check_pool(pool: AnchorPool, cfg: TrainConfig) -> None:
+def check_pool(pool: AnchorPool, weight: float) -> None:
     """ValueError where the pool holds no row: the anchor would have nothing to pull on."""
     if len(pool.rows):
         return
     r = pool.report
-    raise ValueError(f"--anchor-weight {cfg.anchor_weight:g}: no text to anchor on ({r['from']}: "
+    raise ValueError(f"--anchor-weight {weight:g}: no text to anchor on ({r['from']}: "
                      f"{r['training_texts_left_out']} training texts and {r['dev_test_texts_left_out']} dev or test "
                      "texts left out, none other); give unlabeled texts (--unlabeled FILE, or --anchor-data DATASET) "
                      "or use --anchor-weight 0")
@@ -101,10 +101,10 @@ def check_pool(pool: AnchorPool, cfg: TrainConfig) -> None:
 class AnchorSampler:
     """ANCHOR_ROWS anchor rows per step and head: (H, m) rows of the pool from each head's own generator."""
 
-    def __init__(self, pool: AnchorPool, configs: list[TrainConfig]):
-        check_pool(pool, configs[0])
-        self.pool, self.report = torch.as_tensor(pool.rows), {**pool.report, "weight": configs[0].anchor_weight}
-        self.gens = [torch.Generator().manual_seed(c.seed + ANCHOR_SEED) for c in configs]
+    def __init__(self, pool: AnchorPool, weight: float, seeds: Sequence[int]):
+        check_pool(pool, weight)
+        self.pool, self.report = torch.as_tensor(pool.rows), {**pool.report, "weight": weight}
+        self.gens = [torch.Generator().manual_seed(seed + ANCHOR_SEED) for seed in seeds]
         self.m = min(ANCHOR_ROWS, len(pool.rows))
         self.report["drawn_per_step"] = self.m
 

@@ -18,7 +18,7 @@ import torch
 
 from headstore.heads.training.anchor import anchor_penalty
 from headstore.heads.network.candidates import frozen_topk
-from headstore.heads.settings.config import TrainConfig
+from headstore.heads.training.resolved import ResolvedTraining
 from headstore.heads.evaluation.evaluate import embedder
 from headstore.heads.network.features import Normalizer
 from headstore.heads.kinds import Task, TrainSet, kind_of
@@ -60,24 +60,24 @@ class TrainingData:
 NORM_CHUNK = 1 << 16  # rows normalised at a time when the features are normalised in place
 
 
-def prepare_data(task: Task, features: torch.Tensor, cfg: TrainConfig, blocks: int = 1,
+def prepare_data(task: Task, features: torch.Tensor, loss: str, normalize: str, blocks: int = 1,
                  norm: Optional[Normalizer] = None, in_place: bool = False) -> TrainingData:
-    """Training set of cfg's loss (the task kind's), the normaliser fitted on its texts, the normalised
+    """Training set of `loss` (the task kind's), the `normalize` normaliser fitted on its texts, the normalised
     features. blocks: stored arrays side by side in `features` (a mixing head), each L2-normalised on its own.
     norm: a normaliser to keep instead (heads that go on training keep the one they were trained with).
     in_place: normalise `features` itself, block by block (the same numbers, row by row; no second copy of the
     features: the caller no longer needs the raw ones, heads.training.run scores the frozen baseline first)."""
-    pairs = kind_of(task).train_set(task, cfg.loss)
+    pairs = kind_of(task).train_set(task, loss)
     fit_rows = np.unique(np.concatenate([pairs.anchor, pairs.positive]))
     if norm is None:
-        norm = Normalizer.fit(cfg.normalize, features[torch.as_tensor(fit_rows)], blocks=blocks)
+        norm = Normalizer.fit(normalize, features[torch.as_tensor(fit_rows)], blocks=blocks)
     if in_place:
         for s in range(0, len(features), NORM_CHUNK):
             features[s:s + NORM_CHUNK] = norm(features[s:s + NORM_CHUNK])
     X = features if in_place else norm(features)  # (N, D)
     base, dev = len(X) + 1, X.device  # the pairs' tensors live where the features do (a GPU, or the CPU)
     relevant = torch.as_tensor(sorted(a * base + p for a, p in task.relevant), dtype=torch.long, device=dev)
-    use_given = pairs.negative is not None and LOSSES[cfg.loss].negatives
+    use_given = pairs.negative is not None and LOSSES[loss].negatives
     labels = None if pairs.targets is None else torch.as_tensor(pairs.targets, dtype=torch.float32, device=dev)
     return TrainingData(X, norm, pairs, torch.as_tensor(pairs.anchor, device=dev),
                         torch.as_tensor(pairs.positive, device=dev), labels,
@@ -105,26 +105,27 @@ class NegativeSource:
     """Negatives of every training pair for an epoch: given ones, then mined ones, (H, P, K) store rows.
 
     Mined once in feature space (cosine over the stored features, shared by all heads), or with
-    cfg.remine re-mined each epoch after the first (every cfg.remine_every epochs) in each head's own space with
-    its own energy."""
+    remine re-mined each epoch after the first (every remine_every epochs) in each head's own space with
+    its own energy (the plan's `negatives` section and eval_energy)."""
 
-    def __init__(self, task: Task, data: TrainingData, cfg: TrainConfig, n_heads: int):
-        self.task, self.data, self.cfg, self.n_heads = task, data, cfg, n_heads
-        self.mining = bool(cfg.mined_k and LOSSES[cfg.loss].negatives and task.corpus_rows is not None)
+    def __init__(self, task: Task, data: TrainingData, plan: ResolvedTraining, n_heads: int):
+        neg = plan.negatives
+        self.task, self.data, self.neg, self.energy, self.n_heads = task, data, neg, plan.eval_energy, n_heads
+        self.mining = bool(neg.mined_k and LOSSES[plan.loss].negatives and task.corpus_rows is not None)
         self.mined: Optional[torch.Tensor] = None  # (H, P, k)
         self.pool, self.report = None, {"method": "exact"}
-        self.plan = (MiningPlan.build(data.pairs.anchor, task.corpus_rows, task.relevant, cfg.mined_k)
+        self.plan = (MiningPlan.build(data.pairs.anchor, task.corpus_rows, task.relevant, neg.mined_k)
                      if self.mining else None)  # the corpus, anchors and positives, once for every epoch
         n_docs = len(self.plan.corpus_rows) if self.mining else 0
-        if self.mining and cfg.negatives.on_candidates(n_docs):  # a large corpus: a candidate pool, searched once
+        if self.mining and neg.on_candidates(n_docs):  # a large corpus: a candidate pool, searched once
             self.pool = self._pool(n_docs)
             self.report = {"method": "candidates", "pool_k": int(self.pool.shape[1]), "search": "each training "
                            "query's exact frozen top pool_k by cosine (blocked matmul), searched once", "corpus": n_docs,
-                           "exact_max": cfg.exact_max}
+                           "exact_max": neg.exact_max}
         elif self.mining:
             self.report["corpus"] = n_docs
-        if self.mining and cfg.remine and cfg.remine_every != 1:
-            self.report["remine_every"] = cfg.remine_every
+        if self.mining and neg.remine and neg.remine_every != 1:
+            self.report["remine_every"] = neg.remine_every
 
     def _remine(self, model: StackedMLP, heads: Optional[torch.Tensor]) -> None:
         """Re-mine the negatives of `heads` (None: all) in each one's own space."""
@@ -133,7 +134,7 @@ class NegativeSource:
             return
         some = len(idx) < self.n_heads
         fresh = mine(self.plan, self.data.X, embedder(model.select_heads(idx) if some else model, self.data.X),
-                     len(idx), energy=self.cfg.eval_energy, pool=self.pool).to(self.data.X.device)  # (h, P, k)
+                     len(idx), energy=self.energy, pool=self.pool).to(self.data.X.device)  # (h, P, k)
         if not some:
             self.mined = fresh
             return
@@ -143,20 +144,20 @@ class NegativeSource:
     def _pool(self, n_docs: int) -> np.ndarray:
         """(U, c) candidates of every unique anchor: its frozen top-c by cosine (c = pool_k, plus room for
         the anchor's own positives, which are never mined)."""
-        c = min(n_docs, max(self.cfg.pool_k, self.cfg.mined_k) + max(map(len, self.plan.exclude), default=0))
+        c = min(n_docs, max(self.neg.pool_k, self.neg.mined_k) + max(map(len, self.plan.exclude), default=0))
         return frozen_topk(self.data.X, self.plan.anchors, self.plan.corpus_rows, c)
 
     def for_epoch(self, epoch: int, model: StackedMLP, heads: Optional[torch.Tensor] = None) -> Optional[torch.Tensor]:
         """(H, P, K) negatives for epoch `epoch` (0-based), or None when the loss uses none. `heads` (H,) bool: the
         heads re-mined in their own space (None: all); the others (stopped: their weights no longer change) keep
         the negatives they last had."""
-        cfg, data = self.cfg, self.data
+        neg, data = self.neg, self.data
         given = data.given.unsqueeze(0).expand(self.n_heads, -1, -1) if data.given is not None else None
-        if self.mining and (self.mined is None or (cfg.remine and epoch % cfg.remine_every == 0)):
-            if cfg.remine and epoch > 0:
+        if self.mining and (self.mined is None or (neg.remine and epoch % neg.remine_every == 0)):
+            if neg.remine and epoch > 0:
                 self._remine(model, heads)
             else:
-                self.mined = mine(self.plan, data.X, None, self.n_heads, energy=cfg.eval_energy,
+                self.mined = mine(self.plan, data.X, None, self.n_heads, energy=self.energy,
                                   pool=self.pool).to(data.X.device)
         if self.mined is None:
             return given
@@ -188,15 +189,6 @@ def make_batch(data: TrainingData, idx: torch.Tensor, negatives: Optional[torch.
     return Batch(a_rows, p_rows, n_rows, labels, same_mask(a_rows, p_rows, data.relevant, data.code_base))
 
 
-def q_at(cfg: TrainConfig, step: int, total: int) -> Optional[float]:
-    """l1-energy's Q at update `step` of `total` under cfg's Q schedule: from q_start linearly to q (its
-    default when unset) over training; None without a schedule (the loss uses cfg's q)."""
-    if cfg.q_start is None:
-        return None
-    q_end = cfg.loss_config().resolved(cfg.energy)["q"]
-    return cfg.q_start + (q_end - cfg.q_start) * min(1.0, step / max(1, total - 1))
-
-
 def forward_rows(model: StackedMLP, X: torch.Tensor, rows: torch.Tensor, n_queries: int, precision: str) -> torch.Tensor:
     """(H, n, d) fp32 outputs of a step's rows (H, n), the first `n_queries` of each head the anchors (queries),
     the rest positives and negatives (documents): all through the heads in one pass, or, for a query-side head,
@@ -209,33 +201,33 @@ def forward_rows(model: StackedMLP, X: torch.Tensor, rows: torch.Tensor, n_queri
     return torch.cat([za, model.encode(X[rows[:, n_queries:]], "document").float()], dim=1)
 
 
-def batch_losses(model: StackedMLP, X: torch.Tensor, batch: Batch, cfg: TrainConfig,
+def batch_losses(model: StackedMLP, X: torch.Tensor, batch: Batch, plan: ResolvedTraining,
                  init: Optional[list[torch.Tensor]] = None, q: Optional[float] = None,
                  form: str = "positives", anchor: Optional[torch.Tensor] = None,
                  groups: tuple[int, ...] = ()) -> torch.Tensor:
-    """(H,) loss of every head on its batch (plus the decay-to-init penalty when cfg asks for it).
+    """(H,) loss of every head on its batch (plus the decay-to-init penalty when the plan asks for it).
 
     Anchors, positives and negatives go through the heads in one forward pass, so each layer is one
-    batched matmul over all H heads x (2 + K) b rows; under cfg.precision "bf16" the matmuls run in bf16
+    batched matmul over all H heads x (2 + K) b rows; under the plan's precision "bf16" the matmuls run in bf16
     and the outputs are cast to fp32 before the loss (losses and their reductions stay fp32).
-    q: l1-energy's Q for this step (a Q schedule, `q_at`); None = cfg's. form: the training data's form
+    q: l1-energy's Q for this step (a Q schedule, ResolvedTraining.q_at); None = the plan's loss_config's. form: the training data's form
     (heads.scoring.losses.FORMS), which picks the loss's function. anchor: (H, m) store rows of the anchor on the
-    unlabeled store (heads.training.anchor), weighted by cfg.anchor_weight. groups: the label codes' blocks, one
+    unlabeled store (heads.training.anchor), weighted by the plan's anchor_weight. groups: the label codes' blocks, one
     softmax each for a classifier head on a label tree (heads.kinds.labels.LabelTrainSet)."""
     H, b = batch.anchor.shape
     rows = [batch.anchor, batch.positive] + ([batch.negative.flatten(1)] if batch.negative is not None else [])
-    z = forward_rows(model, X, torch.cat(rows, dim=1), b, cfg.precision)  # (H, (2 + K) b, d)
+    z = forward_rows(model, X, torch.cat(rows, dim=1), b, plan.precision)  # (H, (2 + K) b, d)
     za, zp = z[:, :b], z[:, b:2 * b]  # (H, b, d)
     zn = z[:, 2 * b:].unflatten(1, batch.negative.shape[1:]) if batch.negative is not None else None  # (H, b, K, d)
-    loss_cfg = cfg.loss_config() if q is None else replace(cfg.loss_config(), q=q)
+    loss_cfg = plan.loss_config if q is None else replace(plan.loss_config, q=q)
     if groups:
         loss_cfg = replace(loss_cfg, groups=tuple(groups))
-    losses = get_loss(cfg.loss, form)(za, zp, zn, batch.labels, energy=cfg.energy, cfg=loss_cfg,
+    losses = get_loss(plan.loss, form)(za, zp, zn, batch.labels, energy=plan.energy, cfg=loss_cfg,
                                       same=batch.same)  # (H,)
-    if cfg.decay_to_init and init is not None:
-        losses = losses + cfg.decay_to_init * sum((p - p0).pow(2).flatten(1).sum(1)
+    if plan.decay_to_init and init is not None:
+        losses = losses + plan.decay_to_init * sum((p - p0).pow(2).flatten(1).sum(1)
                                                   for p, p0 in zip(model.parameters(), init))
-    if cfg.anchor_weight and anchor is not None:
-        with autocast(cfg.precision, X.device):
-            losses = losses + cfg.anchor_weight * anchor_penalty(model, X[anchor])
+    if plan.anchor_weight and anchor is not None:
+        with autocast(plan.precision, X.device):
+            losses = losses + plan.anchor_weight * anchor_penalty(model, X[anchor])
     return losses

@@ -22,11 +22,12 @@ from headstore.heads.network.model import StackedMLP
 from headstore.heads.scoring.energy import candidate_energy
 from headstore.heads.scoring.losses import distill_losses
 from headstore.heads.scoring.losses.distill import teacher_spread
-from headstore.heads.settings.config import HeadConfig, TrainConfig, stack_key
+from headstore.heads.settings.config import HeadConfig, TrainConfig
 from headstore.heads.settings.distill import DistillConfig
 from headstore.heads.training.anchor import AnchorPool
 from headstore.heads.training.batches import epoch_batches, forward_rows, n_batches
 from headstore.heads.training.distill_targets import Targets
+from headstore.heads.training.resolved import ResolvedTraining, as_plan
 from headstore.heads.training.train import StackTraining, TrainingDiverged, run_epochs
 from headstore.heads.training.tracker import HeadRun
 
@@ -34,7 +35,7 @@ from headstore.heads.training.tracker import HeadRun
 class DistillTraining(StackTraining):
     """One stack's distillation (module doc). `targets`: at task positions (rows of `features`)."""
 
-    def __init__(self, task: Task, features: torch.Tensor, head_cfg: HeadConfig, configs: list[TrainConfig],
+    def __init__(self, task: Task, features: torch.Tensor, head_cfg: HeadConfig, plan: ResolvedTraining,
                  dcfg: DistillConfig, targets: Targets, anchor_rows: Optional[AnchorPool] = None,
                  in_place: bool = False, init: Optional[tuple[StackedMLP, Normalizer]] = None):
         self.dcfg, self.U = dcfg, len(targets)
@@ -52,9 +53,9 @@ class DistillTraining(StackTraining):
         if self.t_spread is not None and not self.t_spread > 0:
             raise ValueError(f"--distill-loss {dcfg.distill_loss}: the teacher gives all {self.U} anchors the same "
                              "output (no variance to regress onto); drop embedding-mse")
-        super().__init__(task, features, head_cfg, configs, "dev", None, init,
+        super().__init__(task, features, head_cfg, plan, "dev", None, init,
                          anchor_rows if dcfg.pair_weight else None, in_place)
-        self.pair_gens = [torch.Generator().manual_seed(c.seed + 1) for c in configs]
+        self.pair_gens = [torch.Generator().manual_seed(seed + 1) for seed in plan.seeds]
         self.pair_blocks: list[torch.Tensor] = []
 
     def epoch_steps(self) -> int:
@@ -84,10 +85,10 @@ class DistillTraining(StackTraining):
         b = idx.shape[1]
         cand = self.t_cand[idx]  # (H, b, C)
         rows = torch.cat([self.t_anchor[idx], cand.flatten(1)], dim=1) if self.losses else self.t_anchor[idx]
-        z = forward_rows(self.model, self.data.X, rows, b, self.cfg.precision)  # (H, b [+ b C], d)
+        z = forward_rows(self.model, self.data.X, rows, b, self.plan.precision)  # (H, b [+ b C], d)
         losses = torch.zeros(z.shape[0], device=z.device)
         if self.losses:  # over the candidate sets: (H, b, C) energies
-            E = candidate_energy(self.cfg.eval_energy, z[:, :b], z[:, b:].unflatten(1, cand.shape[1:]))
+            E = candidate_energy(self.plan.eval_energy, z[:, :b], z[:, b:].unflatten(1, cand.shape[1:]))
             target, valid = self.t_energy[idx], self.t_valid[idx]
             losses = losses + sum(fn(E, target, valid, temperature=self.dcfg.temperature) for fn, _ in self.losses)
         for fn in self.embedding_losses:  # the anchors' outputs against the teacher's: (H, b, d) and (b, d)
@@ -95,17 +96,19 @@ class DistillTraining(StackTraining):
         return losses
 
 
-def distill_stack(task: Task, features: torch.Tensor, head_cfg: HeadConfig, configs: list[TrainConfig],
+def distill_stack(task: Task, features: torch.Tensor, head_cfg: HeadConfig,
+                  configs: ResolvedTraining | list[TrainConfig],
                   dcfg: DistillConfig, targets: Targets, progress: bool = True,
                   anchor_rows: Optional[AnchorPool] = None, in_place: bool = False,
                   init: Optional[tuple[StackedMLP, Normalizer]] = None) -> tuple[StackedMLP, Normalizer, list[HeadRun]]:
-    """Distil into len(configs) heads of one shape (seeds, lrs) together: train_stack's loop on the targets;
-    `init`: the heads' starting weights and normaliser (a stack of len(configs) heads of head_cfg)."""
-    assert len({stack_key(c) for c in configs}) == 1, "a stack mixes settings that must be shared"
+    """Distil into a stack of heads of one shape (seeds, lrs) together: train_stack's loop on the targets;
+    `configs`: their settings resolved (heads.training.resolved), or one TrainConfig per head, resolved here;
+    `init`: the heads' starting weights and normaliser (a stack of that many heads of head_cfg)."""
+    plan = as_plan(configs)  # checks the stack shares what it must
     if "dev" not in task.eval_sets:
         raise ValueError(f"{task.name}: no dev split to select the distilled head's epoch on")
-    run = DistillTraining(task, features, head_cfg, configs, dcfg, targets, anchor_rows, in_place, init)
-    model, norm, runs = run_epochs(run, configs[0].epochs, f"{run.H} head(s) distilled ({dcfg.distill_loss})",
+    run = DistillTraining(task, features, head_cfg, plan, dcfg, targets, anchor_rows, in_place, init)
+    model, norm, runs = run_epochs(run, plan.epochs, f"{run.H} head(s) distilled ({dcfg.distill_loss})",
                                    progress)
     failed = [r for r in runs if r.status == "failed"]
     if failed:

@@ -47,7 +47,7 @@ def fit_linear_stack(task, features: torch.Tensor, head_cfg: HeadConfig, configs
                          f"not residual (got depth {head_cfg.depth}, mix {head_cfg.mix}); use --solver adamw")
     if cfg0.hierarchy:
         raise ValueError("--solver lbfgs fits one softmax over the classes; --hierarchy needs --solver adamw")
-    data = prepare_data(task, features, cfg0, in_place=in_place)
+    data = prepare_data(task, features, cfg0.loss, cfg0.normalize, in_place=in_place)
     X = data.X.detach().float().cpu().numpy()  # (N, D) the head's inputs
     labelled, n_classes = task.reference, head_cfg.out_features
     unlabeled, hidden = unlabeled_texts(task) if cfg0.self_train else (np.empty(0, np.int64), np.empty(0, np.int64))

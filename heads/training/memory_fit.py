@@ -83,11 +83,13 @@ def strengths(name: str, D: torch.Tensor, Q: torch.Tensor, owner: torch.Tensor) 
 
 
 def fit_memory(task, features: torch.Tensor, model, norm, energy: str, space: str = "outputs",
-               move: str | None = None, cfg=None, precision: str = "fp32", refit: bool = True) -> FittedMemory:
+               move: str | None = None, negatives=None, precision: str = "fp32", refit: bool = True) -> FittedMemory:
     """The memory of `task`'s training judgements on `features` (norm: the head's normaliser, None where features
     are its inputs already; model None: the frozen features, cosine), strength chosen on task's dev; then, with
     `refit`, fitted again at that strength on the training and dev judgements together (dev has spoken: its
-    judgements are more documents to remember, as a model is refitted on train + dev once its settings are chosen)."""
+    judgements are more documents to remember, as a model is refitted on train + dev once its settings are chosen).
+    `negatives`: the head's NegativesConfig section (exact_max, pool_k: dev on candidates above exact_max, as
+    epoch selection ranks it); None: dev whole."""
     t0 = time.perf_counter()
     move = move or MOVE_FOR[space][energy]
     if move not in MOVES:
@@ -97,7 +99,7 @@ def fit_memory(task, features: torch.Tensor, model, norm, energy: str, space: st
     docs, D, Q, owner = _inputs(task, in_space, queries, positives)
     gammas = strengths(move, D, Q, owner)
     candidates = [apply_move(move, D, Q, owner, g) for g in gammas]
-    scores = dev_scores(task, features, model, norm, energy, docs, candidates, space, cfg, precision)
+    scores = dev_scores(task, features, model, norm, energy, docs, candidates, space, negatives, precision)
     best = int(np.nanargmax(scores)) if np.isfinite(scores).any() else 0
     vectors = candidates[best]
     if refit and gammas[best] > 0:  # the strength chosen, the dev judgements join the training ones
@@ -129,13 +131,13 @@ def dev_pairs(task) -> tuple[np.ndarray, np.ndarray]:
 
 
 @torch.no_grad()
-def dev_scores(task, features, model, norm, energy, docs, candidates, space, cfg, precision) -> np.ndarray:
+def dev_scores(task, features, model, norm, energy, docs, candidates, space, negatives, precision) -> np.ndarray:
     """(G,) dev nDCG@10 of the head with each candidate's judged documents (all strengths in one ranking pass)."""
     if "dev" not in task.eval_sets:
         raise ValueError(f"{task.name}: no dev split to choose the memory's strength on")
     dev = task.eval_sets["dev"]
-    if cfg is not None:  # a large corpus: dev cut to its candidates, as epoch selection ranks it
-        dev, _ = kind_of(task).selection_set(task, "dev", features, cfg)
+    if negatives is not None:  # a large corpus: dev cut to its candidates, as epoch selection ranks it
+        dev, _ = kind_of(task).selection_set(task, "dev", features, negatives)
     embed = embedder(model, features, norm)
     zq, zd = embed(dev.query_rows, "query").float()[:1], embed(dev.doc_rows, "document").float()[:1]  # (1, Q|N, d)
     where = {int(r): j for j, r in enumerate(np.asarray(dev.doc_rows))}

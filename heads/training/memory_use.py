@@ -61,11 +61,13 @@ def _rows_of_positions(raw_task, task) -> dict[int, int]:
     return out
 
 
-def fit_for_head(store, raw_task, task, features, model, energy: str, cfg, spaces: tuple[str, ...] = SPACES):
+def fit_for_head(store, raw_task, task, features, model, energy: str, negatives, precision: str,
+                 spaces: tuple[str, ...] = SPACES):
     """(DocumentMemory or None where dev chose no edit, the same on the task's matrix, the fit's report): the memory
     of a head just trained, before it or after it as dev says (each fitted in seconds; ties to the first space);
-    raw_task holds store rows, task the same task on `features`' positions (the head's inputs)."""
-    fits = [fit_memory(task, features, model, None, energy, space, cfg=cfg, precision=cfg.precision)
+    raw_task holds store rows, task the same task on `features`' positions (the head's inputs); `energy`,
+    `negatives` (NegativesConfig: dev on candidates above exact_max) and `precision`: the head's resolved settings."""
+    fits = [fit_memory(task, features, model, None, energy, space, negatives=negatives, precision=precision)
             for space in spaces]
     fitted = max(fits, key=lambda f: max(score for _, score in f.curve))  # the first of equals
     space = fitted.space

@@ -1,24 +1,25 @@
-"""One optimisation step of a stack: StackedAdamW (a lr and weight decay per head) under the configs'
+"""One optimisation step of a stack: StackedAdamW (a lr and weight decay per head) under the plan's
 warm-up schedule (transformers' schedules, heads.schedule), per-head gradient clipping."""
 from __future__ import annotations
 
 import torch
 
-from headstore.heads.settings.config import TrainConfig
 from headstore.heads.network.model import StackedMLP
 from headstore.featurize.tuning.schedule import lr_lambda
+from headstore.heads.training.resolved import ResolvedTraining
 from headstore.heads.training.stacked_adamw import StackedAdamW
 
 
-def warmup_steps(cfg: TrainConfig, total: int) -> int:
+def warmup_steps(warmup_ratio: float, total: int) -> int:
     """Warm-up updates of a run of `total` updates: warmup_ratio of them, rounded."""
-    return int(round(cfg.warmup_ratio * total))
+    return int(round(warmup_ratio * total))
 
 
-def lr_factor(step: int, total: int, cfg: TrainConfig) -> float:
-    """Factor of the peak lr at update `step` of `total` under cfg's schedule (heads.schedule: transformers'
-    warm-up schedules, the warm-up counting the update being taken)."""
-    return lr_lambda(cfg.schedule, warmup_steps(cfg, total), total)(step)
+def lr_factor(step: int, total: int, sched) -> float:
+    """Factor of the peak lr at update `step` of `total` under `sched`'s schedule and warmup_ratio (a
+    ResolvedTraining, or any settings holding both; heads.schedule: transformers' warm-up schedules, the warm-up
+    counting the update being taken)."""
+    return lr_lambda(sched.schedule, warmup_steps(sched.warmup_ratio, total), total)(step)
 
 
 def grad_norms(params: list[torch.Tensor]) -> torch.Tensor:
@@ -28,7 +29,7 @@ def grad_norms(params: list[torch.Tensor]) -> torch.Tensor:
 
 class StackOptimizer:
     """One optimisation step for a stack: StackedAdamW (a lr and weight decay per head) under the
-    configs' warm-up schedule, per-head gradient clipping, failed heads' gradients zeroed and stopped
+    plan's warm-up schedule, per-head gradient clipping, failed heads' gradients zeroed and stopped
     heads' rates at 0. A stack without parameters (depth 0) is a no-op.
 
     The schedule is transformers' lambda (heads.schedule.lr_lambda) applied to every head's own rate:
@@ -37,19 +38,17 @@ class StackOptimizer:
     the clipping factor is folded into the update, the NaN clean-up runs only when a head needs it, and each head
     still training is updated by torch's fused AdamW kernel (StackedAdamW), the others not at all."""
 
-    def __init__(self, model: StackedMLP, configs: list[TrainConfig], total_steps: int):
-        cfg = configs[0]
+    def __init__(self, model: StackedMLP, plan: ResolvedTraining, total_steps: int):
         self.params = list(model.parameters())
         self.init = [p.detach().clone() for p in self.params]  # for decay_to_init
-        self.grad_clip = cfg.grad_clip
-        self.base_lr = torch.tensor([c.lr for c in configs], dtype=torch.float64)
-        self.warmup = warmup_steps(cfg, total_steps)
-        self.factor = lr_lambda(cfg.schedule, self.warmup, total_steps)
+        self.grad_clip = plan.grad_clip
+        self.base_lr = torch.tensor(plan.lrs, dtype=torch.float64)
+        self.warmup = warmup_steps(plan.warmup_ratio, total_steps)
+        self.factor = lr_lambda(plan.schedule, self.warmup, total_steps)
         self.steps_taken = 0
         self.opt = None
         if self.params:
-            self.opt = StackedAdamW(self.params, lr=[c.lr for c in configs],
-                                    weight_decay=[c.weight_decay for c in configs])
+            self.opt = StackedAdamW(self.params, lr=list(plan.lrs), weight_decay=list(plan.weight_decays))
 
     def step(self, losses: torch.Tensor, finite: torch.Tensor, ok: torch.Tensor, alive: torch.Tensor) -> None:
         """Backward of the finite losses (H,), then one update of the heads still training (`alive`);

@@ -50,6 +50,7 @@ from headstore.heads.training.label_recipes import data_decided_notes, decided_b
 from headstore.heads.training.selection import DEFAULT_DELTA, load_selection
 from headstore.heads.artefacts.memory import MEMORY_FILE
 from headstore.heads.training.memory_use import fit_for_head, memory_block, wanted
+from headstore.heads.training.resolved import ResolvedTraining, resolve_stack
 from headstore.heads.training.strength import STRENGTHS, plot_strength
 from headstore.heads.training.train import train_one
 
@@ -122,14 +123,15 @@ def train_head(store_path: str, data_path: str, out_dir: str, head_cfg: HeadConf
         progress_write(f"note: {shots_note(cfg.shots, task.report['shots_clipped'])}")
     seen, judged_pairs = task_seen_masks(task, SPLITS), judgement_pairs(task)  # store rows (heads.kinds.seen)
     raw_task = task if wanted(task, memory) else None  # (store rows) a memory asked for where it cannot be: an error
-    task, features, selection, anchor = training_features(store, task, cfg, array, select_ood, ood_delta, device,
-                                                          f"--data {data_path}")
+    task, features, selection, anchor = training_features(store, task, cfg.anchor_weight, cfg.anchor_data, array,
+                                                          select_ood, ood_delta, device, f"--data {data_path}")
     decided = decided_by_data(task, features, store.dim, given, kind_defaults, array)  # labelled texts: dev's recipe
     head_cfg, cfg, task, defaults_note = decided.get("chosen", (head_cfg, cfg, task, defaults_note))
     head_cfg = head_shape(head_cfg, features, array, task, cfg, array_widths(store, array))
+    plan = resolve_stack([cfg])  # the data has decided: every setting resolved once, only read below (resolved.py)
     baseline = evaluate_baseline(task, features, SPLITS, dim=store.dim)  # before the features are normalised
     trim_heap()  # (and after training: its freed transients back to the OS before evaluation adds its own)
-    model, norm, run = train_one(task, features, head_cfg, cfg, progress, selection, anchor, in_place=True)
+    model, norm, run = train_one(task, features, head_cfg, plan, progress, selection, anchor, in_place=True)
     trim_heap()
     # `features` now hold the head's inputs (normalised in place: one copy of the task's features in memory)
     out = prepare_output_dir(out_dir, "head", overwrite, inputs=inputs)
@@ -140,40 +142,48 @@ def train_head(store_path: str, data_path: str, out_dir: str, head_cfg: HeadConf
               "defaults": defaults_note, "device": device, **({"selection": selection.describe()} if selection else {})}
     write_head_dir(out, model, norm, {**config, "judged": write_judgements(out, store, judged_pairs)})
     rankings, items = {}, {}  # the head's rankings of dev and test (run files, candidate share); per-item values
-    metrics = evaluate_head(task, features, model, None, cfg.eval_energy, SPLITS, dim=store.dim, baseline=baseline,
+    metrics = evaluate_head(task, features, model, None, plan.eval_energy, SPLITS, dim=store.dim, baseline=baseline,
                             rankings=rankings, items=items, seen=seen)
     metrics.update(_data_notes(task), **data_decided_notes(decided, items, metrics["primary"]),
-                   **write_memory(out, store, raw_task, task, features, model, cfg, items),
+                   **write_memory(out, store, raw_task, task, features, model, plan, items),
                    **({"unlabeled": unlabeled_note} if unlabeled_note else {}))
-    metrics.update(training_notes(task, metrics, run, cfg, head_cfg, selection, ood_delta, rankings, data_path))
+    metrics.update(training_notes(task, metrics, run, plan, head_cfg, selection, ood_delta, rankings, data_path))
     atomic_write_json(out / "metrics.json", metrics, sort_keys=True)
-    write_runs(task, features, model, None, cfg.eval_energy, SPLITS, out, rankings)
-    plot_curve(run.history, out / "curve.png", title=f"{task.name}: {cfg.loss} ({cfg.eval_energy})")
-    if run.strength_curve:
-        plot_strength(run.strength_curve, run.strength, out / "strength.png", metrics["primary"],
-                      title=f"{task.name}: strength a (chosen {run.strength:g})")
+    write_runs(task, features, model, None, plan.eval_energy, SPLITS, out, rankings)
+    plot_run(out, task.name, run, plan, metrics["primary"])
     end_output(out)
     return metrics
 
 
-def write_memory(out, store, raw_task, task, features, model, cfg: TrainConfig, items: dict) -> dict:
+def plot_run(out, name: str, run, plan: ResolvedTraining, metric: str) -> None:
+    """curve.png (training loss and dev metric per epoch) and, where a strength was scored, strength.png."""
+    plot_curve(run.history, out / "curve.png", title=f"{name}: {plan.loss} ({plan.eval_energy})")
+    if run.strength_curve:
+        plot_strength(run.strength_curve, run.strength, out / "strength.png", metric,
+                      title=f"{name}: strength a (chosen {run.strength:g})")
+
+
+def write_memory(out, store, raw_task, task, features, model, plan: ResolvedTraining, items: dict) -> dict:
     """{"memory": ...}: the head's document memory fitted on its inputs (`features`, normalised in place), saved in
     `out` where dev kept it, and what it gives (metrics.json); {} without one (raw_task None)."""
     if raw_task is None:
         return {}
-    memory, placed, fit = fit_for_head(store, raw_task, task, features, model, cfg.eval_energy, cfg)
+    memory, placed, fit = fit_for_head(store, raw_task, task, features, model, plan.eval_energy, plan.negatives,
+                                       plan.precision)
     if memory is None:
         return {"memory": {"fit": fit}}
     memory.save(out / MEMORY_FILE)
-    return {"memory": memory_block(task, features, model, None, placed, cfg.eval_energy, items, fit)}
+    return {"memory": memory_block(task, features, model, None, placed, plan.eval_energy, items, fit)}
 
 
-def training_features(store: FeatureStore, task: Task, cfg: TrainConfig, array: str, select_ood: tuple[str, ...],
-                      ood_delta: float, device: str, data: str | None = None):
-    """(task, features, selection, anchor): the store rows the task, the --select-ood sets and the anchor use, read
-    once onto `device` (heads.artefacts.task_features), the task remapped to them; the out-of-domain selection
-    sets (None without --select-ood) and the anchor's pool at positions (None: the anchor is off)."""
-    anchor = anchor_rows_of(store, cfg, task)  # only texts of the task's own (or --anchor-data), never dev or test
+def training_features(store: FeatureStore, task: Task, anchor_weight: float, anchor_data: str, array: str,
+                      select_ood: tuple[str, ...], ood_delta: float, device: str, data: str | None = None):
+    """(task, features, selection, anchor): the store rows the task, the --select-ood sets and the anchor
+    (--anchor-weight on --anchor-data) use, read once onto `device` (heads.artefacts.task_features), the task
+    remapped to them; the out-of-domain selection sets (None without --select-ood) and the anchor's pool at
+    positions (None: the anchor is off)."""
+    anchor = anchor_rows_of(store, task, anchor_weight, anchor_data)  # the task's own texts (or --anchor-data),
+    # never dev or test
     tf = TaskFeatures.for_task(store, task, rows_of_datasets(store, select_ood),
                                *([anchor.rows] if anchor is not None else []), device=device)
     task, features = tf.remap(task), tf.read(array)  # only the rows the task uses (heads.artefacts.task_features)
@@ -181,12 +191,12 @@ def training_features(store: FeatureStore, task: Task, cfg: TrainConfig, array: 
     return task, features, selection, None if anchor is None else anchor.mapped(tf.positions)
 
 
-def training_notes(task: Task, metrics: dict, run, cfg: TrainConfig, head_cfg: HeadConfig, selection,
+def training_notes(task: Task, metrics: dict, run, plan: ResolvedTraining, head_cfg: HeadConfig, selection,
                    ood_delta: float, rankings: dict, data_path: str) -> dict:
     """What train-head's metrics.json says beside the scores in `metrics`: the guard against the frozen
     features, the out-of-domain selection, a missing test split, the history, how negatives were mined and dev
     ranked, the strength, and what was read of labelled texts."""
-    notes = {"guard": guard_report(task, metrics, run, cfg, head_cfg)}
+    notes = {"guard": guard_report(task, metrics, run, plan, head_cfg)}
     if selection:
         notes["selection"] = {**selection.describe(), "ood_dev_loss": run.best_sel_loss,
                               "within_delta": run.best_sel_loss is not None and run.best_sel_loss <= ood_delta}
@@ -200,8 +210,8 @@ def training_notes(task: Task, metrics: dict, run, cfg: TrainConfig, head_cfg: H
     if run.anchor:
         notes["anchor"] = run.anchor
     notes.update(scale_report(task, run, rankings))
-    if cfg.strength != "1":
-        notes["strength"] = strength_report(run, cfg, selection)
+    if plan.adjusts_strength:
+        notes["strength"] = strength_report(run, plan.strength_setting, selection)
     if getattr(task, "report", None):  # labelled texts: unseen labels, skipped texts, duplicates
         notes["data_report"] = task.report
     return notes
@@ -218,21 +228,22 @@ def scale_report(task: Task, run, rankings: dict) -> dict:
     return out
 
 
-def strength_report(run, cfg: TrainConfig, selection) -> dict:
-    """metrics.json "strength": the a applied, how it was chosen, and the dev curve over a (heads.training.strength)."""
-    rule = ("fixed by --strength" if cfg.strength != STRENGTH_AUTO else
+def strength_report(run, setting: str, selection) -> dict:
+    """metrics.json "strength": the a applied (--strength `setting`), how it was chosen, and the dev curve over a
+    (heads.training.strength)."""
+    rule = ("fixed by --strength" if setting != STRENGTH_AUTO else
             "the best in-domain dev " + (f"whose worst out-of-domain dev loss is <= {selection.delta}, else the "
                                          "least-losing" if selection else "") + "; ties to the larger a")
-    return {"setting": cfg.strength, "chosen": run.strength, "rule": rule, "strengths": list(STRENGTHS),
+    return {"setting": setting, "chosen": run.strength, "rule": rule, "strengths": list(STRENGTHS),
             "curve": run.strength_curve, "plot": "strength.png" if run.strength_curve else None}
 
 
-def guard_report(task: Task, metrics: dict, run, cfg: TrainConfig, head_cfg: HeadConfig | None = None) -> dict:
+def guard_report(task: Task, metrics: dict, run, plan: ResolvedTraining, head_cfg: HeadConfig | None = None) -> dict:
     """The head against the frozen baseline on dev in the user's metric (metrics.json "guard"), with a
     warning saying what to try when the head is worse than the frozen features with cosine: settings to change
     from those this head was trained with (the kind's `suggest`), never those same settings."""
     dev = metrics.get("dev")
-    report = {"enabled": cfg.guard, "start_dev": run.start_dev, "best_epoch": run.best_epoch,
+    report = {"enabled": plan.guard, "start_dev": run.start_dev, "best_epoch": run.best_epoch,
               "returned": "the starting point (epoch 0: no update kept)" if run.best_epoch == 0
               else f"the trained head (epoch {run.best_epoch})"}
     if not dev:
@@ -240,11 +251,11 @@ def guard_report(task: Task, metrics: dict, run, cfg: TrainConfig, head_cfg: Hea
     frozen, head = dev["baseline"][metrics["baseline_primary"]], dev["head"][metrics["primary"]]
     report.update(frozen_dev=frozen, head_dev=head, head_minus_frozen=head - frozen,
                   worse_than_frozen=bool(head < frozen))
-    if head < frozen:
+    if head < frozen:  # the kind suggests settings other than those given (the head's settings as given)
+        suggestion = kind_of(task).suggest(task, head_cfg or HeadConfig(), plan.settings[0])
         report["warning"] = (f"the head is WORSE than no head on dev: {metrics['primary']} {head:.4f} vs "
                              f"{frozen:.4f} for the frozen features with cosine ({head - frozen:+.4f}). "
-                             f"Try: {kind_of(task).suggest(task, head_cfg or HeadConfig(), cfg)}; or use the frozen "
-                             "features with cosine (no head).")
+                             f"Try: {suggestion}; or use the frozen features with cosine (no head).")
     return report
 
 

@@ -3,6 +3,7 @@ under the selection rule (heads.training.selection's `rule_key`), the starting p
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -39,14 +40,15 @@ class HeadRun:
     select_set: object = None  # the evaluation set selected on each epoch (IR above exact_max: the candidates)
 
 
-def dev_scores(task: Task, split: str, model: StackedMLP, X: torch.Tensor, cfg: TrainConfig) -> list[float]:
-    """The selection metric of every head on `split` (NaN for a head whose outputs are not finite):
-    one pass for all heads (heads.evaluation.evaluate.selection_scores), the embeddings in cfg.precision."""
+def dev_scores(task: Task, split: str, model: StackedMLP, X: torch.Tensor, energy: str,
+               precision: str = "fp32") -> list[float]:
+    """The selection metric of every head on `split` under `energy` (NaN for a head whose outputs are not
+    finite): one pass for all heads (heads.evaluation.evaluate.selection_scores), the embeddings in `precision`."""
     def embed(rows, role="query"):
-        with autocast(cfg.precision, X.device):
+        with autocast(precision, X.device):
             return embed_rows(model, X, rows, role).float()
 
-    return selection_scores(task, split, embed, cfg.eval_energy, cfg.precision)
+    return selection_scores(task, split, embed, energy, precision)
 
 
 class HeadTracker:
@@ -58,7 +60,7 @@ class HeadTracker:
     least-losing); `patience` epochs without that stop it. `start` makes the starting point (epoch 0) the
     first candidate (the guard)."""
 
-    def __init__(self, configs: list[TrainConfig], params: list[torch.Tensor], patience: int,
+    def __init__(self, configs: Sequence[TrainConfig], params: list[torch.Tensor], patience: int,
                  delta: float = 0.0):
         H = len(configs)
         self.runs = [HeadRun(c) for c in configs]

@@ -26,15 +26,16 @@ from headstore.heads.training.cost import DEV_SHARE, LONG_EPOCH, scoring_interva
 from headstore.heads.training.linear_fit import fit_linear_stack
 
 from headstore.heads.training.batches import (NegativeSource, batch_losses, epoch_batches, make_batch, n_batches,
-                                              prepare_data, q_at)
-from headstore.heads.settings.config import HeadConfig, TrainConfig, stack_key
+                                              prepare_data)
+from headstore.heads.settings.config import HeadConfig, TrainConfig
 from headstore.heads.evaluation.evaluate import embedder
 from headstore.heads.network.features import Normalizer
 from headstore.heads.kinds import Task, kind_of
 from headstore.heads.network.model import StackedMLP
 from headstore.heads.training.optim import StackOptimizer
+from headstore.heads.training.resolved import ResolvedTraining, as_plan
 from headstore.heads.training.selection import OodSelection
-from headstore.heads.training.strength import choose, parse_strength, strength_curves, with_strength
+from headstore.heads.training.strength import choose, strength_curves, with_strength
 from headstore.heads.training.tracker import HeadRun, HeadTracker, dev_scores
 
 
@@ -42,16 +43,17 @@ class TrainingDiverged(ValueError):
     """A head's loss or dev metric became NaN or infinite (bad settings, e.g. a far too high lr)."""
 
 
-def train_stack(task: Task, features: torch.Tensor, head_cfg: HeadConfig, configs: list[TrainConfig],
-                progress: bool = True, select_split: str = "dev",
+def train_stack(task: Task, features: torch.Tensor, head_cfg: HeadConfig,
+                configs: ResolvedTraining | list[TrainConfig], progress: bool = True, select_split: str = "dev",
                 selection: Optional[OodSelection] = None,
                 init: Optional[tuple[StackedMLP, Normalizer]] = None,
                 anchor_rows: Optional[AnchorPool] = None,
                 in_place: bool = False) -> tuple[StackedMLP, Normalizer, list[HeadRun]]:
-    """Train len(configs) heads of one shape together; returns the best-on-dev stack (at the strength
-    cfg.strength asks for, heads.training.strength).
+    """Train a stack of heads of one shape together; returns the best-on-dev stack (at the strength the
+    settings ask for, heads.training.strength).
 
-    features: (N, D) raw store features ((N, L * D) for a head mixing L arrays). All configs must share
+    features: (N, D) raw store features ((N, L * D) for a head mixing L arrays). `configs`: the heads' settings
+    resolved at the door (heads.training.resolved), or one TrainConfig per head, resolved here; they must share
     `stack_key` (they differ only in lr, weight decay and seed). `selection`: out-of-domain dev sets that
     take part in choosing each head's epoch (heads.training.selection). `init`: heads (and their normaliser) to go
     on training instead of fresh ones (a shared head trained on task A, then on B:
@@ -59,15 +61,14 @@ def train_stack(task: Task, features: torch.Tensor, head_cfg: HeadConfig, config
     every epoch and keeps the last. `anchor_rows`: the anchor's pool at positions of `features` (heads.training.anchor;
     None: the task's own texts it may train on, `own_texts`).
     `in_place`: `features` are normalised in place (batches.prepare_data) and hold the head's inputs after."""
-    assert len({stack_key(c) for c in configs}) == 1, "a stack mixes settings that must be shared"
-    configs[0].check_solver()
-    if configs[0].solver == "lbfgs":  # a linear classifier fitted to its optimum (heads.training.linear_fit)
-        if init is not None or selection or configs[0].anchor_weight:
+    plan = as_plan(configs)  # checks the stack shares what it must, and the solver
+    if plan.solver == "lbfgs":  # a linear classifier fitted to its optimum (heads.training.linear_fit)
+        if init is not None or selection or plan.anchor_weight:
             raise ValueError("--solver lbfgs fits a head from scratch on the labelled texts: it takes no starting "
                              "head, --select-ood or --anchor-weight (use --solver adamw)")
-        return fit_linear_stack(task, features, head_cfg, configs, in_place)
-    run = StackTraining(task, features, head_cfg, configs, select_split, selection, init, anchor_rows, in_place)
-    return run_epochs(run, configs[0].epochs, f"{run.H} head(s) {configs[0].loss}", progress)
+        return fit_linear_stack(task, features, head_cfg, list(plan.settings), in_place)
+    run = StackTraining(task, features, head_cfg, plan, select_split, selection, init, anchor_rows, in_place)
+    return run_epochs(run, plan.epochs, f"{run.H} head(s) {plan.loss}", progress)
 
 
 def run_epochs(run, epochs: int, desc: str, progress: bool):
@@ -107,18 +108,18 @@ def stop_line(run: HeadRun, total: int, metric: str) -> str:
 class StackTraining:
     """The state of one stack's training: data, heads, optimiser, tracker, negatives, per-head generators."""
 
-    def __init__(self, task: Task, features: torch.Tensor, head_cfg: HeadConfig, configs: list[TrainConfig],
+    def __init__(self, task: Task, features: torch.Tensor, head_cfg: HeadConfig, plan: ResolvedTraining,
                  select_split: str, selection: Optional[OodSelection], init: Optional[tuple[StackedMLP, Normalizer]],
                  anchor_rows: Optional[AnchorPool] = None, in_place: bool = False):
-        cfg0 = self.cfg = configs[0]
-        self.task, self.configs, self.select_split, self.selection = task, configs, select_split, selection
-        self.data = prepare_data(task, features, cfg0, blocks=head_cfg.mix, norm=None if init is None else init[1],
-                                 in_place=in_place)
+        self.plan = plan
+        self.task, self.select_split, self.selection = task, select_split, selection
+        self.data = prepare_data(task, features, plan.loss, plan.normalize, blocks=head_cfg.mix,
+                                 norm=None if init is None else init[1], in_place=in_place)
         if head_cfg.sides == "query" and self.data.pairs.form == "classes":
             raise ValueError(f"{task.name}: a query-side head (--sides query) trains on (query, document) pairs; "
                              "labelled texts have no such sides (use --sides both)")
-        self.H, self.P, self.B = len(configs), len(self.data), min(cfg0.batch_size, len(self.data))
-        self.model = (StackedMLP(self.H, head_cfg, seeds=[c.seed for c in configs]) if init is None
+        self.H, self.P, self.B = plan.n_heads, len(self.data), min(plan.batch_size, len(self.data))
+        self.model = (StackedMLP(self.H, head_cfg, seeds=list(plan.seeds)) if init is None
                       else copy.deepcopy(init[0])).to(self.data.X.device)  # initialised on the CPU: the same
         # numbers on every device
         if self.model.n_heads != self.H or self.model.cfg != head_cfg:
@@ -128,36 +129,41 @@ class StackTraining:
         self.select = select_split in task.eval_sets  # no split to select on (few-shot): every epoch, keep the last
         self.select_task, self.select_report = task, {}
         if self.select:  # a large IR corpus: dev ranked on candidates each epoch (heads.kinds.ir.selection_set)
-            chosen, self.select_report = kind_of(task).selection_set(task, select_split, self.data.X, cfg0)
+            chosen, self.select_report = kind_of(task).selection_set(task, select_split, self.data.X,
+                                                                     plan.negatives)
             self.select_task = replace(task, eval_sets={**task.eval_sets, select_split: chosen})
         self.steps_per_epoch = self.epoch_steps()
-        self.total = self.steps_per_epoch * cfg0.epochs
-        self.optimizer = StackOptimizer(self.model, configs, self.total)
+        self.total = self.steps_per_epoch * plan.epochs
+        self.optimizer = StackOptimizer(self.model, plan, self.total)
         self.every = self.scoring_interval()  # steps between dev scorings (an epoch, or N within a long one)
-        self.tracker = HeadTracker(configs, self.optimizer.params, cfg0.patience, selection.delta if selection else 0.0)
-        self.negatives = NegativeSource(task, self.data, cfg0, self.H)
+        self.tracker = HeadTracker(plan.settings, self.optimizer.params, plan.patience,
+                                   selection.delta if selection else 0.0)
+        self.negatives = NegativeSource(task, self.data, plan, self.H)
         trim_heap()  # the one-time candidate searches' freed blocks back to the OS before the epochs (peak RSS)
-        self.gens = [torch.Generator().manual_seed(c.seed) for c in configs]
-        self.metric = kind_of(task).primary_metric(cfg0.eval_energy)
+        self.gens = [torch.Generator().manual_seed(seed) for seed in plan.seeds]
+        self.metric = kind_of(task).primary_metric(plan.eval_energy)
         self.step = 0
-        pool = anchor_rows if anchor_rows is not None or not cfg0.anchor_weight else anchor_pool(task, *own_texts(task))
-        self.anchor = AnchorSampler(pool, configs) if cfg0.anchor_weight else None
+        pool = anchor_rows if anchor_rows is not None or not plan.anchor_weight else anchor_pool(task, *own_texts(task))
+        self.anchor = AnchorSampler(pool, plan.anchor_weight, plan.seeds) if plan.anchor_weight else None
         if self.select:
-            self.tracker.start(dev_scores(self.select_task, select_split, self.model, self.data.X, cfg0), self.sel_losses(),
-                               cfg0.guard)
+            self.tracker.start(self.dev_scores(None), self.sel_losses(), plan.guard)
 
     def sel_losses(self, heads: Optional[torch.Tensor] = None) -> Optional[list[float]]:
         """Every head's worst out-of-domain dev loss (None without --select-ood); `heads` as in dev_scores."""
         if not self.selection:
             return None
         return self.of_heads(heads, "ood_dev_loss",
-                             lambda m: self.selection.losses(embedder(m, self.data.X), self.cfg.eval_energy)[0].tolist())
+                             lambda m: self.selection.losses(embedder(m, self.data.X), self.plan.eval_energy)[0].tolist())
 
     def dev_scores(self, heads: torch.Tensor) -> list[float]:
-        """Every head's dev score: computed for `heads` (H,) bool, the heads this epoch trained; a head stopped
-        before it (its weights no longer change) keeps the score it had, not computed again."""
-        return self.of_heads(heads, f"dev_{self.metric}",
-                             lambda m: dev_scores(self.select_task, self.select_split, m, self.data.X, self.cfg))
+        """Every head's dev score: computed for `heads` (H,) bool, the heads this epoch trained (None: all); a head
+        stopped before it (its weights no longer change) keeps the score it had, not computed again."""
+        return self.of_heads(heads, f"dev_{self.metric}", self.stack_dev_scores)
+
+    def stack_dev_scores(self, stack: StackedMLP) -> list[float]:
+        """Every head of `stack`'s dev score (heads.training.tracker.dev_scores), in the plan's energy and precision."""
+        return dev_scores(self.select_task, self.select_split, stack, self.data.X, self.plan.eval_energy,
+                          self.plan.precision)
 
     def of_heads(self, heads: Optional[torch.Tensor], key: str, compute) -> list[float]:
         """compute(stack) -> one value per head of the stack, asked of the heads in `heads` only (None: all); the
@@ -175,9 +181,9 @@ class StackTraining:
         where nothing is selected on (few-shot heads)."""
         if not self.select:
             return self.steps_per_epoch
-        rows = kind_of(self.task).selection_rows(self.select_task, self.select_split, self.cfg)
+        rows = kind_of(self.task).selection_rows(self.select_task, self.select_split, self.plan.negatives)
         params = sum(p.numel() for p in self.model.parameters())
-        return scoring_interval(self.steps_per_epoch, params, rows, self.cfg.eval_every)
+        return scoring_interval(self.steps_per_epoch, params, rows, self.plan.eval_every)
 
     def epoch(self, epoch: int, bar) -> None:
         """One epoch of every head still training, scored on dev every `self.every` steps and at its end, with the
@@ -218,13 +224,13 @@ class StackTraining:
 
     def scoring_report(self) -> dict:
         """How dev was scored and early stopping counted (metrics.json "dev_scoring")."""
-        chosen = (f"--eval-every {self.cfg.eval_every}" if self.cfg.eval_every else
+        chosen = (f"--eval-every {self.plan.eval_every}" if self.plan.eval_every else
                   "auto: once an epoch" if self.every == self.steps_per_epoch else
                   f"auto: an epoch over {LONG_EPOCH} steps is scored within, ~{DEV_SHARE:.0%} of the time")
         within = self.every < self.steps_per_epoch
         return {"every_steps": self.every, "epoch_steps": self.steps_per_epoch, "chosen": chosen,
-                "planned_steps": self.total, "steps_run": self.step, "patience_scorings": self.cfg.patience,
-                "patience_steps": self.cfg.patience * self.every,
+                "planned_steps": self.total, "steps_run": self.step, "patience_scorings": self.plan.patience,
+                "patience_steps": self.plan.patience * self.every,
                 "warmup_steps": self.optimizer.warmup if within else 0}
 
     # --- what an epoch's steps are made of (a distillation, heads.training.distill, gives its own) ---------
@@ -240,14 +246,14 @@ class StackTraining:
     def epoch_batches(self):
         """This epoch's (H, b) index blocks of the training pairs, each head's from its own generator."""
         if self.sampler is not None:
-            return self.sampler(self.configs, self.gens, self.B, self.steps_per_epoch).unbind(1)
+            return self.sampler(self.plan.settings, self.gens, self.B, self.steps_per_epoch).unbind(1)
         return epoch_batches(self.gens, self.P, self.B)
 
     def step_losses(self, idx: torch.Tensor, negs: Optional[torch.Tensor]) -> torch.Tensor:
         """(H,) every head's loss on the pairs idx (H, b) with their negatives."""
-        cfg0, data = self.cfg, self.data
-        return batch_losses(self.model, data.X, make_batch(data, idx, negs), cfg0, self.optimizer.init,
-                            q_at(cfg0, self.step, self.total), data.pairs.form,
+        plan, data = self.plan, self.data
+        return batch_losses(self.model, data.X, make_batch(data, idx, negs), plan, self.optimizer.init,
+                            plan.q_at(self.step, self.total), data.pairs.form,
                             self.anchor.sample() if self.anchor is not None else None,
                             getattr(data.pairs, "groups", ()))
 
@@ -266,14 +272,14 @@ class StackTraining:
             r.anchor = self.anchor.report if self.anchor is not None else {}
             r.dev_candidates = self.select_report
             r.select_set = self.select_task.eval_sets.get(self.select_split) if self.select else None
-        if self.cfg.strength != "1":
+        if self.plan.adjusts_strength:
             self.apply_strength()
         return self.model, self.data.norm, self.tracker.runs
 
     def apply_strength(self) -> None:
         """Every head at its strength (heads.training.strength): the fixed a, or with "auto" the a the selection rule
         picks on the dev curve. Without a dev split (few-shot heads) "auto" keeps a = 1."""
-        fixed = parse_strength(self.cfg.strength)
+        fixed = self.plan.strength
         curves = strength_curves(self.model, self.strength_scores) if self.select else [[]] * self.H
         if fixed is not None:
             alphas = [fixed] * self.H
@@ -285,19 +291,21 @@ class StackTraining:
 
     def strength_scores(self, stack: StackedMLP):
         """(in-domain dev per head, worst OOD dev loss per head or None, {OOD set: metric per head})."""
-        dev = dev_scores(self.select_task, self.select_split, stack, self.data.X, self.cfg)
+        dev = self.stack_dev_scores(stack)
         if not self.selection:
             return dev, None, {}
-        loss, per_set = self.selection.losses(embedder(stack, self.data.X), self.cfg.eval_energy)
+        loss, per_set = self.selection.losses(embedder(stack, self.data.X), self.plan.eval_energy)
         return dev, loss.tolist(), per_set
 
 
-def train_one(task: Task, features: torch.Tensor, head_cfg: HeadConfig, cfg: TrainConfig,
+def train_one(task: Task, features: torch.Tensor, head_cfg: HeadConfig, cfg: ResolvedTraining | TrainConfig,
               progress: bool = True, selection: Optional[OodSelection] = None,
               anchor_rows: Optional[AnchorPool] = None,
               in_place: bool = False) -> tuple[StackedMLP, Normalizer, HeadRun]:
-    """Train a single head; a NaN/inf loss raises TrainingDiverged naming the step (in_place: train_stack)."""
-    model, norm, (run,) = train_stack(task, features, head_cfg, [cfg], progress, selection=selection,
+    """Train a single head (`cfg`: its settings resolved at the door, or a TrainConfig resolved here); a NaN/inf
+    loss raises TrainingDiverged naming the step (in_place: train_stack)."""
+    plan = cfg if isinstance(cfg, ResolvedTraining) else [cfg]
+    model, norm, (run,) = train_stack(task, features, head_cfg, plan, progress, selection=selection,
                                       anchor_rows=anchor_rows, in_place=in_place)
     if run.status == "failed":
         raise TrainingDiverged(f"{task.name}: training stopped: {run.reason}; lower --lr or change the loss "

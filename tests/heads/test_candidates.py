@@ -104,7 +104,7 @@ def test_candidate_training_equals_exact_when_candidates_are_the_corpus():
 def test_selection_on_the_whole_corpus_as_candidates_is_exact():
     task, X = planted_ir_task(n_docs=150, dim=8)
     kind = kind_of(task)
-    chosen, report = kind.selection_set(task, "dev", X, TrainConfig(exact_max=0, pool_k=1000))
+    chosen, report = kind.selection_set(task, "dev", X, TrainConfig(exact_max=0, pool_k=1000).negatives)
     assert chosen.doc_ids == task.eval_sets["dev"].doc_ids and report["method"] == "candidates"
     model = _head(8)
     embed = lambda rows, role="query": model.encode(X[torch.as_tensor(rows)], role).detach()  # noqa: E731
@@ -117,7 +117,7 @@ def test_selection_on_the_whole_corpus_as_candidates_is_exact():
 def test_top10_share_against_a_loop():
     task, X = planted_ir_task(n_docs=150, dim=8)
     kind = kind_of(task)
-    chosen, _ = kind.selection_set(task, "dev", X, TrainConfig(exact_max=0, pool_k=10))
+    chosen, _ = kind.selection_set(task, "dev", X, TrainConfig(exact_max=0, pool_k=10).negatives)
     model = _head(8, n=1)
     embed = lambda rows, role="query": model.encode(X[torch.as_tensor(rows)], role).detach()  # noqa: E731
     rankings = {}

@@ -109,9 +109,9 @@ def test_an_ir_task_above_exact_max_is_costed_on_its_candidates_not_the_corpus()
     kind = kind_of(task)
     small = TrainConfig(exact_max=100, pool_k=10, remine=False, epochs=3)
     large = TrainConfig(exact_max=400, pool_k=10, remine=False, epochs=3)
-    assert kind.selection_rows(task, "dev", small) == 5 + 5 * 10 + 5
-    assert kind.selection_rows(task, "dev", large) == 5 + 400
-    chosen, report = kind.selection_set(task, "dev", X, small)
+    assert kind.selection_rows(task, "dev", small.negatives) == 5 + 5 * 10 + 5
+    assert kind.selection_rows(task, "dev", large.negatives) == 5 + 400
+    chosen, report = kind.selection_set(task, "dev", X, small.negatives)
     assert report["method"] == "candidates" and len(kind.rows(chosen)) <= 5 + 55
     head = HeadConfig(depth=1, out_dim=8)
     params = 2 * ge.head_params(head, 8)

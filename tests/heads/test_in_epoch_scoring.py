@@ -43,7 +43,7 @@ def test_scored_every_n_steps_and_stopped_where_a_loop_stops(lr):
     assert run.best_step == best_step and run.stopped_step == stopped
     assert stopped is not None and report["steps_run"] == stopped < report["planned_steps"]  # it stopped
     # the kept weights are the best scoring's: scored again, they give its dev figure
-    again = dev_scores(task, "dev", model, norm(X), cfg)[0]
+    again = dev_scores(task, "dev", model, norm(X), cfg.eval_energy, cfg.precision)[0]
     assert again == pytest.approx(run.best_dev, abs=1e-6)
 
 

@@ -12,6 +12,7 @@ from click.testing import CliRunner
 import headstore
 from headstore.cli import main
 from headstore.heads.training.batches import batch_losses, make_batch, prepare_data
+from headstore.heads.training.resolved import resolve_stack
 from headstore.heads.settings.config import HeadConfig, TrainConfig
 from headstore.heads.evaluation.evaluate import embed_rows
 from headstore.heads.scoring.losses import get_loss
@@ -55,14 +56,14 @@ def test_a_query_side_head_moves_queries_and_leaves_documents_bit_for_bit(traine
 def test_training_passes_only_the_queries_through_the_head(trained):
     task, X, _, _ = trained
     cfg = TrainConfig(batch_size=8, mined_k=0)
-    data = prepare_data(task, X, cfg)
+    data = prepare_data(task, X, cfg.loss, cfg.normalize)
     model = StackedMLP(2, QUERY_SIDE, seeds=[3, 4])
     with torch.no_grad():  # away from the identity start, so f(q) != q
         for p in model.parameters():
             p.add_(0.2 * torch.randn(p.shape, generator=torch.Generator().manual_seed(1)))
     idx = torch.stack([torch.arange(8), torch.arange(8, 16)])  # (H, b)
     batch = make_batch(data, idx, None)
-    got = batch_losses(model, data.X, batch, cfg, form=data.pairs.form)
+    got = batch_losses(model, data.X, batch, resolve_stack([cfg]), form=data.pairs.form)
     za = model(data.X[batch.anchor])  # (H, b, d): each head on its own queries
     zp = data.X[batch.positive]  # (H, b, d): the documents' normalised features, no head
     want = get_loss(cfg.loss, data.pairs.form)(za, zp, None, None, energy=cfg.energy, cfg=cfg.loss_config(),

@@ -11,6 +11,7 @@ import headstore
 from headstore.cli import main
 from headstore.heads.training.anchor import AnchorSampler, anchor_penalty
 from headstore.heads.training.batches import batch_losses, make_batch, prepare_data
+from headstore.heads.training.resolved import resolve_stack
 from headstore.heads.settings.config import HeadConfig, TrainConfig
 from headstore.heads.network.model import StackedMLP
 from headstore.heads.artefacts.soup import soup_of
@@ -107,21 +108,22 @@ def test_anchor_rows_are_the_tasks_own_texts_without_training_dev_or_test_texts(
     from headstore.heads.training.anchor import anchor_pool, own_texts
 
     task, X, cfg = _ir_training()
-    data = prepare_data(task, X, cfg)
+    data = prepare_data(task, X, cfg.loss, cfg.normalize)
     train_rows = np.concatenate([data.pairs.anchor, data.pairs.positive])
     pool = anchor_pool(task, *own_texts(task))
     want = [r for r in range(len(X)) if r in set(task.corpus_rows.tolist()) and r not in set(train_rows.tolist())]
     assert pool.rows.tolist() == want  # a loop's answer: corpus documents that are no training text
     assert pool.report["from"] == "the task's corpus documents" and pool.report["rows"] == len(want)
     assert pool.report["training_texts_left_out"] == len(np.unique(data.pairs.positive))
-    sampler = AnchorSampler(pool, [cfg, cfg.replace(seed=1)])
+    sampler = AnchorSampler(pool, cfg.anchor_weight, [cfg.seed, 1])
     drawn = sampler.sample()
     assert drawn.shape == (2, min(128, len(want)))
     assert not np.isin(drawn.numpy(), train_rows).any() and not np.isin(drawn.numpy(), held_out_rows(task)).any()
     m = StackedMLP(1, HeadConfig(in_dim=12, hidden=10), seeds=[0])
     batch = make_batch(data, torch.arange(8).unsqueeze(0), None)
-    plain = batch_losses(m, data.X, batch, cfg)
-    assert torch.equal(batch_losses(m, data.X, batch, cfg, anchor=drawn[:1]), plain)  # weight 0: off
+    plan = resolve_stack([cfg])
+    plain = batch_losses(m, data.X, batch, plan)
+    assert torch.equal(batch_losses(m, data.X, batch, plan, anchor=drawn[:1]), plain)  # weight 0: off
 
 
 def test_a_stack_given_no_anchor_rows_never_samples_a_dev_or_test_query():
@@ -131,7 +133,7 @@ def test_a_stack_given_no_anchor_rows_never_samples_a_dev_or_test_query():
     from headstore.heads.training.train import StackTraining
 
     task, X, cfg = _ir_training(anchor_weight=1.0)
-    run = StackTraining(task, X, HeadConfig(in_dim=12, hidden=10), [cfg], "dev", None, None)
+    run = StackTraining(task, X, HeadConfig(in_dim=12, hidden=10), resolve_stack([cfg]), "dev", None, None)
     pool = run.anchor.pool.numpy()
     assert len(pool) and not np.isin(pool, held_out_rows(task)).any() and np.isin(pool, task.corpus_rows).all()
     assert run.anchor.report["from"] == "the task's corpus documents"
@@ -260,10 +262,10 @@ def test_anchor_rows_of_a_beir_task_never_read_another_dataset_of_the_store(worl
 
     store = FeatureStore.open(world.store)
     task = load_task(str(world.beir), store)
-    pool = anchor.anchor_rows_of(store, TrainConfig(anchor_weight=1.0), task)
+    pool = anchor.anchor_rows_of(store, task, 1.0)
     assert set(pool.rows.tolist()) == set(task.corpus_rows.tolist()) - set(task.train.positive.tolist())
     assert pool.report["dev_test_texts_left_out"] == 0 and len(pool.rows) < store.n_texts
-    named = anchor.anchor_rows_of(store, TrainConfig(anchor_weight=1.0, anchor_data=str(world.beir)), task)
+    named = anchor.anchor_rows_of(store, task, 1.0, str(world.beir))
     assert not np.isin(named.rows, held_out_rows(task)).any() and not np.isin(named.rows, task.train.anchor).any()
     assert named.report["dev_test_texts_left_out"] == len(held_out_rows(task))
-    assert anchor.anchor_rows_of(store, TrainConfig(), task) is None  # no anchor, nothing read
+    assert anchor.anchor_rows_of(store, task, TrainConfig().anchor_weight) is None  # no anchor, nothing read

@@ -198,7 +198,10 @@ def test_lr_schedule_is_transformers_schedule_with_the_warmup_counting_the_updat
 
 def test_q_schedule_goes_from_q_start_to_q():
     from headstore.heads.scoring.losses.settings import DEFAULT_Q
-    from headstore.heads.training.batches import q_at
+    from headstore.heads.training.resolved import resolve_stack
+
+    def q_at(cfg, step, total):
+        return resolve_stack([cfg]).q_at(step, total)
 
     assert q_at(TrainConfig(), 5, 100) is None  # no schedule: the loss takes cfg's q
     cfg = TrainConfig(q_start=30.0, q=10.0)

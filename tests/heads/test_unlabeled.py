@@ -115,11 +115,11 @@ def test_the_corpus_is_the_mining_pool_and_the_anchor_sample(uw):
     rows = lambda texts: set(store.rows_for([text_id(t) for t in texts]).tolist())  # noqa: E731
     assert set(task.corpus_rows.tolist()) == rows(uw["positives"] + uw["distractors"])
     train = rows([t for a, p, s in zip(uw["anchors"], uw["positives"], uw["splits"]) if s == "train" for t in (a, p)])
-    anchor = anchor_rows_of(store, TrainConfig(anchor_weight=2.0), task)
+    anchor = anchor_rows_of(store, task, 2.0)
     # the anchors' texts left out, and the training texts (two of the three test positives are train ones too)
     assert set(anchor.rows.tolist()) == rows(uw["distractors"] + uw["positives"][32:35]) - train
     assert anchor.report["training_texts_left_out"] == 2 and anchor.report["from"] == "the --unlabeled texts"
-    named = anchor_rows_of(store, TrainConfig(anchor_weight=2.0, anchor_data=str(uw["pairs"])), task)
+    named = anchor_rows_of(store, task, 2.0, str(uw["pairs"]))
     scored = rows([a for a, s in zip(uw["anchors"], uw["splits"]) if s != "train"])  # dev and test queries
     assert set(named.rows.tolist()) == rows(uw["anchors"] + uw["positives"]) - train - scored  # never one of them
     assert named.report["dev_test_texts_left_out"] == len(scored)

@@ -47,6 +47,7 @@ from headstore.heads.training.distill_targets import (HeadTeacher, Targets, anch
                                                        parts_path, read_targets, targets_key, targets_path,
                                                        write_targets)
 from headstore.heads.network.features import array_list
+from headstore.heads.training.resolved import resolve_stack
 from headstore.heads.training.run import _array_layer, _data_notes, check_same_features, defaults_for_kind, head_shape
 
 def load_teacher(ref: str, store: FeatureStore, what: str = "--teacher") -> Head:
@@ -170,7 +171,8 @@ def distill(store_path: str, data_path: str, teacher_ref: str, out_dir: str, hea
     targets, made = _teacher_targets(out_dir, key, teacher, teacher_features, features[:, :store.dim], tf,
                                      (anchors, corpus), head_cfg, dcfg, progress)
     del teacher_features  # not held through training (Beside reads what it scores again)
-    model, norm, (run,) = distill_stack(task, features, head_cfg, [cfg], dcfg, targets.mapped(tf.positions),
+    plan = resolve_stack([cfg])  # the student's settings resolved once (heads.training.resolved), read below
+    model, norm, (run,) = distill_stack(task, features, head_cfg, plan, dcfg, targets.mapped(tf.positions),
                                         progress, in_place=True, init=init)  # the raw features' last use was above
     out = prepare_output_dir(out_dir, "head", overwrite, inputs=inputs)
     begin_output(out, "head")
@@ -183,7 +185,7 @@ def distill(store_path: str, data_path: str, teacher_ref: str, out_dir: str, hea
               "store": str(store_path), "array": array, "array_layer": layer, "best_epoch": run.best_epoch,
               "train_seconds": run.seconds, "defaults": defaults_note, "device": device, "distill": note}
     write_head_dir(out, model, norm, {**config, **_store_notes(store), "judged": write_judgements(out, store, judged)})
-    metrics = beside.student(model, norm, cfg.eval_energy, features)
+    metrics = beside.student(model, norm, plan.eval_energy, features)
     metrics.update(_data_notes(task), **{k: v for k, v in beside.columns.items() if k != "distilled"})
     metrics["distill"] = {**note, **beside.columns["distilled"], "student_parameters": n_parameters(model),
                           "best_epoch": run.best_epoch, "start_dev": run.start_dev, "train_seconds": run.seconds}

@@ -55,7 +55,7 @@ def stack_seconds(items: list[tuple], task: Task, store_dim: int) -> float:
     _, head, train, array = items[0]
     anchors = train_anchors(task, train)
     steps = math.ceil(max(len(anchors), 1) / max(1, min(train.batch_size, len(anchors) or 1)))
-    dev_rows = kind_of(task).selection_rows(task, "dev", train) if "dev" in task.eval_sets else 0
+    dev_rows = kind_of(task).selection_rows(task, "dev", train.negatives) if "dev" in task.eval_sets else 0
     params = len(items) * head_params(head, store_dim * len(array_list(array)))
     per_epoch = steps * step_seconds(params) + scoring_seconds(params, dev_rows) * scorings_per_epoch(
         steps, params, dev_rows, train.eval_every)

@@ -20,7 +20,6 @@ from headstore.heads.experiments.grid.spec import split_settings
 from headstore.heads.kinds import WHOLE, Task, load_task, overlap_line, seen_rows, without_seen
 from headstore.heads.kinds.unlabeled import grid_report
 from headstore.heads.network.features import array_list
-from headstore.heads.settings.config import TrainConfig
 from headstore.heads.training.anchor import AnchorPool, anchor_rows_of
 from headstore.heads.training.selection import OodSelection, load_selection
 
@@ -77,7 +76,7 @@ def _anchor_pools(combos: list[dict], store: FeatureStore, task: Task) -> dict[s
     """The anchor's pool (store rows) of every anchor_data of the configurations with an anchor."""
     paths = {c.get("anchor_data", "") for c in combos if c.get("anchor_weight")}
     weight = max((c["anchor_weight"] for c in combos if c.get("anchor_weight")), default=1.0)
-    return {p: anchor_rows_of(store, TrainConfig(anchor_weight=weight, anchor_data=p), task) for p in sorted(paths)}
+    return {p: anchor_rows_of(store, task, weight, p) for p in sorted(paths)}
 
 
 def _check_arrays(combos: list[dict], store: FeatureStore, grid_path: str, store_path: str) -> None:

@@ -27,6 +27,7 @@ from headstore.heads.network.model import StackedMLP
 from headstore.heads.settings.config import TEST_SCOPES, TrainConfig
 from headstore.heads.training.run import head_shape
 from headstore.heads.training.selection import OodSelection
+from headstore.heads.training.resolved import resolve_stack
 from headstore.heads.training.train import train_stack
 
 
@@ -132,11 +133,12 @@ class StackRunner:
         configs = [it[2] for it in items]
         stask = self.scored_task(configs[0])
         head_cfg = head_shape(items[0][1], X, array, stask, configs[0], array_widths(self.store, array))  # a classifier head ends in the classes
+        plan = resolve_stack(configs)  # the stack's settings, resolved once (heads.training.resolved)
         t0 = time.perf_counter()
-        model, norm, runs = train_stack(stask, X, head_cfg, configs, progress=progress, selection=self.selection,
+        model, norm, runs = train_stack(stask, X, head_cfg, plan, progress=progress, selection=self.selection,
                                         anchor_rows=self.anchor_positions(configs[0]))
         t1 = time.perf_counter()
-        scores, tested = self.score(stask, model, norm(X), configs[0].eval_energy, runs, configs)
+        scores, tested = self.score(stask, model, norm(X), plan.eval_energy, runs, configs)
         t2 = time.perf_counter()
         stack = items[0][0]
         base = self.base_columns(stask, array, (array, configs[0].shots, configs[0].seed if configs[0].shots else 0))
@@ -147,11 +149,11 @@ class StackRunner:
                    **flat_settings(head, train, array), "status": runs[h].status, "reason": runs[h].reason,
                    "best_epoch": runs[h].best_epoch, "train_seconds": (t1 - t0) / len(items),
                    "eval_seconds": (t2 - t1) / len(items), "history": json.dumps(runs[h].history), **extra}
-            if train.strength != "1":  # the a applied after training, and the dev curve it was chosen on
+            if plan.adjusts_strength:  # the a applied after training, and the dev curve it was chosen on
                 row.update(strength_chosen=runs[h].strength, strength_curve=json.dumps(runs[h].strength_curve))
             row.update(dev_ranked=runs[h].dev_candidates.get("method", "exact") if runs[h].dev_candidates else "exact",
                        test_scored=h in tested, test_scope=self.test_scope)
-            rows.append(row | self.score_columns(scores, h, stask, configs[0].eval_energy) | base)
+            rows.append(row | self.score_columns(scores, h, stask, plan.eval_energy) | base)
         return StackResult(stack, [it[0] for it in items], configs, array, model, norm, self.stack_context(stask), rows)
 
     def score(self, stask: Task, model, Xn: torch.Tensor, energy: str, runs: list, configs: list) -> tuple[dict, set]:
