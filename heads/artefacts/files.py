@@ -31,6 +31,7 @@ from headstore.heads.settings.config import HeadConfig, TrainConfig
 from headstore.heads.network.features import Normalizer
 from headstore.heads.scoring.losses import scoring_energy
 from headstore.heads.network.model import StackedMLP, load_heads, save_heads
+from headstore.heads.artefacts.judged import JUDGED_FILE
 
 HEAD_FILE, NORMALIZER_FILE, CONFIG_FILE = "head.safetensors", "normalizer.safetensors", "config.json"
 RESULTS_FILE, RESULTS_CSV = "results.parquet", "results.csv"
@@ -344,4 +345,6 @@ def load_grid_head(grid_dir: str | Path, rank: int | str | None = None, id: str 
                  **{c: row[c] for c in ("primary", "dev_primary", "test_primary") if c in row}}
     config = {k_: v for k_, v in info.items() if k_ not in ("format", "head_ids", "train")}
     config.update(train=info["train"][index], grid=selection)
+    if (grid_dir / JUDGED_FILE).is_file():  # the grid's training judgements: its heads' evals split seen / unseen
+        config["judged"] = {"file": JUDGED_FILE}
     return model, load_safetensors(normalizer, Normalizer.load), config

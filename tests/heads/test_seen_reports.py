@@ -235,6 +235,12 @@ def test_grid_leaderboard_has_seen_and_unseen_columns(seen_world, tmp_path):
     assert float(row["test unseen (6)"]) == pytest.approx(items[:, ~seen].mean(), abs=1e-4)
     frozen = next(line for line in md.splitlines() if "frozen baseline (cosine)" in line)
     assert dict(zip(cells, [c.strip() for c in frozen.strip("|").split("|")]))["test seen (6)"] != ""
+    # the grid keeps its training judgements: `cli eval` of one of its heads splits as train-head's would
+    assert (out / "judgements.parquet").is_file()
+    r = cli("eval", "--store", w["store"], "--head", f"{out}#rank=1", "--data", w["beir"], "--out", tmp_path / "ev")
+    assert r.exit_code == 0, r.output
+    parts = json.loads((tmp_path / "ev" / "metrics.json").read_text())["parts"]
+    assert {p: parts[p]["n"] for p in ("seen", "unseen", "all")} == {"seen": 6, "unseen": 6, "all": 12}
 
 
 def test_compare_rows_are_split_by_seen_and_unseen():

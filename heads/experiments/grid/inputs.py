@@ -17,7 +17,8 @@ from headstore.data.keys import content_digest, contents, recipe
 from headstore.featurize.store.reader import FeatureStore
 from headstore.heads.artefacts.task_features import TaskFeatures, rows_of, rows_of_datasets
 from headstore.heads.experiments.grid.spec import split_settings
-from headstore.heads.kinds import WHOLE, Task, load_task, overlap_line, seen_rows, without_seen
+from headstore.heads.kinds import (WHOLE, PairSet, Task, judgement_pairs, load_task, overlap_line, seen_rows,
+                                   without_seen)
 from headstore.heads.kinds.unlabeled import grid_report
 from headstore.heads.network.features import array_list
 from headstore.heads.training.anchor import AnchorPool, anchor_rows_of
@@ -36,6 +37,7 @@ class GridInputs:
     anchors: dict[str, AnchorPool]  # each anchor_data's pool ("": the task's own texts), at positions
     unlabeled_note: dict  # the roles they play (heads.kinds.unlabeled.grid_report)
     transfer_dropped: dict  # per --transfer set, its items whose text the heads trained on (baseline.json)
+    judged: dict[str, PairSet]  # the training judgements in store rows (heads.kinds.judgement_pairs), kept by the grid
 
 
 def load_inputs(combos: list[dict], store_path: str, data_path: str, grid_path: str, data_format: str | None,
@@ -48,6 +50,7 @@ def load_inputs(combos: list[dict], store_path: str, data_path: str, grid_path: 
     unlabeled_note = grid_report(task, [split_settings(c)[1] for c in combos])  # the roles they play
     ood, dropped = _transfer_sets(task, store, transfer, f"--data {data_path}")
     anchors = _anchor_pools(combos, store, task)  # before anything trains: a pool with no text is an error now
+    judged = judgement_pairs(task)  # in store rows, before the remap below
     tf = TaskFeatures.for_task(store, task, rows_of_datasets(store, select_ood), *[rows_of(t) for t in ood.values()],
                                *[p.rows for p in anchors.values()], device=device)
     task, ood = tf.remap(task), tf.remap(ood)  # rows -> positions of the rows read (heads.artefacts.task_features)
@@ -59,7 +62,7 @@ def load_inputs(combos: list[dict], store_path: str, data_path: str, grid_path: 
            "unlabeled": unlabeled_note.get("digest")}
     anchors = {name: pool.mapped(tf.positions) for name, pool in anchors.items()}
     return GridInputs(store, task, ood, tf, selection, ids, made_of(data_path, transfer, select_ood, unlabeled, combos),
-                      anchors, unlabeled_note, dropped)
+                      anchors, unlabeled_note, dropped, judged)
 
 
 def made_of(data_path: str, transfer: tuple, select_ood: tuple, unlabeled: tuple, combos: list[dict]) -> str:

@@ -27,6 +27,7 @@ from headstore.data.tables import read_utf8
 from headstore.featurize.encoder.hardware import warn_if_emulated_bf16
 from headstore.featurize.encoder.model import pick_device
 from headstore.heads.artefacts.files import RESULTS_FILE, read_results, resume_rows, write_results
+from headstore.heads.artefacts.judged import write_judgements
 from headstore.heads.experiments.grid.ensembles import score_ensembles, write_ensembles
 from headstore.heads.experiments.grid.estimate import pace_line, plan_seconds
 from headstore.heads.experiments.grid.inputs import load_inputs, transfer_split
@@ -88,6 +89,7 @@ def run_grid(store_path: str, data_path: str, grid_path: str, out_dir: str, data
         check_resumed_scope(done, test_scope, out_dir, GRID_VERSION)
     out = prepare_output_dir(out_dir, "grid", overwrite, resumable=True, inputs=inputs)  # data read: claim it
     atomic_write_text(out / "grid.toml", read_utf8(Path(grid_path)))
+    write_judgements(out, g.store, g.judged)  # every head's training judgements: its eval splits seen / unseen
     rows, old_rows = resume_rows(out, GRID_VERSION, g.made_of)
     groups, skipped = plan_stacks(combos, g.task, g.ids, {r["head_id"] for r in rows})
     if progress:
