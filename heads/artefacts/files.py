@@ -8,13 +8,12 @@
   `GRID/heads/`: `S.safetensors` (H heads), `S.normalizer.safetensors` (the normaliser they share), `S.json`
   (head shape, each head's training settings and head_id in stack order, array, dataset, store fingerprint);
   `results.parquet` rows name their `stack` and `stack_index`.
-- a grid's results: `results.parquet` (every column) and `results.csv` (without object columns and `history`);
-  `ranked_configs` is the one ranking of its configurations (the leaderboard's order, `GRID#rank=K`).
-- an ensemble directory: `ensemble.json` (format, member folders, the ensemble's config) and one head
-  directory per member (`member-1/`, ...), written first.
-
-This module imports nothing above the heads core (data, heads.network.model, heads.network.features, heads.settings.config), so the
-`Head` class (heads.artefacts.head) and the experiments read and write through it without import cycles.
+- a grid's results: `results.parquet` (every column; `aggregated` false on a row kept from an earlier run but not
+  this one's) and `results.csv` (no object columns, no `history`); `ranked_configs` is the one ranking of its
+  configurations (the leaderboard's order, `GRID#rank=K`): this run's rows only.
+- an ensemble directory: `ensemble.json` (format, members, config) and a head directory per member (`member-1/`, ...).
+This module imports nothing above the heads core (data, heads.network.model, heads.network.features, heads.settings.config,
+heads.artefacts.judged), so `Head` (heads.artefacts.head) and the experiments read and write through it without cycles.
 """
 from __future__ import annotations
 
@@ -40,7 +39,7 @@ ENSEMBLE_FILE = "ensemble.json"
 ENSEMBLE_FORMAT = "headstore.ensemble/1"
 ENSEMBLE_ENERGY = "l1"  # the one energy whose mean over heads is the energy of the concatenated outputs
 # result columns that are not settings (left out when grouping seeds into configurations)
-VARIED_EXCLUDE = {"head_id", "grid_version", "made_of", "stack", "stack_index", "status", "reason", "best_epoch",
+VARIED_EXCLUDE = {"head_id", "grid_version", "made_of", "aggregated", "stack", "stack_index", "status", "reason", "best_epoch",
                   "train_seconds", "eval_seconds", "primary", "history", "n_labelled", "strength_chosen",
                   "strength_curve"}
 # result columns: per split, transfer and selection sets, and the frozen baseline of a stack's own texts
@@ -179,8 +178,8 @@ def read_results(grid_dir: str | Path) -> pl.DataFrame:
 
 def resume_rows(grid_dir: str | Path, version: int, made_of: str | None = None) -> tuple[list[dict], list[dict]]:
     """(rows of grid format `version` made of `made_of` (the datasets' contents and the recipe, a digest: the
-    `made_of` column; None: any), rows of anything else: kept in the file, never reused or aggregated, said in one line each);
-    ([], []) for a grid not started."""
+    `made_of` column; None: any), rows of anything else: kept in the file with `aggregated` false, never reused,
+    aggregated or ranked, said in one line each); ([], []) for a grid not started."""
     path = Path(grid_dir) / RESULTS_FILE
     if not path.is_file():
         return [], []
@@ -226,7 +225,8 @@ def ranked_configs(frame: pl.DataFrame) -> tuple[list[pl.DataFrame], list[str]]:
     the order of first appearance; configurations without a dev value come last. A grid run with
     `--select-ood` ranks by the rule of heads.training.selection on the means over seeds: configurations whose
     out-of-domain dev loss is within delta first (by dev), then the rest by least loss."""
-    ok = frame.filter(pl.col("status") == "ok")
+    current = [pl.col("aggregated").fill_null(True)] if "aggregated" in frame.columns else []  # not a stale row
+    ok = frame.filter(pl.col("status") == "ok", *current)
     settings = [c for c in ok.columns if c not in VARIED_EXCLUDE and not c.startswith(RESULT_PREFIXES)]
     keys = [c for c in settings if c != "seed"]
     if ok.is_empty():

@@ -117,6 +117,10 @@ def test_an_edited_dataset_retrains_its_heads_and_a_deleted_one_is_a_one_line_er
     configs = pl.read_csv(out / "configs.csv")
     assert configs["seeds"].to_list() == [2]  # the old rows are not aggregated with the new
     assert configs["test_mean"][0] == pytest.approx(new["test_primary"].mean(), abs=1e-6)
+    from headstore.heads.artefacts.files import select_row
+
+    assert rows.filter(pl.col("aggregated"))["made_of"].unique().to_list() == [new["made_of"][0]]
+    assert select_row(out, 1)[0]["made_of"] == new["made_of"][0]  # GRID#rank=1 ranks this run's rows only
     from headstore.data import keys
 
     monkeypatch.setitem(keys.RECIPES, "train-head", 99)  # the training code's numbers changed
@@ -125,3 +129,32 @@ def test_an_edited_dataset_retrains_its_heads_and_a_deleted_one_is_a_one_line_er
     assert pl.read_parquet(out / "results.parquet").height == 6
     sts.unlink()
     assert_bad_input(cli(*args), str(sts))
+
+
+def test_the_same_data_under_another_path_trains_nothing_again(data_world, tmp_path):
+    """A grid head's id holds the data's contents, never its path: the same file copied elsewhere (or named by a
+    relative path instead of an absolute one) resumes every head, and no configuration counts a seed twice."""
+    import shutil
+
+    import polars as pl
+
+    from .conftest import cli
+
+    first, second = tmp_path / "a" / "sts.parquet", tmp_path / "b" / "sts.parquet"
+    first.parent.mkdir()
+    second.parent.mkdir()
+    pl.read_parquet(data_world["sts05"]).write_parquet(first)
+    shutil.copy(first, second)
+    grid = tmp_path / "grid.toml"
+    grid.write_text('[grid]\nseed = [0, 1]\n[fixed]\nepochs = 1\nhidden = 16\nbatch_size = 8\nmined_k = 2\n')
+    out = tmp_path / "g"
+    for data in (first, second):
+        r = cli("grid", "--store", data_world["store"], "--data", data, "--grid", grid, "--out", out)
+        assert r.exit_code == 0, r.output
+    assert "0 head(s) to train" in r.output and pl.read_parquet(out / "results.parquet").height == 2
+    assert pl.read_csv(out / "configs.csv")["seeds"].to_list() == [2]
+    grid.write_text('[grid]\nseed = [0]\n[fixed]\nepochs = 1\nhidden = 16\nbatch_size = 8\nmined_k = 2\n')
+    r = cli("grid", "--store", data_world["store"], "--data", first, "--grid", grid, "--out", out)
+    assert r.exit_code == 0 and "1 row(s) of heads this grid does not define" in r.output, r.output
+    assert pl.read_csv(out / "configs.csv")["seeds"].to_list() == [1]  # kept in the file, not aggregated
+    assert pl.read_parquet(out / "results.parquet")["aggregated"].to_list().count(True) == 1

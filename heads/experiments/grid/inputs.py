@@ -56,7 +56,7 @@ def load_inputs(combos: list[dict], store_path: str, data_path: str, grid_path: 
     task, ood = tf.remap(task), tf.remap(ood)  # rows -> positions of the rows read (heads.artefacts.task_features)
     selection = load_selection(store, select_ood, task, tf.read("features")[:, :store.dim], ood_delta,
                                remap=tf.remap, data=f"--data {data_path}")
-    ids = {"data": str(data_path), "fingerprint": store.fingerprint, "transfer": tuple(ood), "in_dim": store.dim,
+    ids = {"data": content_digest(data_path, "--data"), "fingerprint": store.fingerprint,  # contents, never a path "transfer": tuple(ood), "in_dim": store.dim,
            "score_range": task.score_range, "select_ood": tuple(selection.sets), "ood_delta": ood_delta,
            "data_format": data_format,
            "unlabeled": unlabeled_note.get("digest")}

@@ -36,6 +36,19 @@ def why_not(task: Task, train: TrainConfig) -> str:
     return ""
 
 
+def of_this_grid(rows: list[dict], combos: list[dict], ids: dict, where: str) -> tuple[list[dict], list[dict]]:
+    """(the resumed rows of this grid's configurations, the others): a row of --out whose head id no configuration
+    of this grid has (another --store, a configuration since removed from the grid file, an id made before ids held
+    the data's contents instead of its path) is kept in the file but never aggregated with these, said in one line."""
+    wanted = {head_id(s, **ids) for s in combos}
+    mine = [r for r in rows if r["head_id"] in wanted]
+    others = [r for r in rows if r["head_id"] not in wanted]
+    if others:
+        print(f"{where}: {len(others)} row(s) of heads this grid does not define (another --store, a configuration "
+              "no longer in the grid file, or ids made before they held the data's contents): kept, not aggregated")
+    return mine, others
+
+
 def plan_stacks(combos: list[dict], task: Task, ids: dict, done: set[str]) -> tuple[dict, list[dict]]:
     """({(head shape, stack key, array): [(head id, head, train, array)]} of the heads still to train,
     rows of the combinations skipped with their reason)."""

@@ -31,7 +31,7 @@ from headstore.heads.artefacts.judged import write_judgements
 from headstore.heads.experiments.grid.ensembles import score_ensembles, write_ensembles
 from headstore.heads.experiments.grid.estimate import pace_line, plan_seconds
 from headstore.heads.experiments.grid.inputs import load_inputs, transfer_split
-from headstore.heads.experiments.grid.plan import plan_stacks, plan_summary
+from headstore.heads.experiments.grid.plan import of_this_grid, plan_stacks, plan_summary
 from headstore.heads.experiments.grid.ray_engine import ray_ready, train_on_ray
 from headstore.heads.experiments.grid.scope import check_resumed_scope
 from headstore.heads.experiments.grid.spec import GRID_VERSION, read_grid
@@ -90,7 +90,7 @@ def run_grid(store_path: str, data_path: str, grid_path: str, out_dir: str, data
     out = prepare_output_dir(out_dir, "grid", overwrite, resumable=True, inputs=inputs)  # data read: claim it
     atomic_write_text(out / "grid.toml", read_utf8(Path(grid_path)))
     write_judgements(out, g.store, g.judged)  # every head's training judgements: its eval splits seen / unseen
-    rows, old_rows = resume_rows(out, GRID_VERSION, g.made_of)
+    rows, old_rows = _resumed(out, combos, g)
     groups, skipped = plan_stacks(combos, g.task, g.ids, {r["head_id"] for r in rows})
     if progress:
         print(plan_summary(groups, skipped, len(rows), g.task, g.store.dim))
@@ -99,12 +99,25 @@ def run_grid(store_path: str, data_path: str, grid_path: str, out_dir: str, data
     rows += [r | {"made_of": g.made_of} for r in skipped]
     runner = StackRunner(out, g.task, g.tf, store_path, data_path, data_format, g.ood, g.selection, score_split,
                          test_scope, g.anchors, g.unlabeled_note)
-    rows += _train_stacks(runner, groups, old_rows + rows, progress, engine, ray_options, g.made_of)
+    rows += _train_stacks(runner, groups, stale(old_rows) + rows, progress, engine, ray_options, g.made_of)
     if rows or old_rows:
-        write_results(out, old_rows + rows)
+        write_results(out, stale(old_rows) + [r | {"aggregated": True} for r in rows])
     frame = pl.DataFrame(rows, infer_schema_length=None) if rows else pl.DataFrame()
     _finish(out, frame, runner, ensembles, soups, progress, g.transfer_dropped)
     return frame
+
+
+def _resumed(out: Path, combos: list[dict], g) -> tuple[list[dict], list[dict]]:
+    """(the rows of --out this run resumes, the rows it keeps in the file but never aggregates: another grid format,
+    other datasets' contents or recipe, or heads this grid does not define)."""
+    rows, old_rows = resume_rows(out, GRID_VERSION, g.made_of)
+    rows, elsewhere = of_this_grid(rows, combos, g.ids, str(out / RESULTS_FILE))
+    return rows, old_rows + elsewhere
+
+
+def stale(rows: list[dict]) -> list[dict]:
+    """Rows kept in results.parquet but not this run's: marked so that no ranking (GRID#rank=K) counts them."""
+    return [r | {"aggregated": False} for r in rows]
 
 
 def _dry_run_plan(combos: list[dict], g, out_dir: str, overwrite: bool) -> str:
@@ -124,7 +137,7 @@ def _train_stacks(runner: StackRunner, groups: dict, before: list[dict], progres
     bar = progress_bar(total=sum(len(items) for items in groups.values()), desc="grid heads", disable=not progress)
 
     def record(i: int, rows: list[dict]) -> None:
-        finished[i] = [r | {"made_of": made_of} for r in rows]
+        finished[i] = [r | {"made_of": made_of, "aggregated": True} for r in rows]
         write_results(runner.out, before + [r for k in sorted(finished) for r in finished[k]])
         bar.update(len(rows))
 

@@ -128,7 +128,8 @@ def resolved_settings(settings: dict, in_dim: int | None = None) -> dict:
 def head_id(settings: dict, data: str, fingerprint: str, transfer: tuple[str, ...] = (), *,
             in_dim: int | None = None, score_range=None, select_ood: tuple[str, ...] = (),
             ood_delta: float = DEFAULT_DELTA, data_format: str | None = None, unlabeled: str | None = None) -> str:
-    """The id of a grid head: a hash of every setting (defaults resolved), the dataset and how it is read,
+    """The id of a grid head: a hash of every setting (defaults resolved), the dataset (`data`: its contents'
+    digest, data.keys.content_digest, so the same file under another path is the same head) and how it is read,
     the store, the out-of-domain sets and GRID_VERSION. Parts that are unset are left out, so ids of grids
     that did not use them stay as they were. An anchored head's id holds the rule its anchor sample was drawn by
     (heads.training.anchor.ANCHOR_SAMPLE: the task's own texts, never another dataset of the store, so a grown
