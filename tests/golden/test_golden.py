@@ -77,9 +77,6 @@ def without_new_keys(got, want):
 
 def intended(scenario: str, got: dict, want: dict) -> tuple[dict, dict]:
     got = without_new_keys(got, want)
-    if scenario == "export":  # issue 53: a safetensors export keeps the head's judgements.parquet beside it
-        got, want = ({**side, "safetensors_files": [f for f in side["safetensors_files"] if f != "judgements.parquet"]}
-                     for side in (got, want))
     if scenario == "grid_labels":
         strip = lambda r: {k: v for k, v in r.items() if k not in LABEL_GRID_NEW_COLUMNS}  # noqa: E731
         return ({**got, "rows": label_rows_matched(got["rows"], want["rows"])},
