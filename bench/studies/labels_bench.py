@@ -3,7 +3,8 @@ logistic regression, and the recipe `cli train-head` chooses on each benchmark's
 
 Benchmarks (bench/studies/labels_tables.py builds them offline): `20ng-topic6` (a 20 Newsgroups sample,
 `topic6:newsgroup` labels), `20ng-skewed` (the same posts, class sizes 120 down to 4), `trec-qc` (TREC
-question classification, `COARSE:fine`, 51 fine classes, when --trec gives its files). Rows, on test:
+question classification, `COARSE:fine`, 51 fine classes, when --trec gives its files), `20ng-full` (all of 20
+Newsgroups, `body`, its `a.b.c` newsgroup labels; when `--work`/store-20ng exists). Rows, on test:
 - `tuned LR (reference)`: scikit-learn's LogisticRegressionCV (C in {0.1, 1, 10, 100} by stratified 5-fold CV)
   on the stored features of every train text, what `cli train-head` prints as the reference;
 - `tuned probe`: headstore's probe (C and scaling chosen on dev, one-standard-error rule; train less dev);
@@ -17,7 +18,11 @@ with the paired bootstrap interval; `coarse`: the accuracy of the predicted clas
     python bench/studies/labels_tables.py  # (imported; labels_bench builds the tables itself)
     nice -n 10 python bench/studies/labels_bench.py --work /work/scratch/labels --trec /work/scratch/labels/trec \
         --json bench/results/labels-bench-zen4-2026-11-29.json
-The stores (featurized once, reused): `--work`/store-20ng128 (MiniLM, 128 tokens) and `--work`/store-trec.
+The stores (featurized once, reused; a benchmark without its store is skipped, said): `--work`/store-20ng128
+(MiniLM, 128 tokens), `--work`/store-trec and `--work`/store-20ng (all of 20 Newsgroups at 256 tokens):
+    cli featurize --model minilm --data $D/20newsgroups --format labels --text-column body \
+        --label-columns level1,level2,label --max-length 256 --store WORK/store-20ng
+The JSON keeps each recipe's per-text dev correctness per seed (`dev_correct`), so a choice rule can be re-read.
 """
 from __future__ import annotations
 
@@ -52,7 +57,9 @@ from headstore.heads.training.label_recipes import (  # noqa: E402
     RECIPES, REFERENCE, applies, choose, recipe_configs, reference_lr)
 from headstore.heads.training.train import train_one  # noqa: E402
 
-STORES = {"20ng-topic6": "store-20ng128", "20ng-skewed": "store-20ng128", "trec-qc": "store-trec"}
+STORES = {"20ng-topic6": "store-20ng128", "20ng-skewed": "store-20ng128", "trec-qc": "store-trec",
+          "20ng-full": "store-20ng"}
+FORMATS = {"20ng-full": "labels?text_column=body"}  # the others: `text,label,split` tables
 
 
 def predictions(task, split: str, embed, energy: str) -> np.ndarray:
@@ -97,10 +104,12 @@ def row(name: str, test: np.ndarray, coarse: np.ndarray, ref: np.ndarray, note: 
             "note": note}
 
 
-def benchmark(name: str, path: Path, store: FeatureStore, seeds: list[int]) -> list[dict]:
+def benchmark(name: str, path: Path, store: FeatureStore, seeds: list[int]) -> tuple[list[dict], dict]:
+    """(its rows, per recipe and seed the per-text dev correctness as a '0101...' string)."""
     X = load_features(store)
-    flat = load_task(str(path), store, "labels")
-    tree = load_task(str(path), store, "labels?label_sep=auto")
+    fmt = FORMATS.get(name, "labels")
+    flat = load_task(str(path), store, fmt)
+    tree = load_task(str(path), store, fmt + ("&" if "?" in fmt else "?") + "label_sep=auto")
     ref_block, ref = reference_lr(flat, X)
     ref_coarse = np.full_like(ref, ref_block.get("test_accuracy_coarse", np.nan))
     rows = [row("tuned LR (reference)", ref[None], ref_coarse[None], ref, f"C = {ref_block['C']:g}")]
@@ -122,11 +131,20 @@ def benchmark(name: str, path: Path, store: FeatureStore, seeds: list[int]) -> l
             rows.append(row(recipe, np.array([r["test"] for r in runs[recipe]]),
                             np.array([r["coarse"] for r in runs[recipe]]), ref,
                             f"dev {np.mean([r['dev'].mean() for r in runs[recipe]]):.4f}"))
+    rows += default_rows(runs, ref, ref_coarse, len(seeds))
+    return rows, {k: ["".join(str(int(v)) for v in r["dev"]) for r in runs[k]] for k in runs}
+
+
+def default_rows(runs: dict, ref: np.ndarray, ref_coarse: np.ndarray, n_seeds: int) -> list[dict]:
+    """The default per seed, `choose` over the labels read flat (as a user runs it) and with the tree a candidate:
+    the chosen recipe's test correctness (the reference's when `lr` wins: train-head refits it on every train
+    text)."""
+    rows = []
     for label, among in (("default (chosen on dev)", [k for k in runs if k != "ce-tree"]),
                          ("default, --label-sep auto (tree a candidate)", list(runs))):
         if label.startswith("default, ") and "ce-tree" not in runs:
             continue
-        choices = [choose({k: runs[k][i]["dev"] for k in among}) for i in range(len(seeds))]
+        choices = [choose({k: runs[k][i]["dev"] for k in among}) for i in range(n_seeds)]
         chosen = [c for c, _ in choices]
         test = [ref if c == REFERENCE else runs[c][i]["test"] for i, c in enumerate(chosen)]
         coarse = [ref_coarse if c == REFERENCE else runs[c][i]["coarse"] for i, c in enumerate(chosen)]
@@ -176,17 +194,21 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(1)  # a shared, loaded CPU: one thread each thrashes less (state the load beside figures)
     work, seeds = Path(args.work), [int(s) for s in args.seeds.split(",")]
-    paths = build(work / "tables", datasets_root() / "20newsgroups" / "20newsgroups.parquet",
-                  Path(args.trec) if args.trec else None)
+    newsgroups = datasets_root() / "20newsgroups" / "20newsgroups.parquet"
+    paths = {**build(work / "tables", newsgroups, Path(args.trec) if args.trec else None), "20ng-full": newsgroups}
     out_path = Path(args.json)
     out = json.loads(out_path.read_text()) if out_path.exists() else {"tables": {}}
     out.update({"machine": machine(), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "seeds": seeds})
     for name, path in paths.items():
         if args.only and name not in args.only.split(","):
             continue
+        if not (work / STORES[name]).exists():
+            print(f"{name} skipped: no store {work / STORES[name]} (featurize it first: the module doc)")
+            continue
         t0 = time.perf_counter()
-        rows = benchmark(name, path, FeatureStore.open(work / STORES[name]), seeds)
-        out["tables"][name] = {"rows": rows, "seconds": time.perf_counter() - t0, "table": str(path)}
+        rows, dev = benchmark(name, path, FeatureStore.open(work / STORES[name]), seeds)
+        out["tables"][name] = {"rows": rows, "seconds": time.perf_counter() - t0, "table": str(path),
+                               "dev_correct": dev}
         print("\n".join(table_lines(name, rows)), flush=True)
         out_path.write_text(json.dumps(out, indent=1, default=float))
     print("\n".join(matrix_lines(out["tables"])))

@@ -13,8 +13,10 @@ out of train (10% of each class), test is scored once:
   `TREC_10.label` files (one `LABEL question` per line); it is not in shared/datasets, so it is skipped
   (said) without it.
 
-Why a sample of 20 Newsgroups: all 18,846 bodies at 256 tokens are 3.9M tokens, 5+ hours of MiniLM on the
-shared 2-core CPU; the sample at 128 tokens is what the benchmark can afford (`--max-length 128`).
+Why a sample of 20 Newsgroups: when these tables were built, all 18,771 non-empty bodies at 256 tokens (3.87M
+tokens) showed an ETA of 5+ hours of MiniLM on the 2-core CPU at load 22-27, so the sample at 128 tokens was what
+the benchmark could afford (`--max-length 128`). At load 6-8 (OpenVINO, 1,846 tokens/s) the whole set took 35 min
+(2026-11-29); labels_bench.py runs it too, as `20ng-full`, from its own store.
 """
 from __future__ import annotations
 

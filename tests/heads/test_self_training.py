@@ -80,6 +80,26 @@ def test_lbfgs_head_is_the_cross_validated_logistic_regression(tmp_path):
     assert run.history[0]["C"] == C and len(run.history) == 1  # no self-training asked for
 
 
+@pytest.mark.parametrize("seed", [0, 1])
+def test_lbfgs_head_on_every_train_text_is_the_printed_reference(tmp_path, seed):
+    """Labelled texts, no --shots, no self-training (the `lr` recipe): the head is scikit-learn's
+    LogisticRegressionCV on its 5 stratified folds of seed 0, as the reference printed beside it, whatever --seed
+    (before: a cold refit at the CV's C in float32 on the seed's folds, off the reference's optimum)."""
+    path, store, X = overlapping_blobs(tmp_path, n_classes=6, per_class=120, dim=24)
+    cfg = TrainConfig(loss="ce", solver="lbfgs", normalize="none", seed=seed)
+    task = for_training(load_task(str(path), store), cfg)
+    head = head_shape(HeadConfig(depth=1), X, "features", task, cfg)
+    model, norm, run = train_one(task, X.clone(), head, cfg, progress=False)
+    with torch.no_grad():
+        proba = torch.softmax(model.eval()(norm(X))[0], -1).numpy()
+    x, rows = X.double().numpy(), task.reference.rows
+    assert np.bincount(task.reference.classes).tolist() == [72] * 6  # 80 train a class less 8 dev: 6 even folds of 12
+    lr = LogisticRegressionCV(Cs=CS, cv=StratifiedKFold(6, shuffle=True, random_state=0), scoring="accuracy",
+                              max_iter=1000, random_state=0).fit(x[rows], task.reference.classes)
+    np.testing.assert_allclose(proba, lr.predict_proba(x), atol=2e-6)
+    assert run.history[0]["C"] == lr.C_[0]
+
+
 @pytest.mark.parametrize("rounds_c", [0.0, 10.0])  # 0: the shots' cross-validated C; 10: the default
 def test_self_training_rounds_equal_a_plain_loop(tmp_path, rounds_c):
     """Each round: the previous fit's probabilities on the unlabeled texts (train less dev less the shots), the
