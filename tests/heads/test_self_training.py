@@ -72,12 +72,17 @@ def reference_fit(x, y, seed, C=None):
 
 
 def test_lbfgs_head_is_the_cross_validated_logistic_regression(tmp_path):
+    """--shots 8 without self-training: the head is scikit-learn's LogisticRegressionCV on the shots' unit-norm
+    features (4 stratified folds of 2, seed 0, its own refit), the reference printed beside it, whatever --seed
+    (before: a cold float32 refit at the CV's C on the seed's folds, off the reference's optimum: 20 Newsgroups at
+    64 shots, seed 0, 0.6939 against the reference's 0.6949)."""
     path, store, X = overlapping_blobs(tmp_path)
     task, proba, run = fitted_head(path, store, X, shots=8, seed=2)
-    rows = task.reference.rows
-    lr, C = reference_fit(unit(X.numpy()[rows]), task.reference.classes, seed=2)
-    np.testing.assert_allclose(proba, lr.predict_proba(unit(X.numpy())), atol=1e-5)
-    assert run.history[0]["C"] == C and len(run.history) == 1  # no self-training asked for
+    rows, x = task.reference.rows, unit(X.double().numpy())
+    lr = LogisticRegressionCV(Cs=CS, cv=StratifiedKFold(4, shuffle=True, random_state=0), scoring="accuracy",
+                              max_iter=1000, random_state=0).fit(x[rows], task.reference.classes)
+    np.testing.assert_allclose(proba, lr.predict_proba(x), atol=2e-6)
+    assert run.history[0]["C"] == lr.C_[0] and len(run.history) == 1  # no self-training asked for
 
 
 @pytest.mark.parametrize("seed", [0, 1])
