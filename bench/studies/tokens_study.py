@@ -36,6 +36,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from headstore.featurize.store.reader import FeatureStore  # noqa: E402
 from headstore.heads.kinds import load_task  # noqa: E402
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from tokens_vqt import VqtPool  # noqa: E402
+
 B6A6 = ["block_6", "attn_6"]
 TOP4 = ["tap_attn_6", "tap_mlp_6", "tap_mlp_2", "tap_mlp_3"]  # select-taps' top four on STS-B (docs/taps.md)
 
@@ -44,6 +47,7 @@ TOP4 = ["tap_attn_6", "tap_mlp_6", "tap_mlp_2", "tap_mlp_3"]  # select-taps' top
 class Spec:
     taps: list[str] = field(default_factory=list)  # pooled store arrays beside features
     layers: list[str] = field(default_factory=list)  # cached token arrays (block_6, attn_6, ...) to attend over
+    vqt: list[int] = field(default_factory=list)  # layers whose frozen block the queries pass (tokens_vqt.py)
     queries: int = 4
     rank: int = 64
     lr: float = 1e-3
@@ -65,6 +69,11 @@ CANDIDATES = {
     "tok-b6a6-adrop": Spec(layers=["block_6", "attn_6"], array_drop=0.3),
     "tok-b3456a6-adrop": Spec(layers=["block_3", "block_4", "block_5", "block_6", "attn_6"], array_drop=0.3),
     "taps4+tok-b6a6-adrop": Spec(taps=TOP4, layers=["block_6", "attn_6"], array_drop=0.3),
+    "vqt-6-adrop-lr3e-4": Spec(vqt=[6], array_drop=0.3, lr=3e-4),
+    "vqt-456-adrop-lr3e-4": Spec(vqt=[4, 5, 6], array_drop=0.3, lr=3e-4, queries=2),
+    "taps4+vqt-6-adrop-lr3e-4": Spec(taps=TOP4, vqt=[6], array_drop=0.3, lr=3e-4),
+    "taps4-adrop-lr3e-4-sd": Spec(taps=TOP4, array_drop=0.3, lr=3e-4, distill="taps4-adrop-lr3e-4"),
+    "taps4-adrop-lr3e-4-noise": Spec(taps=TOP4, array_drop=0.3, lr=3e-4, noise=0.01),
     "tok-b6a6-adrop-lr3e-4": Spec(layers=B6A6, array_drop=0.3, lr=3e-4),
     "tok-b6a6-adrop-lr3e-4-frozen": Spec(layers=B6A6, array_drop=0.3, lr=3e-4, attn_lr=0.0),
     "tok-b6a6-adrop-lr3e-4-alr1e-4": Spec(layers=B6A6, array_drop=0.3, lr=3e-4, attn_lr=1e-4),
@@ -91,7 +100,10 @@ class Data:
         offsets = np.load(cache / "offsets.npy")
         self.start = torch.from_numpy(offsets[self.rows])
         self.length = torch.from_numpy(np.minimum(offsets[self.rows + 1] - offsets[self.rows], spec.cap))
-        self.tokens = [torch.from_numpy(np.load(cache / f"{name}.npy")) for name in spec.layers]
+        self.tokens = [torch.from_numpy(np.load(cache / f"{name}.npy"))
+                       for name in spec.layers + [f"block_{i - 1}" for i in spec.vqt]]
+        self.model = json.loads((Path(store_path) / "config.json").read_text())
+        self.train_texts = train
         self.token_stats = []
         for tokens in self.tokens:  # the train texts' mean pools: the statistics each attention output is scaled by
             pooled = torch.stack([tokens[s:s + n].float().mean(0) for s, n in zip(self.start[train], self.length[train])])
@@ -128,6 +140,11 @@ class TokenHead(torch.nn.Module):
         self.out = torch.nn.Linear(width, d)
         torch.nn.init.zeros_(self.out.weight)
         torch.nn.init.zeros_(self.out.bias)
+        self.vqt = None
+        if spec.vqt:
+            sample, mask = data.batch_tokens(data.train_texts[:512])
+            self.vqt = VqtPool(data.model["model"], data.model["max_length"], spec.vqt, spec.queries,
+                               sample[len(spec.layers):], mask)
 
     def pools(self, tokens: list[torch.Tensor], mask: torch.Tensor) -> list[torch.Tensor]:
         """Per layer, per query, the attention-weighted mean of the tokens, standardised: (B, d) each."""
@@ -145,8 +162,11 @@ class TokenHead(torch.nn.Module):
     def forward(self, data: Data, idx: torch.Tensor) -> torch.Tensor:
         x = data.features[idx]
         extra = [t[idx] for t in data.taps]
-        if self.spec.layers:
-            extra += self.pools(*data.batch_tokens(idx))
+        if self.spec.layers or self.vqt is not None:
+            tokens, mask = data.batch_tokens(idx)
+            extra += self.pools(tokens, mask)
+            if self.vqt is not None:
+                extra += self.vqt(tokens[len(self.spec.layers):], mask)
         if self.training and self.spec.array_drop > 0:
             keep = (torch.rand(len(idx), len(extra)) > self.spec.array_drop).float() / (1 - self.spec.array_drop)
             extra = [e * keep[:, i:i + 1] for i, e in enumerate(extra)]
@@ -192,7 +212,8 @@ def train(data: Data, spec: Spec, seed: int, teacher: tuple[TokenHead, Data] | N
           batch: int = 64, patience: int = 3) -> tuple[TokenHead, dict]:
     torch.manual_seed(seed)
     head = TokenHead(data, spec)
-    attention = [*head.queries.parameters(), *head.keys.parameters()]
+    attention = [*head.queries.parameters(), *head.keys.parameters(),
+                 *(head.vqt.parameters() if head.vqt is not None else [])]
     opt = torch.optim.AdamW([{"params": head.out.parameters()},
                              {"params": attention, "lr": spec.lr if spec.attn_lr is None else spec.attn_lr}],
                             lr=spec.lr, weight_decay=0.0)
@@ -229,9 +250,9 @@ def run(a, key: str, seed: int) -> dict:
     spec = CANDIDATES[key]
     data = Data(a.store, a.data, Path(a.cache), spec)
     teacher = None
-    if spec.distill:  # trained afresh on the same store at the same seed (its own run's figures are the same)
+    if spec.distill:  # trained afresh on the same store, at another seed than the student's
         teacher_data = Data(a.store, a.data, Path(a.cache), CANDIDATES[spec.distill])
-        teacher = (train(teacher_data, CANDIDATES[spec.distill], seed, None)[0], teacher_data)
+        teacher = (train(teacher_data, CANDIDATES[spec.distill], seed + 1000, None)[0], teacher_data)
     head, record = train(data, spec, seed, teacher)
     record.update({"key": key, "seed": seed, "spec": spec.__dict__, "test": round(spearman(head, data, "test"), 4),
                    "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "load": list(_load())})
