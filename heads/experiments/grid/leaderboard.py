@@ -4,10 +4,12 @@ resampled, paired across seeds and with the gold), the frozen baseline in every 
 from __future__ import annotations
 
 import json
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
 import polars as pl
+import torch
 from tabulate import tabulate
 
 from headstore.data.files import atomic_write_text
@@ -28,6 +30,19 @@ def _ci(task: Task, items: list[np.ndarray], split: str = "test") -> tuple[float
     return tuple(kind_of(task).ci(task, split, np.stack(items), n_boot=N_BOOT))  # (S, n) items
 
 
+def _group_cis(task: Task, groups: list[pl.DataFrame]) -> list[tuple[float, float] | None]:
+    """The test CI of every configuration whose rows all kept their test items (None: not tested), computed on
+    torch's compute threads at once (numpy's array passes release the GIL; each CI's numbers are its own)."""
+    items = [[np.asarray(json.loads(x)) for x in g["test_items"]]
+             if "test_items" in g.columns and g["test_items"].null_count() == 0 else None for g in groups]
+    todo = [i for i, it in enumerate(items) if it is not None]
+    out: list[tuple[float, float] | None] = [None] * len(groups)
+    with ThreadPoolExecutor(max_workers=max(1, min(torch.get_num_threads(), len(todo)))) as pool:
+        for i, ci in zip(todo, pool.map(lambda i: _ci(task, items[i]), todo)):
+            out[i] = ci
+    return out
+
+
 def aggregate(frame: pl.DataFrame, task: Task) -> tuple[pl.DataFrame, list[str]]:
     """One row per configuration (all settings but the seed): dev/test mean ± std over seeds, test CI."""
     groups, keys = ranked_configs(frame)
@@ -36,7 +51,8 @@ def aggregate(frame: pl.DataFrame, task: Task) -> tuple[pl.DataFrame, list[str]]
     if not groups:
         return ok, varied
     rows, masks = [], part_masks(task)
-    for g in groups:
+    cis = _group_cis(task, groups)
+    for g, ci in zip(groups, cis):
         r = {k: g[k][0] for k in keys}
         r["seeds"] = g.height
         for split in ("dev", "test"):
@@ -44,9 +60,8 @@ def aggregate(frame: pl.DataFrame, task: Task) -> tuple[pl.DataFrame, list[str]]
             if col in g.columns and g[col].null_count() < g.height:
                 vals = g[col].drop_nulls().to_numpy()
                 r[f"{split}_mean"], r[f"{split}_std"] = float(vals.mean()), float(vals.std(ddof=1)) if len(vals) > 1 else 0.0
-        if "test_items" in g.columns and g["test_items"].null_count() == 0:
-            lo, hi = _ci(task, [np.asarray(json.loads(x)) for x in g["test_items"]])
-            r["test_ci_lo"], r["test_ci_hi"] = lo, hi
+        if ci is not None:
+            r["test_ci_lo"], r["test_ci_hi"] = ci
         for col in [c for c in g.columns if c.startswith(("ood_", "sel_")) and c.endswith(("_primary", "_loss"))]:
             vals = g[col].drop_nulls().to_numpy()
             r[col[:-len("_primary")] if col.endswith("_primary") else col] = float(vals.mean()) if len(vals) else None
