@@ -20,14 +20,16 @@ from headstore.heads.scoring.ir_metrics import (  # noqa: F401  (importable from
     EnergySource, ir_metrics_per_query, ndcg_and_ap, topk_ranking, trec_tie_order)
 
 
-def sts_metrics(scores_pred, gold) -> dict[str, float]:
-    """Pearson and Spearman correlation of predicted similarities with gold scores.
+def sts_metrics(scores_pred, gold, pearson: bool = True) -> dict[str, float]:
+    """Pearson and Spearman correlation of predicted similarities with gold scores (Spearman alone without
+    `pearson`: what an epoch's selection reads).
 
     Pass a similarity (higher = more similar), e.g. -energy: correlation signs follow it."""
     pred, gold = np.asarray(scores_pred, dtype=np.float64), np.asarray(gold, dtype=np.float64)
     if pred.shape != gold.shape or pred.ndim != 1 or len(pred) < 2:
         raise ValueError(f"sts_metrics: need two 1-D arrays of equal length >= 2; got {pred.shape}, {gold.shape}")
-    return {"pearson": float(stats.pearsonr(pred, gold)[0]), "spearman": float(stats.spearmanr(pred, gold)[0])}
+    out = {"pearson": float(stats.pearsonr(pred, gold)[0])} if pearson else {}
+    return out | {"spearman": float(stats.spearmanr(pred, gold)[0])}
 
 
 def pair_metrics(energy, labels) -> dict[str, float]:
