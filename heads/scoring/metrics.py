@@ -121,7 +121,8 @@ class _WeightedSide:
 
 
 _GOLD_SIDES: list[tuple[bytes, np.ndarray, _WeightedSide]] = []  # the last few (gold, counts, its side)
-GOLD_SIDES_KEPT = 4  # a grid's leaderboard bootstraps every configuration on the same gold and draws: kept across
+GOLD_SIDES_KEPT = 3  # a grid's leaderboard bootstraps every configuration on the same gold and draws (STS-B's test:
+# 3 batches of resamples), kept across calls: at most 3 x 2 arrays of one batch (<= 2e6 floats, 16 MB, each)
 
 
 def _gold_side(gold_key: bytes, gold_groups: tuple, counts: np.ndarray) -> _WeightedSide:
