@@ -37,10 +37,15 @@ def _group_cis(task: Task, groups: list[pl.DataFrame]) -> list[tuple[float, floa
              if "test_items" in g.columns and g["test_items"].null_count() == 0 else None for g in groups]
     todo = [i for i, it in enumerate(items) if it is not None]
     out: list[tuple[float, float] | None] = [None] * len(groups)
-    with ThreadPoolExecutor(max_workers=max(1, min(torch.get_num_threads(), len(todo)))) as pool:
-        for i, ci in zip(todo, pool.map(lambda i: _ci(task, items[i]), todo)):
-            out[i] = ci
+    for i, ci in zip(todo, _cis(task, [items[i] for i in todo])):
+        out[i] = ci
     return out
+
+
+def _cis(task: Task, items: list[list[np.ndarray]]) -> list[tuple[float, float]]:
+    """`_ci` of each entry of `items` (one item array per seed), on torch's compute threads at once."""
+    with ThreadPoolExecutor(max_workers=max(1, min(torch.get_num_threads(), len(items)))) as pool:
+        return list(pool.map(lambda it: _ci(task, it), items))
 
 
 def aggregate(frame: pl.DataFrame, task: Task) -> tuple[pl.DataFrame, list[str]]:
@@ -76,7 +81,9 @@ def _baseline_rows(task: Task, baselines: dict) -> list[dict]:
     out, masks = [], part_masks(task)
     b = baselines.get("features") or next(iter(baselines.values()))
     primaries = [k.primary_metric(e) for k in KINDS.values() for e in ("cosine", "l1")]
-    for prefix, energy in (("cosine", "cosine"), ("manhattan", "l1")):
+    energies = (("cosine", "cosine"), ("manhattan", "l1"))
+    cis = _cis(task, [[np.asarray(b["test"]["items"][prefix])] for prefix, _ in energies]) if "test" in b else []
+    for i, (prefix, energy) in enumerate(energies):
         key = kind_of(task).primary_metric(energy)
         row = {"config": f"frozen baseline ({prefix})"}
         for split in ("dev", "test"):
@@ -86,9 +93,8 @@ def _baseline_rows(task: Task, baselines: dict) -> list[dict]:
             if k.startswith("ood_"):
                 m = v["metrics"]
                 row[k] = next((m[x] for x in primaries if x in m and prefix in x), None)
-        if "test" in b:
-            items = np.asarray(b["test"]["items"][prefix])
-            row["test_ci_lo"], row["test_ci_hi"] = _ci(task, [items])
+        if cis:
+            row["test_ci_lo"], row["test_ci_hi"] = cis[i]
         out.append(row | baseline_columns(b, prefix, masks))
     return out
 
