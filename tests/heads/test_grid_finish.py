@@ -3,10 +3,8 @@ configurations' test CIs, computed side by side on threads, are each the CI the 
 import json
 
 import numpy as np
-import polars as pl
-from click.testing import CliRunner
 
-from headstore.cli import main
+from headstore.heads.experiments.grid.run import run_grid
 
 FILES = {"baseline.json", "best_curves.png", "by_setting.png", "configs.csv", "grid.toml", "heads", "judgements.parquet",
          "leaderboard.md", "results.csv", "results.parquet", "summary.json", "summary.md"}  # what a grid wrote
@@ -22,11 +20,8 @@ def test_the_grid_writes_every_file_and_its_cis_equal_the_loop(data_world, tmp_p
     spec.write_text('[grid]\nlr = [1e-3, 1e-2]\nweight_decay = [0.0, 0.1]\nseed = [0, 1, 2]\n'
                     '[fixed]\nepochs = 2\nbatch_size = 8\nhidden = 16\ndepth = 1\n')
     out = tmp_path / "out"
-    r = CliRunner().invoke(main, ["grid", "--store", str(data_world["store"]), "--data", str(data_world["sts05"]),
-                                  "--grid", str(spec), "--out", str(out)])
-    assert r.exit_code == 0, r.output
+    frame = run_grid(str(data_world["store"]), str(data_world["sts05"]), str(spec), str(out), progress=False)
     assert {p.name for p in out.iterdir()} == FILES
-    frame = pl.read_parquet(out / "results.parquet")
     task = load_task(str(data_world["sts05"]), FeatureStore.open(str(data_world["store"])))
     groups, _ = ranked_configs(frame)
     loop = [_ci(task, [np.asarray(json.loads(x)) for x in g["test_items"]]) for g in groups]
