@@ -161,7 +161,7 @@ def main() -> None:
     ap.add_argument("--before-precisions", default=None, help="the old code's precisions (default: --precisions)")
     ap.add_argument("--work", default=None, help="where the grids are written (default: a temporary folder)")
     ap.add_argument("--resume", action="store_true", help="reuse the accounts --work holds (their loads unknown)")
-    ap.add_argument("--json", default=None)
+    ap.add_argument("--json", default=None, help="where the JSON goes (default: WORK/grid-stsb-account.json)")
     args = ap.parse_args()
     work = Path(args.work or tempfile.mkdtemp(prefix="grid-stsb-"))
     work.mkdir(parents=True, exist_ok=True)
@@ -183,10 +183,11 @@ def main() -> None:
             r["golden"] = golden_check(r, args.golden)
     machine = limits.machine()
     print_tables(runs, limit, machine)
-    if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps({"machine": machine, "probes": probes, "limit": limit, "runs": runs,
-                                               "command": " ".join(sys.argv)}, indent=1, default=str))
+    path = Path(args.json or work / "grid-stsb-account.json")  # always written: the tables' every figure
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"machine": machine, "probes": probes, "limit": limit, "runs": runs,
+                                "command": " ".join(sys.argv)}, indent=1, default=str))
+    print(f"\nJSON: {path}")
 
 
 if __name__ == "__main__":

@@ -31,6 +31,11 @@ class STSKind(TaskKind):
     def evaluate(self, task, split, embed, energies):
         return evaluate_pairs(task.eval_sets[split], embed, energies, _metrics, self.nan_metrics)
 
+    def selection_scores(self, task, split, embed, energy, precision):
+        """The Spearman of every head alone (what training selects on; evaluate's numbers, no Pearson)."""
+        results, _ = evaluate_pairs(task.eval_sets[split], embed, (energy,), _spearman, self.nan_metrics)
+        return [r[self.primary_metric(energy)] for r in results]
+
     def ci(self, task, split, values, n_boot=1000):
         gold = task.eval_sets[split].labels
         return list(bootstrap_ci(values, gold=gold, statistic=self.statistic, n_boot=n_boot))
@@ -39,6 +44,10 @@ class STSKind(TaskKind):
 def _metrics(data, e: np.ndarray, p: str) -> dict:
     m = sts_metrics(-e, data.labels)
     return {f"spearman_{p}": m["spearman"], f"pearson_{p}": m["pearson"]}
+
+
+def _spearman(data, e: np.ndarray, p: str) -> dict:
+    return {f"spearman_{p}": sts_metrics(-e, data.labels, pearson=False)["spearman"]}
 
 
 KIND = STSKind()

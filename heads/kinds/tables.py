@@ -76,19 +76,27 @@ PairMetrics = Callable[[PairSet, np.ndarray, str], dict]  # (pairs, energies (P,
 def evaluate_pairs(data: PairSet, embed, energies: tuple[str, ...], metrics_of: PairMetrics,
                    nan_metrics: Callable[[tuple[str, ...]], dict]) -> tuple[list[dict], list[dict]]:
     """Metrics of every head on a split's pairs: the energy of each pair under each energy, scored by
-    `metrics_of`; per-item values are the predictions -E (for the kind's bootstrap CI)."""
+    `metrics_of`; per-item values are the predictions -E (for the kind's bootstrap CI). A head whose outputs are
+    not all finite scores `nan_metrics`. Each energy is one pass over every head (a head's row of it holds the
+    numbers a pass over that head alone gives), and the outputs are searched for a non-finite value only in the
+    heads whose energies are not all finite (a NaN or inf output makes its pair's energy one)."""
     za, zb = embed(data.anchor, "query"), embed(data.positive, "document")  # (H, P, d)
+    per_energy = {e: ENERGIES[e](za, zb).double().cpu().numpy() for e in energies}  # (H, P) each
     results, items = [], []
     for h in range(za.shape[0]):
-        if not (torch.isfinite(za[h]).all() and torch.isfinite(zb[h]).all()):
+        if not all(np.isfinite(v[h]).all() for v in per_energy.values()) and not _finite(za[h], zb[h]):
             results.append(nan_metrics(energies))
             items.append({PREFIX[e]: np.full(len(data), np.nan) for e in energies})
             continue
         m, it = {}, {}
-        for energy in energies:
-            e = ENERGIES[energy](za[h], zb[h]).double().cpu().numpy()  # (P,)
+        for energy, values in per_energy.items():
+            e = values[h]  # (P,)
             m.update(metrics_of(data, e, PREFIX[energy]))
             it[PREFIX[energy]] = -e
         results.append(m)
         items.append(it)
     return results, items
+
+
+def _finite(za: torch.Tensor, zb: torch.Tensor) -> bool:
+    return bool(torch.isfinite(za).all() and torch.isfinite(zb).all())

@@ -77,21 +77,29 @@ def _check_buildable(cfg: HeadConfig) -> None:
                          f"got depth={cfg.depth}, out_dim={cfg.out_dim}")
 
 
-def _init_head(cfg: HeadConfig, seed: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """(weight (in, out), bias (out,)) of every layer of one head, drawn from its own generator."""
-    gen = torch.Generator().manual_seed(int(seed))
+def _init_stack(cfg: HeadConfig, seeds: list[int]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """(weights (H, in, out), biases (H, out)) of every layer; head h's drawn from its own generator (seed h): per
+    layer, its weight then its bias, uniform on [-1, 1) / sqrt(fan_in) (the distribution nn.Linear's
+    reset_parameters gives). A residual head's last layer starts at 0 (f(x) = x exactly) and init "identity" is
+    W = I: such a last layer is set, not drawn (nothing is drawn after it). The draws land in the stacked tensors and
+    are scaled there, one pass per layer for every head: each head's numbers are those a one-head stack draws."""
     dims = cfg.layer_dims()
-    layers = []
-    for fan_in, fan_out in zip(dims[:-1], dims[1:]):
-        bound = 1.0 / math.sqrt(fan_in)  # the distribution nn.Linear's reset_parameters gives
-        w = (torch.rand(fan_in, fan_out, generator=gen) * 2 - 1) * bound
-        b = (torch.rand(fan_out, generator=gen) * 2 - 1) * bound
-        layers.append((w, b))
-    if cfg.init == "identity":
-        layers = [(torch.eye(dims[0]), torch.zeros(dims[0]))]
-    if cfg.residual and layers:
+    layers = [(torch.empty(len(seeds), i, o), torch.empty(len(seeds), o)) for i, o in zip(dims[:-1], dims[1:])]
+    set_last = bool(layers) and (cfg.residual or cfg.init == "identity")
+    drawn = layers[:len(layers) - set_last]
+    for h, seed in enumerate(seeds):
+        gen = torch.Generator().manual_seed(int(seed))
+        for w, b in drawn:
+            torch.rand(w.shape[1:], generator=gen, out=w[h])
+            torch.rand(b.shape[1:], generator=gen, out=b[h])
+    for (w, b), fan_in in zip(drawn, dims):
+        bound = 1.0 / math.sqrt(fan_in)
+        w.mul_(2).sub_(1).mul_(bound)
+        b.mul_(2).sub_(1).mul_(bound)
+    if set_last:
         w, b = layers[-1]
-        layers[-1] = (torch.zeros_like(w), torch.zeros_like(b))  # g starts at 0: f(x) = x exactly
+        w.copy_(torch.eye(dims[0]) if cfg.init == "identity" and not cfg.residual else torch.zeros(()))
+        b.zero_()
     return layers
 
 
@@ -105,11 +113,9 @@ class StackedMLP(nn.Module):
         if n_heads < 1 or len(seeds) != n_heads:
             raise ValueError(f"need n_heads >= 1 and one seed per head; got n_heads={n_heads}, {len(seeds)} seeds")
         self.n_heads, self.cfg, self.seeds = n_heads, cfg, seeds
-        per_head = [_init_head(cfg, s) for s in seeds]  # [h][layer] -> (w, b)
-        self.weights = nn.ParameterList(
-            [nn.Parameter(torch.stack([per_head[h][l][0] for h in range(n_heads)])) for l in range(cfg.depth)])
-        self.biases = nn.ParameterList(
-            [nn.Parameter(torch.stack([per_head[h][l][1] for h in range(n_heads)])) for l in range(cfg.depth)])
+        layers = _init_stack(cfg, seeds)  # [layer] -> (w (H, in, out), b (H, out))
+        self.weights = nn.ParameterList([nn.Parameter(w) for w, _ in layers])
+        self.biases = nn.ParameterList([nn.Parameter(b) for _, b in layers])
         if self.scalar_mix:  # theta of the scalar mix, (H, L): softmax(MIX_GAIN * theta) starts at mix_init on array 0
             theta = torch.zeros(n_heads, cfg.mix)
             theta[:, 0] = math.log(cfg.mix_init * (cfg.mix - 1) / (1 - cfg.mix_init)) / MIX_GAIN

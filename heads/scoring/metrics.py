@@ -9,7 +9,10 @@ from __future__ import annotations
 
 import warnings
 
+import hashlib
+
 import numpy as np
+import torch
 from scipy import stats
 from sklearn.metrics import roc_auc_score, roc_curve
 
@@ -17,14 +20,16 @@ from headstore.heads.scoring.ir_metrics import (  # noqa: F401  (importable from
     EnergySource, ir_metrics_per_query, ndcg_and_ap, topk_ranking, trec_tie_order)
 
 
-def sts_metrics(scores_pred, gold) -> dict[str, float]:
-    """Pearson and Spearman correlation of predicted similarities with gold scores.
+def sts_metrics(scores_pred, gold, pearson: bool = True) -> dict[str, float]:
+    """Pearson and Spearman correlation of predicted similarities with gold scores (Spearman alone without
+    `pearson`: what an epoch's selection reads).
 
     Pass a similarity (higher = more similar), e.g. -energy: correlation signs follow it."""
     pred, gold = np.asarray(scores_pred, dtype=np.float64), np.asarray(gold, dtype=np.float64)
     if pred.shape != gold.shape or pred.ndim != 1 or len(pred) < 2:
         raise ValueError(f"sts_metrics: need two 1-D arrays of equal length >= 2; got {pred.shape}, {gold.shape}")
-    return {"pearson": float(stats.pearsonr(pred, gold)[0]), "spearman": float(stats.spearmanr(pred, gold)[0])}
+    out = {"pearson": float(stats.pearsonr(pred, gold)[0])} if pearson else {}
+    return out | {"spearman": float(stats.spearmanr(pred, gold)[0])}
 
 
 def pair_metrics(energy, labels) -> dict[str, float]:
@@ -76,15 +81,17 @@ def _tie_groups(v: np.ndarray) -> tuple[np.ndarray, int]:
 def _resample_ranks(group: np.ndarray, n_groups: int, counts: np.ndarray) -> np.ndarray:
     """(B, n) rank of each item within each resample, ties averaged (scipy.stats.rankdata's "average"),
     from counts (B, n): how often each item was drawn. Group g of c drawn items holds ranks
-    below + 1 .. below + c, below = the drawn items of lower groups: their mean is cumsum - (c - 1) / 2."""
-    order = np.argsort(group, kind="stable")
-    per_group = counts[:, order]  # (B, n) in increasing value: one column per group where there are no ties
-    if n_groups < len(group):
-        sorted_group = group[order]
-        starts = np.r_[0, np.flatnonzero(sorted_group[1:] != sorted_group[:-1]) + 1]
-        per_group = np.add.reduceat(per_group, starts, axis=1)  # (B, n_groups)
-    average = np.cumsum(per_group, axis=1) - (per_group - 1) / 2
-    return average[:, group]
+    below + 1 .. below + c, below = the drawn items of lower groups: their mean is cumsum - (c - 1) / 2.
+    Every number is a count or a half-integer, exact in float64 whatever the order of the sums, so torch's
+    kernels (faster than numpy's cumsum and fancy indexing, and free of the GIL) give numpy's very numbers."""
+    w, g = torch.from_numpy(counts), torch.from_numpy(group)
+    if n_groups < len(group):  # the items of a group summed: (B, n_groups)
+        per_group = w.new_zeros((w.shape[0], n_groups)).index_add_(1, g, w)
+    else:  # (B, n) in increasing value
+        per_group = w.index_select(1, torch.from_numpy(np.argsort(group, kind="stable")))
+    average = torch.cumsum(per_group, 1)
+    average.sub_(per_group.sub_(1).div_(2))
+    return average.index_select(1, g).numpy()
 
 
 def _weighted_pearson(a: np.ndarray, b: np.ndarray, w: np.ndarray) -> np.ndarray:
@@ -94,6 +101,40 @@ def _weighted_pearson(a: np.ndarray, b: np.ndarray, w: np.ndarray) -> np.ndarray
     b = b - (w * b).sum(1, keepdims=True) / n
     with np.errstate(invalid="ignore", divide="ignore"):  # a constant resample has no correlation: NaN
         return (w * a * b).sum(1) / np.sqrt((w * a * a).sum(1) * (w * b * b).sum(1))
+
+
+class _WeightedSide:
+    """One side b (B, n) of `_weighted_pearson` under weights w, centred once: several a's correlate with it (the
+    gold's ranks against each seed's) in the same operations, so in the same numbers, as `_weighted_pearson`."""
+
+    def __init__(self, b: np.ndarray, w: np.ndarray):
+        self.w, self.n = w, w.sum(1, keepdims=True)
+        self.b = b - (w * b).sum(1, keepdims=True) / self.n
+        self.bb = (w * self.b * self.b).sum(1)
+
+    def pearson(self, a: np.ndarray) -> np.ndarray:
+        """`_weighted_pearson(a, b, w)`: (w * a * b) is ((w * a) * b), so w * a is formed once."""
+        a = a - (self.w * a).sum(1, keepdims=True) / self.n
+        wa = self.w * a
+        with np.errstate(invalid="ignore", divide="ignore"):  # a constant resample has no correlation: NaN
+            return (wa * self.b).sum(1) / np.sqrt((wa * a).sum(1) * self.bb)
+
+
+_GOLD_SIDES: list[tuple[bytes, np.ndarray, _WeightedSide]] = []  # the last few (gold, counts, its side)
+GOLD_SIDES_KEPT = 3  # a grid's leaderboard bootstraps every configuration on the same gold and draws (STS-B's test:
+# 3 batches of resamples), kept across calls: at most 3 x 2 arrays of one batch (<= 2e6 floats, 16 MB, each)
+
+
+def _gold_side(gold_key: bytes, gold_groups: tuple, counts: np.ndarray) -> _WeightedSide:
+    """The gold's ranks in the resamples `counts`, centred (`_WeightedSide`): made once for a gold and a set of
+    draws (bootstrap_ci draws the same ones for every call of the same seed and shape), the same numbers."""
+    for key, drawn, side in _GOLD_SIDES:
+        if key == gold_key and drawn.shape == counts.shape and np.array_equal(drawn, counts):
+            return side
+    side = _WeightedSide(_resample_ranks(*gold_groups, counts), counts.copy())
+    _GOLD_SIDES.insert(0, (gold_key, side.w, side))
+    del _GOLD_SIDES[GOLD_SIDES_KEPT:]
+    return side
 
 
 def seed_statistic(x: np.ndarray, gold, statistic: str):
@@ -110,10 +151,11 @@ def seed_statistic(x: np.ndarray, gold, statistic: str):
         return lambda counts: np.stack([_weighted_pearson(np.broadcast_to(p, counts.shape),
                                                           np.broadcast_to(g, counts.shape), counts) for p in x])
     preds, gold_groups, positive = [_tie_groups(p) for p in x], _tie_groups(g), g > 0.5
+    gold_key = hashlib.sha1(g.tobytes()).digest()
 
     def spearman(counts: np.ndarray) -> np.ndarray:  # Pearson of the ranks, each item weighted by its count
-        gold_ranks = _resample_ranks(*gold_groups, counts)
-        return np.stack([_weighted_pearson(_resample_ranks(*p, counts), gold_ranks, counts) for p in preds])
+        gold_side = _gold_side(gold_key, gold_groups, counts)
+        return np.stack([gold_side.pearson(_resample_ranks(*p, counts)) for p in preds])
 
     def auc(counts: np.ndarray) -> np.ndarray:  # Mann-Whitney: the positives' rank sum
         n_pos = (counts * positive).sum(1)

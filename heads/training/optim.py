@@ -40,7 +40,7 @@ class StackOptimizer:
 
     def __init__(self, model: StackedMLP, plan: ResolvedTraining, total_steps: int):
         self.params = list(model.parameters())
-        self.init = [p.detach().clone() for p in self.params]  # for decay_to_init
+        self.init = [p.detach().clone() for p in self.params] if plan.decay_to_init else None  # decay_to_init's
         self.grad_clip = plan.grad_clip
         self.base_lr = torch.tensor(plan.lrs, dtype=torch.float64)
         self.warmup = warmup_steps(plan.warmup_ratio, total_steps)

@@ -276,3 +276,29 @@ def test_resample_ranks_from_counts_equal_rankdata_of_the_resample():
     ranks = _resample_ranks(group, n_groups, counts)  # (5, 40): the rank each item has in each resample
     for d, r in zip(draws, ranks):
         np.testing.assert_allclose(r[d], rankdata(values[d]))
+
+
+def test_spearman_statistic_of_counts_equals_the_weighted_pearson_of_rankdata_bit_for_bit():
+    """seed_statistic's spearman (torch ranks, the gold's side kept across calls) against a plain reference: each
+    resample's ranks by scipy's rankdata, `_weighted_pearson` of them; the same bits (every sum is exact)."""
+    from scipy.stats import rankdata
+
+    from headstore.heads.scoring.metrics import _weighted_pearson, seed_statistic
+
+    rng = np.random.default_rng(11)
+    n = 60
+    golds = [np.round(rng.uniform(0, 5, n)), rng.standard_normal(n)]  # with ties, and without
+    for gold in golds + golds:  # twice: the second time the gold's side comes from the kept ones
+        x = np.stack([np.round(gold + rng.standard_normal(n), 1) for _ in range(3)])  # the seeds tie too
+        draws = rng.integers(0, n, size=(7, n))
+        counts = np.stack([np.bincount(d, minlength=n) for d in draws]).astype(float)
+        got = seed_statistic(x, gold, "spearman")(counts)  # (3, 7)
+
+        def ranks(v):  # (7, n): each item's rank within each resample (undrawn items: any value, weight 0)
+            out = np.zeros((len(draws), n))
+            for b, d in enumerate(draws):
+                out[b, d] = rankdata(v[d])
+            return out
+
+        want = np.stack([_weighted_pearson(ranks(p), ranks(gold), counts) for p in x])
+        np.testing.assert_array_equal(got, want)

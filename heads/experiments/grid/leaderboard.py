@@ -4,10 +4,12 @@ resampled, paired across seeds and with the gold), the frozen baseline in every 
 from __future__ import annotations
 
 import json
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
 import polars as pl
+import torch
 from tabulate import tabulate
 
 from headstore.data.files import atomic_write_text
@@ -28,6 +30,24 @@ def _ci(task: Task, items: list[np.ndarray], split: str = "test") -> tuple[float
     return tuple(kind_of(task).ci(task, split, np.stack(items), n_boot=N_BOOT))  # (S, n) items
 
 
+def _group_cis(task: Task, groups: list[pl.DataFrame]) -> list[tuple[float, float] | None]:
+    """The test CI of every configuration whose rows all kept their test items (None: not tested), computed on
+    torch's compute threads at once (numpy's array passes release the GIL; each CI's numbers are its own)."""
+    items = [[np.asarray(json.loads(x)) for x in g["test_items"]]
+             if "test_items" in g.columns and g["test_items"].null_count() == 0 else None for g in groups]
+    todo = [i for i, it in enumerate(items) if it is not None]
+    out: list[tuple[float, float] | None] = [None] * len(groups)
+    for i, ci in zip(todo, _cis(task, [items[i] for i in todo])):
+        out[i] = ci
+    return out
+
+
+def _cis(task: Task, items: list[list[np.ndarray]]) -> list[tuple[float, float]]:
+    """`_ci` of each entry of `items` (one item array per seed), on torch's compute threads at once."""
+    with ThreadPoolExecutor(max_workers=max(1, min(torch.get_num_threads(), len(items)))) as pool:
+        return list(pool.map(lambda it: _ci(task, it), items))
+
+
 def aggregate(frame: pl.DataFrame, task: Task) -> tuple[pl.DataFrame, list[str]]:
     """One row per configuration (all settings but the seed): dev/test mean ± std over seeds, test CI."""
     groups, keys = ranked_configs(frame)
@@ -36,7 +56,8 @@ def aggregate(frame: pl.DataFrame, task: Task) -> tuple[pl.DataFrame, list[str]]
     if not groups:
         return ok, varied
     rows, masks = [], part_masks(task)
-    for g in groups:
+    cis = _group_cis(task, groups)
+    for g, ci in zip(groups, cis):
         r = {k: g[k][0] for k in keys}
         r["seeds"] = g.height
         for split in ("dev", "test"):
@@ -44,9 +65,8 @@ def aggregate(frame: pl.DataFrame, task: Task) -> tuple[pl.DataFrame, list[str]]
             if col in g.columns and g[col].null_count() < g.height:
                 vals = g[col].drop_nulls().to_numpy()
                 r[f"{split}_mean"], r[f"{split}_std"] = float(vals.mean()), float(vals.std(ddof=1)) if len(vals) > 1 else 0.0
-        if "test_items" in g.columns and g["test_items"].null_count() == 0:
-            lo, hi = _ci(task, [np.asarray(json.loads(x)) for x in g["test_items"]])
-            r["test_ci_lo"], r["test_ci_hi"] = lo, hi
+        if ci is not None:
+            r["test_ci_lo"], r["test_ci_hi"] = ci
         for col in [c for c in g.columns if c.startswith(("ood_", "sel_")) and c.endswith(("_primary", "_loss"))]:
             vals = g[col].drop_nulls().to_numpy()
             r[col[:-len("_primary")] if col.endswith("_primary") else col] = float(vals.mean()) if len(vals) else None
@@ -61,7 +81,9 @@ def _baseline_rows(task: Task, baselines: dict) -> list[dict]:
     out, masks = [], part_masks(task)
     b = baselines.get("features") or next(iter(baselines.values()))
     primaries = [k.primary_metric(e) for k in KINDS.values() for e in ("cosine", "l1")]
-    for prefix, energy in (("cosine", "cosine"), ("manhattan", "l1")):
+    energies = (("cosine", "cosine"), ("manhattan", "l1"))
+    cis = _cis(task, [[np.asarray(b["test"]["items"][prefix])] for prefix, _ in energies]) if "test" in b else []
+    for i, (prefix, energy) in enumerate(energies):
         key = kind_of(task).primary_metric(energy)
         row = {"config": f"frozen baseline ({prefix})"}
         for split in ("dev", "test"):
@@ -71,9 +93,8 @@ def _baseline_rows(task: Task, baselines: dict) -> list[dict]:
             if k.startswith("ood_"):
                 m = v["metrics"]
                 row[k] = next((m[x] for x in primaries if x in m and prefix in x), None)
-        if "test" in b:
-            items = np.asarray(b["test"]["items"][prefix])
-            row["test_ci_lo"], row["test_ci_hi"] = _ci(task, [items])
+        if cis:
+            row["test_ci_lo"], row["test_ci_hi"] = cis[i]
         out.append(row | baseline_columns(b, prefix, masks))
     return out
 
