@@ -7,9 +7,8 @@ several inputs (gold and predictions, or one prediction per seed) the resampling
 """
 from __future__ import annotations
 
-import warnings
-
 import hashlib
+import warnings
 
 import numpy as np
 import torch

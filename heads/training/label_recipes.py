@@ -30,6 +30,7 @@ from dataclasses import dataclass, fields, replace
 
 import numpy as np
 import torch
+from scipy.stats import binomtest
 
 from headstore.data.progress import progress_write
 from headstore.heads.evaluation.evaluate import TEST_SPLIT, embedder
@@ -106,10 +107,9 @@ ALPHA = 0.05  # a recipe replaces the reference only where its dev lead is signi
 
 
 def sign_test_p(b: int, c: int) -> float:
-    """One-sided exact sign test (McNemar's exact test): P(Binomial(b + c, 1/2) >= b), b the dev texts only the
-    candidate gets right, c those only the reference does; 1 when they never differ."""
-    n = b + c
-    return sum(math.comb(n, k) for k in range(b, n + 1)) / 2 ** n if n else 1.0
+    """One-sided exact sign test (McNemar's exact test): P(Binomial(b + c, 1/2) >= b) by scipy's binomtest, b the
+    dev texts only the candidate gets right, c those only the reference does; 1 when they never differ."""
+    return float(binomtest(b, b + c, 0.5, alternative="greater").pvalue) if b + c else 1.0
 
 
 def choose(dev: dict[str, np.ndarray]) -> tuple[str, dict]:
