@@ -50,8 +50,11 @@ def fit_linear_stack(task, features: torch.Tensor, head_cfg: HeadConfig, configs
     data = prepare_data(task, features, cfg0.loss, cfg0.normalize, in_place=in_place)
     as_reference = not cfg0.self_train  # no rounds (with or without --shots): the printed reference
     if as_reference and task.shots:
-        progress_write(f"--shots {task.shots} without self-training: the head is scikit-learn's LogisticRegressionCV "
-                       "on the shots, the reference printed below")
+        progress_write(f"--shots {task.shots} without self-training: the head is " + (
+            "scikit-learn's LogisticRegressionCV on the shots, the reference printed below"
+            if can_cross_validate(task.reference.classes) else
+            f"scikit-learn's LogisticRegression at C = {DEFAULT_C} (one text a class: nothing to cross-validate, "
+            "no reference printed)"))
     X = data.X.detach().cpu().numpy().astype(np.float64 if as_reference else np.float32)  # (N, D) the head's inputs
     labelled, n_classes = task.reference, head_cfg.out_features
     unlabeled, hidden = unlabeled_texts(task) if cfg0.self_train else (np.empty(0, np.int64), np.empty(0, np.int64))
