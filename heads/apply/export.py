@@ -42,9 +42,9 @@ from headstore.featurize.encoder.sentence import SentenceSpec
 from headstore.featurize.store.layout import array_names
 from headstore.heads.apply.pipeline import check_encoder, encoder_source
 from headstore.heads.artefacts.head import Head
-from headstore.heads.artefacts.memory import MEMORY_FILE
 from headstore.heads.network.features import array_list
 from headstore.heads.apply.formats import EXPORT_FORMATS
+from headstore.heads.apply.export_beside import write_beside
 
 # a classifier's outputs are class scores: no energy, cosine as a neutral default
 SIMILARITY = {"l1": "manhattan", "l2": "euclidean", "cosine": "cosine", "classes": "cosine"}
@@ -339,10 +339,8 @@ def export_head(ref: str, fmt: str, out: str | Path, model: str | None = None) -
         if not existed:
             out.rmdir()
         raise
-    if head.memory is not None and fmt != "safetensors":  # (a safetensors head folder carries it: Head.save)
-        head.memory.save(out / MEMORY_FILE)
-        summary.setdefault("notes", []).append(
-            f"a {fmt} model cannot carry per-document vectors: the head's document memory ({len(head.memory)} "
-            f"documents) is written beside it, {out / MEMORY_FILE} (text ids -> vectors; docs/memory.md loads it)")
+    notes = write_beside(head, ref, fmt, out)  # the memory, the lexical channel: what the model cannot carry
+    if notes:
+        summary.setdefault("notes", []).extend(notes)
     end_output(out)
     return summary

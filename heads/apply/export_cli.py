@@ -95,9 +95,12 @@ def index_command(store, head, data, data_format, unlabeled, out, hnsw, ef_const
 @click.option("--head", type=PATH, default=None,
               help="Search with another query-side head (--sides query) whose documents lie where the index's do "
                    "(same store, array, normaliser, energy): one corpus index serves every such head.")
+@click.option("--no-lexical", "no_lexical", is_flag=True,
+              help="Rank by the head alone where the index holds BM25 beside it (IDX/lexical: the head's lexical.json).")
 @click.option("--out", type=PATH, default=None, help="Also write every result to this JSON file.")
-def search_command(index_dir, queries, queries_file, k, model, ef_search, head, out):
-    """Encode queries with the head's encoder and head, and list the k lowest-energy items of the index."""
+def search_command(index_dir, queries, queries_file, k, model, ef_search, head, no_lexical, out):
+    """Encode queries with the head's encoder and head, and list the k lowest-energy items of the index (or, where
+    the index holds the head's BM25 channel, the k best by the fused score, as eval ranks)."""
     from headstore.heads.apply.search import SearchIndex, results_table
 
     texts = list(queries)
@@ -105,7 +108,7 @@ def search_command(index_dir, queries, queries_file, k, model, ef_search, head, 
         texts += read_text(queries_file)["text"].to_list()
     if not texts:
         raise click.UsageError("give --query TEXT (repeatable) or --queries FILE")
-    index = SearchIndex(index_dir, ef_search=ef_search, head=head)
+    index = SearchIndex(index_dir, ef_search=ef_search, head=head, lexical=not no_lexical)
     results = index.search(texts, k, model)
     for note in index.notes:
         click.echo(f"note: {note}", err=True)

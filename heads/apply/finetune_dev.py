@@ -57,7 +57,7 @@ def ir_subsample(data: IRSplit, dev_docs: int, seed: int = DEV_SEED) -> IRSplit:
     keep[np.random.default_rng(seed).choice(others, size=dev_docs, replace=False)] = True
     at = np.flatnonzero(keep)
     return IRSplit(data.query_ids, data.query_rows, [data.doc_ids[i] for i in at], data.doc_rows[at],
-                   data.qrels, data.exclude_self)
+                   data.qrels, data.exclude_self, data.texts)
 
 
 class DevScorer:

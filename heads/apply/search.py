@@ -36,6 +36,7 @@ from headstore.data.files import atomic_write_json, atomic_write_parquet, writin
 from headstore.data.text_id import doc_text, text_ids
 from headstore.featurize.store.api import Store
 from headstore.heads.apply.pipeline import Pipeline
+from headstore.heads.apply.search_lexical import LEXICAL_DIR, FusedRanker, build as build_lexical
 from headstore.heads.network.features import read_features
 from headstore.heads.artefacts.head import Head
 from headstore.heads.artefacts.judged import read_judged
@@ -162,6 +163,9 @@ def build_index(store_path: str, head_ref: str, data_path: str | None, out_dir: 
     with writing(out / INDEX_FILE):  # a full disk: one line naming the file
         faiss.write_index(index, str(out / INDEX_FILE))  # faiss writes in place: the other files say it is whole
     atomic_write_parquet(out / ITEMS_FILE, items.select("id", "text_id", "text", "row"))
+    lexical = build_lexical(out, head_ref, head, items["text"].to_list(), items["text_id"].to_list(),
+                            lambda at: _prepare(head.embed(read_features(store, head.array, rows=rows[at]), "document"),
+                                                energy))  # BM25 beside it where the head has lexical.json
     info = {"kind": "hnsw" if hnsw else "flat", "hnsw_m": hnsw, "ef_construction": ef_construction if hnsw else None,
             "metric": {"l1": "METRIC_L1", "l2": "METRIC_L2", "cosine": "METRIC_INNER_PRODUCT"}[energy],
             "energy": energy, "n": int(index.ntotal), "dim": head.out_dim, "head": head.source,
@@ -171,7 +175,8 @@ def build_index(store_path: str, head_ref: str, data_path: str | None, out_dir: 
             "sides": "query" if head.query_side else "both", "document_space": document_space(head),
             "judged": judged_share(head_ref, head, store, rows),
             **({"memory": {**head.memory.describe(), "documents_indexed": int(np.isin(
-                items["text_id"].to_numpy(), list(head.memory.text_ids)).sum())}} if head.memory is not None else {})}
+                items["text_id"].to_numpy(), list(head.memory.text_ids)).sum())}} if head.memory is not None else {}),
+            **({"lexical": lexical} if lexical else {})}
     atomic_write_json(out / INFO_FILE, info, sort_keys=True)
     end_output(out)
     return info
@@ -207,7 +212,8 @@ def _read_index(faiss, path: Path):
 class SearchIndex:
     """An index directory opened for search: `search_vectors` (head outputs) or `search` (texts)."""
 
-    def __init__(self, index_dir: str | Path, ef_search: int = EF_SEARCH, head: str | Head | None = None):
+    def __init__(self, index_dir: str | Path, ef_search: int = EF_SEARCH, head: str | Head | None = None,
+                 lexical: bool = True):
         d = Path(index_dir)
         missing = [n for n in (INDEX_FILE, ITEMS_FILE, INFO_FILE, HEAD_DIR) if not (d / n).exists()]
         if missing:
@@ -226,6 +232,8 @@ class SearchIndex:
             self.head = self._other_head(head if isinstance(head, Head) else Head.load(head))
         self._pipeline = None
         self.notes: list[str] = []  # what a search capped or cut, for the caller to say
+        self.fused = (FusedRanker(d, self) if lexical and head is None and (d / LEXICAL_DIR).is_dir() else None)  # BM25
+        # fused in as eval does (heads.apply.search_lexical); another head's scores were never fitted with it
 
     def _other_head(self, head: Head) -> Head:
         """`head` if its documents lie where the index's do (`document_space`), else ValueError saying why."""
@@ -264,8 +272,15 @@ class SearchIndex:
         if pipe.last_truncated:
             self.notes.append(f"{pipe.last_truncated} of {len(queries)} queries are longer than the encoder's "
                               f"{pipe.max_length} tokens and were cut to them (as featurize cuts stored texts)")
-        pos, energies = self.search_vectors(vectors, k)
         ids, texts = self.items["id"].to_list(), self.items["text"].to_list()
+        if self.fused is not None:  # ranked by the fused score (higher = better)
+            if k > self.index.ntotal:
+                self.notes.append(f"--k {k} is more than the {self.index.ntotal} items of the index: "
+                                  f"{self.index.ntotal} results per query")
+            pos, scores = self.fused.rank(list(queries), _prepare(vectors, self.info["energy"]), min(k, self.index.ntotal))
+            return [[{"rank": r + 1, "id": ids[p], "text": texts[p], "score": float(s)}
+                     for r, (p, s) in enumerate(zip(pos[q], scores[q])) if p >= 0] for q in range(len(queries))]
+        pos, energies = self.search_vectors(vectors, k)
         return [[{"rank": r + 1, "id": ids[p], "text": texts[p], "energy": float(e)}
                  for r, (p, e) in enumerate(zip(pos[q], energies[q])) if p >= 0]
                 for q in range(len(queries))]
@@ -286,6 +301,7 @@ def results_table(query: str, hits: list[dict]) -> str:
     """The terminal view of one query's hits."""
     from tabulate import tabulate
 
-    rows = [(h["rank"], h["id"], f"{h['energy']:.4f}", short(h["text"])) for h in hits]
-    return f"query: {short(query, 100)}\n" + tabulate(rows, headers=["rank", "id", "energy", "text"])
+    key = "score" if hits and "score" in hits[0] else "energy"  # score: fused with BM25 (higher = better)
+    rows = [(h["rank"], h["id"], f"{h[key]:.4f}", short(h["text"])) for h in hits]
+    return f"query: {short(query, 100)}\n" + tabulate(rows, headers=["rank", "id", key, "text"])
 

@@ -10,6 +10,7 @@ from headstore.featurize.encoder.config import DEVICES
 from headstore.heads.settings.config import TEST_SCOPES
 from headstore.heads.settings.options import configs_from_options, head_and_train_options
 from headstore.heads.settings.taps import TapSelectConfig
+from headstore.heads.settings.train_sections import PRECISIONS
 
 
 def select_ood_options(f):
@@ -35,6 +36,11 @@ def memory_setting(flag: bool | None) -> str:
     return {None: "auto", True: "on", False: "off"}[flag]
 
 
+def lexical_option(help_text: str):
+    """--lexical/--no-lexical: BM25 fused with the dense scores (heads.training.lexical_fit); unset = auto."""
+    return click.option("--lexical/--no-lexical", "lexical", default=None, help=help_text)
+
+
 heads_device_option = click.option(
     "--device", type=click.Choice(DEVICES), default="auto", show_default=True,
     help="Where the task's features and the heads live while training and evaluating (auto: cuda when available).")
@@ -54,10 +60,13 @@ heads_device_option = click.option(
 @memory_option("The document memory (docs/memory.md): the judged documents' vectors moved toward their training "
                "queries, strength chosen on dev, saved as memory.safetensors. Default: on for IR data with training "
                "judgements where dev keeps it; --no-memory: off; --memory: required (an error without judgements).")
+@lexical_option("BM25 over the corpus's texts fused with the head's scores (docs/memory.md#lexical-fusion): its weight "
+                "and the memory's gain chosen on dev, saved as lexical.json. Default: on for IR data where dev keeps "
+                "it (bm25s installed, corpus up to 200,000 documents); --no-lexical: off; --lexical: required.")
 @head_and_train_options
 @label_options
 def train_head_command(store, data, data_format, unlabeled, out, array, select_ood, ood_delta, score_range,
-                       overwrite, device, memory, **settings):
+                       overwrite, device, memory, lexical, **settings):
     """Train one siamese energy head on stored features: train on train, select on dev, report test once."""
     from headstore.heads.training.run import train_head as run_train_head
 
@@ -66,7 +75,7 @@ def train_head_command(store, data, data_format, unlabeled, out, array, select_o
     metrics = run_train_head(store, data, out, head_cfg, cfg, data_format, array, score_range=score_range,
                              overwrite=overwrite, select_ood=tuple(select_ood), ood_delta=ood_delta,
                              kind_defaults=unset, device=device, unlabeled=tuple(unlabeled),
-                             memory=memory_setting(memory))
+                             memory=memory_setting(memory), lexical=memory_setting(lexical))
     _echo_metrics(metrics, out)
 
 
@@ -74,11 +83,14 @@ def _echo_metrics(metrics: dict, out: str) -> None:
     """A short table on the terminal (baseline vs head per split); the full JSON is in OUT's files."""
     from headstore.heads.artefacts.summary import metrics_table
 
+    from headstore.heads.training.lexical_fit import lexical_line
     from headstore.heads.training.memory_use import memory_line
 
     click.echo(metrics_table(metrics))
     if metrics.get("memory"):
         click.echo(memory_line(metrics["memory"]))
+    if metrics.get("lexical"):
+        click.echo(lexical_line(metrics["lexical"]))
     click.echo(f"full metrics: {out}/metrics.json")
     warning = metrics.get("guard", {}).get("warning")
     if warning:
@@ -100,9 +112,12 @@ def _echo_metrics(metrics: dict, out: str) -> None:
 @heads_device_option
 @memory_option("Apply the head's document memory (memory.safetensors) to the documents it knows. Default: where the "
                "head folder has one; --no-memory: the head alone; --memory: required.")
+@lexical_option("Fuse BM25 over this dataset's corpus with the head's scores at the weight in the head folder's "
+                "lexical.json. Default: where the head folder has one; --no-lexical: the dense ranking; --lexical: "
+                "required.")
 @label_options
 def eval_command(store, head_dir, data, data_format, unlabeled, out, exclude_overlap, score_range, overwrite,
-                 device, memory, **label_settings):
+                 device, memory, lexical, **label_settings):
     """Evaluate a trained head (and the frozen baseline beside it) on any dataset whose texts are in the store.
 
     Scores the dataset's test split; a table without a split column is scored whole."""
@@ -111,7 +126,7 @@ def eval_command(store, head_dir, data, data_format, unlabeled, out, exclude_ove
     data_format = fold_label_options(data_format, label_settings)
     metrics = eval_head(store, head_dir, data, out, data_format, exclude_overlap, score_range=score_range,
                         overwrite=overwrite, device=device, unlabeled=tuple(unlabeled),
-                        memory=memory_setting(memory))
+                        memory=memory_setting(memory), lexical=memory_setting(lexical))
     _echo_metrics(metrics, out)
 
 
@@ -131,6 +146,10 @@ def eval_command(store, head_dir, data, data_format, unlabeled, out, exclude_ove
               help="Also score soups (mean weights) of K heads sharing their start, one per seed (repeatable; "
                    "GRID#soup=K loads one).")
 @heads_device_option
+@click.option("--precision", type=click.Choice(PRECISIONS), default=None,
+              help="Every head's training maths: fp32, or bf16 autocast for the matmuls (native on a CPU with "
+                   "avx512_bf16 or AMX; emulated and slow elsewhere, said in one line); default: the grid file's "
+                   "precision, else fp32. A file that sweeps or fixes another precision is an error.")
 @click.option("--test-scope", type=click.Choice(TEST_SCOPES), default="auto", show_default=True,
               help="Heads ranked on test: all; selected (each stack's dev-best configuration, every seed); auto: "
                    "all, but selected where dev was ranked on candidates (an IR corpus above --exact-max documents).")
@@ -149,8 +168,8 @@ def eval_command(store, head_dir, data, data_format, unlabeled, out, exclude_ove
               help="--engine ray: GPUs a stack asks for (default: 1 with --device cuda, or auto on a cluster with "
                    "GPUs; else 0; 0.5: two stacks share a GPU).")
 def grid_command(store, data, data_format, unlabeled, grid_path, out, transfer, select_ood, ood_delta, dry_run,
-                 ensembles, soups, device, test_scope, score_range, overwrite, engine, address, cpus_per_stack,
-                 gpus_per_stack, **label_settings):
+                 ensembles, soups, device, precision, test_scope, score_range, overwrite, engine, address,
+                 cpus_per_stack, gpus_per_stack, **label_settings):
     """Train every combination of a grid of heads (stacked by shape); write results, leaderboard and plots.
 
     On labelled texts (--format labels) the grid may sweep shots, hierarchy and per_class; each few-shot
@@ -166,7 +185,7 @@ def grid_command(store, data, data_format, unlabeled, grid_path, out, transfer, 
     run_grid(store, data, grid_path, out, data_format, transfer=tuple(transfer), score_range=score_range,
              overwrite=overwrite, select_ood=tuple(select_ood), ood_delta=ood_delta, ensembles=tuple(ensembles),
              dry_run=dry_run, soups=tuple(soups), test_scope=test_scope, device=device, unlabeled=tuple(unlabeled),
-             engine=engine, ray_options=ray_options)
+             engine=engine, ray_options=ray_options, precision=precision)
 
 
 @click.command("select-taps")

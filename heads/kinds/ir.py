@@ -195,7 +195,7 @@ class IRKind(TaskKind):
         keep = ~np.isin(data.query_rows, rows)
         ids = [q for q, k in zip(data.query_ids, keep) if k]
         return IRSplit(ids, data.query_rows[keep], data.doc_ids, data.doc_rows, {q: data.qrels[q] for q in ids},
-                       data.exclude_self), int((~keep).sum())
+                       data.exclude_self, data.texts), int((~keep).sum())
 
 
 KIND = IRKind()
@@ -231,11 +231,12 @@ def from_beir(ds, store, for_eval: bool) -> Task:
     doc_rows = store_rows(store, docs, f"{ds.path} corpus", "document")
     doc_row = dict(zip(doc_ids, doc_rows.tolist()))
     q_text = dict(zip(queries["_id"].to_list(), queries["text"].to_list()))
+    texts = {"query": q_text, "document": dict(zip(doc_ids, docs))}
 
     def ir_split(qr: dict[str, dict[str, int]]) -> IRSplit:
         qids = sorted(qr)
         return IRSplit(qids, store_rows(store, [q_text[q] for q in qids], f"{ds.path} queries", "query"), doc_ids,
-                       doc_rows, qr)
+                       doc_rows, qr, texts=texts)
 
     eval_sets: dict[str, object] = {}
     train, dev_note, relevant = None, "", set()
@@ -281,4 +282,5 @@ def retrieval_split(store, anchors: list[str], positives: list[str], where: str,
         qrels.setdefault(qa, {})[dp] = 1
     qids, dids = list(query_text), list(doc_text_of)
     return IRSplit(qids, store_rows(store, [query_text[q] for q in qids], where, anchor_role), dids,
-                   store_rows(store, [doc_text_of[d] for d in dids], where, "document"), qrels, exclude_self=True)
+                   store_rows(store, [doc_text_of[d] for d in dids], where, "document"), qrels, exclude_self=True,
+                   texts={"query": query_text, "document": doc_text_of})

@@ -13,6 +13,7 @@ score = -energy, with 9 significant digits so float32 energies round-trip and di
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Optional
 from pathlib import Path
 
 import numpy as np
@@ -49,6 +50,9 @@ class IRSplit:
     qrels: dict[str, dict[str, int]]  # query id -> doc id -> grade
     # pairs scored as retrieval: ids are text ids, and a query is not ranked against its own text
     exclude_self: bool = False
+    # the texts by id, {"query": {id: text}, "document": {id: text}} (shared by the splits of one dataset), for
+    # a lexical channel beside the dense scores (heads.scoring.lexical); None where the split was built without them
+    texts: Optional[dict] = None
 
 
 def ranked_ids(split: IRSplit, ranked: torch.Tensor, k: int) -> dict[str, list[int]]:
@@ -253,4 +257,4 @@ def candidate_split(split: IRSplit, X: torch.Tensor, pool_k: int) -> tuple[IRSpl
     relevant = np.array([j for j, d in enumerate(split.doc_ids) if d in judged], dtype=np.int64)
     keep = candidate_docs(pool, relevant)
     return IRSplit(split.query_ids, split.query_rows, [split.doc_ids[j] for j in keep], split.doc_rows[keep],
-                   split.qrels, split.exclude_self), keep
+                   split.qrels, split.exclude_self, split.texts), keep

@@ -101,8 +101,8 @@ def join_unlabeled(task: Task, ds, store, paths) -> Task:
         doc_ids = own_ids + [i for i, n in zip(kept_ids, new) if n]
         doc_rows = np.concatenate([own_rows, kept_rows[new]])
         what = f"the dataset's corpus ({len(own_ids)})"
-    eval_sets = {s: dataclasses.replace(d, doc_ids=doc_ids, doc_rows=doc_rows) if isinstance(d, IRSplit) else d
-                 for s, d in task.eval_sets.items()}
+    eval_sets = {s: dataclasses.replace(d, doc_ids=doc_ids, doc_rows=doc_rows, texts=None)  # (no lexical channel
+                 if isinstance(d, IRSplit) else d for s, d in task.eval_sets.items()}  # over unlabeled texts yet)
     report["corpus"] = len(doc_ids)
     evaluation = (f"retrieval (positive pairs + unlabeled texts): each anchor ranks a corpus of {len(doc_ids)} "
                   f"documents, {what} and the {len(kept_ids)} unlabeled texts that are no anchor (IR metrics, "

@@ -20,6 +20,7 @@ from headstore.heads.kinds import (WHOLE, Task, check_scorable, kind_of, load_ta
                                    without_overlap, without_seen)
 from headstore.heads.kinds.unlabeled import unlabeled_in_store, unlabeled_report
 from headstore.heads.settings.config import TrainConfig
+from headstore.heads.training.lexical_fit import eval_lexical, load as load_lexical
 from headstore.heads.training.memory_use import eval_memory, load_for_eval
 from headstore.heads.training.run import _data_notes, check_same_features, load_head, write_runs
 
@@ -86,7 +87,8 @@ def without_trained_unlabeled(task: Task, config: dict, store, data_path: str) -
 
 def eval_head(store_path: str, head_dir: str, data_path: str, out_dir: str, data_format: str | None = None,
               exclude_overlap: str | None = None, score_range=None, overwrite: bool = False,
-              device: str = "auto", items: dict | None = None, unlabeled: tuple[str, ...] = (), memory="auto") -> dict:
+              device: str = "auto", items: dict | None = None, unlabeled: tuple[str, ...] = (), memory="auto",
+              lexical="auto") -> dict:
     """Evaluate a trained head on any dataset whose texts are in the store; write metrics.json.
 
     Scores the test split, or the whole table when it has no split column (`eval_split`).
@@ -114,6 +116,7 @@ def eval_head(store_path: str, head_dir: str, data_path: str, out_dir: str, data
     seen, seen_note = eval_seen(head_dir, config, store, task, eval_split(task))  # store rows: before remapping
     tf = TaskFeatures.for_task(store, task, device=device)
     placed, memory_info = load_for_eval(head_dir, store, task, tf, memory)  # another store, a changed text: an error
+    lexical_saved = load_lexical(head_dir, lexical)  # BM25 fused in at the head's weight (heads.training.lexical_fit)
     task, features = tf.remap(task), tf.read(array)  # only the rows the task uses (heads.artefacts.task_features)
     task = kind_of(task).for_eval(task, train_cfg)  # labelled texts: the labelled set k-NN / probe use
     energy = train_cfg.eval_energy
@@ -123,22 +126,19 @@ def eval_head(store_path: str, head_dir: str, data_path: str, out_dir: str, data
     metrics = evaluate_head(task, features, model, norm, energy, (split,), dim=store.dim, rankings=rankings,
                             items=per_item, seen=seen)
     metrics.update(eval_memory(task, features, model, norm, placed, energy, split, per_item, memory_info))
+    metrics.update(eval_lexical(task, features, model, norm, placed, energy, split, per_item, lexical_saved,
+                                store.dim, seen, lexical))
     if items is not None:
         items.update(_items_of(task, split, per_item[split], seen))
     if split != TEST_SPLIT:  # report the split there is under the usual keys
         only = metrics.pop(split)
         metrics.update({k: only[k] for k in ("baseline", "head", "ci", "parts") if k in only})
     metrics["split"] = split
-    metrics.update(_data_notes(task))
-    metrics["head_dir"], metrics["data"], metrics["device"] = str(head_dir), str(data_path), device
-    if unlabeled_note:
-        metrics["unlabeled"] = unlabeled_note
-    if seen_note:
-        metrics["parts_note"] = seen_note
-    if dropped is not None:
-        metrics["overlap_dropped"] = {"with": str(exclude_overlap), **dropped}
-    if trained_dropped:
-        metrics["unlabeled_dropped"] = trained_dropped
+    metrics.update(_data_notes(task), head_dir=str(head_dir), data=str(data_path), device=device,
+                   **({"unlabeled": unlabeled_note} if unlabeled_note else {}),
+                   **({"parts_note": seen_note} if seen_note else {}),
+                   **({"overlap_dropped": {"with": str(exclude_overlap), **dropped}} if dropped is not None else {}),
+                   **({"unlabeled_dropped": trained_dropped} if trained_dropped else {}))
     out = prepare_output_dir(out_dir, "eval", overwrite, inputs=inputs)
     atomic_write_json(out / "metrics.json", metrics, sort_keys=True)
     write_runs(task, features, model, norm, energy, (split,), out, rankings)

@@ -42,6 +42,8 @@ class FittedMemory:
     seconds: float = 0.0
     pairs: tuple = ()  # (query positions, document positions) of the judgements the vectors were fitted on
     judgements: str = "train"  # "train", or "train+dev" (refitted on both at the strength dev chose)
+    held_out: tuple = ()  # (positions, vectors) fitted on train alone at the chosen strength: what a later choice
+    # on dev (the lexical fusion, heads.training.lexical_fit) must use, dev's judgements being in the refit
 
     def describe(self) -> dict:
         return {"space": self.space, "move": self.move, "gamma": self.gamma, "documents": len(self.positions),
@@ -102,6 +104,7 @@ def fit_memory(task, features: torch.Tensor, model, norm, energy: str, space: st
     scores = dev_scores(task, features, model, norm, energy, docs, candidates, space, negatives, precision)
     best = int(np.nanargmax(scores)) if np.isfinite(scores).any() else 0
     vectors = candidates[best]
+    held_out = (docs, vectors)
     if refit and gammas[best] > 0:  # the strength chosen, the dev judgements join the training ones
         dev_q, dev_d = dev_pairs(task)
         queries, positives = np.concatenate([queries, dev_q]), np.concatenate([positives, dev_d])
@@ -109,7 +112,7 @@ def fit_memory(task, features: torch.Tensor, model, norm, energy: str, space: st
         vectors = apply_move(move, D, Q, owner, gammas[best])
     return FittedMemory(docs, vectors.contiguous(), space, move, gammas[best],
                         [(float(g), float(s)) for g, s in zip(gammas, scores)], time.perf_counter() - t0,
-                        (queries, positives), "train+dev" if refit and gammas[best] > 0 else "train")
+                        (queries, positives), "train+dev" if refit and gammas[best] > 0 else "train", held_out)
 
 
 def _inputs(task, in_space, queries: np.ndarray, positives: np.ndarray):

@@ -63,7 +63,8 @@ def _rows_of_positions(raw_task, task) -> dict[int, int]:
 
 def fit_for_head(store, raw_task, task, features, model, energy: str, negatives, precision: str,
                  spaces: tuple[str, ...] = SPACES):
-    """(DocumentMemory or None where dev chose no edit, the same on the task's matrix, the fit's report): the memory
+    """(DocumentMemory or None where dev chose no edit, the same on the task's matrix, the fit's report, the memory
+    fitted on train alone on the task's matrix (dev held out: for choices made on dev after it)): the memory
     of a head just trained, before it or after it as dev says (each fitted in seconds; ties to the first space);
     raw_task holds store rows, task the same task on `features`' positions (the head's inputs); `energy`,
     `negatives` (NegativesConfig: dev on candidates above exact_max) and `precision`: the head's resolved settings."""
@@ -75,7 +76,7 @@ def fit_for_head(store, raw_task, task, features, model, energy: str, negatives,
                                                         "dev": max(score for _, score in f.curve)} for f in fits},
               "space_rule": "the space whose memory scores the best dev nDCG@10 (fitted on train)"}
     if fitted.gamma == 0:
-        return None, None, {**report, "kept": False, "why": "dev chose strength 0 (the memory helps no dev query)"}
+        return None, None, {**report, "kept": False, "why": "dev chose strength 0 (the memory helps no dev query)"}, None
     to_row = _rows_of_positions(raw_task, task)
     rows = [to_row[int(p)] for p in fitted.positions]
     q_ids = text_ids_of(store, [to_row[int(p)] for p in fitted.pairs[0]])
@@ -84,7 +85,8 @@ def fit_for_head(store, raw_task, task, features, model, energy: str, negatives,
                             space, fitted.move, fitted.gamma, task.name, store.fingerprint,
                             judgements_digest(list(zip(q_ids, d_ids))))
     placed = PlacedMemory(np.asarray(fitted.positions), fitted.vectors, space)
-    return memory, placed, {**report, "kept": True, "file": MEMORY_FILE}
+    held_out = PlacedMemory(np.asarray(fitted.held_out[0]), fitted.held_out[1], space)
+    return memory, placed, {**report, "kept": True, "file": MEMORY_FILE}, held_out
 
 
 def load_for_eval(head_dir: str, store, raw_task, tf, setting: str) -> tuple[PlacedMemory | None, dict | None]:
@@ -114,8 +116,11 @@ def seen_report(task, split: str, items: dict, judged_positions) -> dict:
     """{part: {system: mean nDCG@10}, "counts"} of per-query values items[system] on task's IR `split`, split into
     the queries on documents the training judged (seen: judged_positions, the memory's documents) and the others;
     a split all seen is said."""
-    data = task.eval_sets[split]
-    mask = seen_mask(data, judged_documents(judged_positions))
+    return mask_report(seen_mask(task.eval_sets[split], judged_documents(judged_positions)), split, items)
+
+
+def mask_report(mask: np.ndarray, split: str, items: dict) -> dict:
+    """seen_report's figures from a seen mask (Q,) aligned with the per-query values."""
     out = {"counts": {"seen": int(mask.sum()), "unseen": int((~mask).sum()), "all": int(len(mask))}}
     for part, m in (("seen", mask), ("unseen", ~mask), ("all", np.ones_like(mask))):
         out[part] = {k: float(np.mean(np.asarray(v)[m])) if m.any() else None for k, v in items.items()}

@@ -49,6 +49,7 @@ from headstore.heads.training.kind_defaults import defaults_for_kind, head_shape
 from headstore.heads.training.label_recipes import data_decided_notes, decided_by_data, unlabeled_cfg
 from headstore.heads.training.selection import DEFAULT_DELTA, load_selection
 from headstore.heads.artefacts.memory import MEMORY_FILE
+from headstore.heads.training.lexical_fit import wanted as lexical_wanted, write_lexical
 from headstore.heads.training.memory_use import fit_for_head, memory_block, wanted
 from headstore.heads.training.resolved import ResolvedTraining, resolve_stack
 from headstore.heads.training.strength import STRENGTHS, plot_strength
@@ -99,7 +100,7 @@ def train_head(store_path: str, data_path: str, out_dir: str, head_cfg: HeadConf
                data_format: str | None = None, array: str = "features", progress: bool = True,
                score_range=None, overwrite: bool = False, select_ood: tuple[str, ...] = (),
                ood_delta: float = DEFAULT_DELTA, kind_defaults: tuple[str, ...] = (), device: str = "auto",
-               unlabeled: tuple[str, ...] = (), memory: str = "auto") -> dict:
+               unlabeled: tuple[str, ...] = (), memory: str = "auto", lexical: str = "auto") -> dict:
     """Train one head on `data_path`'s train split, select on dev, report test once; write `out_dir`.
     score_range: the (LO, HI) scale of an STS table's scores (default: detected as 0-1 or 0-5).
     select_ood / ood_delta: out-of-domain dev sets in the selection rule (heads.training.selection).
@@ -123,6 +124,7 @@ def train_head(store_path: str, data_path: str, out_dir: str, head_cfg: HeadConf
         progress_write(f"note: {shots_note(cfg.shots, task.report['shots_clipped'])}")
     seen, judged_pairs = task_seen_masks(task, SPLITS), judgement_pairs(task)  # store rows (heads.kinds.seen)
     raw_task = task if wanted(task, memory) else None  # (store rows) a memory asked for where it cannot be: an error
+    with_lexical = lexical_wanted(task, lexical)  # BM25 fused in (heads.training.lexical_fit): asked where it cannot be
     task, features, selection, anchor = training_features(store, task, cfg.anchor_weight, cfg.anchor_data, array,
                                                           select_ood, ood_delta, device, f"--data {data_path}")
     decided = decided_by_data(task, features, store.dim, given, kind_defaults, array)  # labelled texts: dev's recipe
@@ -145,7 +147,7 @@ def train_head(store_path: str, data_path: str, out_dir: str, head_cfg: HeadConf
     metrics = evaluate_head(task, features, model, None, plan.eval_energy, SPLITS, dim=store.dim, baseline=baseline,
                             rankings=rankings, items=items, seen=seen)
     metrics.update(_data_notes(task), **data_decided_notes(decided, items, metrics["primary"]),
-                   **write_memory(out, store, raw_task, task, features, model, plan, items),
+                   **write_memory(out, store, raw_task, task, features, model, plan, items, with_lexical, seen),
                    **({"unlabeled": unlabeled_note} if unlabeled_note else {}))
     metrics.update(training_notes(task, metrics, run, plan, head_cfg, selection, ood_delta, rankings, data_path))
     atomic_write_json(out / "metrics.json", metrics, sort_keys=True)
@@ -163,17 +165,23 @@ def plot_run(out, name: str, run, plan: ResolvedTraining, metric: str) -> None:
                       title=f"{name}: strength a (chosen {run.strength:g})")
 
 
-def write_memory(out, store, raw_task, task, features, model, plan: ResolvedTraining, items: dict) -> dict:
-    """{"memory": ...}: the head's document memory fitted on its inputs (`features`, normalised in place), saved in
-    `out` where dev kept it, and what it gives (metrics.json); {} without one (raw_task None)."""
-    if raw_task is None:
-        return {}
-    memory, placed, fit = fit_for_head(store, raw_task, task, features, model, plan.eval_energy, plan.negatives,
-                                       plan.precision)
-    if memory is None:
-        return {"memory": {"fit": fit}}
-    memory.save(out / MEMORY_FILE)
-    return {"memory": memory_block(task, features, model, None, placed, plan.eval_energy, items, fit)}
+def write_memory(out, store, raw_task, task, features, model, plan: ResolvedTraining, items: dict,
+                 with_lexical: bool, seen: dict) -> dict:
+    """{"memory": ..., "lexical": ...}: the head's document memory fitted on its inputs (`features`, normalised in
+    place), saved in `out` where dev kept it (none without raw_task), then with `with_lexical` BM25's weight and the
+    memory's gain chosen on dev (heads.training.lexical_fit), and what they give (metrics.json)."""
+    block, placed, held_out = {}, None, None
+    if raw_task is not None:
+        memory, placed, fit, held_out = fit_for_head(store, raw_task, task, features, model, plan.eval_energy,
+                                                     plan.negatives, plan.precision)
+        if memory is not None:
+            memory.save(out / MEMORY_FILE)
+        block["memory"] = (memory_block(task, features, model, None, placed, plan.eval_energy, items, fit)
+                           if memory is not None else {"fit": fit})
+    if with_lexical:
+        block.update(write_lexical(out, task, features, model, plan.eval_energy, items, placed, held_out, store.dim,
+                                   seen))
+    return block
 
 
 def training_features(store: FeatureStore, task: Task, anchor_weight: float, anchor_data: str, array: str,

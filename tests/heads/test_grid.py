@@ -158,3 +158,17 @@ def test_the_same_data_under_another_path_trains_nothing_again(data_world, tmp_p
     assert r.exit_code == 0 and "1 row(s) of heads this grid does not define" in r.output, r.output
     assert pl.read_csv(out / "configs.csv")["seeds"].to_list() == [1]  # kept in the file, not aggregated
     assert pl.read_parquet(out / "results.parquet")["aggregated"].to_list().count(True) == 1
+
+
+def test_grid_precision_option_sets_every_head_and_refuses_a_file_that_says_otherwise(tmp_path):
+    g = tmp_path / "g.toml"
+    g.write_text('[grid]\nlr = [1e-3, 3e-3]\n[fixed]\nepochs = 1\n')
+    assert [c["precision"] for c in read_grid(str(g), "bf16")] == ["bf16", "bf16"]
+    assert all("precision" not in c for c in read_grid(str(g)))  # unset: the dataclass default, fp32
+    g.write_text('[grid]\nlr = [1e-3]\n[fixed]\nprecision = "fp32"\n')
+    assert read_grid(str(g), "fp32")[0]["precision"] == "fp32"
+    with pytest.raises(ValueError, match="fixes precision = 'fp32'"):
+        read_grid(str(g), "bf16")
+    g.write_text('[grid]\nlr = [1e-3]\nprecision = ["fp32", "bf16"]\n')
+    with pytest.raises(ValueError, match="sweeps precision"):
+        read_grid(str(g), "bf16")

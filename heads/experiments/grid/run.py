@@ -50,13 +50,12 @@ def run_grid(store_path: str, data_path: str, grid_path: str, out_dir: str, data
              overwrite: bool = False, select_ood: tuple[str, ...] = (), ood_delta: float = DEFAULT_DELTA,
              ensembles: tuple[int, ...] = (), score_split: str = "test", dry_run: bool = False,
              soups: tuple[int, ...] = (), test_scope: str = "auto", device: str = "auto",
-             unlabeled: tuple[str, ...] = (), engine: str = "local", ray_options=None) -> pl.DataFrame:
+             unlabeled: tuple[str, ...] = (), engine: str = "local", ray_options=None, precision=None) -> pl.DataFrame:
     """Train every head of the grid (skipping finished ones); write results, leaderboard, summary and plots.
 
     `transfer`: out-of-domain datasets (texts in the store) every head is also scored on, never
     trained or selected on: columns `ood_<name>_primary` (and the frozen baseline's in baseline.json);
-    a transfer table without a split column is scored whole.
-    `score_range`: the scale of an STS table's scores (default: detected).
+    a transfer table without a split column is scored whole. `score_range`: an STS table's scale (default: detected).
     `select_ood`: out-of-domain datasets whose dev (else train) split takes part in selection, epochs and
     configurations alike (heads.training.selection; `ood_delta` its tolerance); columns `sel_<name>_primary`, `sel_loss`.
     `ensembles`: sizes K of ensembles of the best configurations to score per seed (heads.experiments.grid.ensembles).
@@ -64,14 +63,15 @@ def run_grid(store_path: str, data_path: str, grid_path: str, out_dir: str, data
     nothing) on the dev slice, to choose few-shot settings without looking at test.
     `soups`: sizes K of weight soups to score per seed (heads.artefacts.soup, heads.experiments.grid.soups; soups.json).
     `dry_run`: print the plan (heads, stacks, skipped, a rough time) and return without writing anything.
-    `test_scope`: which heads are ranked on test (TEST_SCOPES); the others' test columns are empty.
-    `device`: where the features and the stacks live (auto: cuda when available; on the ray engine see RayOptions).
-    `unlabeled`: --unlabeled files (heads.kinds.unlabeled): a positives-only pairs task's corpus and impostor pool,
-    the anchor's sample; said on the terminal and in baseline.json, part of every head id.
-    `engine`: ENGINES; `ray_options`: heads.experiments.grid.ray_engine.RayOptions (None: its defaults)."""
+    `test_scope`: which heads are ranked on test (TEST_SCOPES); the others' test columns are empty. `device`: where
+    the features and the stacks live (auto: cuda when available; on the ray engine see RayOptions).
+    `unlabeled`: --unlabeled files (heads.kinds.unlabeled): a positives-only pairs task's corpus and impostor pool, the
+    anchor's sample; said on the terminal and in baseline.json, part of every head id.
+    `engine`: ENGINES; `ray_options`: heads.experiments.grid.ray_engine.RayOptions (None: its defaults); `precision`:
+    every head's training maths (fp32 | bf16), where the grid file does not set another."""
     if engine not in ENGINES:
         raise ValueError(f"engine {engine!r}; valid: {', '.join(ENGINES)}")
-    combos = read_grid(grid_path)
+    combos = read_grid(grid_path, precision)
     where = pick_device(device) if engine == "local" else "cpu"  # ray: this process's copy; the workers' elsewhere
     if engine == "ray" and not dry_run:  # Ray joined, a stack's resources found: before anything is written
         ray_options = ray_ready(ray_options, device)

@@ -22,6 +22,7 @@ from sklearn.model_selection import ParameterGrid
 
 from headstore.data.tables import read_utf8
 from headstore.heads.settings.config import HeadConfig, TrainConfig, check_types
+from headstore.heads.settings.train_sections import PRECISIONS
 from headstore.heads.kinds.base import DEV_FRACTION, DEV_SEED
 from headstore.heads.kinds.ranking import IR_TOPK
 from headstore.heads.scoring.losses import GENUINE_THRESHOLD
@@ -51,8 +52,9 @@ def _check_values(path: str, where: str, key: str, values: list) -> None:
             raise ValueError(f"{path}: {where} {key} must be a string (a store array name), got {value!r}")
 
 
-def read_grid(path: str) -> list[dict]:
+def read_grid(path: str, precision: str | None = None) -> list[dict]:
     """Every combination of the grid file's settings, as flat dicts (unknown keys are an error).
+    `precision` (`cli grid --precision`): every head's, where the file leaves it unset or sets the same.
 
     `[grid]` holds lists whose product is trained (sklearn's ParameterGrid); `[[grids]]` (an array of such
     tables) adds further products, e.g. one per loss where settings only apply to some losses; `[fixed]`
@@ -67,6 +69,8 @@ def read_grid(path: str) -> list[dict]:
         raise ValueError(f"{path}: unknown tables {unknown}; valid: ['fixed', 'grid', 'grids']")
     fixed = spec.get("fixed", {})
     grids = ([spec["grid"]] if "grid" in spec else []) + list(spec.get("grids", []))
+    if precision is not None:
+        fixed = {**fixed, "precision": _one_precision(path, precision, fixed, grids)}
     if not grids:
         raise ValueError(f"{path}: no [grid] or [[grids]] table (list the settings to vary, e.g. lr = [1e-3, 3e-3])")
     combos: list[dict] = []
@@ -97,6 +101,18 @@ def read_grid(path: str) -> list[dict]:
             if c not in combos:
                 combos.append(c)
     return combos
+
+
+def _one_precision(path: str, precision: str, fixed: dict, grids: list) -> str:
+    """--precision where the grid file does not say otherwise; a file that sweeps or fixes another is an error."""
+    if precision not in PRECISIONS:
+        raise ValueError(f"--precision {precision!r}; valid: {list(PRECISIONS)}")
+    if any(isinstance(g, dict) and "precision" in g for g in grids):
+        raise ValueError(f"--precision {precision}: {path} sweeps precision in its grid; drop one of the two")
+    if fixed.get("precision", precision) != precision:
+        raise ValueError(f"--precision {precision}: {path} fixes precision = {fixed['precision']!r}; drop one of "
+                         "the two")
+    return precision
 
 
 def split_settings(s: dict) -> tuple[HeadConfig, TrainConfig, str]:

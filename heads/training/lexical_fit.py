@@ -1,0 +1,222 @@
+"""The lexical channel in train-head and eval (heads.scoring.lexical, docs/memory.md "Lexical fusion"): BM25 over the
+corpus's texts fused with the head's scores (and its document memory), the weight chosen on dev, saved as
+lexical.json in the head folder and applied again by `cli eval` to any IR dataset.
+
+Dev chooses two numbers together, each with "none" as a candidate so that a channel dev says nothing for changes
+nothing: BM25's weight w (0 = the dense ranking) and the memory's gain (its change of the dense score scaled: 1 = as
+fitted, 0 = no memory). A gain above 1 lets a document the memory knows keep its place against what BM25 brings up. The memory
+scored on dev is the one fitted on train alone (dev's judgements are in the saved one). `--lexical`: "auto" (the
+default: on for IR data whose splits have their texts, where bm25s is installed, kept where dev's w > 0), "on"
+(required: an error where it cannot be), "off".
+"""
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+
+from headstore.data.files import atomic_write_json
+from headstore.heads.evaluation.evaluate import embedder
+from headstore.heads.kinds.fused_rank import dense_scores, fused_ndcg, lexical_scores
+from headstore.heads.kinds.ranking import IRSplit
+from headstore.heads.scoring.lexical import LEXICAL, LEXICAL_VERSION, Bm25Config
+
+LEXICAL_FILE = "lexical.json"
+LEXICAL_SETTINGS = ("auto", "on", "off")
+WEIGHTS = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.7, 1.0)  # BM25 per unit of dense score (0 first: ties keep the dense)
+GAINS = (1.0, 1.5, 2.0, 3.0, 0.0)  # the memory's edit scaled (1 first: ties keep it as fitted); SciFact dev: 2
+AUTO_MAX_DOCS = 200_000  # "auto" fits the channel up to this corpus size: dev's dense and BM25 scores are held
+# whole (queries x documents floats, a few hundred MB there); above it only --lexical asks for it
+
+
+def wanted(task, setting: str) -> bool:
+    """Whether train-head fits the channel: "off" never; "auto" on IR data whose splits carry their texts, with
+    bm25s installed; "on" there, else one clear line."""
+    if setting not in LEXICAL_SETTINGS:
+        raise ValueError(f"--lexical {setting!r}; valid: {list(LEXICAL_SETTINGS)}")
+    splits = [s for s in task.eval_sets.values() if isinstance(s, IRSplit)]
+    why = None
+    if task.kind != "ir" or "dev" not in task.eval_sets or not splits:
+        why = f"{task.name} is no IR dataset with a dev split (a {task.kind} dataset)"
+    elif any(s.texts is None for s in splits):
+        why = f"{task.name}'s corpus holds texts that are not the dataset's own (--unlabeled)"
+    elif not _has_bm25s():
+        why = "bm25s is not installed (pip install 'headstore[lexical]')"
+    if why and setting == "on":
+        raise ValueError(f"--lexical: {why}; drop --lexical")
+    large = why is None and max(len(s.doc_ids) for s in splits) > AUTO_MAX_DOCS
+    return setting == "on" or (setting == "auto" and why is None and not large)
+
+
+def _has_bm25s() -> bool:
+    try:
+        import bm25s  # noqa: F401  (an optional extra)
+    except ImportError:
+        return False
+    return True
+
+
+def gained_dense(split: IRSplit, features, model, norm, placed, energy: str):
+    """gain -> (Q, N) dense scores with the memory's change of score scaled by gain: s0 + gain (s1 - s0), s0 without
+    the memory, s1 with it (gain 1: the memory as fitted; 0: none). Linear in the score, so the same in either
+    space the memory acts in and for any energy; only the documents the memory holds change."""
+    plain = split_dense(split, features, model, norm, None, energy)
+    if placed is None or not len(placed):
+        return lambda gain: plain
+    change = split_dense(split, features, model, norm, placed, energy) - plain  # (Q, N), 0 off the memory's columns
+    return lambda gain: plain + gain * change
+
+
+def split_dense(split: IRSplit, features, model, norm, placed, energy: str):
+    """(Q, N) dense scores of the head (model None: the frozen features) with a memory on a split."""
+    embed = embedder(model, features, norm, placed)
+    return dense_scores(embed(split.query_rows, "query")[0], embed(split.doc_rows, "document")[0], energy)
+
+
+def choose(split: IRSplit, lexical, dense_of, gains) -> tuple[float, float, float, list]:
+    """(gain, weight, dev nDCG@10, the grid [[gain, weight, score]]): the best on dev, the first of equals."""
+    grid = []
+    for gain in gains:
+        dense = dense_of(gain)
+        grid += [[gain, w, float(fused_ndcg(split, dense, lexical, w, "cosine")[1].mean())] for w in WEIGHTS]
+    best = max(grid, key=lambda r: r[2])  # max keeps the first of equals
+    return best[0], best[1], best[2], grid
+
+
+def fit_lexical(task, features, model, norm, energy: str, held_out, cfg: Bm25Config | None = None) -> dict:
+    """The channel's fit on dev: BM25's weight and the memory's gain (held_out: the memory fitted on train alone)
+    for the head, and BM25's weight for the frozen features beside it (the fair baseline: same channel, no head)."""
+    t0, cfg = time.perf_counter(), cfg or Bm25Config()
+    dev = task.eval_sets["dev"]
+    lexical = lexical_scores(dev, cfg, task.name)
+    gains = GAINS if held_out is not None and len(held_out) else (1.0,)
+    gain, weight, score, grid = choose(dev, lexical, gained_dense(dev, features, model, norm, held_out, energy), gains)
+    frozen_w = choose(dev, lexical, lambda g: split_dense(dev, features, None, norm, None, "cosine"), (1.0,))[1]
+    return {"config": cfg.to_dict(), "weight": weight, "gain": gain, "dev": score,
+            "dev_without": grid[0][2], "dev_grid": grid, "frozen_weight": frozen_w, "kept": weight > 0,
+            "seconds": round(time.perf_counter() - t0, 3), "dataset": task.name, "version": LEXICAL_VERSION,
+            "rule": "the best dev nDCG@10 over BM25's weight and the memory's gain (the memory fitted on train "
+                    "alone); the first of equals: weight 0, gain 1"}
+
+
+def write_lexical(out, task, features, model, energy: str, items: dict, placed, held_out, dim: int,
+                  seen: dict) -> dict:
+    """{"lexical": ...}: the channel fitted on dev for the head just trained (features: its inputs; placed /
+    held_out: its memory as saved / fitted on train alone, None without one), saved in `out` where dev kept it."""
+    fit = fit_lexical(task, features, model, None, energy, held_out)
+    if not fit["kept"]:
+        return {"lexical": {"fit": {**fit, "why": "dev chose weight 0 (BM25 helps no dev query)"}}}
+    save(out, fit)
+    return {"lexical": lexical_block(task, features, model, None, placed, energy, items, fit, features[:, :dim],
+                                     seen)}
+
+
+def eval_lexical(task, features, model, norm, placed, energy: str, split: str, per_item: dict, saved: dict | None,
+                 dim: int, seen: dict, setting: str) -> dict:
+    """{"lexical": ...} of `cli eval`'s metrics.json: the channel at the head's saved weight on the scored split,
+    or why it is not applied here; {} without one (saved None)."""
+    if saved is None:
+        return {}
+    data = task.eval_sets.get(split)
+    why = ("not an IR dataset" if not isinstance(data, IRSplit) else
+           "its corpus holds texts that are not the dataset's own (--unlabeled)" if data.texts is None else None)
+    fit = {k: v for k, v in saved.items() if k != "bm25"}
+    if why:
+        if setting == "on":
+            raise ValueError(f"--lexical: {task.name}: {why}; drop --lexical")
+        return {"lexical": {"fit": {**fit, "kept": True}, "note": f"{task.name}: {why}: the dense figures"}}
+    return {"lexical": lexical_block(task, features, model, norm, placed, energy, {split: per_item[split]},
+                                     {**fit, "kept": True}, features[:, :dim], seen)}
+
+
+def save(out: Path, fit: dict) -> None:
+    atomic_write_json(Path(out) / LEXICAL_FILE, {k: fit[k] for k in ("config", "weight", "gain", "frozen_weight",
+                                                                      "dataset", "version", "dev", "dev_without")}, sort_keys=True)
+
+
+def load(head_dir: str, setting: str) -> dict | None:
+    """lexical.json of a head folder (None: none, or --no-lexical); a file of another version is one clear line."""
+    path = Path(head_dir) / LEXICAL_FILE
+    if setting == "off" or not path.is_file():
+        if setting == "on":
+            raise ValueError(f"--lexical: {head_dir} has no {LEXICAL_FILE} (train-head kept none: see its "
+                             "metrics.json \"lexical\"); drop --lexical")
+        return None
+    try:
+        saved = json.loads(path.read_text())
+        kind = saved["config"]["kind"]
+        cfg = LEXICAL[kind][0](**{k: v for k, v in saved["config"].items() if k not in ("kind", "version")})
+    except (ValueError, KeyError, TypeError) as e:
+        raise ValueError(f"{path}: not a lexical channel's settings ({type(e).__name__}: {e}); retrain the head "
+                         "or use --no-lexical") from None
+    if saved.get("version") != LEXICAL_VERSION:
+        raise ValueError(f"{path}: lexical version {saved.get('version')}, this headstore scores version "
+                         f"{LEXICAL_VERSION}; retrain the head or use --no-lexical")
+    return {**saved, "bm25": cfg}
+
+
+def split_items(task, split: str, features, model, norm, placed, energy: str, weight: float, gain: float,
+                cfg) -> np.ndarray:
+    """Per-query nDCG@10 on `split` of the head (model None: frozen) with the memory at `gain` and BM25 at `weight`."""
+    data = task.eval_sets[split]
+    dense = gained_dense(data, features, model, norm, placed, energy)(gain)
+    return fused_ndcg(data, dense, lexical_scores(data, cfg, task.name) if weight else dense, weight, energy)[1]
+
+
+def lexical_block(task, features, model, norm, placed, energy: str, items: dict, fit: dict, frozen_features,
+                  seen: dict) -> dict:
+    """metrics.json "lexical": the fit, and on each held-out split the head (+ memory) + BM25 against the head
+    (+ memory) without it, the frozen features, and the frozen features + BM25 at their own dev weight (paired
+    bootstrap 95% CIs over queries), each split into seen and unseen queries (`seen`: {split: mask}, aligned with
+    the per-query values; a split without one is reported whole)."""
+    from headstore.heads.scoring.bootstrap import two_level_ci
+    from headstore.heads.training.memory_use import mask_report
+
+    cfg = Bm25Config(**{k: v for k, v in fit["config"].items() if k not in ("kind", "version")})
+    block: dict = {"fit": fit}
+    for split, per in items.items():
+        if split == "dev":
+            continue  # dev chose the weight: no held-out figure there (the fit's dev grid is)
+        with_lexical = split_items(task, split, features, model, norm, placed, energy, fit["weight"], fit["gain"], cfg)
+        dense = split_items(task, split, features, model, norm, placed, energy, 0.0, 1.0, cfg)
+        frozen = np.asarray(per["baseline"])
+        frozen_lex = split_items(task, split, frozen_features, None, None, None, "cosine", fit["frozen_weight"], 1.0,
+                                 cfg)
+        ci = (lambda a, b: list(two_level_ci(a, minus=b)) if len(a) > 1 else None)
+        block[split] = {"fused": float(with_lexical.mean()), "dense": float(dense.mean()),
+                        "frozen": float(frozen.mean()), "frozen+lexical": float(frozen_lex.mean()),
+                        "minus_dense": float(with_lexical.mean() - dense.mean()), "ci_minus_dense": ci(with_lexical, dense),
+                        "minus_frozen": float(with_lexical.mean() - frozen.mean()),
+                        "ci_minus_frozen": ci(with_lexical, frozen),
+                        "minus_frozen_lexical": float(with_lexical.mean() - frozen_lex.mean()),
+                        "ci_minus_frozen_lexical": ci(with_lexical, frozen_lex),
+                        "parts": mask_report(np.asarray(seen[split], dtype=bool) if split in seen else
+                                             np.zeros(len(frozen), dtype=bool), split,
+                                             {"frozen": frozen, "frozen+lexical": frozen_lex, "dense": dense,
+                                              "fused": with_lexical})}
+        if split not in seen:
+            block[split]["parts"]["note"] = "not split: the head keeps no record of its judged documents"
+    return block
+
+
+def lexical_line(block: dict) -> str:
+    """The terminal's line on the lexical channel."""
+    fit = block.get("fit", {})
+    if not fit.get("kept"):
+        return f"lexical: none kept ({fit.get('why', 'dev chose weight 0')}; metrics.json \"lexical\")"
+    head = (f"lexical: BM25 weight {fit['weight']:g}, memory gain {fit['gain']:g} (chosen on {fit.get('dataset')}'s dev: "
+            f"{fit.get('dev', float('nan')):.4f} vs {fit.get('dev_without', float('nan')):.4f} without BM25)")
+    if block.get("note"):
+        return f"{head}\n  {block['note']}"
+    split = "test" if "test" in block else next((k for k in block if k not in ("fit", "note")), None)
+    if split is None:
+        return head
+    b, parts = block[split], block[split]["parts"]
+    ci = b.get("ci_minus_dense") or [float("nan")] * 2
+    shares = "; ".join(f"{p} ({parts['counts'][p]}): {parts[p]['fused']:.4f} vs {parts[p]['dense']:.4f}, frozen "
+                       f"{parts[p]['frozen']:.4f}" for p in ("seen", "unseen") if parts["counts"][p])
+    return (f"{head}\n  {split} nDCG@10 with BM25 {b['fused']:.4f} vs without {b['dense']:.4f} "
+            f"({b['minus_dense']:+.4f} [{ci[0]:+.4f}, {ci[1]:+.4f}]), frozen {b['frozen']:.4f}, frozen + BM25 "
+            f"{b['frozen+lexical']:.4f}; {shares}")

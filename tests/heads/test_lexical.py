@@ -1,0 +1,185 @@
+"""The lexical channel (BM25 fused with the dense scores, heads.scoring.lexical / heads.training.lexical_fit): its
+scores against Lucene's formula written as a loop, the fusion's arithmetic, the memory's gain, train-head / eval
+on a tiny model, and its bad inputs."""
+from __future__ import annotations
+
+import json
+import math
+import random
+import re
+
+import numpy as np
+import pytest
+import torch
+
+pytest.importorskip("bm25s")
+
+from headstore.heads.artefacts.memory import PlacedMemory  # noqa: E402
+from headstore.heads.kinds.ranking import IRSplit  # noqa: E402
+from headstore.heads.scoring.lexical import Bm25Config, Bm25Index, fused, per_query_scaled  # noqa: E402
+from headstore.heads.training.lexical_fit import LEXICAL_FILE, gained_dense  # noqa: E402
+
+from .conftest import assert_bad_input, cli  # noqa: E402
+from .finetune_world import sentence, tiny_bert, tiny_sts  # noqa: E402
+
+DOCS = ["apple banana apple cherry", "banana date", "cherry cherry cherry elder fig", "apple fig grape honeydew",
+        "Grape, GRAPE and an apple!"]
+
+
+def lucene_bm25(docs: list[str], query: list[str], k1: float = 1.2, b: float = 0.75) -> list[float]:
+    """Lucene's BM25 (8.x: idf = ln(1 + (N - df + 0.5) / (df + 0.5)), tf / (tf + k1 (1 - b + b dl / avgdl))) as a
+    loop, on lower-cased words of two or more letters, English stop words out ("and", "an")."""
+    stop = {"and", "an", "the", "of", "a"}
+    tokens = [[w for w in re.findall(r"(?u)\b\w\w+\b", d.lower()) if w not in stop] for d in docs]
+    n, avg = len(docs), sum(map(len, tokens)) / len(docs)
+    out = []
+    for t in tokens:
+        score = 0.0
+        for w in query:
+            df = sum(w in x for x in tokens)
+            tf = t.count(w)
+            score += math.log(1 + (n - df + 0.5) / (df + 0.5)) * tf / (tf + k1 * (1 - b + b * len(t) / avg))
+        out.append(score)
+    return out
+
+
+def test_bm25_scores_equal_lucenes_formula_written_as_a_loop():
+    index = Bm25Index(DOCS, Bm25Config())
+    got = index.scores(["Apple cherry", "grape", "the and of"]).numpy()  # (3, 5)
+    assert got.shape == (3, len(DOCS))
+    assert np.allclose(got[0], lucene_bm25(DOCS, ["apple", "cherry"]), atol=1e-6)
+    assert np.allclose(got[1], lucene_bm25(DOCS, ["grape"]), atol=1e-6)
+    assert not got[2].any()  # stop words only: no evidence anywhere
+
+
+def test_fusion_scales_each_query_by_its_own_spread_and_weight_0_is_the_dense_ranking():
+    gen = torch.Generator().manual_seed(0)
+    dense, lexical = torch.randn(4, 9, generator=gen), torch.rand(4, 9, generator=gen) * 30
+    lexical[3] = 0  # a query with no lexical evidence
+    ref = dense.numpy() / dense.numpy().std(axis=1, ddof=1, keepdims=True)
+    assert np.allclose(per_query_scaled(dense).numpy(), ref, atol=1e-6)
+    lex_ref = lexical.numpy()[:3] / lexical.numpy()[:3].std(axis=1, ddof=1, keepdims=True)
+    out = fused(dense, lexical, 0.3).numpy()
+    assert np.allclose(out[:3], ref[:3] + 0.3 * lex_ref, atol=1e-5)
+    assert np.allclose(out[3], ref[3], atol=1e-6)  # its row keeps the dense order
+    assert torch.equal(fused(dense, lexical, 0.0), dense)
+
+
+def test_the_memorys_gain_scales_its_change_of_score_and_leaves_other_documents_bit_for_bit():
+    gen = torch.Generator().manual_seed(1)
+    X = torch.nn.functional.normalize(torch.randn(8, 6, generator=gen), dim=1)  # rows 0-2 queries, 3-7 documents
+    split = IRSplit(["q0", "q1", "q2"], np.arange(3), [f"d{i}" for i in range(5)], np.arange(3, 8), {})
+    moved = torch.nn.functional.normalize(X[[4, 6]] + X[[0, 1]], dim=1)
+    placed = PlacedMemory(np.array([4, 6]), moved, "features")
+    of_gain = gained_dense(split, X, None, None, placed, "cosine")
+    docs_moved = torch.cat([X[3:4], moved[:1], X[5:6], moved[1:], X[7:]])
+    plain, with_memory = X[:3] @ X[3:].T - 1, X[:3] @ docs_moved.T - 1  # minus the cosine energy (1 - cos)
+    assert torch.allclose(of_gain(0.0), plain, atol=1e-6) and torch.allclose(of_gain(1.0), with_memory, atol=1e-6)
+    assert torch.allclose(of_gain(2.0), plain + 2 * (with_memory - plain), atol=1e-6)
+    assert torch.equal(of_gain(2.0)[:, [0, 2, 4]], of_gain(0.0)[:, [0, 2, 4]])  # documents it does not hold
+
+
+def lexical_beir(folder, seed: int = 3):
+    """A BEIR folder where BM25 has the answer a random encoder has not: each document carries one rare word,
+    each query asks with it; training judges documents 0-9, dev 10-19, test 0-4 (seen) and 20-29 (unseen)."""
+    rng = random.Random(seed)
+    (folder / "qrels").mkdir(parents=True)
+    docs = [{"_id": f"d{i}", "title": "", "text": f"{sentence(rng, 8)} zq{i}rare"} for i in range(30)]
+    (folder / "corpus.jsonl").write_text("".join(json.dumps(d) + "\n" for d in docs))
+    queries = {f"q{i}": f"{sentence(rng, 3)} zq{i}rare" for i in range(30)}
+    queries.update({f"s{i}": f"{sentence(rng, 3)} zq{i}rare" for i in range(5)})
+    (folder / "queries.jsonl").write_text("".join(json.dumps({"_id": q, "text": t}) + "\n" for q, t in queries.items()))
+    head = "query-id\tcorpus-id\tscore\n"
+    qrels = {"train": [(f"q{i}", i) for i in range(10)], "dev": [(f"q{i}", i) for i in range(10, 20)],
+             "test": [(f"s{i}", i) for i in range(5)] + [(f"q{i}", i) for i in range(20, 30)]}
+    for split, pairs in qrels.items():
+        (folder / "qrels" / f"{split}.tsv").write_text(head + "".join(f"{q}\td{d}\t1\n" for q, d in pairs))
+    return folder
+
+
+@pytest.fixture(scope="module")
+def lw(tmp_path_factory):
+    from headstore.featurize.encoder.config import FeaturizeConfig
+    from headstore.featurize.run.local import featurize
+
+    root = tmp_path_factory.mktemp("lexical-world")
+    beir, sts = lexical_beir(root / "beir"), tiny_sts(root / "sts.parquet")
+    featurize(FeaturizeConfig(model=str(tiny_bert(root / "model", layers=2)), dtype="float32", batch_tokens=2048),
+              [str(beir), str(sts)], root / "store")
+    r = cli("train-head", "--store", root / "store", "--data", beir, "--out", root / "head", "--epochs", "2",
+            "--batch-size", "4", "--hidden", "16")
+    assert r.exit_code == 0, r.output
+    return root, beir, sts, json.loads((root / "head" / "metrics.json").read_text()), r.output
+
+
+def test_train_head_keeps_bm25_where_dev_says_so_and_eval_applies_it(lw, tmp_path):
+    root, beir, _, metrics, output = lw
+    block = metrics["lexical"]
+    assert block["fit"]["kept"] and block["fit"]["weight"] > 0 and (root / "head" / LEXICAL_FILE).is_file()
+    assert block["fit"]["dev"] > block["fit"]["dev_without"]
+    test = block["test"]
+    assert test["fused"] > test["dense"] and test["parts"]["counts"] == {"seen": 5, "unseen": 10, "all": 15}
+    assert "lexical: BM25 weight" in output
+    r = cli("eval", "--store", root / "store", "--head", root / "head", "--data", beir, "--out", tmp_path / "on")
+    assert r.exit_code == 0, r.output
+    on = json.loads((tmp_path / "on" / "metrics.json").read_text())["lexical"]["test"]
+    assert on["fused"] == pytest.approx(test["fused"]) and on["frozen+lexical"] == pytest.approx(test["frozen+lexical"])
+    r = cli("eval", "--store", root / "store", "--head", root / "head", "--data", beir, "--out", tmp_path / "off",
+            "--no-lexical")
+    assert r.exit_code == 0 and "lexical" not in json.loads((tmp_path / "off" / "metrics.json").read_text())
+
+
+def test_lexical_asked_for_where_it_cannot_be_and_a_broken_file_are_one_line(lw, tmp_path):
+    root, beir, sts, _, _ = lw
+    assert_bad_input(cli("train-head", "--store", root / "store", "--data", sts, "--out", tmp_path / "h",
+                         "--lexical", "--epochs", "1"), "--lexical", "no IR dataset")
+    assert not (tmp_path / "h").exists()
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    for f in (root / "head").iterdir():
+        if f.is_file():
+            (broken / f.name).write_bytes(f.read_bytes())
+    (broken / LEXICAL_FILE).write_text('{"config": {"kind": "bm25", "k1": "x"')  # cut short
+    assert_bad_input(cli("eval", "--store", root / "store", "--head", broken, "--data", beir, "--out",
+                         tmp_path / "e1"), LEXICAL_FILE, "not a lexical channel's settings")
+    saved = json.loads((root / "head" / LEXICAL_FILE).read_text())
+    (broken / LEXICAL_FILE).write_text(json.dumps({**saved, "version": 0}))
+    assert_bad_input(cli("eval", "--store", root / "store", "--head", broken, "--data", beir, "--out",
+                         tmp_path / "e2"), LEXICAL_FILE, "lexical version 0")
+
+
+def test_search_ranks_by_eval_s_fused_score_and_export_writes_the_channel_beside(lw, tmp_path):
+    from headstore.heads.apply.search import SearchIndex
+    from headstore.heads.scoring.ir_metrics import ir_metrics_per_query
+
+    root, beir, _, metrics, _ = lw
+    r = cli("index", "--store", root / "store", "--head", root / "head", "--data", beir, "--out", tmp_path / "idx")
+    assert r.exit_code == 0, r.output
+    info = json.loads((tmp_path / "idx" / "index.json").read_text())
+    assert info["lexical"]["weight"] == metrics["lexical"]["fit"]["weight"]
+    queries = {q["_id"]: q["text"] for q in map(json.loads, (beir / "queries.jsonl").read_text().splitlines())}
+    qrels = {}
+    for line in (beir / "qrels" / "test.tsv").read_text().splitlines()[1:]:
+        q, d, g = line.split("\t")
+        qrels.setdefault(q, {})[d] = int(g)
+    ids = sorted(qrels)
+    for lexical, expect in ((True, metrics["lexical"]["test"]["fused"]), (False, metrics["lexical"]["test"]["dense"])):
+        hits = SearchIndex(tmp_path / "idx", lexical=lexical).search([queries[q] for q in ids], 30)
+        _, per_query = ir_metrics_per_query({q: [h["id"] for h in h_] for q, h_ in zip(ids, hits)}, qrels, (10,))
+        # the corpus (30) is within the candidates: search ranks every document as eval does (queries through the
+        # encoder here, stored features there: float32 both)
+        assert float(per_query["ndcg@10"].mean()) == pytest.approx(expect, abs=1e-6)
+    r = cli("export", "--head", root / "head", "--format", "sentence-transformers", "--out", tmp_path / "st")
+    assert r.exit_code == 0, r.output
+    assert (tmp_path / "st" / LEXICAL_FILE).read_text() == (root / "head" / LEXICAL_FILE).read_text()
+    assert "no corpus to run BM25 on" in r.output
+
+
+def test_a_damaged_bm25_index_beside_the_faiss_one_is_one_line(lw, tmp_path):
+    root, beir, _, _, _ = lw
+    assert cli("index", "--store", root / "store", "--head", root / "head", "--data", beir, "--out",
+               tmp_path / "idx").exit_code == 0
+    bm25 = tmp_path / "idx" / "lexical" / "bm25"
+    next(p for p in bm25.iterdir() if p.name.startswith("indptr")).write_bytes(b"\x93NUMPY")  # cut short
+    assert_bad_input(cli("search", "--index", tmp_path / "idx", "--query", "zq3rare"), "bm25",
+                     "not a readable BM25 index")
