@@ -274,6 +274,8 @@ class SearchIndex:
                               f"{pipe.max_length} tokens and were cut to them (as featurize cuts stored texts)")
         ids, texts = self.items["id"].to_list(), self.items["text"].to_list()
         if self.fused is not None:  # ranked by the fused score (higher = better)
+            if k < 1:
+                raise ValueError(f"k must be >= 1; got {k}")
             if k > self.index.ntotal:
                 self.notes.append(f"--k {k} is more than the {self.index.ntotal} items of the index: "
                                   f"{self.index.ntotal} results per query")

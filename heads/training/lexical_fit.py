@@ -151,6 +151,11 @@ def load(head_dir: str, setting: str) -> dict | None:
     except (ValueError, KeyError, TypeError) as e:
         raise ValueError(f"{path}: not a lexical channel's settings ({type(e).__name__}: {e}); retrain the head "
                          "or use --no-lexical") from None
+    bad = [k for k in ("weight", "gain", "frozen_weight") if not isinstance(saved.get(k), (int, float))
+           or isinstance(saved.get(k), bool) or not 0 <= saved[k] < float("inf")]
+    if bad:
+        raise ValueError(f"{path}: {', '.join(bad)} must be numbers >= 0 (got {[saved.get(k) for k in bad]}); "
+                         "retrain the head or use --no-lexical")
     if saved.get("version") != LEXICAL_VERSION:
         raise ValueError(f"{path}: lexical version {saved.get('version')}, this headstore scores version "
                          f"{LEXICAL_VERSION}; retrain the head or use --no-lexical")

@@ -146,6 +146,13 @@ def test_lexical_asked_for_where_it_cannot_be_and_a_broken_file_are_one_line(lw,
     (broken / LEXICAL_FILE).write_text(json.dumps({**saved, "version": 0}))
     assert_bad_input(cli("eval", "--store", root / "store", "--head", broken, "--data", beir, "--out",
                          tmp_path / "e2"), LEXICAL_FILE, "lexical version 0")
+    (broken / LEXICAL_FILE).write_text(json.dumps({**saved, "weight": -1}))
+    assert_bad_input(cli("eval", "--store", root / "store", "--head", broken, "--data", beir, "--out",
+                         tmp_path / "e3"), LEXICAL_FILE, "weight must be numbers >= 0")
+    (broken / LEXICAL_FILE).unlink()
+    assert_bad_input(cli("eval", "--store", root / "store", "--head", broken, "--data", beir, "--out",
+                         tmp_path / "e4", "--lexical"), "--lexical", "has no lexical.json")
+    assert not any((tmp_path / f"e{i}").exists() for i in range(1, 5))
 
 
 def test_search_ranks_by_eval_s_fused_score_and_export_writes_the_channel_beside(lw, tmp_path):
