@@ -190,3 +190,19 @@ def test_a_damaged_bm25_index_beside_the_faiss_one_is_one_line(lw, tmp_path):
     next(p for p in bm25.iterdir() if p.name.startswith("indptr")).write_bytes(b"\x93NUMPY")  # cut short
     assert_bad_input(cli("search", "--index", tmp_path / "idx", "--query", "zq3rare"), "bm25",
                      "not a readable BM25 index")
+
+
+def test_auto_skips_the_channel_without_bm25s_and_on_says_so(lw, monkeypatch):
+    from headstore.featurize.store.reader import FeatureStore
+    from headstore.heads.kinds import load_task
+    from headstore.heads.training import lexical_fit
+
+    root, beir, _, _, _ = lw
+    task = load_task(str(beir), FeatureStore.open(str(root / "store")))
+    assert lexical_fit.wanted(task, "auto") and not lexical_fit.wanted(task, "off")
+    monkeypatch.setattr(lexical_fit, "_has_bm25s", lambda: False)
+    assert not lexical_fit.wanted(task, "auto")
+    with pytest.raises(ValueError, match="bm25s is not installed"):
+        lexical_fit.wanted(task, "on")
+    with pytest.raises(ValueError, match="valid"):
+        lexical_fit.wanted(task, "maybe")
