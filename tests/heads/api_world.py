@@ -29,7 +29,8 @@ class World:
                   self.store)
         self.head = root / "head"
         train_head(str(self.store), str(self.beir), str(self.head), HeadConfig(hidden=16),
-                   TrainConfig(epochs=2, batch_size=8, mined_k=2), progress=False)
+                   TrainConfig(epochs=2, batch_size=8, mined_k=2), progress=False,
+                   lexical="off")  # the dense head: its index and search (BM25 beside it: test_lexical.py)
 
     def random_head(self, name: str, head_cfg: HeadConfig, normalize: str = "l2", seed: int = 0,
                     **train) -> Path:
