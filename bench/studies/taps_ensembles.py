@@ -1,7 +1,7 @@
 """Score-level ensembles of heads on a tap store (issue 57): each candidate is a list of units, a unit one head
 or several (the mean of their L1 energies, members free to read different arrays), one unit a "seed". Dev for
 every candidate; test, SemEval without STS-B's sentences, 95% two-level CIs (units and pairs) and the difference
-from --reference unit by unit for the table. Per-pair values are cached under --cache (a rerun reads them).
+from each --reference (the first in the table) unit by unit. Per-pair values are cached under --cache (a rerun reads them).
 
     python3 bench/studies/taps_ensembles.py --store S --data ../shared/datasets/stsb \\
         --semeval ../shared/datasets/semeval-sts-2012-2016 --spec spec.json --reference "frozen + head" \\
@@ -60,7 +60,8 @@ def train_seconds(units: list[list[str]]) -> list[float]:
     return [sum(seconds(h) for h in unit) for unit in units]
 
 
-def row(a, name: str, units: list[list[str]], store, sets: dict, gold: dict, ref: dict | None) -> dict:
+def row(a, name: str, units: list[list[str]], store, sets: dict, gold: dict, refs: dict) -> dict:
+    """One candidate's figures; refs: reference name -> split -> its (units, n) values."""
     out = {"name": name, "units": units, "train_seconds_per_unit": train_seconds(units)}
     for split, pairs in sets.items():
         v = unit_values(a, units, split, store, pairs)
@@ -69,9 +70,10 @@ def row(a, name: str, units: list[list[str]], store, sets: dict, gold: dict, ref
         if split == "dev":
             continue
         out[f"{split}_ci"] = two_level_ci(v, N_BOOT, 0, gold=gold[split], statistic="spearman")
-        if ref is not None and name != a.reference and v.shape == ref[split].shape:
-            out[f"{split}_minus_reference_ci"] = two_level_ci(v, N_BOOT, 0, gold=gold[split], statistic="spearman",
-                                                              minus=ref[split])
+        for i, (rname, ref) in enumerate(refs.items()):
+            if name != rname and v.shape == ref[split].shape:
+                key = f"{split}_minus_reference_ci" if i == 0 else f"{split}_minus[{rname}]_ci"
+                out[key] = two_level_ci(v, N_BOOT, 0, gold=gold[split], statistic="spearman", minus=ref[split])
     return out
 
 
@@ -91,22 +93,23 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     for opt in ("--store", "--data", "--semeval", "--spec", "--cache", "--json"):
         parser.add_argument(opt, required=True)
-    parser.add_argument("--reference", default=None, help="The candidate the differences are taken from.")
+    parser.add_argument("--reference", action="append", default=[],
+                        help="A candidate the differences are taken from (repeatable; the first in the table).")
     a = parser.parse_args()
     spec = json.loads(Path(a.spec).read_text())
-    if a.reference is not None and a.reference not in spec:
-        parser.error(f"--reference {a.reference!r}: not a candidate of {a.spec}; valid: {list(spec)}")
+    for r in a.reference:
+        if r not in spec:
+            parser.error(f"--reference {r!r}: not a candidate of {a.spec}; valid: {list(spec)}")
     Path(a.cache).mkdir(parents=True, exist_ok=True)
     store = FeatureStore.open(a.store)
     sets = eval_pairs(store, a.data, a.semeval, splits=("dev", "test"))
     gold = {s: np.asarray(p.labels, np.float64) for s, p in sets.items()}
-    ref = ({s: unit_values(a, spec[a.reference], s, store, p) for s, p in sets.items() if s != "dev"}
-           if a.reference else None)
+    refs = {r: {s: unit_values(a, spec[r], s, store, p) for s, p in sets.items() if s != "dev"} for r in a.reference}
     rows = []
     print("| candidate | dev (units) | test (units) | test 95% CI | test - reference | SemEval | SemEval - reference "
           "| training s a unit |\n|---|---|---|---|---|---|---|---|")
     for name, units in spec.items():
-        rows.append(row(a, name, units, store, sets, gold, ref))
+        rows.append(row(a, name, units, store, sets, gold, refs))
         print(line(rows[-1]), flush=True)
     Path(a.json).parent.mkdir(parents=True, exist_ok=True)
     Path(a.json).write_text(json.dumps({"rows": rows, "reference": a.reference, "store": a.store}, indent=1,
