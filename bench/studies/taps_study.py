@@ -131,13 +131,17 @@ def frozen_values(store: FeatureStore, pairs) -> np.ndarray:
     return (a * b).sum(1) / np.linalg.norm(a, axis=1) / np.linalg.norm(b, axis=1)
 
 
+def eval_pairs(store: FeatureStore, data: str, semeval: str, splits=("test",)) -> dict:
+    """The pairs each split is scored on: `data`'s `splits`, and SemEval's test without the pairs sharing a
+    text with `data` (as `cli eval --exclude-overlap`)."""
+    sets = {s: load_task(data, store).eval_sets[s] for s in splits}
+    ood, _ = without_overlap(load_task(semeval, store, for_eval=True), task_rows(load_task(data, store, for_eval=True)))
+    return {**sets, "semeval": ood.eval_sets["test"]}
+
+
 def summarize(a, records: list[dict]) -> list[dict]:
     store = FeatureStore.open(a.store)
-    test = load_task(a.data, store).eval_sets["test"]
-    semeval, _ = without_overlap(load_task(a.semeval, store, for_eval=True),  # as `cli eval --exclude-overlap`
-                                 task_rows(load_task(a.data, store, for_eval=True)))
-    semeval_pairs = semeval.eval_sets["test"]
-    sets = {"test": test, "semeval": semeval_pairs}
+    sets = eval_pairs(store, a.data, a.semeval)
     gold = {s: np.asarray(p.labels, np.float64) for s, p in sets.items()}
     values = scored(a, records, store, sets)
     values.update({("frozen cosine", s): frozen_values(store, p)[None] for s, p in sets.items()})
