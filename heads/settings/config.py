@@ -75,7 +75,9 @@ class HeadConfig:
     # near the one-layer head; lower layers add 0.003 Spearman on STS-B dev (docs/l1-energy.md)
     mix_mode: str = field(default="scalar", metadata=option_meta(
         "With --array A+B+...: scalar (a learned softmax mix of the arrays, one array's width into the MLP) or "
-        "concat (the arrays side by side into the MLP's first layer; needs --no-residual).", choices=MIX_MODES))
+        "concat (the arrays side by side into the MLP's first layer; a residual adds back the first array with "
+        "--out-dim its width, arrays of several widths (taps); several layers of one width need --no-residual).",
+        choices=MIX_MODES))
     # scalar: the small head of docs/l1-energy.md; concat: the distillation student of a tuned encoder keeps 2-3x
     # more of its gain with it (docs/distill.md), at the cost of a first layer L x as wide
     # with --array A+B+... read side by side: drop each array but the first, whole, per text in training, with this
