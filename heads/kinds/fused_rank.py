@@ -39,9 +39,18 @@ def dense_scores(zq: torch.Tensor, zd: torch.Tensor, energy: str) -> torch.Tenso
                      or [torch.zeros(0, len(zd))])
 
 
+FUSED_CHUNK = 64  # queries ranked at a time by `fused_metrics`: (64, N) floats per score matrix, whatever the corpus
+
+
 def fused_ndcg(split: IRSplit, dense: torch.Tensor, lexical: torch.Tensor, weight: float,
                energy: str) -> tuple[dict, np.ndarray]:
     """(IR metrics, per-query nDCG@10) of the split ranked by the fused score (heads.scoring.lexical.fused)."""
-    score = fused(dense, lexical, weight)  # (Q, N), higher = better
-    idx = topk_ranking(-score, k=IR_TOPK + int(split.exclude_self), tie_order=trec_tie_order(split.doc_ids))
+    return fused_metrics(split, lambda s, e: fused(dense[s:e], lexical[s:e], weight), energy)
+
+
+def fused_metrics(split: IRSplit, scores_of, energy: str) -> tuple[dict, np.ndarray]:
+    """(IR metrics, per-query nDCG@10) of the split ranked by `scores_of(start, stop)` -> (stop - start, N) fused
+    scores (higher = better), FUSED_CHUNK queries at a time."""
+    idx = topk_ranking(lambda s, e: -scores_of(s, e), k=IR_TOPK + int(split.exclude_self),
+                       n_queries=len(split.query_ids), chunk_size=FUSED_CHUNK, tie_order=trec_tie_order(split.doc_ids))
     return ir_metrics_of(split, ranked_ids(split, idx, IR_TOPK), energy)

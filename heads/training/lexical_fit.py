@@ -19,9 +19,9 @@ import numpy as np
 
 from headstore.data.files import atomic_write_json
 from headstore.heads.evaluation.evaluate import embedder
-from headstore.heads.kinds.fused_rank import dense_scores, fused_ndcg, lexical_scores
+from headstore.heads.kinds.fused_rank import dense_scores, fused_metrics, fused_ndcg, lexical_scores, split_texts
 from headstore.heads.kinds.ranking import IRSplit
-from headstore.heads.scoring.lexical import LEXICAL, LEXICAL_VERSION, Bm25Config
+from headstore.heads.scoring.lexical import LEXICAL, LEXICAL_VERSION, Bm25Config, fused
 
 LEXICAL_FILE = "lexical.json"
 LEXICAL_SETTINGS = ("auto", "on", "off")
@@ -164,10 +164,22 @@ def load(head_dir: str, setting: str) -> dict | None:
 
 def split_items(task, split: str, features, model, norm, placed, energy: str, weight: float, gain: float,
                 cfg) -> np.ndarray:
-    """Per-query nDCG@10 on `split` of the head (model None: frozen) with the memory at `gain` and BM25 at `weight`."""
+    """Per-query nDCG@10 on `split` of the head (model None: frozen) with the memory at `gain` and BM25 at `weight`,
+    ranked a block of queries at a time (never a queries x corpus matrix whole)."""
     data = task.eval_sets[split]
-    dense = gained_dense(data, features, model, norm, placed, energy)(gain)
-    return fused_ndcg(data, dense, lexical_scores(data, cfg, task.name) if weight else dense, weight, energy)[1]
+    embed = embedder(model, features, norm)
+    zq, zd = embed(data.query_rows, "query")[0], embed(data.doc_rows, "document")[0]  # (Q, d), (N, d)
+    edited = (embedder(model, features, norm, placed)(data.doc_rows, "document")[0]
+              if placed is not None and len(placed) and gain else None)  # (N, d): the memory's documents edited
+    index = LEXICAL[cfg.to_dict()["kind"]][1](split_texts(data, task.name)[1], cfg) if weight else None
+    query_texts = split_texts(data, task.name)[0] if weight else None
+
+    def scores(start: int, stop: int):
+        plain = dense_scores(zq[start:stop], zd, energy)  # (q, N)
+        dense = plain if edited is None else plain + gain * (dense_scores(zq[start:stop], edited, energy) - plain)
+        return fused(dense, index.scores(query_texts[start:stop]) if weight else dense, weight)
+
+    return fused_metrics(data, scores, energy)[1]
 
 
 def lexical_block(task, features, model, norm, placed, energy: str, items: dict, fit: dict, frozen_features,
