@@ -63,12 +63,15 @@ class FusedRanker:
             t = load_file(str(d / PLAIN_FILE))
             self.plain = dict(zip(t["positions"].tolist(), t["vectors"].numpy()))
         self.sample = scale_columns(self.n)
+        self.sample_vectors = search_index.index.reconstruct_batch(self.sample)  # each query's spread is measured on
 
-    def dense(self, query: np.ndarray, positions: np.ndarray) -> np.ndarray:
-        """(m,) minus the head's energies of one prepared query vector to the items at `positions`, the memory's
-        change of score scaled by its gain (heads.training.lexical_fit.gained_dense)."""
+    def dense(self, query: np.ndarray, positions: np.ndarray, vectors: np.ndarray | None = None) -> np.ndarray:
+        """(m,) minus the head's energies of one prepared query vector to the items at `positions` (their indexed
+        `vectors`, read from the index where not given), the memory's change of score scaled by its gain (as eval
+        scales it: heads.training.lexical_fit.split_items)."""
         energy = self.index.info["energy"]
-        vectors = self.index.index.reconstruct_batch(np.asarray(positions, dtype=np.int64))
+        if vectors is None:
+            vectors = self.index.index.reconstruct_batch(np.asarray(positions, dtype=np.int64))
         q = torch.as_tensor(query[None], dtype=torch.float32)
         score = -pairwise_energy(energy, q, torch.as_tensor(vectors))[0].numpy()
         mine = [j for j, p in enumerate(positions) if int(p) in self.plain]
@@ -82,16 +85,16 @@ class FusedRanker:
         """(positions (Q, k), fused scores (Q, k)), best first (-1 / NaN where fewer items)."""
         want = min(self.n, max(k, CANDIDATES))
         nearest, _ = self.index.search_vectors(vectors, want)
-        lexical = self.bm25.scores(query_texts).numpy()  # (Q, N)
         pos, val = np.full((len(vectors), k), -1, np.int64), np.full((len(vectors), k), np.nan)
         for i, q in enumerate(vectors):
-            best = np.argsort(-lexical[i], kind="stable")[:want]
+            lexical = self.bm25.scores(query_texts[i:i + 1]).numpy()[0]  # (N,): one query's at a time
+            best = np.argsort(-lexical, kind="stable")[:want]
             cand = np.union1d(nearest[i][nearest[i] >= 0], best)
-            sd_dense = self.dense(q, self.sample).std(ddof=1)
-            sd_lex = lexical[i, self.sample].std(ddof=1)
+            sd_dense = self.dense(q, self.sample, self.sample_vectors).std(ddof=1)
+            sd_lex = lexical[self.sample].std(ddof=1)
             fused = self.dense(q, cand) / (sd_dense if sd_dense > 0 else 1.0)
             if sd_lex > 0:
-                fused = fused + self.weight * lexical[i, cand] / sd_lex
+                fused = fused + self.weight * lexical[cand] / sd_lex
             order = np.lexsort((cand, -fused))[:k]
             pos[i, :len(order)], val[i, :len(order)] = cand[order], fused[order]
         return pos, val
