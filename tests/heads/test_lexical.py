@@ -190,3 +190,21 @@ def test_a_damaged_bm25_index_beside_the_faiss_one_is_one_line(lw, tmp_path):
     next(p for p in bm25.iterdir() if p.name.startswith("indptr")).write_bytes(b"\x93NUMPY")  # cut short
     assert_bad_input(cli("search", "--index", tmp_path / "idx", "--query", "zq3rare"), "bm25",
                      "not a readable BM25 index")
+
+
+def test_a_run_without_the_lexical_channel_holds_no_split_texts(lw, tmp_path, monkeypatch):
+    """The splits' texts (a 1M-document corpus's: ~0.13 GB) serve BM25 alone: train-head with --no-lexical trains,
+    evaluates and fits its memory on a task that holds none; with the channel it has them."""
+    import headstore.heads.training.run as run
+
+    seen = []
+    real = run.evaluate_head
+    monkeypatch.setattr(run, "evaluate_head", lambda task, *a, **k: seen.append(task) or real(task, *a, **k))
+    root, beir, _, _, _ = lw
+    for flag in ("--no-lexical", "--lexical"):
+        r = cli("train-head", "--store", root / "store", "--data", beir, "--out", tmp_path / flag, "--epochs", "1",
+                "--batch-size", "4", "--hidden", "16", flag)
+        assert r.exit_code == 0, r.output
+    off, on = seen
+    assert {name: s.texts for name, s in off.eval_sets.items()} == {"dev": None, "test": None}
+    assert all(isinstance(s.texts["document"], dict) and s.texts["document"] for s in on.eval_sets.values())
