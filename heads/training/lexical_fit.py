@@ -11,6 +11,7 @@ default: on for IR data whose splits have their texts, where bm25s is installed,
 """
 from __future__ import annotations
 
+from dataclasses import replace
 import json
 import time
 from pathlib import Path
@@ -29,6 +30,13 @@ WEIGHTS = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.7, 1.0)  # BM25 per unit of dense sco
 GAINS = (1.0, 1.5, 2.0, 3.0, 0.0)  # the memory's edit scaled (1 first: ties keep it as fitted); SciFact dev: 2
 AUTO_MAX_DOCS = 200_000  # "auto" fits the channel up to this corpus size: dev's dense and BM25 scores are held
 # whole (queries x documents floats, a few hundred MB there); above it only --lexical asks for it
+
+
+def without_texts(task):
+    """`task` with its IR splits' texts dropped: they serve the lexical channel only, and a run without it need not
+    hold them (a 1M-document corpus's texts by id are ~0.13 GB, held from the data's reading to the run's end)."""
+    sets = {name: replace(s, texts=None) if isinstance(s, IRSplit) else s for name, s in task.eval_sets.items()}
+    return replace(task, eval_sets=sets)
 
 
 def wanted(task, setting: str) -> bool:

@@ -3,9 +3,10 @@ training queries (heads.scoring.nudge), the strength chosen on dev, before the h
 
 Once dev has chosen the strength, the memory is fitted again at it on the training and dev judgements together
 (dev's judged documents are documents to remember too; on SciFact 0.821 -> 0.846 nDCG@10 for frozen + memory).
-The candidates of every strength are scored on dev in one pass (a stack of G "heads" that differ only in the judged
-documents' vectors: heads.kinds.ranking.selection_ndcg); the best dev nDCG@10 wins, ties to the weaker move, and
-strength 0 (no edit) is always a candidate, so a memory dev says nothing for is one that changes nothing.
+The candidates of every strength are scored on dev one after the other (the head's dev documents with the judged
+documents' vectors replaced, heads.kinds.ranking.selection_ndcg; never every strength's copy at once); the best dev
+nDCG@10 wins, ties to the weaker move, and strength 0 (no edit) is always a candidate, so a memory dev says nothing
+for is one that changes nothing.
 """
 from __future__ import annotations
 
@@ -146,10 +147,13 @@ def dev_scores(task, features, model, norm, energy, docs, candidates, space, neg
     where = {int(r): j for j, r in enumerate(np.asarray(dev.doc_rows))}
     hit = np.array([j for j, r in enumerate(docs) if int(r) in where], dtype=np.int64)
     cols = torch.as_tensor([where[int(docs[j])] for j in hit], dtype=torch.long)
-    stack = zd.repeat(len(candidates), 1, 1)  # (G, N, d)
-    for g, cand in enumerate(candidates):
+    scores = []
+    for cand in candidates:  # one strength at a time: a (G, N, d) stack of them and its ranking's blocks of
+        # (heads, queries, candidates, d) took 0.8 GB on a 1M-document corpus's dev candidates (G = 11)
         edited = cand[torch.as_tensor(hit)]
         if space == "features" and model is not None:
             edited = model.eval().encode(edited, "document")[0] if len(hit) else edited
-        stack[g, cols] = edited.to(stack.dtype)
-    return np.asarray(selection_ndcg(dev, zq.expand(len(candidates), -1, -1), stack, energy, precision))
+        one = zd.clone()
+        one[0, cols] = edited.to(one.dtype)
+        scores += selection_ndcg(dev, zq, one, energy, precision)
+    return np.asarray(scores)

@@ -49,7 +49,7 @@ from headstore.heads.training.kind_defaults import defaults_for_kind, head_shape
 from headstore.heads.training.label_recipes import data_decided_notes, decided_by_data, unlabeled_cfg
 from headstore.heads.training.selection import DEFAULT_DELTA, load_selection
 from headstore.heads.artefacts.memory import MEMORY_FILE
-from headstore.heads.training.lexical_fit import wanted as lexical_wanted, write_lexical
+from headstore.heads.training.lexical_fit import wanted as lexical_wanted, without_texts, write_lexical
 from headstore.heads.training.memory_use import fit_for_head, memory_block, wanted
 from headstore.heads.training.resolved import ResolvedTraining, resolve_stack
 from headstore.heads.training.strength import STRENGTHS, plot_strength
@@ -123,8 +123,9 @@ def train_head(store_path: str, data_path: str, out_dir: str, head_cfg: HeadConf
     if getattr(task, "report", {}).get("shots_clipped"):  # more --shots than a class has: said on the terminal
         progress_write(f"note: {shots_note(cfg.shots, task.report['shots_clipped'])}")
     seen, judged_pairs = task_seen_masks(task, SPLITS), judgement_pairs(task)  # store rows (heads.kinds.seen)
-    raw_task = task if wanted(task, memory) else None  # (store rows) a memory asked for where it cannot be: an error
     with_lexical = lexical_wanted(task, lexical)  # BM25 fused in (heads.training.lexical_fit): asked where it cannot be
+    task = task if with_lexical else without_texts(task)  # the splits' texts serve it alone
+    raw_task = task if wanted(task, memory) else None  # (store rows) a memory asked for where it cannot be: an error
     task, features, selection, anchor = training_features(store, task, cfg.anchor_weight, cfg.anchor_data, array,
                                                           select_ood, ood_delta, device, f"--data {data_path}")
     decided = decided_by_data(task, features, store.dim, given, kind_defaults, array)  # labelled texts: dev's recipe

@@ -206,3 +206,21 @@ def test_auto_skips_the_channel_without_bm25s_and_on_says_so(lw, monkeypatch):
         lexical_fit.wanted(task, "on")
     with pytest.raises(ValueError, match="valid"):
         lexical_fit.wanted(task, "maybe")
+
+
+def test_a_run_without_the_lexical_channel_holds_no_split_texts(lw, tmp_path, monkeypatch):
+    """The splits' texts (a 1M-document corpus's: ~0.13 GB) serve BM25 alone: train-head with --no-lexical trains,
+    evaluates and fits its memory on a task that holds none; with the channel it has them."""
+    import headstore.heads.training.run as run
+
+    seen = []
+    real = run.evaluate_head
+    monkeypatch.setattr(run, "evaluate_head", lambda task, *a, **k: seen.append(task) or real(task, *a, **k))
+    root, beir, _, _, _ = lw
+    for flag in ("--no-lexical", "--lexical"):
+        r = cli("train-head", "--store", root / "store", "--data", beir, "--out", tmp_path / flag, "--epochs", "1",
+                "--batch-size", "4", "--hidden", "16", flag)
+        assert r.exit_code == 0, r.output
+    off, on = seen
+    assert {name: s.texts for name, s in off.eval_sets.items()} == {"dev": None, "test": None}
+    assert all(isinstance(s.texts["document"], dict) and s.texts["document"] for s in on.eval_sets.values())
