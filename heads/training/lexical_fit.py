@@ -4,16 +4,16 @@ lexical.json in the head folder and applied again by `cli eval` to any IR datase
 
 Dev chooses two numbers together, each with "none" as a candidate so that a channel dev says nothing for changes
 nothing: BM25's weight w (0 = the dense ranking) and the memory's gain (its change of the dense score scaled: 1 = as
-fitted, 0 = no memory). A gain above 1 lets a document the memory knows keep its place against what BM25 brings up. The memory
-scored on dev is the one fitted on train alone (dev's judgements are in the saved one). `--lexical`: "auto" (the
+fitted, 0 = no memory). A gain above 1 lets a document the memory knows keep its place against what BM25 brings
+up. The memory scored on dev is the one fitted on train alone (dev's judgements are in the saved one). `--lexical`: "auto" (the
 default: on for IR data whose splits have their texts, where bm25s is installed, kept where dev's w > 0), "on"
 (required: an error where it cannot be), "off".
 """
 from __future__ import annotations
 
-from dataclasses import replace
 import json
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -27,7 +27,7 @@ from headstore.heads.scoring.lexical import LEXICAL, LEXICAL_VERSION, Bm25Config
 LEXICAL_FILE = "lexical.json"
 LEXICAL_SETTINGS = ("auto", "on", "off")
 WEIGHTS = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.7, 1.0)  # BM25 per unit of dense score (0 first: ties keep the dense)
-GAINS = (1.0, 1.5, 2.0, 3.0, 0.0)  # the memory's edit scaled (1 first: ties keep it as fitted); SciFact dev: 2
+GAINS = (1.0, 1.5, 2.0, 3.0, 0.0)  # the memory's change of score scaled (1 first: ties keep it); SciFact dev: 1.5
 AUTO_MAX_DOCS = 200_000  # "auto" fits the channel up to this corpus size: dev's dense and BM25 scores are held
 # whole (queries x documents floats, a few hundred MB there); above it only --lexical asks for it
 
