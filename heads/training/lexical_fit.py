@@ -5,9 +5,9 @@ lexical.json in the head folder and applied again by `cli eval` to any IR datase
 Dev chooses two numbers together, each with "none" as a candidate so that a channel dev says nothing for changes
 nothing: BM25's weight w (0 = the dense ranking) and the memory's gain (its change of the dense score scaled: 1 = as
 fitted, 0 = no memory). A gain above 1 lets a document the memory knows keep its place against what BM25 brings
-up. The memory scored on dev is the one fitted on train alone (dev's judgements are in the saved one). `--lexical`: "auto" (the
-default: on for IR data whose splits have their texts, where bm25s is installed, kept where dev's w > 0), "on"
-(required: an error where it cannot be), "off".
+up. The memory scored on dev is the one fitted on train alone (dev's judgements are in the saved one).
+`--lexical`: "auto" (the default: on for IR data whose splits have their texts, where bm25s is installed, kept where
+dev's w > 0), "on" (required: an error where it cannot be), "off".
 """
 from __future__ import annotations
 
