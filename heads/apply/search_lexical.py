@@ -18,7 +18,7 @@ import torch
 
 from headstore.data.files import atomic_write_json
 from headstore.heads.scoring.energy import pairwise_energy
-from headstore.heads.scoring.lexical import Bm25Index, scale_columns
+from headstore.heads.scoring.lexical import Bm25Index, fused as fuse, gained, scale_columns
 from headstore.heads.training.lexical_fit import LEXICAL_FILE, load as load_lexical
 
 LEXICAL_DIR = "lexical"
@@ -78,7 +78,7 @@ class FusedRanker:
         if mine and self.gain != 1.0:
             plain = np.stack([self.plain[int(positions[j])] for j in mine])
             before = -pairwise_energy(energy, q, torch.as_tensor(plain))[0].numpy()
-            score[mine] = before + self.gain * (score[mine] - before)
+            score[mine] = gained(before, score[mine], self.gain)
         return score
 
     def rank(self, query_texts: list[str], vectors: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
@@ -90,11 +90,10 @@ class FusedRanker:
             lexical = self.bm25.scores(query_texts[i:i + 1]).numpy()[0]  # (N,): one query's at a time
             best = np.argsort(-lexical, kind="stable")[:want]
             cand = np.union1d(nearest[i][nearest[i] >= 0], best)
-            sd_dense = self.dense(q, self.sample, self.sample_vectors).std(ddof=1)
-            sd_lex = lexical[self.sample].std(ddof=1)
-            fused = self.dense(q, cand) / (sd_dense if sd_dense > 0 else 1.0)
-            if sd_lex > 0:
-                fused = fused + self.weight * lexical[cand] / sd_lex
+            spreads = [torch.tensor([[float(x.std(ddof=1))]]) for x in
+                       (self.dense(q, self.sample, self.sample_vectors), lexical[self.sample])]  # as eval's
+            fused = fuse(torch.as_tensor(self.dense(q, cand))[None], torch.as_tensor(lexical[cand])[None],
+                         self.weight, *spreads)[0].numpy()  # (m,) the candidates' fused scores
             order = np.lexsort((cand, -fused))[:k]
             pos[i, :len(order)], val[i, :len(order)] = cand[order], fused[order]
         return pos, val

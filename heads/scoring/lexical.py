@@ -106,8 +106,17 @@ def per_query_scaled(scores: torch.Tensor, sd: torch.Tensor | None = None) -> to
     return torch.where(sd > 0, scores / sd.clamp_min(1e-12), torch.zeros_like(scores))
 
 
-def fused(dense: torch.Tensor, lexical: torch.Tensor, weight: float) -> torch.Tensor:
-    """(Q, N) fused scores (higher = better) of dense scores (higher = better) and lexical ones at `weight`."""
+def fused(dense: torch.Tensor, lexical: torch.Tensor, weight: float, sd_dense: torch.Tensor | None = None,
+          sd_lexical: torch.Tensor | None = None) -> torch.Tensor:
+    """(Q, N) fused scores (higher = better) of dense scores (higher = better) and lexical ones at `weight`, each
+    divided by its query's spread (`spread` of the scores given, or the (Q, 1) spreads given: `cli search` scores
+    only candidates, the spread being measured on the same documents as eval's)."""
     if weight == 0:
         return dense
-    return per_query_scaled(dense) + weight * per_query_scaled(lexical)
+    return per_query_scaled(dense, sd_dense) + weight * per_query_scaled(lexical, sd_lexical)
+
+
+def gained(plain, edited, gain: float):
+    """The document memory's change of score scaled by `gain`: plain + gain (edited - plain) (1: the memory as
+    fitted, 0: none); linear in the score, so the same in either space it acts in and for any energy."""
+    return plain + gain * (edited - plain)

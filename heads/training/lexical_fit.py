@@ -20,9 +20,9 @@ import numpy as np
 
 from headstore.data.files import atomic_write_json
 from headstore.heads.evaluation.evaluate import embedder
-from headstore.heads.kinds.fused_rank import dense_scores, fused_metrics, fused_ndcg, lexical_scores, split_texts
+from headstore.heads.kinds.fused_rank import dense_scores, fused_metrics, lexical_scores, split_texts
 from headstore.heads.kinds.ranking import IRSplit
-from headstore.heads.scoring.lexical import LEXICAL, LEXICAL_VERSION, Bm25Config, fused
+from headstore.heads.scoring.lexical import LEXICAL, LEXICAL_VERSION, Bm25Config, fused, gained, per_query_scaled
 
 LEXICAL_FILE = "lexical.json"
 LEXICAL_SETTINGS = ("auto", "on", "off")
@@ -73,8 +73,8 @@ def gained_dense(split: IRSplit, features, model, norm, placed, energy: str):
     plain = split_dense(split, features, model, norm, None, energy)
     if placed is None or not len(placed):
         return lambda gain: plain
-    change = split_dense(split, features, model, norm, placed, energy) - plain  # (Q, N), 0 off the memory's columns
-    return lambda gain: plain + gain * change
+    edited = split_dense(split, features, model, norm, placed, energy)  # (Q, N), plain off the memory's columns
+    return lambda gain: gained(plain, edited, gain)
 
 
 def split_dense(split: IRSplit, features, model, norm, placed, energy: str):
@@ -85,10 +85,13 @@ def split_dense(split: IRSplit, features, model, norm, placed, energy: str):
 
 def choose(split: IRSplit, lexical, dense_of, gains) -> tuple[float, float, float, list]:
     """(gain, weight, dev nDCG@10, the grid [[gain, weight, score]]): the best on dev, the first of equals."""
-    grid = []
+    grid, scaled_lexical = [], per_query_scaled(lexical)  # each spread computed once, not once a weight
     for gain in gains:
         dense = dense_of(gain)
-        grid += [[gain, w, float(fused_ndcg(split, dense, lexical, w, "cosine")[1].mean())] for w in WEIGHTS]
+        scaled = per_query_scaled(dense)
+        for w in WEIGHTS:
+            score = dense if w == 0 else scaled + w * scaled_lexical  # = heads.scoring.lexical.fused
+            grid.append([gain, w, float(fused_metrics(split, lambda s, e, score=score: score[s:e], "cosine")[1].mean())])
     best = max(grid, key=lambda r: r[2])  # max keeps the first of equals
     return best[0], best[1], best[2], grid
 
@@ -179,12 +182,12 @@ def split_items(task, split: str, features, model, norm, placed, energy: str, we
     zq, zd = embed(data.query_rows, "query")[0], embed(data.doc_rows, "document")[0]  # (Q, d), (N, d)
     edited = (embedder(model, features, norm, placed)(data.doc_rows, "document")[0]
               if placed is not None and len(placed) and gain else None)  # (N, d): the memory's documents edited
-    index = LEXICAL[cfg.to_dict()["kind"]][1](split_texts(data, task.name)[1], cfg) if weight else None
-    query_texts = split_texts(data, task.name)[0] if weight else None
+    query_texts, doc_texts = split_texts(data, task.name) if weight else (None, None)
+    index = LEXICAL[cfg.to_dict()["kind"]][1](doc_texts, cfg) if weight else None
 
     def scores(start: int, stop: int):
         plain = dense_scores(zq[start:stop], zd, energy)  # (q, N)
-        dense = plain if edited is None else plain + gain * (dense_scores(zq[start:stop], edited, energy) - plain)
+        dense = plain if edited is None else gained(plain, dense_scores(zq[start:stop], edited, energy), gain)
         return fused(dense, index.scores(query_texts[start:stop]) if weight else dense, weight)
 
     return fused_metrics(data, scores, energy)[1]
