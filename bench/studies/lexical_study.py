@@ -5,7 +5,8 @@ shipped) writes DIR/seed-S (kept if there: --existing reuses them). Every system
 claims from the head folder alone (heads.training.lexical_fit.split_items, the code `cli eval` runs), per claim, so
 the table has two-level bootstrap CIs over seeds and claims (heads.scoring.bootstrap), split into seen and unseen
 claims (a relevant abstract judged in the head's training, heads.kinds.seen). Out of domain (Cranfield, CACM) the
-SciFact head is scored at its SciFact weights; the memory has nothing to act on there. The systems:
+SciFact head is scored at its weight for a new corpus (`weight_new`, chosen on dev's unseen claims); the memory has
+nothing to act on there. The systems:
 
 - frozen: the frozen features, cosine; bm25: BM25 alone; frozen+bm25: the two fused at the frozen features' own dev
   weight (the fair baseline: the same channel, no head);
@@ -36,7 +37,7 @@ from headstore.heads.kinds.fused_rank import fused_ndcg, lexical_scores  # noqa:
 from headstore.heads.scoring.bootstrap import two_level_ci  # noqa: E402
 from headstore.heads.settings.config import TrainConfig  # noqa: E402
 from headstore.heads.training.eval_run import eval_seen  # noqa: E402
-from headstore.heads.training.lexical_fit import load as load_lexical, split_items  # noqa: E402
+from headstore.heads.training.lexical_fit import applied_weight, load as load_lexical, split_items  # noqa: E402
 from headstore.heads.training.memory_use import load_for_eval  # noqa: E402
 from headstore.heads.training.run import load_head  # noqa: E402
 from limits import machine, machine_line  # noqa: E402
@@ -61,7 +62,8 @@ def scored(store_path: str, head_dir: Path, data: str) -> tuple[dict, np.ndarray
     placed, _ = load_for_eval(str(head_dir), store, task, tf, "auto")
     task, features = tf.remap(task), tf.read("features")
     energy, saved = TrainConfig.from_dict(config["train"]).eval_energy, load_lexical(str(head_dir), "on")
-    cfg, w, gain, w0 = saved["bm25"], saved["weight"], saved["gain"], saved["frozen_weight"]
+    cfg, gain, w0 = saved["bm25"], saved["gain"], saved["frozen_weight"]
+    w = applied_weight(saved, 0 if placed is None else len(placed))  # weight_new on a corpus the memory knows none of
     data_split = task.eval_sets["test"]
     bm25 = fused_ndcg(data_split, torch.zeros(len(data_split.query_ids), len(data_split.doc_ids)),
                       lexical_scores(data_split, cfg, task.name), 1.0, "cosine")[1]

@@ -2,8 +2,8 @@
 indexed texts saved beside the FAISS index, and each query ranked by the fused score of eval
 (heads.scoring.lexical) over the union of both channels' top candidates.
 
-IDX/lexical/: `bm25/` (bm25s's index of the items' texts, in the items' order), `lexical.json` (the head's weight,
-the memory's gain, BM25's settings) and, where the gain is not 1, `plain.safetensors` (the memory's documents'
+IDX/lexical/: `bm25/` (bm25s's index of the items' texts, in the items' order), `lexical.json` (the head's weight
+for this corpus: `weight_new` where the memory holds none of its items, as eval; the memory's gain, BM25's settings) and, where the gain is not 1, `plain.safetensors` (the memory's documents'
 vectors without its edit: the gain scales the edit's change of score). A query's candidates are its CANDIDATES
 nearest items by the head and its CANDIDATES best by BM25; their dense scores are computed again from the index's
 vectors, each channel is scaled by the query's spread over the same documents eval measures it on, and the union
@@ -19,7 +19,7 @@ import torch
 from headstore.data.files import atomic_write_json
 from headstore.heads.scoring.energy import pairwise_energy
 from headstore.heads.scoring.lexical import Bm25Index, fused as fuse, gained, scale_columns
-from headstore.heads.training.lexical_fit import LEXICAL_FILE, load as load_lexical
+from headstore.heads.training.lexical_fit import LEXICAL_FILE, applied_weight, load as load_lexical
 
 LEXICAL_DIR = "lexical"
 CANDIDATES = 100  # each channel's candidates per query (at least k): the fused ranking is over their union
@@ -35,8 +35,9 @@ def build(out: Path, head_ref: str, head, texts: list[str], text_ids: list[str],
     d = out / LEXICAL_DIR
     d.mkdir(parents=True, exist_ok=True)
     Bm25Index(texts, saved["bm25"]).save(d / "bm25")
-    settings = {k: v for k, v in saved.items() if k != "bm25"}
     known = [] if head.memory is None else np.flatnonzero(np.isin(np.asarray(text_ids), list(head.memory.text_ids)))
+    settings = {**{k: v for k, v in saved.items() if k != "bm25"}, "weight": applied_weight(saved, len(known)),
+                "weight_dev": saved["weight"]}  # this corpus's weight (eval's rule: lexical_fit.applied_weight)
     if saved["gain"] != 1.0 and len(known):
         from safetensors.torch import save_file
 

@@ -5,7 +5,8 @@ lexical.json in the head folder and applied again by `cli eval` to any IR datase
 Dev chooses two numbers together, each with "none" as a candidate so that a channel dev says nothing for changes
 nothing: BM25's weight w (0 = the dense ranking) and the memory's gain (its change of the dense score scaled: 1 = as
 fitted, 0 = no memory). A gain above 1 lets a document the memory knows keep its place against what BM25 brings
-up. The memory scored on dev is the one fitted on train alone (dev's judgements are in the saved one).
+up. The memory scored on dev is the one fitted on train alone (dev's judgements are in the saved one). Of the
+candidates within one paired standard error of the best dev nDCG@10, dev takes the least weight, then gain 1 (`one_se`).
 `--lexical`: "auto" (the default: on for IR data whose splits have their texts, where bm25s is installed, kept where
 dev's w > 0), "on" (required: an error where it cannot be), "off".
 """
@@ -22,12 +23,14 @@ from headstore.data.files import atomic_write_json
 from headstore.heads.evaluation.evaluate import embedder
 from headstore.heads.kinds.fused_rank import dense_scores, fused_metrics, lexical_scores, split_texts
 from headstore.heads.kinds.ranking import IRSplit
+from headstore.heads.kinds.seen import judged_documents, seen_mask
 from headstore.heads.scoring.lexical import LEXICAL, LEXICAL_VERSION, Bm25Config, fused, gained, per_query_scaled
 
 LEXICAL_FILE = "lexical.json"
+NUMBERS = ("weight", "weight_new", "gain", "frozen_weight")  # lexical.json's numbers, each >= 0
 LEXICAL_SETTINGS = ("auto", "on", "off")
-WEIGHTS = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.7, 1.0)  # BM25 per unit of dense score (0 first: ties keep the dense)
-GAINS = (1.0, 1.5, 2.0, 3.0, 0.0)  # the memory's change of score scaled (1 first: ties keep it); SciFact dev: 1.5
+WEIGHTS = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.7, 1.0)  # BM25 per unit of dense score (the one-SE rule: the least)
+GAINS = (1.0, 1.5, 2.0, 3.0, 0.0)  # the memory's change of score scaled (1 first: the one-SE rule's order)
 AUTO_MAX_DOCS = 200_000  # "auto" fits the channel up to this corpus size: dev's dense and BM25 scores are held
 # whole (queries x documents floats, a few hundred MB there); above it only --lexical asks for it
 
@@ -61,6 +64,7 @@ def wanted(task, setting: str) -> bool:
 def _has_bm25s() -> bool:
     try:
         import bm25s  # noqa: F401  (an optional extra)
+        import Stemmer  # noqa: F401  (PyStemmer, in the same extra)
     except ImportError:
         return False
     return True
@@ -84,16 +88,33 @@ def split_dense(split: IRSplit, features, model, norm, placed, energy: str):
 
 
 def choose(split: IRSplit, lexical, dense_of, gains) -> tuple[float, float, float, list]:
-    """(gain, weight, dev nDCG@10, the grid [[gain, weight, score]]): the best on dev, the first of equals."""
-    grid, scaled_lexical = [], per_query_scaled(lexical)  # each spread computed once, not once a weight
+    """(gain, weight, dev nDCG@10, the grid [[gain, weight, score, within one SE]]) by the one-standard-error rule
+    (`one_se`): of the candidates within one paired standard error of dev's best, the least BM25 weight, then the
+    gain first in `gains` (1: the memory as fitted)."""
+    grid, per_query, scaled_lexical = [], [], per_query_scaled(lexical)  # each spread once, not once a weight
     for gain in gains:
         dense = dense_of(gain)
         scaled = per_query_scaled(dense)
         for w in WEIGHTS:
             score = dense if w == 0 else scaled + w * scaled_lexical  # = heads.scoring.lexical.fused
-            grid.append([gain, w, float(fused_metrics(split, lambda s, e, score=score: score[s:e], "cosine")[1].mean())])
-    best = max(grid, key=lambda r: r[2])  # max keeps the first of equals
-    return best[0], best[1], best[2], grid
+            per_query.append(fused_metrics(split, lambda s, e, score=score: score[s:e], "cosine")[1])
+            grid.append([gain, w, float(per_query[-1].mean())])
+    near = one_se(per_query)
+    for row, ok in zip(grid, near):
+        row.append(bool(ok))
+    pick = min((i for i in range(len(grid)) if near[i]), key=lambda i: (grid[i][1], gains.index(grid[i][0])))
+    return grid[pick][0], grid[pick][1], grid[pick][2], grid
+
+
+def one_se(per_query: list) -> np.ndarray:
+    """(C,) which candidates' dev mean is within one standard error of the best's, the error paired over queries
+    (the spread of the per-query differences / sqrt(queries)). Dev sets are small (SciFact: 81 claims): the rule
+    takes the simplest candidate dev cannot tell from the best, not the best by noise (docs/memory.md)."""
+    values = np.stack([np.asarray(v, dtype=np.float64) for v in per_query])  # (C, Q)
+    best = values[int(values.mean(axis=1).argmax())]
+    gap = best - values  # (C, Q)
+    se = gap.std(axis=1, ddof=1) / np.sqrt(values.shape[1]) if values.shape[1] > 1 else np.zeros(len(values))
+    return gap.mean(axis=1) <= se + 1e-12
 
 
 def fit_lexical(task, features, model, norm, energy: str, held_out, cfg: Bm25Config | None = None) -> dict:
@@ -103,13 +124,41 @@ def fit_lexical(task, features, model, norm, energy: str, held_out, cfg: Bm25Con
     dev = task.eval_sets["dev"]
     lexical = lexical_scores(dev, cfg, task.name)
     gains = GAINS if held_out is not None and len(held_out) else (1.0,)
-    gain, weight, score, grid = choose(dev, lexical, gained_dense(dev, features, model, norm, held_out, energy), gains)
+    dense_of = gained_dense(dev, features, model, norm, held_out, energy)
+    gain, weight, score, grid = choose(dev, lexical, dense_of, gains)
     frozen_w = choose(dev, lexical, lambda g: split_dense(dev, features, None, norm, None, "cosine"), (1.0,))[1]
-    return {"config": cfg.to_dict(), "weight": weight, "gain": gain, "dev": score,
+    new = new_corpus_weight(task, lexical, dense_of(0.0), weight, held_out is not None and len(held_out) > 0)
+    return {"config": cfg.to_dict(), "weight": weight, "gain": gain, "dev": score, **new,
             "dev_without": grid[0][2], "dev_grid": grid, "frozen_weight": frozen_w, "kept": weight > 0,
             "seconds": round(time.perf_counter() - t0, 3), "dataset": task.name, "version": LEXICAL_VERSION,
-            "rule": "the best dev nDCG@10 over BM25's weight and the memory's gain (the memory fitted on train "
-                    "alone); the first of equals: weight 0, gain 1"}
+            "rule": "one standard error: of BM25's weights and the memory's gains (the memory fitted on train "
+                    "alone) within one paired standard error of the best dev nDCG@10, the least weight, then the "
+                    f"gain first in {list(gains)}"}
+
+
+def new_corpus_weight(task, lexical, plain, weight: float, memory: bool) -> dict:
+    """{"weight_new", ...}: BM25's weight for a corpus the memory holds no document of (another dataset: every query
+    unseen), by the one-SE rule on the dev queries none of whose relevant documents the training (train alone)
+    judged, ranked by the head without the memory (`plain`, (Q, N) dense scores). On the memory's own corpus the
+    seen queries pull BM25's weight down (the memory already ranks their documents); a new corpus has none. A head
+    without a memory, or a dev with no such query, uses `weight` everywhere (said)."""
+    dev = task.eval_sets["dev"]
+    unseen = ~np.asarray(seen_mask(dev, judged_documents(np.unique(np.asarray(task.train.positive)))), dtype=bool)
+    if not memory or not unseen.any():
+        why = "no document memory" if not memory else "no dev query is unseen"
+        return {"weight_new": weight, "dev_new_queries": int(unseen.sum()), "weight_new_why": f"{why}: = weight"}
+    scaled, scaled_lexical = per_query_scaled(plain), per_query_scaled(lexical)
+    per_query = [fused_metrics(dev, lambda s, e, w=w: (plain if w == 0 else scaled + w * scaled_lexical)[s:e],
+                               "cosine")[1][unseen] for w in WEIGHTS]
+    near = one_se(per_query)
+    pick = min(i for i in range(len(WEIGHTS)) if near[i])
+    return {"weight_new": WEIGHTS[pick], "dev_new": float(per_query[pick].mean()), "dev_new_queries": int(unseen.sum())}
+
+
+def applied_weight(fit: dict, memory_documents: int) -> float:
+    """The weight for a corpus holding `memory_documents` of the memory's documents: `weight` where it holds any
+    (the corpus dev chose it on), `weight_new` where none (a new corpus), `weight` without a memory."""
+    return fit["weight"] if memory_documents else fit.get("weight_new", fit["weight"])
 
 
 def write_lexical(out, task, features, model, energy: str, items: dict, placed, held_out, dim: int,
@@ -143,8 +192,8 @@ def eval_lexical(task, features, model, norm, placed, energy: str, split: str, p
 
 
 def save(out: Path, fit: dict) -> None:
-    atomic_write_json(Path(out) / LEXICAL_FILE, {k: fit[k] for k in ("config", "weight", "gain", "frozen_weight",
-                                                                      "dataset", "version", "dev", "dev_without")}, sort_keys=True)
+    atomic_write_json(Path(out) / LEXICAL_FILE, {k: fit[k] for k in (*NUMBERS, "config", "dataset", "version", "dev",
+                                                                      "dev_without")}, sort_keys=True)
 
 
 def load(head_dir: str, setting: str) -> dict | None:
@@ -162,7 +211,7 @@ def load(head_dir: str, setting: str) -> dict | None:
     except (ValueError, KeyError, TypeError) as e:
         raise ValueError(f"{path}: not a lexical channel's settings ({type(e).__name__}: {e}); retrain the head "
                          "or use --no-lexical") from None
-    bad = [k for k in ("weight", "gain", "frozen_weight") if not isinstance(saved.get(k), (int, float))
+    bad = [k for k in NUMBERS if not isinstance(saved.get(k), (int, float))
            or isinstance(saved.get(k), bool) or not 0 <= saved[k] < float("inf")]
     if bad:
         raise ValueError(f"{path}: {', '.join(bad)} must be numbers >= 0 (got {[saved.get(k) for k in bad]}); "
@@ -207,13 +256,14 @@ def lexical_block(task, features, model, norm, placed, energy: str, items: dict,
     for split, per in items.items():
         if split == "dev":
             continue  # dev chose the weight: no held-out figure there (the fit's dev grid is)
-        with_lexical = split_items(task, split, features, model, norm, placed, energy, fit["weight"], fit["gain"], cfg)
+        weight = applied_weight(fit, 0 if placed is None else len(placed))
+        with_lexical = split_items(task, split, features, model, norm, placed, energy, weight, fit["gain"], cfg)
         dense = split_items(task, split, features, model, norm, placed, energy, 0.0, 1.0, cfg)
         frozen = np.asarray(per["baseline"])
         frozen_lex = split_items(task, split, frozen_features, None, None, None, "cosine", fit["frozen_weight"], 1.0,
                                  cfg)
         ci = (lambda a, b: list(two_level_ci(a, minus=b)) if len(a) > 1 else None)
-        block[split] = {"fused": float(with_lexical.mean()), "dense": float(dense.mean()),
+        block[split] = {"weight": weight, "fused": float(with_lexical.mean()), "dense": float(dense.mean()),
                         "frozen": float(frozen.mean()), "frozen+lexical": float(frozen_lex.mean()),
                         "minus_dense": float(with_lexical.mean() - dense.mean()), "ci_minus_dense": ci(with_lexical, dense),
                         "minus_frozen": float(with_lexical.mean() - frozen.mean()),
@@ -234,7 +284,8 @@ def lexical_line(block: dict) -> str:
     fit = block.get("fit", {})
     if not fit.get("kept"):
         return f"lexical: none kept ({fit.get('why', 'dev chose weight 0')}; metrics.json \"lexical\")"
-    head = (f"lexical: BM25 weight {fit['weight']:g}, memory gain {fit['gain']:g} (chosen on {fit.get('dataset')}'s dev: "
+    head = (f"lexical: BM25 weight {fit['weight']:g} ({fit.get('weight_new', fit['weight']):g} on a corpus the memory "
+            f"knows no document of), memory gain {fit['gain']:g} (chosen on {fit.get('dataset')}'s dev: "
             f"{fit.get('dev', float('nan')):.4f} vs {fit.get('dev_without', float('nan')):.4f} without BM25)")
     if block.get("note"):
         return f"{head}\n  {block['note']}"
@@ -245,6 +296,6 @@ def lexical_line(block: dict) -> str:
     ci = b.get("ci_minus_dense") or [float("nan")] * 2
     shares = "; ".join(f"{p} ({parts['counts'][p]}): {parts[p]['fused']:.4f} vs {parts[p]['dense']:.4f}, frozen "
                        f"{parts[p]['frozen']:.4f}" for p in ("seen", "unseen") if parts["counts"][p])
-    return (f"{head}\n  {split} nDCG@10 with BM25 {b['fused']:.4f} vs without {b['dense']:.4f} "
+    return (f"{head}\n  {split} nDCG@10 with BM25 (weight {b.get('weight', fit['weight']):g}) {b['fused']:.4f} vs without {b['dense']:.4f} "
             f"({b['minus_dense']:+.4f} [{ci[0]:+.4f}, {ci[1]:+.4f}]), frozen {b['frozen']:.4f}, frozen + BM25 "
             f"{b['frozen+lexical']:.4f}; {shares}")

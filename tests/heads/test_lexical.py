@@ -7,6 +7,7 @@ import json
 import math
 import random
 import re
+import statistics
 
 import numpy as np
 import pytest
@@ -17,20 +18,22 @@ pytest.importorskip("bm25s")
 from headstore.heads.artefacts.memory import PlacedMemory  # noqa: E402
 from headstore.heads.kinds.ranking import IRSplit  # noqa: E402
 from headstore.heads.scoring.lexical import Bm25Config, Bm25Index, fused, per_query_scaled  # noqa: E402
-from headstore.heads.training.lexical_fit import LEXICAL_FILE, gained_dense  # noqa: E402
+from headstore.heads.training.lexical_fit import LEXICAL_FILE, gained_dense, one_se  # noqa: E402
 
 from .conftest import assert_bad_input, cli  # noqa: E402
 from .finetune_world import sentence, tiny_bert, tiny_sts  # noqa: E402
 
 DOCS = ["apple banana apple cherry", "banana date", "cherry cherry cherry elder fig", "apple fig grape honeydew",
-        "Grape, GRAPE and an apple!"]
+        "Grape, GRAPES and an apple!", "proteins folding", "protein"]
+STEMS = {"grapes": "grape", "proteins": "protein", "folding": "fold", "cherry": "cherri"}  # Snowball English's, by hand
 
 
 def lucene_bm25(docs: list[str], query: list[str], k1: float = 1.2, b: float = 0.75) -> list[float]:
     """Lucene's BM25 (8.x: idf = ln(1 + (N - df + 0.5) / (df + 0.5)), tf / (tf + k1 (1 - b + b dl / avgdl))) as a
-    loop, on lower-cased words of two or more letters, English stop words out ("and", "an")."""
+    loop, on lower-cased words of two or more letters, English stop words out ("and", "an"), stemmed (STEMS)."""
     stop = {"and", "an", "the", "of", "a"}
-    tokens = [[w for w in re.findall(r"(?u)\b\w\w+\b", d.lower()) if w not in stop] for d in docs]
+    tokens = [[STEMS.get(w, w) for w in re.findall(r"(?u)\b\w\w+\b", d.lower()) if w not in stop] for d in docs]
+    query = [STEMS.get(w, w) for w in query]
     n, avg = len(docs), sum(map(len, tokens)) / len(docs)
     out = []
     for t in tokens:
@@ -45,11 +48,33 @@ def lucene_bm25(docs: list[str], query: list[str], k1: float = 1.2, b: float = 0
 
 def test_bm25_scores_equal_lucenes_formula_written_as_a_loop():
     index = Bm25Index(DOCS, Bm25Config())
-    got = index.scores(["Apple cherry", "grape", "the and of"]).numpy()  # (3, 5)
-    assert got.shape == (3, len(DOCS))
+    got = index.scores(["Apple cherry", "grape", "the and of", "protein"]).numpy()  # (4, 7)
+    assert got.shape == (4, len(DOCS))
     assert np.allclose(got[0], lucene_bm25(DOCS, ["apple", "cherry"]), atol=1e-6)
     assert np.allclose(got[1], lucene_bm25(DOCS, ["grape"]), atol=1e-6)
+    assert got[1][4] > got[1][3] > 0  # "GRAPES" meets "grape": two of them
     assert not got[2].any()  # stop words only: no evidence anywhere
+    assert got[3][5] > 0 and got[3][6] > 0 and not got[3][:5].any()  # "proteins" is "protein"
+    unstemmed = Bm25Index(DOCS, Bm25Config(stemmer="")).scores(["protein"]).numpy()
+    assert unstemmed[0][6] > 0 and unstemmed[0][5] == 0
+
+
+def test_a_bad_stemmer_is_one_line_listing_the_valid_ones():
+    with pytest.raises(ValueError, match="stemmer 'klingon'; valid: .*'english'"):
+        Bm25Index(DOCS, Bm25Config(stemmer="klingon"))
+
+
+def test_one_se_takes_the_simplest_candidate_dev_cannot_tell_from_the_best():
+    gen = np.random.default_rng(0)
+    best = gen.uniform(0.5, 1.0, 80)  # (Q,) per-query dev values
+    noise = gen.normal(0, 0.05, 80)
+    near, far = best - 0.002 + noise, best - 0.2 + 0.01 * noise  # a tiny loss with a wide spread; a large one
+    got = one_se([near, best, far])
+    for cand, ok in zip([near, best, far], got):
+        gap = best - cand  # the reference: a paired standard error written out
+        se = math.sqrt(sum((g - gap.mean()) ** 2 for g in gap) / (len(gap) - 1) / len(gap))
+        assert ok == (gap.mean() <= se + 1e-12)
+    assert got.tolist() == [True, True, False]
 
 
 def test_fusion_scales_each_query_by_its_own_spread_and_weight_0_is_the_dense_ranking():
@@ -224,3 +249,40 @@ def test_a_run_without_the_lexical_channel_holds_no_split_texts(lw, tmp_path, mo
     off, on = seen
     assert {name: s.texts for name, s in off.eval_sets.items()} == {"dev": None, "test": None}
     assert all(isinstance(s.texts["document"], dict) and s.texts["document"] for s in on.eval_sets.values())
+
+
+def test_the_new_corpus_weight_is_chosen_on_the_unseen_dev_queries_and_applied_where_the_memory_knows_none():
+    from types import SimpleNamespace
+
+    from headstore.heads.training.lexical_fit import WEIGHTS, applied_weight, new_corpus_weight
+
+    gen = torch.Generator().manual_seed(4)
+    n_q, n_d = 6, 12  # queries 0-2 seen (their document, 0-2, judged in training), 3-5 unseen (documents 3-5)
+    qrels = {f"q{i}": {f"d{i}": 1} for i in range(n_q)}
+    dev = IRSplit([f"q{i}" for i in range(n_q)], np.arange(n_q), [f"d{i}" for i in range(n_d)],
+                  np.arange(100, 100 + n_d), qrels)
+    task = SimpleNamespace(eval_sets={"dev": dev}, train=SimpleNamespace(positive=np.array([100, 101, 102])))
+    plain = torch.randn(n_q, n_d, generator=gen)  # the dense channel ranks the unseen queries' documents last
+    lexical = torch.rand(n_q, n_d, generator=gen) * 0.1
+    for i in range(n_q):
+        plain[i, i] = plain[i].max() - 0.25 * abs(i - 2)  # second or lower
+        lexical[i, i] = 1.0  # BM25 ranks each query's document first
+    got = new_corpus_weight(task, lexical, plain, 0.2, memory=True)
+    assert got["dev_new_queries"] == 3
+
+    def ndcg(w: float) -> list[float]:  # the reference: numpy's ranks of the fused score, one relevant document
+        p, lx = plain.numpy().astype(np.float64), lexical.numpy().astype(np.float64)
+        score = p if w == 0 else p / p.std(1, ddof=1, keepdims=True) + w * lx / lx.std(1, ddof=1, keepdims=True)
+        ranks = [int((score[i] > score[i, i]).sum()) + 1 for i in range(3, n_q)]  # the unseen queries'
+        return [1 / math.log2(r + 1) if r <= 10 else 0.0 for r in ranks]
+
+    means = {w: sum(ndcg(w)) / 3 for w in WEIGHTS}
+    best = max(WEIGHTS, key=lambda w: means[w])
+    gaps = {w: [a - b for a, b in zip(ndcg(best), ndcg(w))] for w in WEIGHTS}
+    se = {w: statistics.stdev(g) / math.sqrt(3) for w, g in gaps.items()}
+    assert got["weight_new"] == min(w for w in WEIGHTS if means[best] - means[w] <= se[w] + 1e-12)
+    assert got["dev_new"] == pytest.approx(means[got["weight_new"]])
+    assert 0 < got["weight_new"] < max(WEIGHTS)  # the toy's flip lies inside the grid
+    assert new_corpus_weight(task, lexical, plain, 0.2, memory=False)["weight_new"] == 0.2  # no memory: `weight`
+    fit = {"weight": 0.2, "weight_new": got["weight_new"]}
+    assert applied_weight(fit, 5) == 0.2 and applied_weight(fit, 0) == got["weight_new"]
