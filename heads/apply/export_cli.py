@@ -83,6 +83,11 @@ def index_command(store, head, data, data_format, unlabeled, out, hnsw, ef_const
     click.echo(f"seen / unseen: {judged['documents']:,} of the {judged['of']:,} documents were judged in the head's "
                f"training (seen), {judged['of'] - judged['documents']:,} are new to it (unseen)"
                if "documents" in judged else f"seen / unseen: {judged['note']}")
+    if "lexical" in info:
+        lx = info["lexical"]
+        click.echo(f"lexical: BM25 beside it at weight {lx['weight']:g} (" + (
+            f"the memory knows {lx['memory_documents']:,} of these documents" if lx["memory_documents"] else
+            "a corpus the memory knows no document of: the head's weight_new") + f"), memory gain {lx['gain']:g}")
 
 
 @click.command("search")

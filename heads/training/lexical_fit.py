@@ -54,7 +54,7 @@ def wanted(task, setting: str) -> bool:
     elif any(s.texts is None for s in splits):
         why = f"{task.name}'s corpus holds texts that are not the dataset's own (--unlabeled)"
     elif not _has_bm25s():
-        why = "bm25s is not installed (pip install 'headstore[lexical]')"
+        why = "bm25s or PyStemmer is not installed (pip install 'headstore[lexical]')"
     if why and setting == "on":
         raise ValueError(f"--lexical: {why}; drop --lexical")
     large = why is None and max(len(s.doc_ids) for s in splits) > AUTO_MAX_DOCS

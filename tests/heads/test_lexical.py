@@ -227,7 +227,7 @@ def test_auto_skips_the_channel_without_bm25s_and_on_says_so(lw, monkeypatch):
     assert lexical_fit.wanted(task, "auto") and not lexical_fit.wanted(task, "off")
     monkeypatch.setattr(lexical_fit, "_has_bm25s", lambda: False)
     assert not lexical_fit.wanted(task, "auto")
-    with pytest.raises(ValueError, match="bm25s is not installed"):
+    with pytest.raises(ValueError, match="bm25s or PyStemmer is not installed"):
         lexical_fit.wanted(task, "on")
     with pytest.raises(ValueError, match="valid"):
         lexical_fit.wanted(task, "maybe")
