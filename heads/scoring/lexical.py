@@ -30,6 +30,9 @@ class Bm25Config:
     stemmer: str = "english"  # PyStemmer's Snowball stemmer ("proteins" meets "protein"; "" = none): on SciFact
     # BM25 alone 0.6625 -> 0.6791 test, 0.6468 -> 0.7191 dev (docs/memory.md, "Lexical fusion")
 
+    def __post_init__(self):
+        _stemmer(self.stemmer)  # a bad name is one line here, where the settings are read
+
     def to_dict(self) -> dict:
         return {"kind": "bm25", **asdict(self), "version": LEXICAL_VERSION}
 
@@ -42,21 +45,24 @@ def _bm25s():
     return bm25s
 
 
+def _stemmer(name: str):
+    """PyStemmer's stemWords for `name` (None for ""); a name it does not know lists the ones it does."""
+    if not name:
+        return None
+    try:
+        import Stemmer  # PyStemmer, with bm25s in the optional extra
+    except ImportError as e:
+        raise ValueError("lexical fusion needs PyStemmer: pip install 'headstore[lexical]' (or --no-lexical)") from e
+    try:
+        return Stemmer.Stemmer(name).stemWords
+    except KeyError:
+        raise ValueError(f"BM25 stemmer {name!r}; valid: {sorted(Stemmer.algorithms())} or ''") from None
+
+
 def _words(texts: list[str], cfg: Bm25Config, return_ids: bool):
     """bm25s's tokens of `texts` under cfg: lower-cased words, stop words out, each stemmed (cfg.stemmer)."""
-    stem = None
-    if cfg.stemmer:
-        try:
-            import Stemmer  # PyStemmer, with bm25s in the optional extra
-        except ImportError as e:
-            raise ValueError("lexical fusion needs PyStemmer: pip install 'headstore[lexical]' (or --no-lexical)") \
-                from e
-        try:
-            stem = Stemmer.Stemmer(cfg.stemmer).stemWords
-        except KeyError:
-            raise ValueError(f"BM25 stemmer {cfg.stemmer!r}; valid: {sorted(Stemmer.algorithms())} or ''") from None
-    return _bm25s().tokenize(list(texts), stopwords=cfg.stopwords, token_pattern=cfg.token_pattern, stemmer=stem,
-                             return_ids=return_ids, show_progress=False)
+    return _bm25s().tokenize(list(texts), stopwords=cfg.stopwords, token_pattern=cfg.token_pattern,
+                             stemmer=_stemmer(cfg.stemmer), return_ids=return_ids, show_progress=False)
 
 
 class Bm25Index:

@@ -61,7 +61,7 @@ def test_bm25_scores_equal_lucenes_formula_written_as_a_loop():
 
 def test_a_bad_stemmer_is_one_line_listing_the_valid_ones():
     with pytest.raises(ValueError, match="stemmer 'klingon'; valid: .*'english'"):
-        Bm25Index(DOCS, Bm25Config(stemmer="klingon"))
+        Bm25Config(stemmer="klingon")
 
 
 def test_one_se_takes_the_simplest_candidate_dev_cannot_tell_from_the_best():
@@ -174,10 +174,16 @@ def test_lexical_asked_for_where_it_cannot_be_and_a_broken_file_are_one_line(lw,
     (broken / LEXICAL_FILE).write_text(json.dumps({**saved, "weight": -1}))
     assert_bad_input(cli("eval", "--store", root / "store", "--head", broken, "--data", beir, "--out",
                          tmp_path / "e3"), LEXICAL_FILE, "weight must be numbers >= 0")
+    (broken / LEXICAL_FILE).write_text(json.dumps({**saved, "config": {**saved["config"], "stemmer": "klingon"}}))
+    assert_bad_input(cli("eval", "--store", root / "store", "--head", broken, "--data", beir, "--out",
+                         tmp_path / "e5"), LEXICAL_FILE, "stemmer 'klingon'; valid")
+    (broken / LEXICAL_FILE).write_text(json.dumps({k: v for k, v in saved.items() if k != "weight_new"}))
+    assert_bad_input(cli("eval", "--store", root / "store", "--head", broken, "--data", beir, "--out",
+                         tmp_path / "e6"), LEXICAL_FILE, "weight_new must be numbers >= 0")
     (broken / LEXICAL_FILE).unlink()
     assert_bad_input(cli("eval", "--store", root / "store", "--head", broken, "--data", beir, "--out",
                          tmp_path / "e4", "--lexical"), "--lexical", "has no lexical.json")
-    assert not any((tmp_path / f"e{i}").exists() for i in range(1, 5))
+    assert not any((tmp_path / f"e{i}").exists() for i in range(1, 7))
 
 
 def test_search_ranks_by_eval_s_fused_score_and_export_writes_the_channel_beside(lw, tmp_path):
