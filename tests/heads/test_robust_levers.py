@@ -198,6 +198,20 @@ def test_grid_soup_of_one_is_the_best_head_and_soups_load_and_export(world, leve
     np.testing.assert_allclose(got, headstore.Pipeline.from_head(soup).encode(texts), rtol=0, atol=1e-5)
 
 
+def test_grid_soups_of_heads_that_start_alike_count_once_with_no_spread_claimed(world, tmp_path):
+    spec = tmp_path / "grid.toml"  # linear residual heads start at zero whatever their seed: K = 4 is all of them
+    spec.write_text('[grid]\nlr = [1e-3, 3e-3]\nseed = [0, 1]\n[fixed]\ndepth = 1\nepochs = 1\nbatch_size = 8\n'
+                    'mined_k = 2\n')
+    r = CliRunner().invoke(main, ["grid", "--store", str(world.store), "--data", str(world.beir), "--grid", str(spec),
+                                  "--out", str(tmp_path / "out"), "--soup", "4"])
+    assert r.exit_code == 0, r.output
+    info = json.loads((tmp_path / "out" / "soups.json").read_text())
+    (row,) = info["rows"]
+    assert len(info["per_seed"]) == 1 and row["seeds"] == 1 and row["seeds_tried"] == 2
+    assert row["test_std"] is None and row["dev_std"] is None  # one soup: no seed spread to report
+    assert "seed 1: the same heads as seed 0's soup; counted once" in r.output
+
+
 def test_grid_rows_record_the_chosen_strength_for_both_energies(lever_grid):
     import polars as pl
 

@@ -2,7 +2,8 @@
 
 Soup K of seed s: that seed's best-dev head and the K - 1 best-dev heads sharing its start, weights
 averaged into one head; scored on dev, test, the transfer and the selection sets; the K row reports mean
-± std over seeds and the CI of that mean (soups.json; `GRID#soup=K` loads the grid's own, heads.artefacts.soup).
+± std over the distinct soups (seeds whose soups hold the same heads count once: `seeds` is how many differ, the std
+None where one) and the CI of that mean (soups.json; `GRID#soup=K` loads the grid's own, heads.artefacts.soup).
 """
 from __future__ import annotations
 
@@ -23,12 +24,16 @@ def score_soups(out, frame: pl.DataFrame, task: Task, features, transfer: dict, 
     ok = frame.filter(pl.col("status") == "ok")
     rows, per_seed = [], []
     for k in sorted(set(ks)):
-        recs, items = [], []
+        recs, items, made = [], [], {}
         for seed in sorted(set(ok["seed"].to_list())):
             try:
                 model, norm, config = load_soup(out, k, seed)
             except ValueError as err:
                 print(f"soup of {k}, seed {seed}: {err}; skipped")
+                continue
+            same = made.setdefault(frozenset(config["soup"]["head_ids"]), seed)
+            if same != seed:  # heads that start alike whatever their seed (linear residual heads) soup alike
+                print(f"soup of {k}, seed {seed}: the same heads as seed {same}'s soup; counted once")
                 continue
             energy = scoring_energy(config["train"]["loss"], config["train"]["energy"])  # as its heads were trained
             raw = features(config.get("array", "features"))
@@ -50,17 +55,17 @@ def score_soups(out, frame: pl.DataFrame, task: Task, features, transfer: dict, 
         if not recs:
             continue
         per_seed += recs
-        row = {"config": f"soup of {k}", "k": k, "seeds": len(recs)}
+        row = {"config": f"soup of {k}", "k": k, "seeds": len(recs), "seeds_tried": len(set(ok["seed"].to_list()))}
         for col in [c for c in recs[0] if c.endswith("_primary") or c.startswith("ood_") or c == "sel_loss"]:
             vals = np.array([r[col] for r in recs], dtype=float)
             name = col[:-len("_primary")] if col.endswith("_primary") else col
             row[f"{name}_mean"] = float(vals.mean())
-            row[f"{name}_std"] = float(vals.std(ddof=1)) if len(vals) > 1 else 0.0
+            row[f"{name}_std"] = float(vals.std(ddof=1)) if len(vals) > 1 else None  # one soup: no spread known
         if items:
             row["test_ci_lo"], row["test_ci_hi"] = _ci(task, items)
         rows.append(row)
-        print(f"soup of {k} ({len(recs)} seeds): " + ", ".join(f"{c} {v:.4f}" for c, v in row.items()
-                                                             if isinstance(v, float) and c.endswith("_mean")))
+        means = ", ".join(f"{c} {v:.4f}" for c, v in row.items() if isinstance(v, float) and c.endswith("_mean"))
+        print(f"soup of {k} ({len(recs)} distinct of {row['seeds_tried']} seeds): {means}")
     result = {"rows": rows, "per_seed": per_seed}
     atomic_write_json(out / "soups.json", result)
     return result
