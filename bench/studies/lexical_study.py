@@ -36,7 +36,7 @@ from headstore.heads.kinds import load_task  # noqa: E402
 from headstore.heads.kinds.fused_rank import fused_ndcg, lexical_scores  # noqa: E402
 from headstore.heads.scoring.bootstrap import two_level_ci  # noqa: E402
 from headstore.heads.settings.config import TrainConfig  # noqa: E402
-from headstore.heads.training.eval_run import eval_seen  # noqa: E402
+from headstore.heads.training.eval_run import eval_seen, judged_in_corpus  # noqa: E402
 from headstore.heads.training.lexical_fit import applied_weight, load as load_lexical, split_items  # noqa: E402
 from headstore.heads.training.memory_use import load_for_eval  # noqa: E402
 from headstore.heads.training.run import load_head  # noqa: E402
@@ -58,12 +58,13 @@ def scored(store_path: str, head_dir: Path, data: str) -> tuple[dict, np.ndarray
     model, norm, config = load_head(str(head_dir))
     task = load_task(data, store, for_eval=True)
     seen, _ = eval_seen(str(head_dir), config, store, task, "test")
+    judged = judged_in_corpus(str(head_dir), config, store, task, "test")
     tf = TaskFeatures.for_task(store, task)
     placed, _ = load_for_eval(str(head_dir), store, task, tf, "auto")
     task, features = tf.remap(task), tf.read("features")
     energy, saved = TrainConfig.from_dict(config["train"]).eval_energy, load_lexical(str(head_dir), "on")
     cfg, gain, w0 = saved["bm25"], saved["gain"], saved["frozen_weight"]
-    w = applied_weight(saved, 0 if placed is None else len(placed))  # weight_new on a corpus the memory knows none of
+    w = applied_weight(saved, judged)  # weight_new on a corpus none of whose documents the training judged
     data_split = task.eval_sets["test"]
     bm25 = fused_ndcg(data_split, torch.zeros(len(data_split.query_ids), len(data_split.doc_ids)),
                       lexical_scores(data_split, cfg, task.name), 1.0, "cosine")[1]

@@ -86,8 +86,8 @@ def index_command(store, head, data, data_format, unlabeled, out, hnsw, ef_const
     if "lexical" in info:
         lx = info["lexical"]
         click.echo(f"lexical: BM25 beside it at weight {lx['weight']:g} (" + (
-            f"the memory knows {lx['memory_documents']:,} of these documents" if lx["memory_documents"] else
-            "a corpus the memory knows no document of: the head's weight_new") + f"), memory gain {lx['gain']:g}")
+            "a corpus none of whose documents the training judged: the head's weight_new"
+            if lx["judged_documents"] == 0 else "the head's dev weight") + f"), memory gain {lx['gain']:g}")
 
 
 @click.command("search")

@@ -163,7 +163,9 @@ def build_index(store_path: str, head_ref: str, data_path: str | None, out_dir: 
     with writing(out / INDEX_FILE):  # a full disk: one line naming the file
         faiss.write_index(index, str(out / INDEX_FILE))  # faiss writes in place: the other files say it is whole
     atomic_write_parquet(out / ITEMS_FILE, items.select("id", "text_id", "text", "row"))
+    judged = judged_share(head_ref, head, store, rows)
     lexical = build_lexical(out, head_ref, head, items["text"].to_list(), items["text_id"].to_list(),
+                            judged.get("documents"),
                             lambda at: _prepare(head.embed(read_features(store, head.array, rows=rows[at]), "document"),
                                                 energy))  # BM25 beside it where the head has lexical.json
     info = {"kind": "hnsw" if hnsw else "flat", "hnsw_m": hnsw, "ef_construction": ef_construction if hnsw else None,
@@ -173,7 +175,7 @@ def build_index(store_path: str, head_ref: str, data_path: str | None, out_dir: 
             "data": str(data_path) if data_path else None,
             **({"unlabeled": list(unlabeled)} if unlabeled else {}),
             "sides": "query" if head.query_side else "both", "document_space": document_space(head),
-            "judged": judged_share(head_ref, head, store, rows),
+            "judged": judged,
             **({"memory": {**head.memory.describe(), "documents_indexed": int(np.isin(
                 items["text_id"].to_numpy(), list(head.memory.text_ids)).sum())}} if head.memory is not None else {}),
             **({"lexical": lexical} if lexical else {})}

@@ -3,7 +3,7 @@ indexed texts saved beside the FAISS index, and each query ranked by the fused s
 (heads.scoring.lexical) over the union of both channels' top candidates.
 
 IDX/lexical/: `bm25/` (bm25s's index of the items' texts, in the items' order), `lexical.json` (the head's weight
-for this corpus: `weight_new` where the memory holds none of its items, as eval; the memory's gain, BM25's settings) and, where the gain is not 1, `plain.safetensors` (the memory's documents'
+for this corpus: `weight_new` where the training judged none of its items, as eval; the memory's gain, BM25's settings) and, where the gain is not 1, `plain.safetensors` (the memory's documents'
 vectors without its edit: the gain scales the edit's change of score). A query's candidates are its CANDIDATES
 nearest items by the head and its CANDIDATES best by BM25; their dense scores are computed again from the index's
 vectors, each channel is scaled by the query's spread over the same documents eval measures it on, and the union
@@ -26,9 +26,11 @@ CANDIDATES = 100  # each channel's candidates per query (at least k): the fused 
 PLAIN_FILE = "plain.safetensors"
 
 
-def build(out: Path, head_ref: str, head, texts: list[str], text_ids: list[str], plain_of) -> dict | None:
-    """IDX/lexical/ where the head's folder has a lexical.json (None: it has none); `plain_of(positions)` -> the
-    items' vectors as indexed without the memory (n, d), for the memory's gain."""
+def build(out: Path, head_ref: str, head, texts: list[str], text_ids: list[str], judged: int | None,
+          plain_of) -> dict | None:
+    """IDX/lexical/ where the head's folder has a lexical.json (None: it has none), at the weight for a corpus
+    holding `judged` of the documents the head's training judged (None: not known; lexical_fit.applied_weight);
+    `plain_of(positions)` -> the items' vectors as indexed without the memory (n, d), for the memory's gain."""
     saved = load_lexical(head_ref, "auto") if Path(head_ref).is_dir() else None
     if saved is None:
         return None
@@ -36,7 +38,7 @@ def build(out: Path, head_ref: str, head, texts: list[str], text_ids: list[str],
     d.mkdir(parents=True, exist_ok=True)
     Bm25Index(texts, saved["bm25"]).save(d / "bm25")
     known = [] if head.memory is None else np.flatnonzero(np.isin(np.asarray(text_ids), list(head.memory.text_ids)))
-    settings = {**{k: v for k, v in saved.items() if k != "bm25"}, "weight": applied_weight(saved, len(known)),
+    settings = {**{k: v for k, v in saved.items() if k != "bm25"}, "weight": applied_weight(saved, judged),
                 "weight_dev": saved["weight"]}  # this corpus's weight (eval's rule: lexical_fit.applied_weight)
     if saved["gain"] != 1.0 and len(known):
         from safetensors.torch import save_file
@@ -45,7 +47,7 @@ def build(out: Path, head_ref: str, head, texts: list[str], text_ids: list[str],
                    "vectors": torch.as_tensor(plain_of(known), dtype=torch.float32).contiguous()}, str(d / PLAIN_FILE))
     atomic_write_json(d / LEXICAL_FILE, settings, sort_keys=True)
     return {"weight": settings["weight"], "gain": settings["gain"], "candidates": CANDIDATES,
-            "memory_documents": len(known)}
+            "memory_documents": len(known), "judged_documents": judged}
 
 
 class FusedRanker:

@@ -44,6 +44,16 @@ def eval_seen(head_dir: str, config: dict, store, task: Task, split: str) -> tup
     return {}, f"{why}: its figures are not split into seen and unseen queries"
 
 
+def judged_in_corpus(head_dir: str, config: dict, store, task: Task, split: str) -> int | None:
+    """How many of an IR split's corpus documents the head's training judged relevant (its judgements.parquet;
+    store rows, before remapping); None where the split is no IR split or the head keeps no record."""
+    data = task.eval_sets.get(split)
+    judged, _ = read_judged(head_dir, config, store) if hasattr(data, "doc_rows") else (None, "")
+    if judged is None:
+        return None
+    return int(np.isin(np.asarray(data.doc_rows), np.fromiter(judged, dtype=np.int64, count=len(judged))).sum())
+
+
 def _items_of(task: Task, split: str, per_item: dict, seen: dict) -> dict:
     """eval_head's `items`: the per-item values, the gold, the seen mask (heads.kinds.seen), as lists."""
     gold = getattr(task.eval_sets[split], "labels", None)
@@ -114,6 +124,7 @@ def eval_head(store_path: str, head_dir: str, data_path: str, out_dir: str, data
     task, dropped = without_excluded(task, exclude_overlap, store, data_path)
     task, trained_dropped = without_trained_unlabeled(task, config, store, data_path)
     seen, seen_note = eval_seen(head_dir, config, store, task, eval_split(task))  # store rows: before remapping
+    judged_here = judged_in_corpus(head_dir, config, store, task, eval_split(task))
     tf = TaskFeatures.for_task(store, task, device=device)
     placed, memory_info = load_for_eval(head_dir, store, task, tf, memory)  # another store, a changed text: an error
     lexical_saved = load_lexical(head_dir, lexical)  # BM25 fused in at the head's weight (heads.training.lexical_fit)
@@ -127,7 +138,7 @@ def eval_head(store_path: str, head_dir: str, data_path: str, out_dir: str, data
                             items=per_item, seen=seen)
     metrics.update(eval_memory(task, features, model, norm, placed, energy, split, per_item, memory_info))
     metrics.update(eval_lexical(task, features, model, norm, placed, energy, split, per_item, lexical_saved,
-                                store.dim, seen, lexical))
+                                store.dim, seen, lexical, judged_here))
     if items is not None:
         items.update(_items_of(task, split, per_item[split], seen))
     if split != TEST_SPLIT:  # report the split there is under the usual keys

@@ -155,10 +155,11 @@ def new_corpus_weight(task, lexical, plain, weight: float, memory: bool) -> dict
     return {"weight_new": WEIGHTS[pick], "dev_new": float(per_query[pick].mean()), "dev_new_queries": int(unseen.sum())}
 
 
-def applied_weight(fit: dict, memory_documents: int) -> float:
-    """The weight for a corpus holding `memory_documents` of the memory's documents: `weight` where it holds any
-    (the corpus dev chose it on), `weight_new` where none (a new corpus), `weight` without a memory."""
-    return fit["weight"] if memory_documents else fit.get("weight_new", fit["weight"])
+def applied_weight(fit: dict, judged: int | None) -> float:
+    """The weight for a corpus holding `judged` of the documents the head's training judged: `weight`
+    where it holds any (a corpus like the one dev chose it on) or the count is not known (None), `weight_new` where
+    none (a new corpus); a head without a memory has weight_new = weight."""
+    return fit.get("weight_new", fit["weight"]) if judged == 0 else fit["weight"]
 
 
 def write_lexical(out, task, features, model, energy: str, items: dict, placed, held_out, dim: int,
@@ -170,13 +171,14 @@ def write_lexical(out, task, features, model, energy: str, items: dict, placed, 
         return {"lexical": {"fit": {**fit, "why": "dev chose weight 0 (BM25 helps no dev query)"}}}
     save(out, fit)
     return {"lexical": lexical_block(task, features, model, None, placed, energy, items, fit, features[:, :dim],
-                                     seen)}
+                                     seen, judged=None)}  # the training's own corpus: `weight`
 
 
 def eval_lexical(task, features, model, norm, placed, energy: str, split: str, per_item: dict, saved: dict | None,
-                 dim: int, seen: dict, setting: str) -> dict:
-    """{"lexical": ...} of `cli eval`'s metrics.json: the channel at the head's saved weight on the scored split,
-    or why it is not applied here; {} without one (saved None)."""
+                 dim: int, seen: dict, setting: str, judged: int | None = None) -> dict:
+    """{"lexical": ...} of `cli eval`'s metrics.json: the channel at the head's saved weight on the scored split
+    (`applied_weight` of `judged`, the corpus's documents the training judged), or why it is not applied here; {}
+    without one (saved None)."""
     if saved is None:
         return {}
     data = task.eval_sets.get(split)
@@ -188,7 +190,7 @@ def eval_lexical(task, features, model, norm, placed, energy: str, split: str, p
             raise ValueError(f"--lexical: {task.name}: {why}; drop --lexical")
         return {"lexical": {"fit": {**fit, "kept": True}, "note": f"{task.name}: {why}: the dense figures"}}
     return {"lexical": lexical_block(task, features, model, norm, placed, energy, {split: per_item[split]},
-                                     {**fit, "kept": True}, features[:, :dim], seen)}
+                                     {**fit, "kept": True}, features[:, :dim], seen, judged)}
 
 
 def save(out: Path, fit: dict) -> None:
@@ -243,7 +245,7 @@ def split_items(task, split: str, features, model, norm, placed, energy: str, we
 
 
 def lexical_block(task, features, model, norm, placed, energy: str, items: dict, fit: dict, frozen_features,
-                  seen: dict) -> dict:
+                  seen: dict, judged: int | None) -> dict:
     """metrics.json "lexical": the fit, and on each held-out split the head (+ memory) + BM25 against the head
     (+ memory) without it, the frozen features, and the frozen features + BM25 at their own dev weight (paired
     bootstrap 95% CIs over queries), each split into seen and unseen queries (`seen`: {split: mask}, aligned with
@@ -256,14 +258,15 @@ def lexical_block(task, features, model, norm, placed, energy: str, items: dict,
     for split, per in items.items():
         if split == "dev":
             continue  # dev chose the weight: no held-out figure there (the fit's dev grid is)
-        weight = applied_weight(fit, 0 if placed is None else len(placed))
+        weight = applied_weight(fit, judged)
         with_lexical = split_items(task, split, features, model, norm, placed, energy, weight, fit["gain"], cfg)
         dense = split_items(task, split, features, model, norm, placed, energy, 0.0, 1.0, cfg)
         frozen = np.asarray(per["baseline"])
         frozen_lex = split_items(task, split, frozen_features, None, None, None, "cosine", fit["frozen_weight"], 1.0,
                                  cfg)
         ci = (lambda a, b: list(two_level_ci(a, minus=b)) if len(a) > 1 else None)
-        block[split] = {"weight": weight, "fused": float(with_lexical.mean()), "dense": float(dense.mean()),
+        block[split] = {"weight": weight, "judged_documents": judged, "fused": float(with_lexical.mean()),
+                        "dense": float(dense.mean()),
                         "frozen": float(frozen.mean()), "frozen+lexical": float(frozen_lex.mean()),
                         "minus_dense": float(with_lexical.mean() - dense.mean()), "ci_minus_dense": ci(with_lexical, dense),
                         "minus_frozen": float(with_lexical.mean() - frozen.mean()),
@@ -284,8 +287,8 @@ def lexical_line(block: dict) -> str:
     fit = block.get("fit", {})
     if not fit.get("kept"):
         return f"lexical: none kept ({fit.get('why', 'dev chose weight 0')}; metrics.json \"lexical\")"
-    head = (f"lexical: BM25 weight {fit['weight']:g} ({fit.get('weight_new', fit['weight']):g} on a corpus the memory "
-            f"knows no document of), memory gain {fit['gain']:g} (chosen on {fit.get('dataset')}'s dev: "
+    head = (f"lexical: BM25 weight {fit['weight']:g} ({fit.get('weight_new', fit['weight']):g} on a corpus none of whose "
+            f"documents the training judged), memory gain {fit['gain']:g} (chosen on {fit.get('dataset')}'s dev: "
             f"{fit.get('dev', float('nan')):.4f} vs {fit.get('dev_without', float('nan')):.4f} without BM25)")
     if block.get("note"):
         return f"{head}\n  {block['note']}"

@@ -149,6 +149,10 @@ def test_train_head_keeps_bm25_where_dev_says_so_and_eval_applies_it(lw, tmp_pat
     assert r.exit_code == 0, r.output
     on = json.loads((tmp_path / "on" / "metrics.json").read_text())["lexical"]["test"]
     assert on["fused"] == pytest.approx(test["fused"]) and on["frozen+lexical"] == pytest.approx(test["frozen+lexical"])
+    import polars as pl
+
+    judged = pl.read_parquet(root / "head" / "judgements.parquet")["document_id"].unique().to_list()
+    assert on["judged_documents"] == len(judged) > 0 and on["weight"] == block["fit"]["weight"]  # its own corpus
     r = cli("eval", "--store", root / "store", "--head", root / "head", "--data", beir, "--out", tmp_path / "off",
             "--no-lexical")
     assert r.exit_code == 0 and "lexical" not in json.loads((tmp_path / "off" / "metrics.json").read_text())
@@ -292,3 +296,4 @@ def test_the_new_corpus_weight_is_chosen_on_the_unseen_dev_queries_and_applied_w
     assert new_corpus_weight(task, lexical, plain, 0.2, memory=False)["weight_new"] == 0.2  # no memory: `weight`
     fit = {"weight": 0.2, "weight_new": got["weight_new"]}
     assert applied_weight(fit, 5) == 0.2 and applied_weight(fit, 0) == got["weight_new"]
+    assert applied_weight(fit, None) == 0.2  # not known (a head without its judgements): the dev weight
