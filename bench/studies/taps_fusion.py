@@ -11,14 +11,14 @@ Test and SemEval are read for the table only. 95% two-level CIs (units and pairs
         --json bench/results/taps-fusion-stsb-zen4-DATE.json
 
 spec.json: {"channels": {"name": [["head", ...], ...] | "frozen cosine" | "tfidf cosine", ...},
-            "candidates": {"name": {"channels": ["name", ...], "transform": "z" | "rank"}, ...},
+            "candidates": {"name": {"channels": ["name", ...], "transform": "z" | "rank" | "none",
+                                    "weights": [1, ...] (optional: given, not chosen on dev)}, ...},
             "references": ["candidate name", ...]}
 A channel of units is as taps_ensembles' spec (a unit's -E is its heads' mean); "frozen cosine" and "tfidf cosine"
 take no training and are the same in every unit.
 """
 from __future__ import annotations
 
-import argparse
 import itertools
 import json
 import sys
@@ -32,10 +32,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from headstore.featurize.store.reader import FeatureStore  # noqa: E402
 from headstore.heads.scoring.bootstrap import two_level_ci  # noqa: E402
-from taps_ensembles import train_seconds, unit_values  # noqa: E402
+from taps_ensembles import ci_text, study_parser, train_seconds, unit_values, units_text  # noqa: E402
 from taps_study import eval_pairs, frozen_values  # noqa: E402
 
 N_BOOT = 1000
+CURVE_KEPT = 40  # the JSON keeps the dev figure of this many best grid points
 WEIGHTS = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.8, 1.0, 1.5)  # a secondary channel's weight (the first's is 1)
 
 
@@ -68,6 +69,8 @@ def channel_values(a, spec, store, sets: dict) -> dict:
 def standardised(values: dict, transform: str) -> dict:
     """split -> (units, n) values put on dev's scale, unit by unit (dev's constants on every split)."""
     dev = values["dev"]
+    if transform == "none":  # the raw -E: equal weights are the mean energy of heads (taps_ensembles' rule)
+        return values
     if transform == "z":
         mean, sd = dev.mean(1, keepdims=True), dev.std(1, keepdims=True)
         return {s: (v - mean) / sd for s, v in values.items()}
@@ -75,7 +78,7 @@ def standardised(values: dict, transform: str) -> dict:
         ref = np.sort(dev, 1)
         grid = (np.arange(ref.shape[1]) + 0.5) / ref.shape[1]
         return {s: np.stack([np.interp(x, r, grid) for x, r in zip(v, ref)]) for s, v in values.items()}
-    raise ValueError(f"transform {transform!r}; valid: ['rank', 'z']")
+    raise ValueError(f"transform {transform!r}; valid: ['none', 'rank', 'z']")
 
 
 def spearman_per_unit(v: np.ndarray, gold: np.ndarray) -> list[float]:
@@ -101,18 +104,22 @@ def fused_values(parts: list[dict], w: tuple) -> dict:
 def row(name: str, cand: dict, channels: dict, raw: dict, gold: dict, refs: dict) -> tuple[dict, dict]:
     """One candidate's figures and its fused values (split -> (units, n))."""
     parts = [standardised(raw[c], cand.get("transform", "z")) for c in cand["channels"]]
-    w, curve = fit_weights(parts, gold["dev"]) if len(parts) > 1 else ((1.0,), {})
+    if "weights" in cand:  # given, not fitted
+        w, curve = tuple(cand["weights"]), {}
+    else:
+        w, curve = fit_weights(parts, gold["dev"]) if len(parts) > 1 else ((1.0,), {})
     v = fused_values(parts, w)
     units = [u for c in cand["channels"] if not isinstance(channels[c], str) for u in channels[c]]
-    out = {"name": name, **cand, "weights": list(w), "dev_by_weights": {str(k): x for k, x in curve.items()},
+    out = {"name": name, **cand, "weights": list(w), "dev_by_weights": {str(k): curve[k] for k in sorted(curve, key=curve.get, reverse=True)[:CURVE_KEPT]},
            "train_seconds_per_unit": float(np.sum(
                [np.mean(train_seconds(channels[c])) for c in cand["channels"] if not isinstance(channels[c], str)])),
            "heads": units}
     for split, x in v.items():
         per = spearman_per_unit(x, gold[split])
         out[split], out[f"{split}_per_unit"] = float(np.mean(per)), per
-        if split == "dev":
-            continue
+        if curve and split != "dev":  # a bound, never a choice: the best this split could get from the grid
+            out[f"{split}_best_on_grid_not_chosen"] = max(
+                float(np.mean(spearman_per_unit(fused_values(parts, g)[split], gold[split]))) for g in curve)
         out[f"{split}_ci"] = two_level_ci(x, N_BOOT, 0, gold=gold[split], statistic="spearman")
         for rname, ref in refs.items():
             if rname != name:
@@ -123,24 +130,21 @@ def row(name: str, cand: dict, channels: dict, raw: dict, gold: dict, refs: dict
     return out, v
 
 
-def line(r: dict, first_ref: str) -> str:
-    def f(x):
-        return ", ".join(f"{y:.4f}" for y in x)
-
-    def ci(key):
-        c = r.get(key)
-        return f"[{c[0]:+.4f}, {c[1]:+.4f}]" if c else ""
+def line(r: dict, ref: str) -> str:
     w = "/".join(f"{x:g}" for x in r["weights"])
-    return (f"| {r['name']} | {w} | {r['dev']:.4f} ({f(r['dev_per_unit'])}) | {r['test']:.4f} "
-            f"({f(r['test_per_unit'])}) | [{r['test_ci'][0]:.3f}, {r['test_ci'][1]:.3f}] | "
-            f"{ci(f'test_minus[{first_ref}]_ci')} | {r['semeval']:.4f} | {ci(f'semeval_minus[{first_ref}]_ci')} |")
+    return (f"| {r['name']} | {w} | {r['dev']:.4f} ({units_text(r['dev_per_unit'])}) | "
+            f"{ci_text(r, f'dev_minus[{ref}]_ci')} | {r['test']:.4f} ({units_text(r['test_per_unit'])}) | "
+            f"[{r['test_ci'][0]:.3f}, {r['test_ci'][1]:.3f}] | {ci_text(r, f'test_minus[{ref}]_ci')} | "
+            f"{r['semeval']:.4f} | {ci_text(r, f'semeval_minus[{ref}]_ci')} |")
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    for opt in ("--store", "--data", "--semeval", "--spec", "--cache", "--json"):
-        parser.add_argument(opt, required=True)
+    parser = study_parser(__doc__)
+    parser.add_argument("--same-width-residual", action="store_true",
+                        help="Score heads trained by taps_samewidth.py (residual over arrays of one width).")
     a = parser.parse_args()
+    if a.same_width_residual:
+        import taps_samewidth  # noqa: F401  (lifts the build check in this process)
     spec = json.loads(Path(a.spec).read_text())
     channels, cands, references = spec["channels"], spec["candidates"], spec.get("references", [])
     for name, c in cands.items():
@@ -155,8 +159,8 @@ def main() -> None:
     raw = {c: channel_values(a, channels[c], store, sets) for c in channels if c in used}
     rows, refs = [], {}
     first = references[0] if references else ""
-    print("| candidate | weights | dev (units) | test (units) | test 95% CI | test - reference | SemEval | "
-          "SemEval - reference |\n|---|---|---|---|---|---|---|---|")
+    print("| candidate | weights | dev (units) | dev - reference | test (units) | test 95% CI | test - reference | "
+          "SemEval | SemEval - reference |\n|---|---|---|---|---|---|---|---|---|")
     for name in references + [n for n in cands if n not in references]:
         r, v = row(name, cands[name], channels, raw, gold, refs)
         if name in references:
