@@ -77,22 +77,36 @@ def row(a, name: str, units: list[list[str]], store, sets: dict, gold: dict, ref
     return out
 
 
+def units_text(x) -> str:
+    return ", ".join(f"{y:.4f}" for y in x)
+
+
+def ci_text(r: dict, key: str) -> str:
+    c = r.get(key)
+    return f"[{c[0]:+.4f}, {c[1]:+.4f}]" if c else ""
+
+
+def study_parser(doc: str) -> argparse.ArgumentParser:
+    """The options every tap-store scoring study takes (all required)."""
+    parser = argparse.ArgumentParser(description=doc.split("\n\n")[0])
+    for opt in ("--store", "--data", "--semeval", "--spec", "--cache", "--json"):
+        parser.add_argument(opt, required=True)
+    return parser
+
+
 def line(r: dict) -> str:
     def f(x):
-        return ", ".join(f"{y:.4f}" for y in x)
+        return units_text(x)
 
     def ci(key):
-        c = r.get(key)
-        return f"[{c[0]:+.4f}, {c[1]:+.4f}]" if c else ""
+        return ci_text(r, key)
     return (f"| {r['name']} | {r['dev']:.4f} ({f(r['dev_per_unit'])}) | {r['test']:.4f} ({f(r['test_per_unit'])}) | "
             f"[{r['test_ci'][0]:.3f}, {r['test_ci'][1]:.3f}] | {ci('test_minus_reference_ci')} | {r['semeval']:.4f} | "
             f"{ci('semeval_minus_reference_ci')} | {np.mean(r['train_seconds_per_unit']):.1f} |")
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    for opt in ("--store", "--data", "--semeval", "--spec", "--cache", "--json"):
-        parser.add_argument(opt, required=True)
+    parser = study_parser(__doc__)
     parser.add_argument("--reference", action="append", default=[],
                         help="A candidate the differences are taken from (repeatable; the first in the table).")
     a = parser.parse_args()
