@@ -120,13 +120,9 @@ def corpus_items(data_path: str | None, data_format: str | None = None, unlabele
     return pl.concat(frames)
 
 
-def build_index(store_path: str, head_ref: str, data_path: str | None, out_dir: str, hnsw: int | None = None,
-                data_format: str | None = None, ef_construction: int = EF_CONSTRUCTION,
-                progress: bool = True, unlabeled: Sequence[str] = ()) -> dict:
-    """Embed the corpus of `data_path` and the `unlabeled` texts (stored features -> head) into a FAISS index at
-    `out_dir`."""
-    faiss = _faiss()
-    out = Path(out_dir)
+def _index_inputs(out: Path, hnsw: int | None, store_path: str, head_ref: str) -> tuple[Store, Head]:
+    """(store, head) for `build_index`, after the checks that refuse before any work: --out in use, --hnsw too small,
+    another store than the head's (or its memory's)."""
     if out.exists() and not clear_partial(out, "index") and (not out.is_dir() or any(out.iterdir())):
         raise ValueError(f"{out}: exists and is not an empty directory; give a new --out")
     if hnsw is not None and hnsw < 2:
@@ -137,6 +133,16 @@ def build_index(store_path: str, head_ref: str, data_path: str | None, out_dir: 
                          f"({head.store_fingerprint[:12]}); index with the head's own store")
     if head.memory is not None:  # (the store's fingerprint is the head's: a memory of another store is refused)
         head.memory.check_store(store.fingerprint, f"{head_ref}: memory")
+    return store, head
+
+
+def build_index(store_path: str, head_ref: str, data_path: str | None, out_dir: str, hnsw: int | None = None,
+                data_format: str | None = None, ef_construction: int = EF_CONSTRUCTION,
+                progress: bool = True, unlabeled: Sequence[str] = ()) -> dict:
+    """Embed the corpus of `data_path` and the `unlabeled` texts (stored features -> head) into a FAISS index at
+    `out_dir`."""
+    faiss, out = _faiss(), Path(out_dir)
+    store, head = _index_inputs(out, hnsw, store_path, head_ref)
     items = corpus_items(data_path, data_format, unlabeled, store)
     if items.is_empty():
         raise ValueError(f"{data_path or ' '.join(unlabeled)}: no texts to index")
