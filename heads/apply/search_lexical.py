@@ -55,7 +55,7 @@ class FusedRanker:
 
     def __init__(self, index_dir: Path, search_index):
         d = Path(index_dir) / LEXICAL_DIR
-        saved = load_lexical(str(d), "on")
+        saved = load_lexical(str(d), "on", fix="rebuild the index with `cli index`, or search with --no-lexical")
         self.weight, self.gain, self.index = saved["weight"], saved["gain"], search_index
         self.n = search_index.index.ntotal
         self.bm25 = Bm25Index.load(d / "bm25", saved["bm25"], self.n)

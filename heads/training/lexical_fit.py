@@ -198,8 +198,9 @@ def save(out: Path, fit: dict) -> None:
                                                                       "dev_without")}, sort_keys=True)
 
 
-def load(head_dir: str, setting: str) -> dict | None:
-    """lexical.json of a head folder (None: none, or --no-lexical); a file of another version is one clear line."""
+def load(head_dir: str, setting: str, fix: str = "retrain the head or use --no-lexical") -> dict | None:
+    """lexical.json of a head folder (or an index's lexical/; None: none, or --no-lexical); a file of another
+    version, cut short or with a bad value is one clear line ending in `fix`."""
     path = Path(head_dir) / LEXICAL_FILE
     if setting == "off" or not path.is_file():
         if setting == "on":
@@ -208,19 +209,18 @@ def load(head_dir: str, setting: str) -> dict | None:
         return None
     try:
         saved = json.loads(path.read_text())
-        kind = saved["config"]["kind"]
-        cfg = LEXICAL[kind][0](**{k: v for k, v in saved["config"].items() if k not in ("kind", "version")})
-    except (ValueError, KeyError, TypeError) as e:
-        raise ValueError(f"{path}: not a lexical channel's settings ({type(e).__name__}: {e}); retrain the head "
-                         "or use --no-lexical") from None
+        version = saved.get("version")
+        if version == LEXICAL_VERSION:
+            cfg = LEXICAL[saved["config"]["kind"]][0](**{k: v for k, v in saved["config"].items()
+                                                         if k not in ("kind", "version")})
+    except (ValueError, KeyError, TypeError, AttributeError) as e:
+        raise ValueError(f"{path}: not a lexical channel's settings ({type(e).__name__}: {e}); {fix}") from None
+    if version != LEXICAL_VERSION:
+        raise ValueError(f"{path}: lexical version {version}, this headstore scores version {LEXICAL_VERSION}; {fix}")
     bad = [k for k in NUMBERS if not isinstance(saved.get(k), (int, float))
            or isinstance(saved.get(k), bool) or not 0 <= saved[k] < float("inf")]
     if bad:
-        raise ValueError(f"{path}: {', '.join(bad)} must be numbers >= 0 (got {[saved.get(k) for k in bad]}); "
-                         "retrain the head or use --no-lexical")
-    if saved.get("version") != LEXICAL_VERSION:
-        raise ValueError(f"{path}: lexical version {saved.get('version')}, this headstore scores version "
-                         f"{LEXICAL_VERSION}; retrain the head or use --no-lexical")
+        raise ValueError(f"{path}: {', '.join(bad)} must be numbers >= 0 (got {[saved.get(k) for k in bad]}); {fix}")
     return {**saved, "bm25": cfg}
 
 
