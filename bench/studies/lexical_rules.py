@@ -9,6 +9,10 @@ The test surface (every weight and gain on test) is written to the JSON too: it 
 of what dev could have chosen.
 
     python3 bench/studies/lexical_rules.py --store STORE --heads DIR --json OUT.json [--seeds 0,1,2]
+
+A check on claims no rule was chosen on: `--folds DIR` reads DIR/fold-K (BEIR folders of SciFact's training claims
+split K ways: test one fold, dev half of the next, train the rest; the corpus and queries SciFact's own) and the
+heads HEADS/fold-K that `cli train-head` trained on them, one seed each.
 """
 from __future__ import annotations
 
@@ -27,6 +31,7 @@ from headstore.heads.artefacts.task_features import TaskFeatures  # noqa: E402
 from headstore.heads.experiments.compare.datasets_root import datasets_root  # noqa: E402
 from headstore.heads.kinds import load_task  # noqa: E402
 from headstore.heads.kinds.fused_rank import fused_metrics, lexical_scores  # noqa: E402
+from headstore.heads.scoring.bootstrap import two_level_ci  # noqa: E402
 from headstore.heads.scoring.lexical import Bm25Config, gained, per_query_scaled  # noqa: E402
 from headstore.heads.settings.config import TrainConfig  # noqa: E402
 from headstore.heads.training.eval_run import eval_seen  # noqa: E402
@@ -78,29 +83,49 @@ def picks(cands: dict) -> dict:
     return {"dev's best": best, "one SE": simple}
 
 
+def differences(per_query: dict, by_seed: bool) -> dict:
+    """{"bm25, rule": (mean, lo, hi)}: the shipped pick (stemmed, one SE) minus each other's on test, paired over
+    claims (two-level over seeds and claims; folds: their claims pooled, one level)."""
+    def stacked(key):
+        parts = per_query[key]
+        return np.stack(parts) if by_seed else np.concatenate(parts)[None]  # (S, Q) or (1, all claims)
+
+    shipped = stacked(("stemmed", "one SE"))
+    return {f"{b}, {r}": (float((shipped - stacked((b, r))).mean()), *two_level_ci(shipped, minus=stacked((b, r))))
+            for b, r in per_query if (b, r) != ("stemmed", "one SE")}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--store", required=True)
     ap.add_argument("--heads", required=True, help="a folder of seed-S head folders trained on SciFact")
     ap.add_argument("--json", required=True)
     ap.add_argument("--seeds", default="0,1,2")
+    ap.add_argument("--folds", default=None, help="a folder of fold-K BEIR folders (HEADS/fold-K their heads)")
     args = ap.parse_args()
-    store, data = FeatureStore.open(args.store), str(datasets_root() / "scifact")
-    rows, surface = [], {}
-    for seed in [int(s) for s in args.seeds.split(",")]:
-        dense, task, seen = dense_matrices(store, data, str(Path(args.heads) / f"seed-{seed}"))
+    store = FeatureStore.open(args.store)
+    if args.folds:
+        units = [(int(d.name.split("-")[1]), str(d), str(Path(args.heads) / d.name))
+                 for d in sorted(Path(args.folds).glob("fold-*")) if d.is_dir()]
+    else:
+        units = [(int(s), str(datasets_root() / "scifact"), str(Path(args.heads) / f"seed-{s}"))
+                 for s in args.seeds.split(",")]
+    rows, surface, per_query = [], {}, {}
+    for seed, data, head_dir in units:  # seed: the head's seed, or the fold's number
+        dense, task, seen = dense_matrices(store, data, head_dir)
         for name, cfg in VARIANTS.items():
-            lexical = {s: lexical_scores(task.eval_sets[s], cfg, "scifact") for s in ("dev", "test")}
+            lexical = {s: lexical_scores(task.eval_sets[s], cfg, task.name) for s in ("dev", "test")}
             cands = candidates(task, dense, lexical)
-            surface[f"{name} seed {seed}"] = {f"{g} {w}": [float(v["dev"].mean()), float(v["test"].mean())]
+            surface[f"{name} unit {seed}"] = {f"{g} {w}": [float(v["dev"].mean()), float(v["test"].mean())]
                                               for (g, w), v in cands.items()}
             for rule, (g, w) in picks(cands).items():
                 t = cands[(g, w)]["test"]
-                rows.append({"bm25": name, "rule": rule, "seed": seed, "gain": g, "weight": w,
+                per_query.setdefault((name, rule), []).append(np.asarray(t, dtype=np.float64))
+                rows.append({"bm25": name, "rule": rule, "unit": seed, "gain": g, "weight": w,
                              "dev": float(cands[(g, w)]["dev"].mean()), "seen": float(t[seen].mean()),
                              "unseen": float(t[~seen].mean()), "all": float(t.mean())})
     print(machine_line(machine()))
-    print(f"{'bm25':8s} {'rule':11s} {'picks (gain, weight) per seed':32s} {'dev':>7s} {'seen':>7s} {'unseen':>7s} "
+    print(f"{'bm25':8s} {'rule':11s} {'picks (gain, weight) per unit':32s} {'dev':>7s} {'seen':>7s} {'unseen':>7s} "
           f"{'all':>7s}")
     for name in VARIANTS:
         for rule in ("dev's best", "one SE"):
@@ -109,9 +134,12 @@ def main() -> None:
             pick = ", ".join(f"({x['gain']:g}, {x['weight']:g})" for x in r)
             print(f"{name:8s} {rule:11s} {pick:32s} {mean['dev']:7.4f} {mean['seen']:7.4f} {mean['unseen']:7.4f} "
                   f"{mean['all']:7.4f}")
-    Path(args.json).write_text(json.dumps({
+    minus = differences(per_query, by_seed=not args.folds)
+    for key, (mean, lo, hi) in minus.items():
+        print(f"stemmed, one SE minus {key}: {mean:+.4f} [{lo:+.4f}, {hi:+.4f}]")
+    Path(args.json).write_text(json.dumps({"minus_shipped": {k: list(v) for k, v in minus.items()},
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), "machine": machine(),
-        "store": args.store, "heads": args.heads, "rows": rows, "test_surface_not_a_selection": surface}, indent=1))
+        "store": args.store, "heads": args.heads, "folds": args.folds, "rows": rows, "test_surface_not_a_selection": surface}, indent=1))
     print(f"wrote {args.json}")
 
 
