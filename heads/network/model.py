@@ -203,6 +203,16 @@ class StackedMLP(nn.Module):
         return self.select_heads([h])
 
 
+def outputs_inputs(model: StackedMLP) -> bool:
+    """Whether every head of the stack gives back its input, bit for bit, at its current weights: a residual head on
+    one array whose last layer is all zeros (how a residual head starts: f(x) = x + 0). Its outputs on finite
+    features are the features themselves, so they need no forward pass (the start's dev score: the features')."""
+    cfg = model.cfg
+    if not (cfg.residual and cfg.depth > 0 and cfg.mix == 1 and cfg.out_features == cfg.in_dim):
+        return False
+    return not (bool(model.weights[-1].detach().any()) or bool(model.biases[-1].detach().any()))
+
+
 def start_of(model: StackedMLP) -> StackedMLP:
     """The stack's starting point: the same heads as initialised from their seeds (what training began at)."""
     return StackedMLP(model.n_heads, model.cfg, seeds=model.seeds).to(next(model.parameters()).device)

@@ -31,7 +31,7 @@ from headstore.heads.settings.config import HeadConfig, TrainConfig
 from headstore.heads.evaluation.evaluate import embedder
 from headstore.heads.network.features import Normalizer
 from headstore.heads.kinds import Task, kind_of
-from headstore.heads.network.model import StackedMLP
+from headstore.heads.network.model import StackedMLP, outputs_inputs
 from headstore.heads.training.optim import StackOptimizer
 from headstore.heads.training.resolved import ResolvedTraining, as_plan
 from headstore.heads.training.selection import OodSelection
@@ -146,7 +146,15 @@ class StackTraining:
         pool = anchor_rows if anchor_rows is not None or not plan.anchor_weight else anchor_pool(task, *own_texts(task))
         self.anchor = AnchorSampler(pool, plan.anchor_weight, plan.seeds) if plan.anchor_weight else None
         if self.select:
-            self.tracker.start(self.dev_scores(None), self.sel_losses(), plan.guard)
+            self.tracker.start(self.start_scores(), self.sel_losses(), plan.guard)
+
+    def start_scores(self) -> list[float]:
+        """Every head's dev score at the start. Heads that start by giving back their input (outputs_inputs: residual
+        heads) all score what the features score, computed once for the stack: the same numbers bit for bit."""
+        if not outputs_inputs(self.model):
+            return self.dev_scores(None)
+        return dev_scores(self.select_task, self.select_split, None, self.data.X, self.plan.eval_energy,
+                          self.plan.precision) * self.H
 
     def sel_losses(self, heads: Optional[torch.Tensor] = None) -> Optional[list[float]]:
         """Every head's worst out-of-domain dev loss (None without --select-ood); `heads` as in dev_scores."""
