@@ -18,6 +18,9 @@ import sys
 # - OMP_WAIT_POLICY=PASSIVE: OpenMP threads that reach a barrier sleep instead of spinning. On a CPU shared
 #   with other busy processes, spinning waiters keep the one thread that still has work off its core; at
 #   load ~4, MiniLM forwards were 1.7-25x faster (the smaller the batch, the larger the gain); same numbers.
+#   Not for the commands that train heads (SPINNING_COMMANDS): their steps are many small parallel regions, each
+#   paying a sleeping thread's wake-up; the STS-B grid (bf16, 2-core Zen 4, quiet) took 51.5 / 58.1 s with it
+#   against 42.5 / 46.3 / 45.0 s without (docs/results/heads.md), the same numbers.
 # - THP_MEM_ALLOC_ENABLE=1: torch's CPU allocator asks for transparent huge pages for blocks of 2 MB and more;
 #   a 64-head grid over 100k documents spent 127 s instead of 239 s in the kernel and trained 15% faster
 #   (3 epochs: 310 s vs 367 s), peak RSS 5.7 vs 5.5 GB, the same numbers.
@@ -28,8 +31,17 @@ CLI_ENVIRONMENT = {
     "THP_MEM_ALLOC_ENABLE": "1",
     "_RJEM_MALLOC_CONF": "dirty_decay_ms:0,muzzy_decay_ms:0",
 }
+SPINNING_COMMANDS = ("grid", "train-head")  # OMP_WAIT_POLICY left at OpenMP's default (spinning) for these
+
+
+def _command(argv: list[str]) -> str | None:
+    """The subcommand named on the command line (the first word that is not an option), None without one."""
+    return next((a for a in argv[1:] if not a.startswith("-")), None)
+
+
 for _key, _value in CLI_ENVIRONMENT.items():
-    os.environ.setdefault(_key, _value)
+    if not (_key == "OMP_WAIT_POLICY" and _command(sys.argv) in SPINNING_COMMANDS):
+        os.environ.setdefault(_key, _value)
 
 import click  # noqa: E402  (every import below may load torch or polars)
 

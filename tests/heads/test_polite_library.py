@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 TESTS = Path(__file__).resolve().parents[1]
 
 # run in a fresh process (nothing imported yet), as a notebook would: state before, the API, state after
@@ -71,3 +73,15 @@ def test_the_command_line_makes_its_settings_where_it_starts():
     assert cli.pop("_RJEM_MALLOC_CONF").endswith("dirty_decay_ms:0,muzzy_decay_ms:0")
     assert cli == {"OMP_WAIT_POLICY": "PASSIVE", "THP_MEM_ALLOC_ENABLE": "0"}
     assert not torch_loaded  # so the settings precede torch's OpenMP runtime
+
+
+@pytest.mark.parametrize("argv, policy", [(["cli", "grid", "--help"], None), (["cli", "--debug", "train-head"], None),
+                                          (["cli", "featurize", "--help"], "PASSIVE"), (["cli"], "PASSIVE")])
+def test_the_head_training_commands_keep_openmps_spinning_wait(argv, policy):
+    """OMP_WAIT_POLICY=PASSIVE (the encoder's win on a busy CPU) is left unset for grid and train-head, whose many
+    small parallel regions each pay a sleeping thread's wake-up (cli.SPINNING_COMMANDS)."""
+    code = f"import os, sys; sys.argv = {argv!r}; import headstore.cli; print(os.environ.get('OMP_WAIT_POLICY'))"
+    env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True,
+                         timeout=120).stdout.strip()
+    assert out == str(policy)
