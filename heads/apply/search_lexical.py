@@ -3,11 +3,12 @@ indexed texts saved beside the FAISS index, and each query ranked by the fused s
 (heads.scoring.lexical) over the union of both channels' top candidates.
 
 IDX/lexical/: `bm25/` (bm25s's index of the items' texts, in the items' order), `lexical.json` (the head's weight
-for this corpus: `weight_new` where the training judged none of its items, as eval; the memory's gain, BM25's settings) and, where the gain is not 1, `plain.safetensors` (the memory's documents'
-vectors without its edit: the gain scales the edit's change of score). A query's candidates are its CANDIDATES
-nearest items by the head and its CANDIDATES best by BM25; their dense scores are computed again from the index's
-vectors, each channel is scaled by the query's spread over the same documents eval measures it on, and the union
-is ranked by the fused score. On a corpus of at most CANDIDATES items the ranking is eval's, item for item.
+for this corpus: `weight_new` where the training judged none of its items, as eval; the memory's gain, BM25's
+settings) and, where the gain is not 1, `plain.safetensors` (the memory's documents' vectors without its edit: the
+gain scales the edit's change of score). A query's candidates are its CANDIDATES nearest items by the head and its
+CANDIDATES best by BM25; their dense scores are computed again from the index's vectors, each channel is scaled by
+the query's spread over the same documents eval measures it on, and the union is ranked by the fused score. On a
+corpus of at most CANDIDATES items the ranking is eval's, item for item.
 """
 from __future__ import annotations
 

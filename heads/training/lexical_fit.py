@@ -23,7 +23,7 @@ from headstore.data.files import atomic_write_json
 from headstore.heads.evaluation.evaluate import embedder
 from headstore.heads.kinds.fused_rank import dense_scores, fused_metrics, lexical_scores, split_texts
 from headstore.heads.kinds.ranking import IRSplit
-from headstore.heads.kinds.seen import judged_documents, seen_mask
+from headstore.heads.kinds.seen import judged_documents, scored_seen_mask
 from headstore.heads.scoring.lexical import LEXICAL, LEXICAL_VERSION, Bm25Config, fused, gained, per_query_scaled
 
 LEXICAL_FILE = "lexical.json"
@@ -87,17 +87,18 @@ def split_dense(split: IRSplit, features, model, norm, placed, energy: str):
     return dense_scores(embed(split.query_rows, "query")[0], embed(split.doc_rows, "document")[0], energy)
 
 
-def choose(split: IRSplit, lexical, dense_of, gains) -> tuple[float, float, float, list]:
+def choose(split: IRSplit, lexical, dense_of, gains, queries=None) -> tuple[float, float, float, list]:
     """(gain, weight, dev nDCG@10, the grid [[gain, weight, score, within one SE]]) by the one-standard-error rule
     (`one_se`): of the candidates within one paired standard error of dev's best, the least BM25 weight, then the
-    gain first in `gains` (1: the memory as fitted)."""
+    gain first in `gains` (1: the memory as fitted). `queries`: a mask of the scored queries that count (all)."""
     grid, per_query, scaled_lexical = [], [], per_query_scaled(lexical)  # each spread once, not once a weight
     for gain in gains:
         dense = dense_of(gain)
         scaled = per_query_scaled(dense)
         for w in WEIGHTS:
             score = dense if w == 0 else scaled + w * scaled_lexical  # = heads.scoring.lexical.fused
-            per_query.append(fused_metrics(split, lambda s, e, score=score: score[s:e], "cosine")[1])
+            values = fused_metrics(split, lambda s, e, score=score: score[s:e], "cosine")[1]
+            per_query.append(values if queries is None else values[queries])
             grid.append([gain, w, float(per_query[-1].mean())])
     near = one_se(per_query)
     for row, ok in zip(grid, near):
@@ -143,16 +144,13 @@ def new_corpus_weight(task, lexical, plain, weight: float, memory: bool) -> dict
     seen queries pull BM25's weight down (the memory already ranks their documents); a new corpus has none. A head
     without a memory, or a dev with no such query, uses `weight` everywhere (said)."""
     dev = task.eval_sets["dev"]
-    unseen = ~np.asarray(seen_mask(dev, judged_documents(np.unique(np.asarray(task.train.positive)))), dtype=bool)
+    judged = judged_documents(np.unique(np.asarray(task.train.positive)))
+    unseen = ~np.asarray(scored_seen_mask(dev, judged), dtype=bool)  # aligned with the per-query values
     if not memory or not unseen.any():
         why = "no document memory" if not memory else "no dev query is unseen"
         return {"weight_new": weight, "dev_new_queries": int(unseen.sum()), "weight_new_why": f"{why}: = weight"}
-    scaled, scaled_lexical = per_query_scaled(plain), per_query_scaled(lexical)
-    per_query = [fused_metrics(dev, lambda s, e, w=w: (plain if w == 0 else scaled + w * scaled_lexical)[s:e],
-                               "cosine")[1][unseen] for w in WEIGHTS]
-    near = one_se(per_query)
-    pick = min(i for i in range(len(WEIGHTS)) if near[i])
-    return {"weight_new": WEIGHTS[pick], "dev_new": float(per_query[pick].mean()), "dev_new_queries": int(unseen.sum())}
+    _, weight_new, score, _ = choose(dev, lexical, lambda gain: plain, (1.0,), queries=unseen)
+    return {"weight_new": weight_new, "dev_new": score, "dev_new_queries": int(unseen.sum())}
 
 
 def applied_weight(fit: dict, judged: int | None) -> float:
@@ -287,7 +285,8 @@ def lexical_line(block: dict) -> str:
     fit = block.get("fit", {})
     if not fit.get("kept"):
         return f"lexical: none kept ({fit.get('why', 'dev chose weight 0')}; metrics.json \"lexical\")"
-    head = (f"lexical: BM25 weight {fit['weight']:g} ({fit.get('weight_new', fit['weight']):g} on a corpus none of whose "
+    new = fit.get("weight_new", fit["weight"])
+    head = (f"lexical: BM25 weight {fit['weight']:g} ({new:g} on a corpus none of whose "
             f"documents the training judged), memory gain {fit['gain']:g} (chosen on {fit.get('dataset')}'s dev: "
             f"{fit.get('dev', float('nan')):.4f} vs {fit.get('dev_without', float('nan')):.4f} without BM25)")
     if block.get("note"):
@@ -299,6 +298,7 @@ def lexical_line(block: dict) -> str:
     ci = b.get("ci_minus_dense") or [float("nan")] * 2
     shares = "; ".join(f"{p} ({parts['counts'][p]}): {parts[p]['fused']:.4f} vs {parts[p]['dense']:.4f}, frozen "
                        f"{parts[p]['frozen']:.4f}" for p in ("seen", "unseen") if parts["counts"][p])
-    return (f"{head}\n  {split} nDCG@10 with BM25 (weight {b.get('weight', fit['weight']):g}) {b['fused']:.4f} vs without {b['dense']:.4f} "
+    return (f"{head}\n  {split} nDCG@10 with BM25 (weight {b.get('weight', fit['weight']):g}) {b['fused']:.4f} "
+            f"vs without {b['dense']:.4f} "
             f"({b['minus_dense']:+.4f} [{ci[0]:+.4f}, {ci[1]:+.4f}]), frozen {b['frozen']:.4f}, frozen + BM25 "
             f"{b['frozen+lexical']:.4f}; {shares}")
