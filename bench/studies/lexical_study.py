@@ -1,7 +1,7 @@
 """The lexical channel on SciFact and out of domain: BM25 fused with the frozen features, the head and its memory.
 
 For each seed, `cli train-head` on SciFact with its defaults (the lexical channel and the memory fitted on dev, as
-shipped) writes DIR/seed-S (kept if there: --existing reuses them). Every system is then scored again on the test
+shipped) writes DIR/seed-S (a folder holding a metrics.json is kept). Every system is then scored again on the test
 claims from the head folder alone (heads.training.lexical_fit.split_items, the code `cli eval` runs), per claim, so
 the table has two-level bootstrap CIs over seeds and claims (heads.scoring.bootstrap), split into seen and unseen
 claims (a relevant abstract judged in the head's training, heads.kinds.seen). Out of domain (Cranfield, CACM) the
@@ -37,7 +37,7 @@ from headstore.heads.kinds.fused_rank import fused_ndcg, lexical_scores  # noqa:
 from headstore.heads.scoring.bootstrap import two_level_ci  # noqa: E402
 from headstore.heads.settings.config import TrainConfig  # noqa: E402
 from headstore.heads.training.eval_run import eval_seen, judged_in_corpus  # noqa: E402
-from headstore.heads.training.lexical_fit import applied_weight, load as load_lexical, split_items  # noqa: E402
+from headstore.heads.training.lexical_fit import applied_weight, load as load_lexical, split_index, split_items  # noqa: E402
 from headstore.heads.training.memory_use import load_for_eval  # noqa: E402
 from headstore.heads.training.run import load_head  # noqa: E402
 from limits import machine, machine_line  # noqa: E402
@@ -68,11 +68,12 @@ def scored(store_path: str, head_dir: Path, data: str) -> tuple[dict, np.ndarray
     data_split = task.eval_sets["test"]
     bm25 = fused_ndcg(data_split, torch.zeros(len(data_split.query_ids), len(data_split.doc_ids)),
                       lexical_scores(data_split, cfg, task.name), 1.0, "cosine")[1]
-    out = {"frozen": split_items(task, "test", features, None, None, None, "cosine", 0.0, 1.0, cfg), "bm25": bm25,
-           "frozen+bm25": split_items(task, "test", features, None, None, None, "cosine", w0, 1.0, cfg),
-           "head": split_items(task, "test", features, model, norm, None, energy, 0.0, 1.0, cfg),
-           "head+memory": split_items(task, "test", features, model, norm, placed, energy, 0.0, 1.0, cfg),
-           "head+memory+bm25": split_items(task, "test", features, model, norm, placed, energy, w, gain, cfg)}
+    index = split_index(task, "test", cfg)
+    out = {**split_items(task, "test", features, None, None, None, "cosine",
+                         {"frozen": (0.0, 1.0), "frozen+bm25": (w0, 1.0)}, cfg, index), "bm25": bm25,
+           **split_items(task, "test", features, model, norm, None, energy, {"head": (0.0, 1.0)}, cfg, index),
+           **split_items(task, "test", features, model, norm, placed, energy,
+                         {"head+memory": (0.0, 1.0), "head+memory+bm25": (w, gain)}, cfg, index)}
     return out, np.asarray(seen.get("test", np.zeros(len(out["frozen"]), bool)), dtype=bool)
 
 

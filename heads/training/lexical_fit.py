@@ -222,24 +222,34 @@ def load(head_dir: str, setting: str, fix: str = "retrain the head or use --no-l
     return {**saved, "bm25": cfg}
 
 
-def split_items(task, split: str, features, model, norm, placed, energy: str, weight: float, gain: float,
-                cfg) -> np.ndarray:
-    """Per-query nDCG@10 on `split` of the head (model None: frozen) with the memory at `gain` and BM25 at `weight`,
-    ranked a block of queries at a time (never a queries x corpus matrix whole)."""
+def split_index(task, split: str, cfg):
+    """The lexical index of `split`'s corpus (`cfg`: its Bm25Config), built once for every run scored on it."""
+    return LEXICAL[cfg.to_dict()["kind"]][1](split_texts(task.eval_sets[split], task.name)[1], cfg)
+
+
+def split_items(task, split: str, features, model, norm, placed, energy: str, runs: dict, cfg,
+                index=None) -> dict[str, np.ndarray]:
+    """{name: per-query nDCG@10 on `split`} of the head (model None: frozen) for each run {name: (weight, gain)}:
+    the memory at `gain`, BM25 at `weight`; the split embedded once and its BM25 index (`index`, else built here
+    where a run needs it) shared by the runs; a block of queries at a time (never a queries x corpus matrix whole)."""
     data = task.eval_sets[split]
     embed = embedder(model, features, norm)
     zq, zd = embed(data.query_rows, "query")[0], embed(data.doc_rows, "document")[0]  # (Q, d), (N, d)
     edited = (embedder(model, features, norm, placed)(data.doc_rows, "document")[0]
-              if placed is not None and len(placed) and gain else None)  # (N, d): the memory's documents edited
-    query_texts, doc_texts = split_texts(data, task.name) if weight else (None, None)
-    index = LEXICAL[cfg.to_dict()["kind"]][1](doc_texts, cfg) if weight else None
+              if placed is not None and len(placed) and any(g for _, g in runs.values()) else None)  # (N, d)
+    lexical = any(w for w, _ in runs.values())
+    query_texts = split_texts(data, task.name)[0] if lexical else None
+    index = index if index is not None or not lexical else split_index(task, split, cfg)
 
-    def scores(start: int, stop: int):
-        plain = dense_scores(zq[start:stop], zd, energy)  # (q, N)
-        dense = plain if edited is None else gained(plain, dense_scores(zq[start:stop], edited, energy), gain)
-        return fused(dense, index.scores(query_texts[start:stop]) if weight else dense, weight)
+    def scores_of(weight: float, gain: float):
+        def scores(start: int, stop: int):
+            plain = dense_scores(zq[start:stop], zd, energy)  # (q, N)
+            dense = plain if edited is None or not gain else gained(
+                plain, dense_scores(zq[start:stop], edited, energy), gain)
+            return fused(dense, index.scores(query_texts[start:stop]) if weight else dense, weight)
+        return scores
 
-    return fused_metrics(data, scores, energy)[1]
+    return {name: fused_metrics(data, scores_of(w, g), energy)[1] for name, (w, g) in runs.items()}
 
 
 def lexical_block(task, features, model, norm, placed, energy: str, items: dict, fit: dict, frozen_features,
@@ -256,12 +266,13 @@ def lexical_block(task, features, model, norm, placed, energy: str, items: dict,
     for split, per in items.items():
         if split == "dev":
             continue  # dev chose the weight: no held-out figure there (the fit's dev grid is)
-        weight = applied_weight(fit, judged)
-        with_lexical = split_items(task, split, features, model, norm, placed, energy, weight, fit["gain"], cfg)
-        dense = split_items(task, split, features, model, norm, placed, energy, 0.0, 1.0, cfg)
+        weight, index = applied_weight(fit, judged), split_index(task, split, cfg)
+        head = split_items(task, split, features, model, norm, placed, energy,
+                           {"fused": (weight, fit["gain"]), "dense": (0.0, 1.0)}, cfg, index)
+        with_lexical, dense = head["fused"], head["dense"]
         frozen = np.asarray(per["baseline"])
-        frozen_lex = split_items(task, split, frozen_features, None, None, None, "cosine", fit["frozen_weight"], 1.0,
-                                 cfg)
+        frozen_lex = split_items(task, split, frozen_features, None, None, None, "cosine",
+                                 {"frozen+lexical": (fit["frozen_weight"], 1.0)}, cfg, index)["frozen+lexical"]
         ci = (lambda a, b: list(two_level_ci(a, minus=b)) if len(a) > 1 else None)
         block[split] = {"weight": weight, "judged_documents": judged, "fused": float(with_lexical.mean()),
                         "dense": float(dense.mean()),
