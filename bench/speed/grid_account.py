@@ -63,6 +63,8 @@ def count_forward(forward):
         FLOPS[part] += H * n * 2 * sum(i * o for i, o in sizes)
         if torch.is_grad_enabled() and self.training:
             FLOPS["backward"] += H * n * (2 * sum(i * o for i, o in sizes) + 2 * sum(i * o for i, o in sizes[1:]))
+            if torch.is_autocast_enabled(x.device.type):  # each weight cast to bf16 (4 B read, 2 written), its
+                FLOPS["cast bytes"] += 12 * H * sum(i * o + o for i, o in sizes)  # gradient back (2 read, 4 written)
             for l, (i, o) in enumerate(sizes):
                 GEMMS[("forward", H, n, i, o)] += 1
                 GEMMS[("backward dW", H, i, n, o)] += 1

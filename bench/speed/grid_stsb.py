@@ -17,6 +17,9 @@ bf16 matmul) is measured before and after, the best kept. Per grid:
 - the wall time's shares: training steps (forward + loss, backward + clipping, optimizer), dev scoring, warm-up
   (each stack's first step beyond its median step), data movement (batches, negatives, a stack's set-up), final
   scoring, writing, Python / other;
+- the roofline of the training steps: their matmuls at the matmul limit plus what they must stream at the memory
+  limit (limits.memory_limit: AdamW's fp32 state, and bf16 autocast's casts), and the highest share of the matmul
+  limit the steps could reach with nothing else in them;
 - per stack: steps, seconds, first and median step; the GEMM shapes (H, m, k, n) of the training steps;
 - with `--golden DIR` (a grid folder of the same grid, e.g. the main job's): every configuration's dev figure
   against it (max |difference|, rows matched by their settings) and whether the
@@ -83,12 +86,24 @@ def shares(acc: dict) -> dict[str, float]:
     return out
 
 
+def roofline(train_flops: float, stream_bytes: float, limit: dict, precision: str) -> dict:
+    """The training steps' floor: their matmuls at the matmul limit plus what they must stream at the memory
+    limit (AdamW's fp32 weights, gradients and moments, 28 B a parameter a step; under bf16 autocast each weight's
+    cast and its gradient's, 12 B more), one after the other; the highest share of the matmul limit the steps
+    could then reach."""
+    matmul_s, memory_s = train_flops / 1e9 / limit[precision], stream_bytes / 1e9 / limit["memory"]
+    return {"floor_matmul_s": matmul_s, "floor_memory_s": memory_s,
+            "share_bound": matmul_s / max(matmul_s + memory_s, 1e-9)}
+
+
 def summary(acc: dict, limit: dict) -> dict:
     f, s = acc["flops"], acc["seconds"]
     train = f.get("forward + loss", 0.0) + f.get("backward", 0.0)
     matmul_s = s.get("forward + loss", 0.0) + s.get("backward + clipping", 0.0)
     step_s = sum(s.get(p, 0.0) for p in STEP_PARTS)
-    return {"train_gflop": train / 1e9, "dev_gflop": f.get("dev scoring", 0.0) / 1e9,
+    bound = roofline(train, f.get("optimizer bytes", 0.0) + f.get("cast bytes", 0.0), limit, acc["precision"]) \
+        if "memory" in limit else {}
+    return {**bound, "cast_gb": f.get("cast bytes", 0.0) / 1e9, "train_gflop": train / 1e9, "dev_gflop": f.get("dev scoring", 0.0) / 1e9,
             "final_gflop": f.get("final scoring", 0.0) / 1e9, "optimizer_gflop": f.get("optimizer (elementwise)", 0) / 1e9,
             "optimizer_gb": f.get("optimizer bytes", 0.0) / 1e9,
             "rate_fwd_bwd": train / max(matmul_s, 1e-9) / 1e9, "rate_steps": train / max(step_s, 1e-9) / 1e9,
@@ -112,7 +127,9 @@ def golden_check(acc: dict, golden: str) -> dict:
 
 def print_tables(runs: list[dict], limit: dict, machine: dict) -> None:
     print("\n" + limits.machine_line(machine))
-    print("matmul limit (best of the probes before/after): " + ", ".join(f"{p} {v:,.0f} GFLOP/s" for p, v in limit.items()))
+    print("matmul limit (best of the probes before/after): " + ", ".join(
+        f"{p} {v:,.0f} GFLOP/s" for p, v in limit.items() if p != "memory")
+          + (f"; memory {limit['memory']:.0f} GB/s (a 256 MB copy)" if "memory" in limit else ""))
     print("\n| run | precision | wall | CPU s | load | train matmuls | dev scoring | rate fwd+bwd | of limit | rate of "
           "the steps | of limit | plan's model | stacks measured |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
@@ -123,6 +140,15 @@ def print_tables(runs: list[dict], limit: dict, machine: dict) -> None:
               f"{m['train_gflop']:,.0f} GFLOP | {m['dev_gflop']:,.0f} GFLOP | {m['rate_fwd_bwd']:,.0f} GFLOP/s | "
               f"{m['share_fwd_bwd']:.0%} | {m['rate_steps']:,.0f} GFLOP/s | {m['share_steps']:.0%} | "
               f"{m['modelled_s']:.0f} s | {m['trained_s']:.0f} s |")
+    bounded = [r for r in runs if "share_bound" in r["summary"]]
+    if bounded:
+        print("\n| run | precision | matmuls at the limit | streamed (AdamW + casts) | at the memory limit | floor | "
+              "rate of the steps at best | measured |\n|---|---|---|---|---|---|---|---|")
+    for r in bounded:
+        m = r["summary"]
+        print(f"| {r['label']} | {r['precision']} | {m['floor_matmul_s']:.1f} s | {m['optimizer_gb'] + m['cast_gb']:,.0f} GB | "
+              f"{m['floor_memory_s']:.1f} s | {m['floor_matmul_s'] + m['floor_memory_s']:.1f} s | "
+              f"{m['share_bound']:.0%} of the limit | {m['share_steps']:.0%} |")
     print("\n| share of wall | " + " | ".join(f"{r['label']} {r['precision']}" for r in runs) + " |")
     print("|---|" + "---|" * len(runs))
     for part in SHARES:
@@ -167,7 +193,7 @@ def main() -> None:
     work.mkdir(parents=True, exist_ok=True)
     here_pp = str(Path(__import__("headstore").__file__).parents[1])
     trees = ([("before", args.before)] if args.before else []) + [("after", here_pp)]
-    probes = [limits.probe()]
+    probes = [limits.probe() | {"memory": round(limits.memory_limit(), 1)}]
     runs = []
     before = (args.before_precisions or args.precisions).split(",")
     for precision in args.precisions.split(","):
@@ -175,7 +201,7 @@ def main() -> None:
             if label == "after" or precision in before:
                 runs.append(run_child(pp, label, precision, args, work))
                 print(f"  {label} {precision}: {runs[-1]['wall_s']:.1f} s", file=sys.stderr, flush=True)
-    probes.append(limits.probe())
+    probes.append(limits.probe() | {"memory": round(limits.memory_limit(), 1)})
     limit = limits.best_of(*probes)
     for r in runs:
         r.update(summary=summary(r, limit), shares=shares(r))

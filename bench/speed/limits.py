@@ -5,7 +5,8 @@ process, right before and after its workload, and states each result as a share 
 
     python bench/speed/limits.py            # prints the probe alone
 
-`matmul_limit(precision)`: GFLOP/s of one large square matmul (2048^3 on CPU, 8192^3 on GPU; 2 FLOP per
+`memory_limit()`: GB/s of one 256 MB copy (read + written), the best of a few: the bound on what streams from
+memory. `matmul_limit(precision)`: GFLOP/s of one large square matmul (2048^3 on CPU, 8192^3 on GPU; 2 FLOP per
 multiply-add), the best of a few repeats, on torch's current thread count. bf16 uses the CPU's AMX tiles
 (oneDNN) where the CPU has them, the tensor cores on a GPU. A CPU without AMX or AVX-512-BF16 emulates bf16
 in fp32 (an AMD EPYC with AVX2 only: 0.3 GFLOP/s against 97 in fp32), so every figure is recorded with the
@@ -54,6 +55,22 @@ def matmul_limit(precision: str, device: str = "cpu", n: int | None = None, repe
         if best > 2.0:
             break
     return 2 * n ** 3 / best / 1e9
+
+
+def memory_limit(device: str = "cpu", mb: int = 256, repeats: int = 5) -> float:
+    """Best GB/s of copying an `mb` MB fp32 tensor into another (bytes read + written): the DRAM bandwidth a
+    step's streaming (an optimiser over parameters far larger than the caches) can reach at most."""
+    a = torch.ones(mb * 2 ** 20 // 4, device=device)
+    b = torch.empty_like(a)
+    b.copy_(a)  # warm-up (pages touched)
+    _sync(device)
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        b.copy_(a)
+        _sync(device)
+        best = min(best, time.perf_counter() - t0)
+    return 2 * a.numel() * 4 / best / 1e9
 
 
 def probe(precisions=("fp32", "bf16"), device: str = "cpu") -> dict[str, float]:
