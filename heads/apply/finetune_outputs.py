@@ -15,6 +15,8 @@ from headstore.featurize.store.layout import fingerprint_of
 from headstore.featurize.tuning.checkpoint import copy_sidecars
 from headstore.featurize.tuning.mlm_head import HEAD_FILE
 from headstore.heads.artefacts.files import write_head_dir
+from headstore.heads.artefacts.judged import read_record, write_judgements
+from headstore.heads.kinds import judgement_pairs
 
 
 def _featurize_options(parts: dict) -> str:
@@ -26,6 +28,13 @@ def _featurize_options(parts: dict) -> str:
     options += [f"--precision {precision}"] if precision and precision != "fp32" else []
     options += [f"--{role}-prompt {shlex.quote(prompts.get(role, ''))}" for role in ("query", "document") if prompts]
     return "".join(" " + o for o in options)
+
+
+def _judgements(new_head: Path, run, head_dir, head_config: dict) -> dict:
+    """The tuned head's record (heads.artefacts.judged): its source head's judgements and the tuning run's own
+    (train, and dev, which chose the kept epoch), so `cli eval` of it splits its figures into seen and unseen."""
+    earlier, _ = read_record(head_dir, head_config)  # none kept: the run's own alone
+    return write_judgements(new_head, run.src.store, judgement_pairs(run.src.task), earlier)
 
 
 def write_outputs(out: Path, run, head_dir, cfg, report: dict, seconds: float) -> dict:
@@ -63,6 +72,7 @@ def write_outputs(out: Path, run, head_dir, cfg, report: dict, seconds: float) -
     config = {**head_config, "store": None, "store_fingerprint": fingerprint, "encoder_dir": str(enc_dir),
               "store_manifest": {**head_config.get("store_manifest", {}), **new_parts, "fingerprint": fingerprint},
               "finetune": {k: v for k, v in summary.items() if k != "history"}}
-    write_head_dir(new_head, head, norm, config)
+    new_head.mkdir(parents=True, exist_ok=True)
+    write_head_dir(new_head, head, norm, {**config, "judged": _judgements(new_head, run, head_dir, head_config)})
     atomic_write_json(out / "finetune.json", summary, indent=1)
     return summary

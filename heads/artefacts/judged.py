@@ -33,9 +33,11 @@ def text_ids_of_rows(store, rows: np.ndarray) -> list[str]:
     return [id_of[int(r)] for r in rows]
 
 
-def write_judgements(out: Path, store, pairs: dict[str, PairSet]) -> dict:
+def write_judgements(out: Path, store, pairs: dict[str, PairSet], earlier: pl.DataFrame | None = None) -> dict:
     """Write `out`/JUDGED_FILE from the training run's judgements ({split: pairs of store rows},
-    heads.kinds.judgement_pairs); config.json's "judged" entry ({} where there are none)."""
+    heads.kinds.judgement_pairs); config.json's "judged" entry ({} where there are none). `earlier`: the record
+    of the head the run starts from (cli finetune: `read_record` of its source head), kept beside the run's own
+    judgements, a pair in both once."""
     frames = []
     for split, train in pairs.items():
         ids = text_ids_of_rows(store, np.concatenate([train.anchor, train.positive]))
@@ -43,12 +45,16 @@ def write_judgements(out: Path, store, pairs: dict[str, PairSet]) -> dict:
         labels = [None] * n if train.labels is None else np.asarray(train.labels, dtype=np.float64).tolist()
         frames.append(pl.DataFrame({"query_id": ids[:n], "document_id": ids[n:], "label": labels, "split": split},
                                    schema=SCHEMA))
+    if earlier is not None:
+        split = [] if "split" in earlier.columns else [pl.lit(None, dtype=pl.String).alias("split")]  # an old record
+        earlier = earlier.with_columns(*split).select(list(SCHEMA)).cast(SCHEMA)
+        frames = [pl.concat([earlier, *frames]).unique(maintain_order=True)]
     if not frames:
         return {}
     frame = pl.concat(frames)
     atomic_write_parquet(Path(out) / JUDGED_FILE, frame)
     relevant = frame.filter(pl.col("label").is_null() | (pl.col("label") > RELEVANT))
-    return {"file": JUDGED_FILE, "pairs": {s: len(p) for s, p in pairs.items()},
+    return {"file": JUDGED_FILE, "pairs": dict(frame.group_by("split", maintain_order=True).len().iter_rows()),
             "documents": int(relevant["document_id"].n_unique())}
 
 
@@ -67,10 +73,9 @@ def copy_judgements(head_ref: str | Path, config: dict, out: Path) -> None:
         atomic_write_parquet(Path(out) / entry["file"], pl.read_parquet(source))
 
 
-def read_judged(head_ref: str | Path, config: dict, store) -> tuple[frozenset[int] | None, str]:
-    """(the store rows, in `store`, of the documents a head's training judged relevant, "") ; (None, why) where
-    the head keeps no record: config.json without "judged", or its file not beside it (a head copied or saved
-    without it). A judged document absent from `store` is no row of its corpora."""
+def read_record(head_ref: str | Path, config: dict) -> tuple[pl.DataFrame | None, str]:
+    """(a head's JUDGED_FILE as a frame, ""); (None, why) where the head keeps no record: config.json without
+    "judged", or its file not beside it (a head copied or saved without it)."""
     entry = config.get("judged")
     if not entry:
         return None, (f"{head_ref} keeps no training judgements (a head trained before they were recorded)")
@@ -82,6 +87,15 @@ def read_judged(head_ref: str | Path, config: dict, store) -> tuple[frozenset[in
     if not set(SCHEMA) - {"split"} <= set(frame.columns):
         raise ValueError(f"{path}: columns {frame.columns}, not a head's judgements (query_id, document_id, label); "
                          "the head folder is damaged: train the head again")
+    return frame, ""
+
+
+def read_judged(head_ref: str | Path, config: dict, store) -> tuple[frozenset[int] | None, str]:
+    """(the store rows, in `store`, of the documents a head's training judged relevant, "") ; (None, why) where
+    the head keeps no record (`read_record`). A judged document absent from `store` is no row of its corpora."""
+    frame, why = read_record(head_ref, config)
+    if frame is None:
+        return None, why
     relevant = frame.filter(pl.col("label").is_null() | (pl.col("label") > RELEVANT))["document_id"]
     rows = store.find_rows(relevant.unique().to_list())
     return judged_documents(rows[rows >= 0]), ""

@@ -66,6 +66,30 @@ def test_head_changes_and_is_a_train_head_dir(world):
     assert (out / "head" / "normalizer.safetensors").is_file()
 
 
+def test_tuned_head_keeps_the_judgements_and_its_eval_splits_seen_unseen(world):
+    """The tuned head carries its source head's training judgements (it trained on the same pairs), so the
+    tuned encoder's eval splits seen / unseen exactly as the source head's eval does."""
+    import polars as pl
+
+    from headstore.heads.training.eval_run import eval_head
+
+    root, _, beir, store, head = world
+    out, _ = _run(world, "judged", max_steps=1)
+    source = pl.read_parquet(head / "judgements.parquet")
+    tuned = pl.read_parquet(out / "head" / "judgements.parquet")
+    assert sorted(tuned.rows()) == sorted(source.rows())
+    assert json.loads((out / "head" / "config.json").read_text())["judged"] == \
+        json.loads((head / "config.json").read_text())["judged"]
+    r = CliRunner().invoke(main, ["featurize", "--model", str(out / "encoder"), "--data", str(beir),
+                                  "--store", str(root / "store-judged"), "--dtype", "float32"])
+    assert r.exit_code == 0, r.output
+    before, after = {}, {}
+    eval_head(str(store), str(head), str(beir), str(root / "eval-judged-0"), items=before, device="cpu")
+    eval_head(str(root / "store-judged"), str(out / "head"), str(beir), str(root / "eval-judged-1"), items=after,
+              device="cpu")
+    assert before["seen"] is not None and after["seen"] == before["seen"]
+
+
 def test_layerwise_lr_decay_param_groups():
     from transformers import BertConfig, BertModel
 

@@ -345,3 +345,29 @@ def test_a_damaged_record_is_a_one_line_error(seen_world, tmp_path):
     pl.DataFrame({"x": [1]}).write_parquet(head / "judgements.parquet")  # another file under its name
     r = cli("eval", "--store", w["store"], "--head", head, "--data", w["beir"], "--out", tmp_path / "out")
     assert_bad_input(r, "judgements.parquet", "not a head's judgements")
+
+
+def test_a_record_built_on_an_earlier_one_keeps_each_pair_once(tmp_path):
+    """write_judgements with `earlier` (cli finetune: the source head's record): the union of both, a pair in
+    both once, an old record without a split column kept with a null split; the counts are the file's rows."""
+    import polars as pl
+
+    from headstore.heads.artefacts.judged import SCHEMA, write_judgements
+    from headstore.heads.kinds import PairSet
+
+    class Store:  # text ids t0..t9 at rows 0..9
+        def scan_texts(self, columns):
+            return pl.LazyFrame({"text_id": [f"t{i}" for i in range(10)], "row": list(range(10))})
+
+    pairs = {"train": PairSet(np.array([0, 1]), np.array([5, 6])), "dev": PairSet(np.array([2]), np.array([7]))}
+    earlier = pl.DataFrame({"query_id": ["t0", "t3"], "document_id": ["t5", "t8"], "label": [None, None]},
+                           schema={k: SCHEMA[k] for k in ("query_id", "document_id", "label")})
+    entry = write_judgements(tmp_path, Store(), pairs, earlier)
+    rows = pl.read_parquet(tmp_path / entry["file"]).rows()
+    expected = {("t0", "t5", None, None), ("t3", "t8", None, None), ("t0", "t5", None, "train"),
+                ("t1", "t6", None, "train"), ("t2", "t7", None, "dev")}
+    assert set(rows) == expected and len(rows) == len(expected)
+    assert entry["pairs"] == {None: 2, "train": 2, "dev": 1} and entry["documents"] == 4
+    (tmp_path / "b").mkdir()
+    again = write_judgements(tmp_path / "b", Store(), pairs, pl.read_parquet(tmp_path / entry["file"]))
+    assert again == entry  # built on itself: nothing added
