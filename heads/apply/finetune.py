@@ -53,6 +53,7 @@ from headstore.featurize.encoder.sentence import SentenceSpec
 from headstore.featurize.store.reader import FeatureStore
 from headstore.heads.apply.finetune_dev import DevScorer, dev_task
 from headstore.heads.apply.finetune_outputs import write_outputs
+from headstore.heads.artefacts.judged import read_record
 from headstore.heads.apply.finetune_negatives import RowEncoder, mined_negatives
 from headstore.heads.apply.finetune_resume import Checkpoint, run_key
 from headstore.heads.apply.finetune_train import Trainer
@@ -202,6 +203,7 @@ def finetune(head_dir: str, out_dir: str, cfg: FinetuneConfig, store_path: str |
     featurized with (`encoder`, default: the store's model_id, e.g. `minilm`; a local model dir must be given)."""
     t0 = time.perf_counter()
     run = prepare(head_dir, cfg, store_path, data_path, encoder)
+    read_record(head_dir, run.head_config)  # a damaged record of the source's judgements: one line before training
     checkpoint = Checkpoint(Path(out_dir), run_key(cfg, run), t0)
     report = {**run.trainer.run(run.dev, progress, checkpoint), **checkpoint.describe()}
     summary = write_outputs(Path(out_dir), run, head_dir, cfg, report, checkpoint.seconds())

@@ -90,6 +90,22 @@ def test_tuned_head_keeps_the_judgements_and_its_eval_splits_seen_unseen(world):
     assert before["seen"] is not None and after["seen"] == before["seen"]
 
 
+def test_a_damaged_judgements_file_of_the_source_head_stops_the_run_before_training(world, tmp_path):
+    """The source head's judgements.parquet is read again at the end (the tuned head's record): a damaged one is
+    one line naming it before any step, not a crash after the run, and nothing is written."""
+    import shutil
+
+    _, model, _, _, head = world
+    copy = tmp_path / "head"
+    shutil.copytree(head, copy)
+    (copy / "judgements.parquet").write_bytes(b"not a parquet file")
+    out = tmp_path / "out"
+    with pytest.raises(ValueError, match="judgements.parquet"):
+        finetune(str(copy), str(out), FinetuneConfig(device="cpu", batch_size=8, max_steps=1), encoder=str(model),
+                 progress=False)
+    assert not out.exists() or not any(out.iterdir())
+
+
 def test_layerwise_lr_decay_param_groups():
     from transformers import BertConfig, BertModel
 
