@@ -56,7 +56,7 @@ def dense_matrices(store, data: str, head_dir: str) -> tuple[dict, object, np.nd
     saved, _ = load_for_eval(head_dir, store, raw, tf, "auto")
     out = {split: tuple(split_dense(task.eval_sets[split], features, model, norm, m, tc.eval_energy)
                         for m in (None, memory)) for split, memory in (("dev", held_out), ("test", saved))}
-    seen, _ = eval_seen(head_dir, config, store, load_task(data, store, for_eval=True), "test")
+    seen, _, _ = eval_seen(head_dir, config, store, load_task(data, store, for_eval=True), "test")
     return out, task, np.asarray(seen["test"], dtype=bool)
 
 

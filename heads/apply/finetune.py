@@ -203,10 +203,11 @@ def finetune(head_dir: str, out_dir: str, cfg: FinetuneConfig, store_path: str |
     featurized with (`encoder`, default: the store's model_id, e.g. `minilm`; a local model dir must be given)."""
     t0 = time.perf_counter()
     run = prepare(head_dir, cfg, store_path, data_path, encoder)
-    read_record(head_dir, run.head_config)  # a damaged record of the source's judgements: one line before training
+    earlier, _ = read_record(head_dir, run.head_config)  # the source's judgements, kept by the tuned head (a damaged
+    # record: one line before training; none kept: the run's own alone)
     checkpoint = Checkpoint(Path(out_dir), run_key(cfg, run), t0)
     report = {**run.trainer.run(run.dev, progress, checkpoint), **checkpoint.describe()}
-    summary = write_outputs(Path(out_dir), run, head_dir, cfg, report, checkpoint.seconds())
+    summary = write_outputs(Path(out_dir), run, head_dir, cfg, report, checkpoint.seconds(), earlier)
     checkpoint.remove()
     return summary
 

@@ -15,7 +15,7 @@ from headstore.featurize.store.layout import fingerprint_of
 from headstore.featurize.tuning.checkpoint import copy_sidecars
 from headstore.featurize.tuning.mlm_head import HEAD_FILE
 from headstore.heads.artefacts.files import write_head_dir
-from headstore.heads.artefacts.judged import read_record, write_judgements
+from headstore.heads.artefacts.judged import write_judgements
 from headstore.heads.kinds import judgement_pairs
 
 
@@ -30,16 +30,17 @@ def _featurize_options(parts: dict) -> str:
     return "".join(" " + o for o in options)
 
 
-def _judgements(new_head: Path, run, head_dir, head_config: dict) -> dict:
-    """The tuned head's record (heads.artefacts.judged): its source head's judgements and the tuning run's own
-    (train, and dev, which chose the kept epoch), so `cli eval` of it splits its figures into seen and unseen."""
-    earlier, _ = read_record(head_dir, head_config)  # none kept: the run's own alone
+def _judgements(new_head: Path, run, earlier) -> dict:
+    """The tuned head's record (heads.artefacts.judged): its source head's judgements (`earlier`, None: it keeps
+    none) and the tuning run's own (train, and dev, which chose the kept epoch), so `cli eval` of it splits its
+    figures into seen and unseen."""
     return write_judgements(new_head, run.src.store, judgement_pairs(run.src.task), earlier)
 
 
-def write_outputs(out: Path, run, head_dir, cfg, report: dict, seconds: float) -> dict:
+def write_outputs(out: Path, run, head_dir, cfg, report: dict, seconds: float, earlier=None) -> dict:
     """out/encoder (the trained encoder), out/head (the head, its config naming the new encoder's fingerprint
-    parts) and out/finetune.json; `run` is a finetune.Prepared, `cfg` its FinetuneConfig. Returns the summary."""
+    parts, and its judgements: `earlier`, the source head's record, with the run's own) and out/finetune.json; `run`
+    is a finetune.Prepared, `cfg` its FinetuneConfig. Returns the summary."""
     model, tokenizer, model_dir, tuning, parts = run.model, run.tokenizer, run.model_dir, run.tuning, run.src.parts
     head, norm, head_config, trainer = run.head, run.norm, run.head_config, run.trainer
     enc_dir, new_head, history = out / "encoder", out / "head", trainer.history
@@ -73,6 +74,6 @@ def write_outputs(out: Path, run, head_dir, cfg, report: dict, seconds: float) -
               "store_manifest": {**head_config.get("store_manifest", {}), **new_parts, "fingerprint": fingerprint},
               "finetune": {k: v for k, v in summary.items() if k != "history"}}
     new_head.mkdir(parents=True, exist_ok=True)
-    write_head_dir(new_head, head, norm, {**config, "judged": _judgements(new_head, run, head_dir, head_config)})
+    write_head_dir(new_head, head, norm, {**config, "judged": _judgements(new_head, run, earlier)})
     atomic_write_json(out / "finetune.json", summary, indent=1)
     return summary

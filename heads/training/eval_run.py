@@ -33,23 +33,23 @@ def eval_split(task: Task) -> str:
     raise ValueError(f"{task.name}: nothing to evaluate (no split with judgements or pairs)")
 
 
-def eval_seen(head_dir: str, config: dict, store, task: Task, split: str) -> tuple[dict, str]:
+def eval_seen(head_dir: str, config: dict, store, task: Task, split: str) -> tuple[dict, str, frozenset | None]:
     """({split: seen mask} on the documents the head's training judged (its judgements.parquet,
-    heads.artefacts.judged), a note where the kind splits but the head keeps no record)."""
+    heads.artefacts.judged), a note where the kind splits but the head keeps no record, those documents' store rows
+    (None: no record))."""
     judged, why = read_judged(head_dir, config, store)
     if judged is not None:
-        return seen_masks(task, judged, (split,)), ""
+        return seen_masks(task, judged, (split,)), "", judged
     if not seen_masks(task, frozenset(), (split,)):  # a kind whose figures are not split (not IR)
-        return {}, ""
-    return {}, f"{why}: its figures are not split into seen and unseen queries"
+        return {}, "", None
+    return {}, f"{why}: its figures are not split into seen and unseen queries", None
 
 
-def judged_in_corpus(head_dir: str, config: dict, store, task: Task, split: str) -> int | None:
-    """How many of an IR split's corpus documents the head's training judged relevant (its judgements.parquet;
-    store rows, before remapping); None where the split is no IR split or the head keeps no record."""
+def judged_in_corpus(judged: frozenset | None, task: Task, split: str) -> int | None:
+    """How many of an IR split's corpus documents are among `judged` (eval_seen's store rows, before remapping);
+    None where the split is no IR split or the head keeps no record."""
     data = task.eval_sets.get(split)
-    judged, _ = read_judged(head_dir, config, store) if hasattr(data, "doc_rows") else (None, "")
-    if judged is None:
+    if judged is None or not hasattr(data, "doc_rows"):
         return None
     return int(np.isin(np.asarray(data.doc_rows), np.fromiter(judged, dtype=np.int64, count=len(judged))).sum())
 
@@ -123,8 +123,8 @@ def eval_head(store_path: str, head_dir: str, data_path: str, out_dir: str, data
     unlabeled_note = unlabeled_report(task, None, (eval_split(task),))
     task, dropped = without_excluded(task, exclude_overlap, store, data_path)
     task, trained_dropped = without_trained_unlabeled(task, config, store, data_path)
-    seen, seen_note = eval_seen(head_dir, config, store, task, eval_split(task))  # store rows: before remapping
-    judged_here = judged_in_corpus(head_dir, config, store, task, eval_split(task))
+    seen, seen_note, judged = eval_seen(head_dir, config, store, task, eval_split(task))  # store rows: not remapped
+    judged_here = judged_in_corpus(judged, task, eval_split(task))
     tf = TaskFeatures.for_task(store, task, device=device)
     placed, memory_info = load_for_eval(head_dir, store, task, tf, memory)  # another store, a changed text: an error
     lexical_saved = load_lexical(head_dir, lexical)  # BM25 fused in at the head's weight (heads.training.lexical_fit)
