@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import importlib
 import json
 import resource
 import time
@@ -151,6 +152,10 @@ def main() -> None:
     for name in ("--store", "--data", "--grid", "--out", "--account"):
         ap.add_argument(name, required=True)
     args = ap.parse_args()
+    # the command line's process settings for `cli grid` (headstore.cli; the parent sets THP_MEM_ALLOC_ENABLE as it
+    # does): glibc's malloc keeping freed memory, where the checkout run has it
+    process = importlib.import_module("headstore.data.process")
+    malloc_kept = getattr(process, "keep_freed_memory", lambda: False)()
     t0 = time.perf_counter()
     from headstore.heads.experiments.grid.run import run_grid
 
@@ -165,7 +170,7 @@ def main() -> None:
         "wall_s": wall, "cpu_s": time.process_time() - cpu0, "import_s": import_s, "seconds": seconds,
         "flops": dict(FLOPS), "gemms": [[*k, v] for k, v in GEMMS.most_common()], "stacks": STACKS,
         "modelled_s": plan.get("modelled", []), "max_rss_mb": usage.ru_maxrss / 1024,
-        "torch_threads": torch.get_num_threads(), "headstore": __import__("headstore").__file__}, indent=1))
+        "torch_threads": torch.get_num_threads(), "malloc_kept": malloc_kept, "headstore": __import__("headstore").__file__}, indent=1))
 
 
 if __name__ == "__main__":

@@ -5,7 +5,8 @@ account, against the machine's matmul limit, before and after a change, in one r
     python bench/speed/grid_stsb.py --store runs/store-minilm --before /path/to/old.pp --golden runs/grid-stsb \\
         --precisions fp32,bf16 --json runs/bench-grid-stsb.json
 
-Each grid runs as `cli grid` runs it (heads.experiments.grid.run.run_grid, progress off) in a child process
+Each grid runs as `cli grid` runs it (heads.experiments.grid.run.run_grid, progress off, the command line's process
+settings: torch's huge pages and glibc's malloc keeping freed memory, headstore.cli) in a child process
 (bench/speed/grid_account.py) on the checkout its PYTHONPATH names: `--before DIR` (a folder holding the old
 `headstore`, e.g. a git worktree linked as DIR/headstore) runs the old code beside this checkout's, alternating, so
 both see the same machine. The matmul limit (bench/speed/limits.py, featurize's hardware probe: a 2048^3 fp32 and
@@ -61,7 +62,7 @@ def grid_file(grid: str, precision: str, work: Path) -> str:
 
 def run_child(pp: str, label: str, precision: str, args, work: Path) -> dict:
     out, account = work / f"{label}-{precision}", work / f"{label}-{precision}.json"
-    env = {**os.environ, "PYTHONPATH": pp}
+    env = {"THP_MEM_ALLOC_ENABLE": "1", **os.environ, "PYTHONPATH": pp}  # as `cli grid` (headstore.cli), unless set
     load = os.getloadavg()[0]
     if account.exists() and args.resume:  # measured by an earlier call (a long bench under load, interrupted)
         return {"load_before": None, "load_after": None, **json.loads(account.read_text()), "label": label,

@@ -1,3 +1,6 @@
+import subprocess
+import sys
+
 import pytest
 import torch
 
@@ -165,3 +168,17 @@ def test_runs_of_heads_in_one_call_equal_a_call_per_head():
                                 lr=lrs[h], beta1=0.9, beta2=0.999, weight_decay=wds[h], eps=1e-8, amsgrad=False,
                                 maximize=False, grad_scale=inv, found_inf=None)
         assert all(torch.equal(p.detach()[h], ref[h]) for h in range(H)), step
+
+
+def test_a_stack_trains_without_importing_torch_dynamo():
+    """torch.optim.Optimizer's add_param_group and zero_grad import torch._dynamo on their first call (over a second
+    of a grid); StackedAdamW runs the functions they wrap, so a stack's training never imports it."""
+    code = ("import sys, torch\n"
+            "from headstore.heads.training.stacked_adamw import StackedAdamW\n"
+            "w = torch.nn.Parameter(torch.ones(3, 4, 2))\n"
+            "opt = StackedAdamW([w], lr=[1e-2, 1e-3, 0.0], weight_decay=0.01)\n"
+            "(w ** 2).sum().backward(); opt.step(); opt.zero_grad()\n"
+            "assert w.grad is None and not torch.equal(w[0], torch.ones(4, 2)) and torch.equal(w[2], torch.ones(4, 2))\n"
+            "print('torch._dynamo' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120)
+    assert out.stdout.strip() == "False"
