@@ -8,11 +8,13 @@ store's mean-pooled ones, decided on STS-B dev with the product's own `cli train
            pass's own mean taps are compared with the store's (the alignment: the largest gap per tap).
     copy   a COPY of the store with one more array per tap, `tapmax_<kind>_<i>` ({"tap": "max_<kind>"}: select-taps
            takes it as a candidate; `cli store verify` checks it), written with the product's array layout.
+    select select-taps' group lasso over the mean and max taps at another SGD step (--lr).
     train  `cli train-head` on the copy per candidate and seed (dev only printed; a rerun reuses finished runs).
     table  test and SemEval (without STS-B's sentences) of two candidates, paired two-level CIs of the difference.
 
     python3 bench/studies/taps_maxpool.py cache --store S --out W/cache
     python3 bench/studies/taps_maxpool.py copy --store S --cache W/cache --out W/store-max
+    python3 bench/studies/taps_maxpool.py select --store W/store-max --data D --lr 0.01 --out W/runs/sel-meanmax-lr0.01.json
     python3 bench/studies/taps_maxpool.py train --store W/store-max --data D --work W/runs --candidates K --seeds 0,1,2
     python3 bench/studies/taps_maxpool.py table --store W/store-max --data D --semeval E --work W/runs \\
         --candidates CHOSEN,COMPARATOR --json OUT
@@ -34,18 +36,17 @@ from scipy.stats import spearmanr
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import torch  # noqa: E402
-
-import headstore.featurize.encoder.pooling as pooling  # noqa: E402
-from headstore.featurize.encoder.config import FeaturizeConfig  # noqa: E402
-from headstore.featurize.encoder.resolved import resolve  # noqa: E402
-from headstore.featurize.encoder.taps import tap_arrays  # noqa: E402
-from headstore.featurize.run.windows import encode_in_plan_order, open_encoder  # noqa: E402
-from headstore.featurize.store.layout import MANIFEST  # noqa: E402
-from headstore.featurize.store.reader import FeatureStore  # noqa: E402
-from headstore.featurize.store.writer import create_array, write_manifest  # noqa: E402
-from headstore.heads.scoring.bootstrap import two_level_ci  # noqa: E402
-from taps_study import RESIDUAL, eval_pairs, run_cli, scored  # noqa: E402
+import torch
+from headstore.featurize.encoder import pooling
+from headstore.featurize.encoder.config import FeaturizeConfig
+from headstore.featurize.encoder.resolved import resolve
+from headstore.featurize.encoder.taps import tap_arrays
+from headstore.featurize.run.windows import encode_in_plan_order, open_encoder
+from headstore.featurize.store.layout import MANIFEST
+from headstore.featurize.store.reader import FeatureStore
+from headstore.featurize.store.writer import create_array, write_manifest
+from headstore.heads.scoring.bootstrap import two_level_ci
+from taps_study import RESIDUAL, eval_pairs, run_cli, scored
 
 MAX_PREFIX = "tapmax_"
 MEAN4 = ["tap_mlp_2", "tap_mlp_3", "tap_attn_6", "tap_mlp_6"]  # select-taps' top four (docs/taps.md)
@@ -56,8 +57,9 @@ CANDIDATES = {  # key -> (label, --array or "select:FILE:K" (features + the K be
                    "+".join(["features", *MEAN4, *(t.replace("tap_", MAX_PREFIX) for t in MEAN4)]), RECIPE),
     "max4": ("features + the 4 taps max-pooled instead",
              "+".join(["features", *(t.replace("tap_", MAX_PREFIX) for t in MEAN4)]), RECIPE),
-    "sel-meanmax-4": ("features + select-taps' top 4 of mean and max taps", "select:sel-meanmax.json:4", RECIPE),
-    "sel-meanmax-6": ("features + select-taps' top 6 of mean and max taps", "select:sel-meanmax.json:6", RECIPE),
+    # select-taps over the 35 mean and max candidates at lr 0.01: its default 0.1 diverges there (group norms ~100)
+    "sel-meanmax-4": ("features + select-taps' top 4 of mean and max taps", "select:sel-meanmax-lr0.01.json:4", RECIPE),
+    "sel-meanmax-6": ("features + select-taps' top 6 of mean and max taps", "select:sel-meanmax-lr0.01.json:6", RECIPE),
 }
 
 
@@ -83,7 +85,8 @@ def cache(a) -> None:
     config = json.loads((Path(a.store) / "config.json").read_text())
     config["layers"] = tuple(config["layers"])
     settings = resolve(FeaturizeConfig(**config))
-    texts = store.texts.sort("row").head(a.limit or None)
+    texts = store.texts.sort("row")
+    texts = texts.head(a.limit) if a.limit else texts
     ids, strings = texts["text_id"].to_list(), texts["text"].to_list()
     taps = tap_arrays(settings.taps)
     n = len(strings)
@@ -142,6 +145,13 @@ def copy(a) -> None:
     print(f"{dst}: {len(manifest['arrays'])} arrays")
 
 
+def select(a) -> None:
+    """heads.experiments.taps.selection.select_taps (what `cli select-taps` runs) at another --lr."""
+    from headstore.heads.experiments.taps.selection import select_taps, selection_table
+    from headstore.heads.settings.taps import TapSelectConfig
+    print(selection_table(select_taps(a.store, a.data, TapSelectConfig(lr=a.lr, keep=8), out=a.out)))
+
+
 def array_of(spec: str, work: Path) -> str:
     if not spec.startswith("select:"):
         return spec
@@ -155,7 +165,7 @@ def array_of(spec: str, work: Path) -> str:
 def train(a) -> list[dict]:
     work, records = Path(a.work), []
     for key in a.candidates.split(","):
-        label, spec, options = CANDIDATES[key]
+        _label, spec, options = CANDIDATES[key]
         array = array_of(spec, work)
         for seed in [int(s) for s in a.seeds.split(",")]:
             folder = work / f"{key}-s{seed}"
@@ -202,8 +212,12 @@ def table(a) -> None:
                 row[f"{s}_minus_{ref}_ci"] = two_level_ci(v, 1000, 0, gold=gold[s], statistic="spearman",
                                                           minus=values[ref, s])
         rows.append(row)
+    dev_only = [json.loads(f.read_text()) for key in (a.dev_candidates or "").split(",") if key
+                for f in sorted(Path(a.work).glob(f"{key}-s*/run.json"))]
     out = {"command": " ".join(sys.argv), "date_utc": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-           "load": os.getloadavg(), "rows": rows}
+           "load": os.getloadavg(), "rows": rows, "dev_runs": dev_only,
+           "selections": {f.name: json.loads(f.read_text()) for f in sorted(Path(a.work).glob("sel-*.json"))},
+           "cache": json.loads((Path(a.cache) / "info.json").read_text()) if a.cache else None}
     Path(a.json).write_text(json.dumps(out, indent=1))
     for r in rows:
         print(f"{r['label']}: dev {r['dev']:.4f} {r['dev_per_seed']} test {r['test']:.4f} {r['test_ci']} "
@@ -212,7 +226,7 @@ def table(a) -> None:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("step", choices=["cache", "copy", "train", "table"])
+    p.add_argument("step", choices=["cache", "copy", "select", "train", "table"])
     p.add_argument("--store", required=True)
     p.add_argument("--out")
     p.add_argument("--cache")
@@ -221,10 +235,12 @@ def main() -> None:
     p.add_argument("--work")
     p.add_argument("--candidates", default="mean4,mean4-max4")
     p.add_argument("--seeds", default="0,1,2")
+    p.add_argument("--dev-candidates", default="", help="table: every candidate tried (their dev runs in the JSON)")
     p.add_argument("--json")
+    p.add_argument("--lr", type=float, default=0.1, help="select: select-taps' SGD step")
     p.add_argument("--limit", type=int, default=0, help="cache: the first LIMIT rows only (a smoke run)")
     a = p.parse_args()
-    {"cache": cache, "copy": copy, "train": train, "table": table}[a.step](a)
+    {"cache": cache, "copy": copy, "select": select, "train": train, "table": table}[a.step](a)
 
 
 if __name__ == "__main__":
