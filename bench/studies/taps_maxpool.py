@@ -57,6 +57,8 @@ CANDIDATES = {  # key -> (label, --array or "select:FILE:K" (features + the K be
                    "+".join(["features", *MEAN4, *(t.replace("tap_", MAX_PREFIX) for t in MEAN4)]), RECIPE),
     "max4": ("features + the 4 taps max-pooled instead",
              "+".join(["features", *(t.replace("tap_", MAX_PREFIX) for t in MEAN4)]), RECIPE),
+    "mean4-max2": ("features + 4 mean taps + the 2 max taps select-taps ranks first (attn 6, block 6)",
+                   "+".join(["features", *MEAN4, "tapmax_attn_6", "tapmax_block_6"]), RECIPE),
     # select-taps over the 35 mean and max candidates at lr 0.01: its default 0.1 diverges there (group norms ~100)
     "sel-meanmax-4": ("features + select-taps' top 4 of mean and max taps", "select:sel-meanmax-lr0.01.json:4", RECIPE),
     "sel-meanmax-6": ("features + select-taps' top 6 of mean and max taps", "select:sel-meanmax-lr0.01.json:6", RECIPE),
