@@ -2,8 +2,8 @@
 library inside someone else's process (a notebook, a service), so nothing it does outlives the call.
 
 The command line's own process-wide settings (OMP_WAIT_POLICY, THP_MEM_ALLOC_ENABLE, _RJEM_MALLOC_CONF, and for
-the commands that train heads `keep_freed_memory`) are made in headstore.cli, where it starts, before torch or
-polars is imported; the library never makes them.
+`cli grid` `keep_freed_memory`) are made in headstore.cli, where it starts, before torch or polars is imported;
+the library never makes them.
 """
 from __future__ import annotations
 
