@@ -108,6 +108,10 @@ class AnchorSampler:
         self.m = min(ANCHOR_ROWS, len(pool.rows))
         self.report["drawn_per_step"] = self.m
 
+    def keep_heads(self, keep: list[int]) -> None:
+        """Go on with the heads at positions `keep` only (heads.training.train.StackTraining.compact)."""
+        self.gens = [self.gens[j] for j in keep]
+
     def sample(self) -> torch.Tensor:
         return torch.stack([self.pool[torch.randint(len(self.pool), (self.m,), generator=g)] for g in self.gens])
 

@@ -141,6 +141,13 @@ class NegativeSource:
         self.mined = self.mined.contiguous()  # the feature-space negatives are one (P, k) expanded to H heads
         self.mined[torch.as_tensor(idx, device=fresh.device)] = fresh
 
+    def keep_heads(self, keep: list[int]) -> None:
+        """Go on with the heads at positions `keep` only (heads.training.train.StackTraining.compact)."""
+        self.n_heads = len(keep)
+        if self.mined is not None:  # the feature-space negatives stay one (P, k) expanded to the heads
+            self.mined = (self.mined[:1].expand(len(keep), -1, -1) if self.mined.stride(0) == 0
+                          else self.mined[torch.as_tensor(keep, device=self.mined.device)])
+
     def _pool(self, n_docs: int) -> np.ndarray:
         """(U, c) candidates of every unique anchor: its frozen top-c by cosine (c = pool_k, plus room for
         the anchor's own positives, which are never mined)."""

@@ -35,6 +35,8 @@ from headstore.heads.training.tracker import HeadRun
 class DistillTraining(StackTraining):
     """One stack's distillation (module doc). `targets`: at task positions (rows of `features`)."""
 
+    compacts = False  # its pair generators are per head of the whole stack: stopped heads stay in the steps
+
     def __init__(self, task: Task, features: torch.Tensor, head_cfg: HeadConfig, plan: ResolvedTraining,
                  dcfg: DistillConfig, targets: Targets, anchor_rows: Optional[AnchorPool] = None,
                  in_place: bool = False, init: Optional[tuple[StackedMLP, Normalizer]] = None):

@@ -64,7 +64,8 @@ class HeadTracker:
                  delta: float = 0.0):
         H = len(configs)
         self.runs = [HeadRun(c) for c in configs]
-        self.params, self.patience, self.delta = params, patience, delta
+        self.params, self.patience, self.delta = params, patience, delta  # params: the whole stack's (restore_best)
+        self.source, self.rows = params, list(range(H))  # head h's current weights: row rows[h] of source (follow)
         self.alive = torch.ones(H, dtype=torch.bool)
         self.ok = torch.ones(H, dtype=torch.bool)
         self.best: list[tuple] = [(-math.inf,)] * H  # rule_key of the kept weights
@@ -81,6 +82,11 @@ class HeadTracker:
                 self.best[h] = rule_key(value, loss, self.delta)
                 run.best_epoch, run.best_dev, run.best_sel_loss, run.best_step = 0, value, loss, 0
 
+    def follow(self, params: list[torch.Tensor], heads: Sequence[int]) -> None:
+        """Head heads[j]'s current weights are row j of `params` from now on: a stack that dropped its stopped
+        heads from its steps (heads.training.train.StackTraining.compact). Best weights are kept from there."""
+        self.source, self.rows = params, {h: j for j, h in enumerate(heads)}
+
     def fail(self, h: int, reason: str) -> None:
         self.runs[h].status, self.runs[h].reason = "failed", reason
         self.ok[h] = self.alive[h] = False
@@ -93,11 +99,16 @@ class HeadTracker:
         return finite
 
     def end_epoch(self, epoch: float, losses: torch.Tensor, scores: list[float], metric: str, step: int,
-                  sel_losses: Optional[list[float]] = None, extra: Optional[dict] = None, count: bool = True) -> None:
+                  sel_losses: Optional[list[float]] = None, extra: Optional[dict] = None, count: bool = True,
+                  trained: Optional[torch.Tensor] = None) -> None:
         """Record a dev scoring at epoch `epoch` (1-based; fractional within an epoch): mean loss (H,) since the last
         scoring and dev score per head (and out-of-domain dev loss), `extra` in each history entry; keep improved
-        weights. `count`: a scoring without an improvement counts towards the patience (not during a warm-up)."""
+        weights. `count`: a scoring without an improvement counts towards the patience (not during a warm-up).
+        `trained` (H,) bool: the heads that trained since the last scoring (None: all); a head stopped before has
+        no entry (its history ends where it stopped, as it does trained alone)."""
         for h, value in enumerate(scores):
+            if trained is not None and not trained[h]:
+                continue
             run = self.runs[h]
             loss = None if sel_losses is None else float(sel_losses[h])
             run.history.append({"epoch": epoch, **(extra or {}), "loss": float(losses[h]), f"dev_{metric}": value,
@@ -112,8 +123,8 @@ class HeadTracker:
                 self.best[h], self.stale[h] = key, 0
                 run.best_epoch, run.best_dev, run.best_sel_loss = math.ceil(epoch), value, loss
                 run.best_step = step
-                for p, b in zip(self.params, self.best_state):
-                    b[h] = p.detach()[h]
+                for p, b in zip(self.source, self.best_state):
+                    b[h] = p.detach()[self.rows[h]]
             elif count:
                 self.stale[h] += 1
                 if self.stale[h] >= self.patience:

@@ -3,7 +3,9 @@
 Every head keeps its own seed (init, batch order, mined negatives), its own learning rate and weight
 decay, its own early stopping on the dev metric and its own failure status, so a head's result does
 not depend on which other heads share its stack: training H heads stacked equals training each alone.
-A head whose loss turns NaN/inf is marked failed (with the step) and frozen; the others go on.
+A head whose loss turns NaN/inf is marked failed (with the step) and frozen; the others go on. Heads that stopped
+or failed leave the stack's steps at the next epoch (`StackTraining.compact`): a grid whose heads stop at different
+epochs computes only the ones still training (the main job's STS-B grid: 409 of 480 head-epochs).
 
 `train_stack` runs the parts of heads.training.batches (data, batches, negatives, losses), heads.training.optim (one
 optimisation step) and heads.training.tracker (dev scores, early stopping, the best weights; with `guard` the
@@ -108,6 +110,8 @@ def stop_line(run: HeadRun, total: int, metric: str) -> str:
 class StackTraining:
     """The state of one stack's training: data, heads, optimiser, tracker, negatives, per-head generators."""
 
+    compacts = True  # stopped heads leave the steps (compact); a subclass with per-head state of its own says False
+
     def __init__(self, task: Task, features: torch.Tensor, head_cfg: HeadConfig, plan: ResolvedTraining,
                  select_split: str, selection: Optional[OodSelection], init: Optional[tuple[StackedMLP, Normalizer]],
                  anchor_rows: Optional[AnchorPool] = None, in_place: bool = False):
@@ -121,7 +125,8 @@ class StackTraining:
         self.H, self.P, self.B = plan.n_heads, len(self.data), min(plan.batch_size, len(self.data))
         self.model = (StackedMLP(self.H, head_cfg, seeds=list(plan.seeds)) if init is None
                       else copy.deepcopy(init[0])).to(self.data.X.device)  # initialised on the CPU: the same
-        # numbers on every device
+        # numbers on every device. The heads still training; the whole stack (finish) is self.stack:
+        self.stack, self.live = self.model, list(range(self.H))  # self.model's row j is head live[j] (compact)
         if self.model.n_heads != self.H or self.model.cfg != head_cfg:
             raise ValueError(f"init holds {self.model.n_heads} head(s) of {self.model.cfg}; this stack needs "
                              f"{self.H} of {head_cfg}")
@@ -179,7 +184,8 @@ class StackTraining:
         idx = list(range(self.H)) if heads is None else torch.nonzero(heads).flatten().tolist()
         out = [self.tracker.runs[h].history[-1][key] if h not in idx else None for h in range(self.H)]
         if idx:
-            fresh = compute(self.model if len(idx) == self.H else self.model.select_heads(idx))
+            rows = [self.live.index(h) for h in idx]  # their rows in the heads training (all trained: live)
+            fresh = compute(self.model if len(rows) == len(self.live) else self.model.select_heads(rows))
             for h, value in zip(idx, fresh):
                 out[h] = value
         return out
@@ -195,20 +201,23 @@ class StackTraining:
 
     def epoch(self, epoch: int, bar) -> None:
         """One epoch of every head still training, scored on dev every `self.every` steps and at its end, with the
-        tracker's bookkeeping. A stopped head is still in the stack's steps (its rate is 0) but is neither re-mined
-        nor scored again: its loss is on the negatives it last had. The epoch ends early when every head stopped."""
-        data, H = self.data, self.H
-        negs = self.epoch_negatives(epoch, self.tracker.alive.clone())  # (H, P, K) or None
+        tracker's bookkeeping. Heads that stopped (or failed) are dropped from the steps at the epoch's start
+        (compact); one that stops within an epoch stays in its steps until its end (its rate is 0), neither
+        re-mined nor scored again. The epoch ends early when every head stopped."""
+        self.compact()
+        data, H, live = self.data, self.H, torch.as_tensor(self.live)
+        negs = self.epoch_negatives(epoch, self.tracker.alive[live])  # (h, P, K) or None, h = len(live)
         self.interval = (self.tracker.alive.clone(), torch.zeros(H, dtype=torch.float64), 0)  # (heads, loss, steps)
         self.model.train()
-        for s, idx in enumerate(self.epoch_batches()):  # idx (H, b) drawn on the CPU (each head's generator),
+        for s, idx in enumerate(self.epoch_batches()):  # idx (h, b) drawn on the CPU (each head's generator),
             idx = idx.to(data.X.device)  # used where X is
-            losses = self.step_losses(idx, negs)
+            losses = self.step_losses(idx, negs)  # (h,)
             where = f"at epoch {epoch + 1}, step {s + 1} (global step {self.step + 1})"
-            finite = self.tracker.check_losses(losses, where)
-            self.optimizer.step(losses, finite, self.tracker.ok, self.tracker.alive)
+            every = torch.zeros(H, dtype=losses.dtype).index_copy_(0, live, losses.detach().cpu())  # (H,)
+            finite = self.tracker.check_losses(every, where)
+            self.optimizer.step(losses, finite[live], self.tracker.ok[live], self.tracker.alive[live])
             trained, loss_sum, n = self.interval
-            self.interval = (trained, loss_sum + torch.where(finite, losses.detach().cpu(), torch.zeros(H)).double(), n + 1)
+            self.interval = (trained, loss_sum + torch.where(finite, every, torch.zeros(H)).double(), n + 1)
             self.step += 1
             bar.update(1)
             if s + 1 < self.steps_per_epoch and (s + 1) % self.every == 0:  # a scoring within the epoch
@@ -226,7 +235,7 @@ class StackTraining:
         within = self.every < self.steps_per_epoch
         self.tracker.end_epoch(at, loss_sum / max(n, 1), scores, self.metric, self.step, self.sel_losses(trained),
                                extra={"step": self.step} if within else {},
-                               count=not within or self.step > self.optimizer.warmup)
+                               count=not within or self.step > self.optimizer.warmup, trained=trained)
         self.interval = (self.tracker.alive.clone(), torch.zeros(self.H, dtype=torch.float64), 0)
         bar.set_postfix({f"best {self.metric}": f"{self.tracker.best_so_far():.4f}"})
 
@@ -241,6 +250,23 @@ class StackTraining:
                 "patience_steps": self.plan.patience * self.every,
                 "warmup_steps": self.optimizer.warmup if within else 0}
 
+    def compact(self) -> None:
+        """Drop the heads that stopped or failed from the steps: the model, the optimiser's state, the generators,
+        negatives and anchor sampler keep the rows of the heads still training, so a stack whose heads stop at
+        different epochs no longer computes the stopped ones (their weights no longer change; the tracker keeps
+        every head's record and best weights). Each head's numbers are its own whatever shares its stack."""
+        keep = [j for j, h in enumerate(self.live) if self.tracker.alive[h]]
+        if not self.compacts or not keep or len(keep) == len(self.live):
+            return
+        self.live = [self.live[j] for j in keep]
+        self.model = self.model.select_heads(keep)
+        self.optimizer.keep_heads(keep, self.model)
+        self.tracker.follow(self.optimizer.params, self.live)
+        self.gens = [self.gens[j] for j in keep]
+        self.negatives.keep_heads(keep)
+        if self.anchor is not None:
+            self.anchor.keep_heads(keep)
+
     # --- what an epoch's steps are made of (a distillation, heads.training.distill, gives its own) ---------
     def epoch_steps(self) -> int:
         """Steps of one epoch: the training pairs in batches (epoch_batches: no batch of one); labelled texts: the
@@ -254,7 +280,8 @@ class StackTraining:
     def epoch_batches(self):
         """This epoch's (H, b) index blocks of the training pairs, each head's from its own generator."""
         if self.sampler is not None:
-            return self.sampler(self.plan.settings, self.gens, self.B, self.steps_per_epoch).unbind(1)
+            settings = [self.plan.settings[h] for h in self.live]
+            return self.sampler(settings, self.gens, self.B, self.steps_per_epoch).unbind(1)
         return epoch_batches(self.gens, self.P, self.B)
 
     def step_losses(self, idx: torch.Tensor, negs: Optional[torch.Tensor]) -> torch.Tensor:
@@ -267,6 +294,7 @@ class StackTraining:
 
     def finish(self, elapsed: float) -> tuple[StackedMLP, Normalizer, list[HeadRun]]:
         """The best weights of every head, and its run record."""
+        self.model = self.stack  # every head, at its best weights
         self.tracker.restore_best()
         if not self.select:  # the "score" was the epoch number: no dev metric exists
             for r in self.tracker.runs:

@@ -80,13 +80,39 @@ def test_stopped_heads_are_neither_remined_nor_rescored(exact_max, ood):
         n = len(run.history)  # alone, the loop ends when the head stops
         stops.append(n)
         assert run.best_epoch == runs[h].best_epoch and run.best_dev == runs[h].best_dev
+        assert len(runs[h].history) == n  # the history ends where the head stopped, as alone
         for key in keys:
-            assert [r[key] for r in run.history] == [r[key] for r in runs[h].history[:n]]
-            assert all(r[key] == run.history[-1][key] for r in runs[h].history[n:])
+            assert [r[key] for r in run.history] == [r[key] for r in runs[h].history]
         assert [r["loss"] for r in run.history] == pytest.approx([r["loss"] for r in runs[h].history[:n]], rel=1e-4)
         for p_stack, p_alone in zip(stacked.parameters(), alone.parameters()):
             torch.testing.assert_close(p_stack[h], p_alone[0], rtol=1e-4, atol=1e-5)
     assert len(set(stops)) > 2 and min(stops) < base.epochs, stops  # the heads did stop at different epochs
+
+
+@pytest.mark.parametrize("decay_to_init,anchor", [(0.0, 0.0), (0.01, 0.1)])
+def test_a_stack_steps_only_the_heads_still_training(monkeypatch, decay_to_init, anchor):
+    """Heads that stopped leave the stack's steps at the next epoch: every step computes the heads alive at its
+    epoch's start, no more (counted in the step's forward pass), and each head still ends as it does alone."""
+    import headstore.heads.training.train as train_module
+    task, X = planted_ir_task(n_docs=120)
+    head_cfg = HeadConfig(depth=2, hidden=32, out_dim=16, in_dim=16, residual=True)
+    base = TrainConfig(normalize="none", impostors="all", mined_k=4, loss="l1-energy", epochs=8, batch_size=16,
+                       patience=1, q=8.0, decay_to_init=decay_to_init, anchor_weight=anchor)
+    configs = [dataclasses.replace(base, lr=lr, seed=s) for s, lr in enumerate([3e-2, 1e-3, 3e-4, 1e-2])]
+    stepped, real = [], train_module.batch_losses
+    monkeypatch.setattr(train_module, "batch_losses",
+                        lambda model, *a, **k: stepped.append(model.n_heads) or real(model, *a, **k))
+    stacked, _, runs = train_stack(task, X, head_cfg, configs, progress=False)
+    ends = sorted(len(r.history) for r in runs)  # the epochs each head trained
+    per_epoch = [sum(e > epoch for e in ends) for epoch in range(max(ends))]  # heads alive at each epoch's start
+    assert len(set(ends)) > 1 and stepped[0] == len(configs), ends
+    n_steps = len(stepped) // max(ends)
+    assert stepped == [n for n in per_epoch for _ in range(n_steps)], per_epoch
+    for h, cfg in enumerate(configs):
+        alone, _, (run,) = train_stack(task, X, head_cfg, [cfg], progress=False)
+        assert run.best_epoch == runs[h].best_epoch and len(run.history) == len(runs[h].history)
+        for p_stack, p_alone in zip(stacked.parameters(), alone.parameters()):
+            torch.testing.assert_close(p_stack[h], p_alone[0], rtol=1e-4, atol=1e-5)
 
 
 @pytest.mark.parametrize("head_cfg", [HeadConfig(depth=0, in_dim=16),
