@@ -16,6 +16,7 @@ the masks separate runs would draw).
 from __future__ import annotations
 
 import contextlib
+import copy
 import json
 import math
 from dataclasses import asdict
@@ -42,6 +43,7 @@ assert sorted(ACTIVATIONS) == sorted(ACTIVATION_NAMES), "heads.settings.config l
 # size, so without a gain the mix would barely move from its start in a few hundred steps (on STS-B a gain
 # of 10 lets it move from 0.8 to ~0.73 on the last layer; docs/l1-energy.md)
 MIX_GAIN = 10.0
+MASK_STREAM = 0x5EED  # added to a head's seed for its dropout masks' generator: a stream apart from its init's
 HEADS_FORMAT = "headstore.heads/1"  # safetensors metadata tag; bump when the layout changes
 
 
@@ -123,6 +125,7 @@ class StackedMLP(nn.Module):
         n_norms = max(cfg.depth - 1, 0) if cfg.layer_norm else 0
         self.ln_weights = nn.ParameterList([nn.Parameter(torch.ones(n_heads, cfg.hidden)) for _ in range(n_norms)])
         self.ln_biases = nn.ParameterList([nn.Parameter(torch.zeros(n_heads, cfg.hidden)) for _ in range(n_norms)])
+        self.mask_gens: Optional[list[torch.Generator]] = None  # per head, its dropout masks' (dropout_masks)
 
     @property
     def out_features(self) -> int:
@@ -162,7 +165,9 @@ class StackedMLP(nn.Module):
             if l < cfg.depth - 1:
                 if cfg.layer_norm:
                     h = F.layer_norm(h, h.shape[-1:]) * self.ln_weights[l].unsqueeze(1) + self.ln_biases[l].unsqueeze(1)
-                h = F.dropout(act(h), cfg.dropout, self.training)
+                h = act(h)
+                if self.training and cfg.dropout > 0:
+                    h = h * self.dropout_masks(h.shape[-2:], cfg.dropout, h)
         # a residual head adds its input back; one narrower than its input (arrays of several widths side by side,
         # out_dim the first's) adds back the leading columns: the first array (taps: `features`)
         return x[..., :h.shape[-1]] + h if cfg.residual and cfg.depth > 0 else h
@@ -171,11 +176,18 @@ class StackedMLP(nn.Module):
         """(H, B, W) input with each array but the first zeroed, whole, per head and text, with probability
         array_dropout, the kept ones scaled by 1 / (1 - p) (the residual adds back the first array, never dropped)."""
         bounds, p = self.cfg.array_bounds(), self.cfg.array_dropout
-        keep = (torch.rand(*x.shape[:-1], len(bounds) - 2, device=x.device) >= p).to(x.dtype) / (1 - p)  # (H, B, A-1)
-        sizes = torch.tensor([b - a for a, b in zip(bounds[1:-1], bounds[2:])], device=x.device)
-        mask = torch.cat([torch.ones(*x.shape[:-1], bounds[1], device=x.device, dtype=x.dtype),
-                          keep.repeat_interleave(sizes, dim=-1)], dim=-1)  # (H, B, W)
-        return x * mask
+        keep = self.dropout_masks((x.shape[-2], len(bounds) - 2), p, x)  # (H, B, A-1)
+        dropped = [x[..., a:b] * keep[..., j:j + 1] for j, (a, b) in enumerate(zip(bounds[1:-1], bounds[2:]))]
+        return torch.cat([x[..., :bounds[1]], *dropped], dim=-1)  # (H, B, W): one pass, not a (H, B, W) mask
+
+    def dropout_masks(self, shape: tuple, p: float, like: torch.Tensor) -> torch.Tensor:
+        """(H, *shape) dropout masks in `like`'s dtype and device: 0 with probability p, else 1 / (1 - p). Head h's
+        are drawn from its own generator (its seed + MASK_STREAM, made on first use where `like` is), so a head's
+        masks are those it draws alone, the same in every run of its seed."""
+        if self.mask_gens is None or self.mask_gens[0].device != like.device:
+            self.mask_gens = [torch.Generator(device=like.device).manual_seed(s + MASK_STREAM) for s in self.seeds]
+        draws = torch.stack([torch.rand(shape, generator=g, device=like.device) for g in self.mask_gens])
+        return (draws >= p).to(like.dtype) / (1 - p)
 
     def encode(self, x: torch.Tensor, role: str = "query") -> torch.Tensor:
         """(B, D) or (H, B, D) features of texts in `role` -> (H, B, out_features). A query-side head
@@ -194,6 +206,8 @@ class StackedMLP(nn.Module):
         with torch.no_grad():
             for name, p in self.named_parameters():
                 out.get_parameter(name).copy_(p.detach().index_select(0, idx.to(p.device)))
+        if self.mask_gens is not None:  # the heads' dropout streams go on where they were
+            out.mask_gens = [copy.deepcopy(self.mask_gens[i]) for i in idx.tolist()]
         return out.to(next(self.parameters(), torch.empty(0)).device)
 
     def head_slice(self, h: int) -> "StackedMLP":
