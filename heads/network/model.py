@@ -44,6 +44,8 @@ assert sorted(ACTIVATIONS) == sorted(ACTIVATION_NAMES), "heads.settings.config l
 # of 10 lets it move from 0.8 to ~0.73 on the last layer; docs/l1-energy.md)
 MIX_GAIN = 10.0
 MASK_STREAM = 0x5EED  # added to a head's seed for its dropout masks' generator: a stream apart from its init's
+MASK_RULE = 2  # how dropout masks are drawn (a grid head with dropout holds it in its id): 2, each head's own seeded
+# generator (1, before: torch's unseeded global one, a seed did not give the same head twice)
 HEADS_FORMAT = "headstore.heads/1"  # safetensors metadata tag; bump when the layout changes
 
 

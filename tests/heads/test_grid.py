@@ -36,6 +36,18 @@ def test_head_id_depends_on_every_setting_and_the_store():
     assert head_id(s, "data", "fp", ("cacm",)) != base
 
 
+def test_a_dropout_heads_id_holds_how_its_masks_are_drawn(monkeypatch):
+    """Heads trained with dropout under another mask rule (unseeded masks) are not resumed; others keep their id."""
+    import headstore.heads.experiments.grid.spec as spec
+
+    plain, dropped = {"loss": "l1-energy"}, {"loss": "l1-energy", "dropout": 0.1}
+    arrays = {"loss": "l1-energy", "array_dropout": 0.3}
+    before = [head_id(s, "data", "fp") for s in (plain, dropped, arrays)]
+    monkeypatch.setattr(spec, "MASK_RULE", spec.MASK_RULE + 1)
+    after = [head_id(s, "data", "fp") for s in (plain, dropped, arrays)]
+    assert after[0] == before[0] and after[1] != before[1] and after[2] != before[2]
+
+
 def test_head_id_hashes_resolved_defaults(monkeypatch):
     """An unset q is hashed as the Q it stands for: retuning the default retrains, spelling it out does not."""
     import headstore.heads.scoring.losses.settings as losses

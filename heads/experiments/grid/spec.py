@@ -25,6 +25,7 @@ from headstore.heads.settings.config import HeadConfig, TrainConfig, check_types
 from headstore.heads.settings.train_sections import PRECISIONS
 from headstore.heads.kinds.base import DEV_FRACTION, DEV_SEED
 from headstore.heads.kinds.ranking import IR_TOPK
+from headstore.heads.network.model import MASK_RULE
 from headstore.heads.scoring.losses import GENUINE_THRESHOLD
 from headstore.heads.training.anchor import ANCHOR_SAMPLE
 from headstore.heads.training.selection import DEFAULT_DELTA
@@ -149,15 +150,17 @@ def head_id(settings: dict, data: str, fingerprint: str, transfer: tuple[str, ..
     the store, the out-of-domain sets and GRID_VERSION. Parts that are unset are left out, so ids of grids
     that did not use them stay as they were. An anchored head's id holds the rule its anchor sample was drawn by
     (heads.training.anchor.ANCHOR_SAMPLE: the task's own texts, never another dataset of the store, so a grown
-    store trains nothing again; heads anchored under the old whole-store rule are not reused). `unlabeled`: the
+    store trains nothing again; heads anchored under the old whole-store rule are not reused); a head with dropout,
+    the rule its masks are drawn by (heads.network.model.MASK_RULE: heads of unseeded masks are not reused). `unlabeled`: the
     digest of the --unlabeled texts (heads.kinds.unlabeled), which change the corpus, the impostors and the
     anchor's sample."""
     selection = {"select_ood": sorted(select_ood), "ood_delta": ood_delta} if select_ood else {}
     fmt = {"format": data_format} if data_format is not None else {}
     anchor = {"anchor_sample": ANCHOR_SAMPLE} if settings.get("anchor_weight") else {}
+    masks = {"mask_rule": MASK_RULE} if settings.get("dropout") or settings.get("array_dropout") else {}
     blob = json.dumps({**resolved_settings(settings, in_dim), "data": data, "store": fingerprint,
                        "score_range": list(score_range) if score_range else None,
-                       "version": GRID_VERSION, "transfer": sorted(transfer), **selection, **fmt, **anchor,
+                       "version": GRID_VERSION, "transfer": sorted(transfer), **selection, **fmt, **anchor, **masks,
                        **({"unlabeled": unlabeled} if unlabeled else {})},
                       sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
