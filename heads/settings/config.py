@@ -62,7 +62,7 @@ class HeadConfig:
         "unless set.")})  # width of hidden layers; ~1.3x MiniLM's 384 keeps heads small
     out_dim: Optional[int] = field(default=None, metadata=option_meta())  # None -> in_dim (what a residual head needs)
     activation: str = field(default="gelu", metadata=option_meta(choices=ACTIVATION_NAMES))  # GELU as in the encoder
-    dropout: float = field(default=0.0, metadata=option_meta())  # 0: what the recipe was measured with (masks: each head's own)
+    dropout: float = field(default=0.0, metadata=option_meta())  # 0: the recipe as measured; masks per head (seeded)
     layer_norm: bool = field(default=False, metadata=option_meta())  # off: features are already pooled
     residual: bool = field(default=True, metadata=option_meta(
         "f(x) = x + g(x), starting exactly at the frozen features (needs out-dim = feature dim)."))
