@@ -197,11 +197,13 @@ def grid_command(store, data, data_format, unlabeled, grid_path, out, transfer, 
 @click.option("--penalty", type=float, default=TapSelectConfig.penalty, show_default=True, help="Group-lasso strength.")
 @click.option("--rank", type=int, default=TapSelectConfig.rank, show_default=True, help="Width of the linear map.")
 @click.option("--epochs", type=int, default=TapSelectConfig.epochs, show_default=True)
+@click.option("--lr", type=float, default=TapSelectConfig.lr, show_default=True,
+              help="SGD's step; refused where the fit falls (lower it for many or heavy-tailed taps).")
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--out", type=PATH, default=None, help="JSON file for every tap's score and the chosen --array.")
-def select_taps_command(store, data, data_format, first, keep, penalty, rank, epochs, seed, out):
+def select_taps_command(store, data, data_format, first, keep, penalty, rank, epochs, lr, seed, out):
     """Rank a store's taps by a group lasso on the training pairs; print the --array a head should read."""
     from headstore.heads.experiments.taps.selection import select_taps, selection_table
 
-    cfg = TapSelectConfig(penalty=penalty, rank=rank, epochs=epochs, keep=keep, seed=seed)
+    cfg = TapSelectConfig(penalty=penalty, rank=rank, epochs=epochs, lr=lr, keep=keep, seed=seed)
     click.echo(selection_table(select_taps(store, data, cfg, first, data_format, out)))

@@ -41,9 +41,9 @@ def _standardized(blocks: list[np.ndarray], rows: np.ndarray) -> list[torch.Tens
 
 
 def group_scores(blocks: list[np.ndarray], anchor: np.ndarray, partner: np.ndarray, target: np.ndarray,
-                 cfg: TapSelectConfig) -> np.ndarray:
-    """(T,) the group norm ||W_t||_F of each block after group-lasso training (blocks: (N, d_t) features indexed by
-    the pairs' rows)."""
+                 cfg: TapSelectConfig) -> tuple[np.ndarray, list[float]]:
+    """((T,) the group norm ||W_t||_F of each block after group-lasso training, the training pairs' mean batch
+    Pearson per epoch: how well the map fits) (blocks: (N, d_t) features indexed by the pairs' rows)."""
     rows = np.unique(np.concatenate([anchor, partner]))
     xs = _standardized(blocks, rows)
     gen = torch.Generator().manual_seed(cfg.seed)
@@ -52,18 +52,33 @@ def group_scores(blocks: list[np.ndarray], anchor: np.ndarray, partner: np.ndarr
     sizes = torch.tensor([math.sqrt(x.shape[1]) for x in xs])
     optim = torch.optim.SGD(weights, lr=cfg.lr, momentum=0.9)
     a, p, y = (torch.from_numpy(np.asarray(v)) for v in (anchor, partner, target))
+    fit = []
     for _ in range(cfg.epochs):
+        pearsons = []
         for batch in torch.randperm(len(y), generator=gen).split(cfg.batch_size):
             fa = sum(x[a[batch]] @ w for x, w in zip(xs, weights))  # (B, rank)
             fp = sum(x[p[batch]] @ w for x, w in zip(xs, weights))
             loss = -_pearson(F.cosine_similarity(fa, fp, dim=-1), y[batch])
+            pearsons.append(-loss.item())
             optim.zero_grad()
             loss.backward()
             optim.step()
             with torch.no_grad():  # the proximal step of the group penalty
                 for w, size in zip(weights, sizes):
                     w.mul_((1 - cfg.lr * cfg.penalty * size / w.norm().clamp_min(1e-12)).clamp_min(0.0))
-    return np.array([float(w.detach().norm()) for w in weights])
+        fit.append(float(np.mean(pearsons)))
+    return np.array([float(w.detach().norm()) for w in weights]), fit
+
+
+def check_fit(scores: np.ndarray, fit: list[float], lr: float) -> None:
+    """ValueError where the group lasso diverged: a score or the fit not finite, or the training pairs' Pearson
+    lower in the last epoch than in the first (at too large a step the norms grow with the taps' widths and
+    tails, and the ranking follows them, not the pairs: 35 mean and max-pooled STS-B taps at 0.1, docs/taps.md)."""
+    if np.isfinite(scores).all() and np.isfinite(fit).all() and (len(fit) < 2 or fit[-1] > fit[0]):
+        return
+    raise ValueError(f"the group lasso did not fit at --lr {lr:g} (the training pairs' Pearson by epoch: "
+                     f"{', '.join(f'{v:.3f}' for v in fit)}); its ranking would not be the pairs': rerun with a "
+                     f"smaller --lr (e.g. {lr / 10:g})")
 
 
 def _pearson(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:

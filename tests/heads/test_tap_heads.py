@@ -109,6 +109,9 @@ def test_select_taps_ranks_every_tap_but_the_features_own(tapped, tmp_path):
     assert f"--array {result['array']}" in r.output
     r = CliRunner().invoke(main, ["select-taps", "--store", str(root / "store"), "--data", str(beir), "--keep", "0"])
     assert r.exit_code != 0 and "keep" in r.output and "Traceback" not in r.output
+    assert len(result["train_pearson_by_epoch"]) == 1 and result["settings"]["lr"] == 0.1
+    r = CliRunner().invoke(main, ["select-taps", "--store", str(root / "store"), "--data", str(beir), "--lr", "1e30"])
+    assert r.exit_code != 0 and "did not fit at --lr 1e+30" in r.output and "Traceback" not in r.output, r.output
 
 
 def test_index_and_search_with_a_tap_head(tapped, tmp_path):

@@ -12,7 +12,7 @@ from headstore.data.files import atomic_write_json
 from headstore.featurize.store.reader import FeatureStore
 from headstore.heads.kinds import load_task
 from headstore.heads.settings.taps import TapSelectConfig
-from headstore.heads.training.tap_select import chosen_spec, group_scores, pair_targets
+from headstore.heads.training.tap_select import check_fit, chosen_spec, group_scores, pair_targets
 
 
 def candidate_taps(store: FeatureStore, first: str) -> list[str]:
@@ -43,12 +43,13 @@ def select_taps(store_path: str, data_path: str, cfg: TapSelectConfig, first: st
     anchor, partner, target = pair_targets(train.anchor, train.positive, train.labels, cfg.seed)
     rows = np.unique(np.concatenate([anchor, partner]))  # only the training texts are read
     blocks = [store.features(rows, name) for name in names]
-    scores = group_scores(blocks, np.searchsorted(rows, anchor), np.searchsorted(rows, partner), target, cfg)
+    scores, fit = group_scores(blocks, np.searchsorted(rows, anchor), np.searchsorted(rows, partner), target, cfg)
+    check_fit(scores, fit, cfg.lr)
     spec = chosen_spec(first, names, scores, cfg.keep)
     widths = {name: int(store.manifest["arrays"][name].get("dim", store.dim)) for name in spec.split("+")}
     itemsize = np.dtype(store.manifest["dtype"]).itemsize
     result = {"store": str(store_path), "data": str(data_path), "first": first, "settings": asdict(cfg),
-              "n_pairs": int(len(target)), "scores": dict(zip(names, map(float, scores))),
+              "n_pairs": int(len(target)), "train_pearson_by_epoch": fit, "scores": dict(zip(names, map(float, scores))),
               "ranking": [names[i] for i in np.argsort(-scores, kind="stable")], "array": spec,
               "input_width": sum(widths.values()), "bytes_per_text_read": sum(widths.values()) * itemsize,
               "seconds": round(time.perf_counter() - t0, 1)}
@@ -64,5 +65,7 @@ def selection_table(result: dict) -> str:
     lines = [f"{'tap':<16} {'group norm':>10}  chosen"]
     lines += [f"{name:<16} {result['scores'][name]:>10.4f}  {'*' if name in chosen else ''}"
               for name in result["ranking"]]
-    lines.append(f"--array {result['array']}  ({result['input_width']:,} wide; {result['seconds']} s)")
+    fit = ", ".join(f"{v:.3f}" for v in result["train_pearson_by_epoch"])
+    lines.append(f"--array {result['array']}  ({result['input_width']:,} wide; {result['seconds']} s; the training "
+                 f"pairs' Pearson by epoch {fit})")
     return "\n".join(lines)
