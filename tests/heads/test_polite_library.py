@@ -124,3 +124,30 @@ def test_the_grid_command_keeps_the_memory_it_frees():
     assert _faults_on_reuse(["cli", "--debug", "grid"]) < default / 20
     assert _faults_on_reuse(["cli", "train-head", "--help"]) > default / 2
     assert _faults_on_reuse(["cli", "grid"], MALLOC_ARENA_MAX="2") > default / 2  # the user's malloc settings win
+
+
+EXIT_PROBE = """
+import atexit, gc, sys
+registered = []
+real = atexit.register
+atexit.register = lambda f, *a, **k: (registered.append(f), real(f, *a, **k))[1]
+sys.argv = ["cli", "--help"]
+import headstore.cli
+at_import = gc.freeze in registered
+try:
+    headstore.cli.run()
+except SystemExit:
+    pass
+print(at_import, gc.freeze in registered)
+"""
+
+
+def test_the_program_skips_the_last_collection_and_an_importer_keeps_it():
+    """The `cli` program (its entry point, `python -m headstore.cli`) freezes its objects out of the garbage collector
+    at exit (the shutdown's last collection walks them all); a process that imports headstore.cli keeps its exit."""
+    from importlib.metadata import entry_points
+
+    (entry,) = [e for e in entry_points(group="console_scripts") if e.name == "cli"]
+    assert entry.value == "headstore.cli:run"
+    out = subprocess.run([sys.executable, "-c", EXIT_PROBE], capture_output=True, text=True, check=True, timeout=120)
+    assert out.stdout.split()[-2:] == ["False", "True"], out.stdout
