@@ -288,7 +288,6 @@ from headstore.heads.experiments.distill.cli import distill_command  # noqa: E40
 main.add_command(distill_command)
 
 
-
 def run() -> None:
     """The `cli` program (pyproject's entry point; `python -m headstore.cli`): `main` in a process of its own, whose
     objects are frozen out of the garbage collector at exit (gc.freeze, an atexit handler: the last collection at

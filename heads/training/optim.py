@@ -53,24 +53,13 @@ class StackOptimizer:
     def keep_heads(self, keep: list[int], model: StackedMLP) -> None:
         """Go on with the heads at positions `keep` only, whose rows `model` now holds (a copy of them:
         heads.training.train.StackTraining.compact): their rates, decay-to-init starts and AdamW state carried over."""
-        old, self.params = self.params, list(model.parameters())
+        self.params = list(model.parameters())
         idx = torch.as_tensor(keep, dtype=torch.long)
         self.base_lr = self.base_lr[idx]
         if self.init is not None:
             self.init = [p0.index_select(0, idx.to(p0.device)) for p0 in self.init]
-        if self.opt is None:
-            return
-        wd = torch.as_tensor(self.opt.param_groups[0]["weight_decay"], dtype=torch.float64)
-        wd = wd[idx] if wd.dim() else wd  # (H,) per head, or one value for all
-        opt = StackedAdamW(self.params, lr=self.base_lr.tolist(), weight_decay=wd.tolist(), fused=self.opt.fused)
-        for p_old, p_new in zip(old, self.params):
-            state = self.opt.state.get(p_old)
-            if state:  # its moments' rows, the shared step count
-                rows = idx.to(p_old.device)
-                opt.state[p_new] = {"step": state["step"], "step_t": state["step_t"].clone(),
-                                    "exp_avg": state["exp_avg"].index_select(0, rows),
-                                    "exp_avg_sq": state["exp_avg_sq"].index_select(0, rows)}
-        self.opt = opt
+        if self.opt is not None:
+            self.opt = self.opt.select_heads(keep, self.params)
 
     def step(self, losses: torch.Tensor, finite: torch.Tensor, ok: torch.Tensor, alive: torch.Tensor) -> None:
         """Backward of the finite losses (H,), then one update of the heads still training (`alive`);

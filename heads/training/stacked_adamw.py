@@ -121,6 +121,26 @@ class StackedAdamW(torch.optim.Optimizer):
                              f"{tuple(p.shape)} (head axis first)")
         return v.to(device=p.device, dtype=p.dtype).reshape(-1, *([1] * (p.dim() - 1)))
 
+    def select_heads(self, heads: Sequence[int], params: list[torch.Tensor]) -> "StackedAdamW":
+        """A StackedAdamW over `params` (each holding the rows `heads` of this one's parameters, in order, one group)
+        that goes on where this one is for those heads: their rates, weight decays, moments and step count."""
+        if len(self.param_groups) != 1:
+            raise ValueError("StackedAdamW.select_heads takes an optimizer of one parameter group")
+        group, idx = self.param_groups[0], torch.as_tensor(list(heads), dtype=torch.long)
+        H = group["params"][0].shape[0]
+        lr = float(group["lr"]) * torch.broadcast_to(torch.as_tensor(group["head_lr"], dtype=torch.float64), (H,))
+        wd = torch.broadcast_to(torch.as_tensor(group["weight_decay"], dtype=torch.float64), (H,))
+        out = StackedAdamW(params, lr=lr[idx].tolist(), betas=group["betas"], eps=group["eps"],
+                           weight_decay=wd[idx].tolist(), fused=self.fused)
+        for p_old, p_new in zip(group["params"], params):
+            state = self.state.get(p_old)
+            if state:  # its moments' rows, the shared step count
+                rows = idx.to(p_old.device)
+                out.state[p_new] = {"step": state["step"], "step_t": state["step_t"].clone(),
+                                    "exp_avg": state["exp_avg"].index_select(0, rows),
+                                    "exp_avg_sq": state["exp_avg_sq"].index_select(0, rows)}
+        return out
+
     def _state(self, p: torch.Tensor) -> dict:
         """p's moments and step count, made on its first update."""
         state = self.state[p]

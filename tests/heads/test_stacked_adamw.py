@@ -182,3 +182,26 @@ def test_a_stack_trains_without_importing_torch_dynamo():
             "print('torch._dynamo' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120)
     assert out.stdout.strip() == "False"
+
+
+def test_a_selection_of_heads_goes_on_as_the_whole_stack_would():
+    """StackedAdamW.select_heads: an optimizer over some heads' rows (a stack that dropped its stopped heads) takes
+    the next steps the whole stack's optimizer takes for those heads, bit for bit (rates, decays, moments, step)."""
+    torch.manual_seed(0)
+    whole = [torch.nn.Parameter(torch.randn(4, 5, 3)), torch.nn.Parameter(torch.randn(4, 3))]
+    opt = StackedAdamW(whole, lr=[1e-3, 3e-3, 1e-2, 3e-2], weight_decay=[0.0, 0.1, 0.01, 0.5])
+    grads = [[torch.randn_like(p) for p in whole] for _ in range(4)]
+    for g in grads[:2]:
+        for p, gp in zip(whole, g):
+            p.grad = gp.clone()
+        opt.step()
+    keep = [3, 1]
+    part = [torch.nn.Parameter(p.detach()[keep].clone()) for p in whole]
+    sub = opt.select_heads(keep, part)
+    for g in grads[2:]:
+        for p, q, gp in zip(whole, part, g):
+            p.grad, q.grad = gp.clone(), gp[keep].clone()
+        opt.step()
+        sub.step()
+    for p, q in zip(whole, part):
+        assert torch.equal(p.detach()[keep], q.detach())
